@@ -1,0 +1,1 @@
+"""cudask.deploy"""

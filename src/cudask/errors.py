@@ -1,0 +1,50 @@
+"""User-facing exception types.
+
+Covers: the errors cudask raises for bad input (options, sizes, device ids,
+missing optional libraries, no GPU). Each message names the bad value, what is
+accepted, and where it helps an example that works. The CLI turns these into a
+one-line message and a non-zero exit, never a traceback.
+
+Does not cover: internal errors, which stay ordinary Python exceptions.
+"""
+
+from __future__ import annotations
+
+
+class CudaskError(Exception):
+    """Base class of every error that is the user's to fix."""
+
+
+class OptionError(CudaskError, ValueError):
+    """An option, flag or config value that cannot be accepted."""
+
+
+class DeviceError(CudaskError, ValueError):
+    """A device id, UUID or CUDA_VISIBLE_DEVICES entry that names no visible GPU."""
+
+
+class NoGPUError(CudaskError, RuntimeError):
+    """The command needs a GPU and NVML finds none (or no NVML library)."""
+
+
+class MissingDependencyError(CudaskError, ImportError):
+    """An optional library an option needs is not installed."""
+
+    def __init__(self, library: str, needed_for: str, install: str) -> None:
+        self.library = library
+        self.needed_for = needed_for
+        self.install = install
+        super().__init__(
+            f"{needed_for} needs {library}, which is not installed. "
+            f"Install it with: {install}"
+        )
+
+
+def require(module: str, *, needed_for: str, install: str) -> object:
+    """Import `module` or raise MissingDependencyError naming what needs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependencyError(module, needed_for, install) from exc

@@ -1,0 +1,113 @@
+"""Byte sizes: parsing user values into bytes, per device or per host.
+
+Covers: "auto", "default", fractions (0 < x <= 1 of a total), byte strings
+("40GB", "512 MiB"), plain integers, and 0/None/"0" meaning "off". The
+meaning of "auto" and "default" is passed in by the caller, because it differs
+between device memory (dask-cuda: "default" is 80% of a device with dedicated
+memory, off on SoC parts) and host memory ("auto" is the system share).
+
+Does not cover: discovering totals (cudask.devices does that).
+"""
+
+from __future__ import annotations
+
+from dask.utils import format_bytes, parse_bytes
+
+from cudask.errors import OptionError
+
+SizeValue = int | float | str | None
+
+ACCEPTED = (
+    'an integer number of bytes, a byte string such as "40GB" or "512MiB", '
+    'a fraction of the total between 0 and 1 such as 0.8, "auto", "default", '
+    "or 0/None for off"
+)
+
+
+def parse_size(
+    value: SizeValue,
+    *,
+    total: int | None,
+    name: str,
+    auto: SizeValue = 1.0,
+    default: SizeValue = 0.8,
+    maximum: int | None = None,
+    alignment: int = 1,
+) -> int | None:
+    """Parse `value` into bytes, or None when it means "off".
+
+    `total` is the size fractions refer to (None when unknown: fractions are
+    then refused). `auto` and `default` give what those words stand for
+    (themselves sizes; None means off). `maximum` refuses larger results, and
+    `alignment` rounds the result down to a multiple of it.
+    """
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("auto", "default"):
+            return parse_size(
+                auto if text == "auto" else default,
+                total=total,
+                name=name,
+                auto=None,
+                default=None,
+                maximum=maximum,
+                alignment=alignment,
+            )
+        if text in ("", "0", "none", "off", "false"):
+            return None
+        try:
+            number = float(text)
+        except ValueError:
+            try:
+                nbytes = parse_bytes(value)
+            except (ValueError, TypeError):
+                raise OptionError(f"{name}={value!r} is not a size; accepted: {ACCEPTED}") from None
+        else:
+            return parse_size(
+                int(number) if number.is_integer() and number > 1 else number,
+                total=total,
+                name=name,
+                maximum=maximum,
+                alignment=alignment,
+            )
+    elif value is None or value is False:
+        return None
+    elif isinstance(value, bool):
+        raise OptionError(f"{name}={value!r} is not a size; accepted: {ACCEPTED}")
+    elif isinstance(value, float):
+        if value == 0:
+            return None
+        if not 0 < value <= 1:
+            raise OptionError(
+                f"{name}={value!r}: a fraction must lie in (0, 1]; for a byte count "
+                f'give an integer or a string such as "{value:g}B"'
+            )
+        if total is None:
+            raise OptionError(
+                f"{name}={value!r} is a fraction, but the total it refers to is unknown; "
+                'give a byte size such as "16GB"'
+            )
+        nbytes = int(total * value)
+    elif isinstance(value, int):
+        if value < 0:
+            raise OptionError(f"{name}={value!r} is negative; accepted: {ACCEPTED}")
+        if value == 0:
+            return None
+        nbytes = value
+    else:
+        raise OptionError(f"{name}={value!r} is not a size; accepted: {ACCEPTED}")
+
+    if nbytes <= 0:
+        return None
+    if maximum is not None and nbytes > maximum:
+        raise OptionError(
+            f"{name}={value!r} is {format_bytes(nbytes)}, more than the "
+            f"{format_bytes(maximum)} available; give at most {format_bytes(maximum)} "
+            "or a fraction such as 0.8"
+        )
+    if alignment > 1:
+        nbytes -= nbytes % alignment
+    return nbytes
+
+
+__all__ = ["ACCEPTED", "SizeValue", "format_bytes", "parse_size"]
