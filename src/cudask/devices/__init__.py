@@ -1,1 +1,37 @@
-"""cudask.devices"""
+"""GPU discovery and topology.
+
+`discover()` lists every GPU NVML sees (index, UUID, MIG instances, name,
+memory, dedicated memory, PCI bus id, NUMA node, CPU affinity within this
+process's CPU set, nearest NICs); `parse_visible_devices()` reads
+CUDA_VISIBLE_DEVICES; `rotate()` gives worker i a list starting with its GPU.
+Nothing here touches NVML at import.
+"""
+
+from __future__ import annotations
+
+from cudask.devices.discovery import (
+    Device,
+    cuda_visible_devices,
+    default_backend,
+    discover,
+    parse_visible_devices,
+    require_gpus,
+    rotate,
+)
+from cudask.devices.model import GPU, DeviceBackend, Machine, MIGInstance, NVMLUnavailable, RawGPU
+
+__all__ = [
+    "GPU",
+    "Device",
+    "DeviceBackend",
+    "MIGInstance",
+    "Machine",
+    "NVMLUnavailable",
+    "RawGPU",
+    "cuda_visible_devices",
+    "default_backend",
+    "discover",
+    "parse_visible_devices",
+    "require_gpus",
+    "rotate",
+]

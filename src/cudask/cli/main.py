@@ -1,0 +1,32 @@
+"""The `cudask` command and the `dask cuda` command group.
+
+Covers: wiring subcommands together. `cudask worker`/`cudask config` and
+`dask cuda worker`/`dask cuda config` (through dask's `dask_cli` entry point)
+are the same commands; `python -m cudask.cli worker` works too. Does not
+cover: the commands (one module each).
+"""
+
+from __future__ import annotations
+
+import click
+
+from cudask.cli.errors import UserErrorGroup
+from cudask.cli.info import info
+
+
+@click.group(cls=UserErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="cudask")
+def cli() -> None:
+    """cudask: one dask.distributed worker per NVIDIA GPU."""
+
+
+@click.group(cls=UserErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
+def cuda() -> None:
+    """GPU workers for dask (cudask)."""
+
+
+cli.add_command(info)
+
+
+def main() -> None:
+    cli()

@@ -1,0 +1,122 @@
+"""The NVML backend: the only module of cudask that imports pynvml.
+
+Covers: reading each GPU's UUID, name, memory, PCI bus id, NUMA node, NVML CPU
+affinity and MIG instances, and the driver and CUDA versions. Every NVML call
+that a part does not support degrades to "unknown" rather than failing.
+Does not cover: combining these with the process's own CPU set and the PCI
+tree (discovery.py, topology.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from cudask.devices import topology
+from cudask.devices.model import MIGInstance, NVMLUnavailable, RawGPU
+
+T = TypeVar("T")
+
+
+def _pynvml() -> Any:
+    try:
+        import pynvml
+    except ImportError as exc:  # nvidia-ml-py is a dependency, but be plain about it
+        raise NVMLUnavailable(f"nvidia-ml-py is not installed ({exc})") from exc
+    return pynvml
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class NVMLBackend:
+    """Reads GPUs through NVML; initialises NVML on first use, never at import."""
+
+    def __init__(self, sysfs: str = "/sys") -> None:
+        self._sysfs = sysfs
+        self._ready = False
+
+    def _init(self) -> Any:
+        nv = _pynvml()
+        if not self._ready:
+            try:
+                nv.nvmlInit()
+            except nv.NVMLError as exc:
+                raise NVMLUnavailable(f"NVML could not start: {exc}") from exc
+            self._ready = True
+        return nv
+
+    def _maybe(self, fn: Callable[[], T]) -> T | None:
+        nv = self._init()
+        try:
+            return fn()
+        except (nv.NVMLError, AttributeError):
+            return None
+
+    def driver_version(self) -> str:
+        nv = self._init()
+        return _text(nv.nvmlSystemGetDriverVersion())
+
+    def cuda_version(self) -> str:
+        nv = self._init()
+        v = nv.nvmlSystemGetCudaDriverVersion_v2()
+        return f"{v // 1000}.{(v % 1000) // 10}"
+
+    def gpus(self) -> list[RawGPU]:
+        nv = self._init()
+        return [self._gpu(nv, i) for i in range(nv.nvmlDeviceGetCount())]
+
+    def _gpu(self, nv: Any, index: int) -> RawGPU:
+        h = nv.nvmlDeviceGetHandleByIndex(index)
+        mem = self._maybe(lambda: nv.nvmlDeviceGetMemoryInfo(h))
+        bus_id = _text(nv.nvmlDeviceGetPciInfo(h).busId)
+        numa = self._maybe(lambda: int(nv.nvmlDeviceGetNumaNodeId(h)))
+        if numa is None or numa < 0:
+            numa = topology.numa_node(bus_id, self._sysfs)
+        return RawGPU(
+            index=index,
+            uuid=_text(nv.nvmlDeviceGetUUID(h)),
+            name=_text(nv.nvmlDeviceGetName(h)),
+            memory_total=int(mem.total) if mem is not None else None,
+            memory_free=int(mem.free) if mem is not None else None,
+            pci_bus_id=topology.normalize_bus_id(bus_id),
+            numa_node=numa,
+            nvml_cpu_affinity=self._affinity(nv, h),
+            mig=self._mig(nv, h),
+        )
+
+    def _affinity(self, nv: Any, handle: Any) -> tuple[int, ...] | None:
+        words = (os.cpu_count() or 64) // 64 + 1
+        mask = self._maybe(lambda: nv.nvmlDeviceGetCpuAffinity(handle, words))
+        if mask is None:
+            return None
+        cpus = [w * 64 + b for w, word in enumerate(mask) for b in range(64) if (int(word) >> b) & 1]
+        return tuple(cpus)
+
+    def _mig(self, nv: Any, handle: Any) -> tuple[MIGInstance, ...]:
+        mode = self._maybe(lambda: nv.nvmlDeviceGetMigMode(handle))
+        if not mode or mode[0] != nv.NVML_DEVICE_MIG_ENABLE:
+            return ()
+        out = []
+        for i in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            mh = self._maybe(lambda i=i: nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, i))
+            if mh is None:
+                continue
+            mem = self._maybe(lambda mh=mh: nv.nvmlDeviceGetMemoryInfo(mh))
+            out.append(
+                MIGInstance(
+                    index=i,
+                    uuid=_text(nv.nvmlDeviceGetUUID(mh)),
+                    memory_total=int(mem.total) if mem else 0,
+                    memory_free=int(mem.free) if mem else 0,
+                )
+            )
+        return tuple(out)
+
+    def allowed_cpus(self) -> set[int]:
+        return set(os.sched_getaffinity(0))
+
+    def nics_near(self, pci_bus_id: str) -> tuple[str, ...]:
+        return topology.nearest_nics(pci_bus_id, self._sysfs)
