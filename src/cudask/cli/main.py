@@ -11,7 +11,9 @@ from __future__ import annotations
 import click
 
 from cudask.cli.errors import UserErrorGroup
+from cudask.cli.config import config
 from cudask.cli.info import info
+from cudask.cli.worker import worker
 
 
 @click.group(cls=UserErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -26,6 +28,9 @@ def cuda() -> None:
 
 
 cli.add_command(info)
+for command in (worker, config):
+    cli.add_command(command)
+    cuda.add_command(command)
 
 
 def main() -> None:

@@ -1,0 +1,423 @@
+"""`cudask bench`: the spill, cupy and startup benchmarks, side by side with dask-cuda.
+
+Covers: the click commands `bench spill`, `bench cupy`, `bench startup` and
+`bench chart`, their options, and every check that can be made before a
+process starts (sizes, names, the GPU, CuPy, matplotlib, the dask-cuda
+environment and whether it has JIT-unspill). Bad input ends in one line
+naming the value and what is accepted, never a traceback. Each variant then
+runs in its own process (cudask.bench.harness), and the command prints a
+table, and writes JSON and a PNG chart when asked.
+
+Does not cover: the workloads, runner, harness or chart themselves
+(cudask.bench.*). Wire it with `cli.add_command(bench)`.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from cudask.bench import environment, spec
+from cudask.errors import CudaskError, DeviceError, NoGPUError, OptionError
+from cudask.sizes import parse_size
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _BenchGroup(click.Group):
+    """Turns cudask's user errors into `Error: <message>` and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CudaskError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+@click.group(cls=_BenchGroup, context_settings={"help_option_names": ["-h", "--help"]})
+def bench() -> None:
+    """Benchmarks: spilling, CuPy dask.array workloads, cluster start-up.
+
+    Each variant (backend x device limit x JIT-unspill) runs in a fresh
+    process; --against dask-cuda runs the same workload with identical
+    parameters on dask_cuda.LocalCUDACluster, from this or another Python
+    environment, and reports cudask / dask-cuda ratios measured in the same run.
+    """
+
+
+def common_options(default_limit: str | None, default_repeat: int, default_warmup: int) -> Callable[[F], F]:
+    """The options every workload command takes."""
+
+    def decorate(f: F) -> F:
+        options = [
+            click.option(
+                "--backend", "backends", multiple=True,
+                type=click.Choice(list(spec.BACKENDS)), default=("cudask",), show_default=True,
+                help="Backend(s) to run (repeatable). dict: distributed's worker with a plain "
+                "dict store, no spilling.",
+            ),
+            click.option(
+                "--against", type=click.Choice(["dask-cuda"]), default=None,
+                help="Also run every configuration on dask-cuda, side by side.",
+            ),
+            click.option(
+                "--dask-cuda-python", metavar="PATH", default=None,
+                help="Python interpreter where dask-cuda is installed (default: this one).",
+            ),
+            click.option(
+                "--dask-cuda-path", metavar="DIR", default=None,
+                help="Directory with dask-cuda installed (pip install --target DIR), put on "
+                "the dask-cuda runner's PYTHONPATH.",
+            ),
+            click.option(
+                "--device-memory-limit", default=default_limit, show_default=True,
+                help='Device limit per worker: bytes ("4GB"), a fraction of the GPU (0.5), '
+                '"none"/0 for no limit, or "default" for each backend\'s own default.',
+            ),
+            click.option(
+                "--jit-unspill", "jit_unspill",
+                type=click.Choice(list(spec.JIT_MODES)), default="off", show_default=True,
+                is_flag=False, flag_value="on",
+                help="JIT-unspill: off, on, or both (with and without). --jit-unspill alone "
+                "means on.",
+            ),
+            click.option(
+                "--no-jit-unspill", "no_jit_unspill", is_flag=True, default=False,
+                help="Same as --jit-unspill off.",
+            ),
+            click.option(
+                "--baseline/--no-baseline", default=True, show_default=True,
+                help="Also run the no-spilling baselines: the plain dict store and, with a "
+                "device limit, cudask without one.",
+            ),
+            click.option("--repeat", type=click.IntRange(min=1), default=default_repeat,
+                         show_default=True, help="Measured repetitions (median reported)."),
+            click.option("--warmup", type=click.IntRange(min=0), default=default_warmup,
+                         show_default=True, help="Unmeasured repetitions first."),
+            click.option("--device", default="0", show_default=True,
+                         help="The GPU to use: an index or a UUID."),
+            click.option("--memory-limit", default="auto", show_default=True,
+                         help="Host memory limit of the worker (passed to every backend)."),
+            click.option("--rmm-pool-size", default=None,
+                         help="RMM pool per worker, e.g. 20GB (cudask and dask-cuda)."),
+            click.option("--protocol", type=click.Choice(["tcp", "ucx"]), default="tcp",
+                         show_default=True),
+            click.option(
+                "--array-module", type=click.Choice(list(spec.ARRAY_MODULES)), default="cupy",
+                show_default=True,
+                help="numpy runs the workloads on host memory: a harness check without a GPU, "
+                "not a GPU benchmark (use with --backend dict).",
+            ),
+            click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
+                         help="Write the JSON result here."),
+            click.option("--chart", type=click.Path(dir_okay=False), default=None,
+                         help="Write a PNG chart here (needs matplotlib: cudask[bench])."),
+            click.option("--progress/--no-progress", default=False, show_default=True,
+                         help="Show a progress line on stderr."),
+            click.option("--timeout", type=click.FloatRange(min=1), default=3600.0,
+                         show_default=True, help="Seconds one runner process may take."),
+        ]
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return decorate
+
+
+def _device_limit(value: str | None, total: int | None) -> tuple[int | None, bool]:
+    """(bytes or None for no limit, whether to pass the keyword at all)."""
+    if value is None or value.strip().lower() == "default":
+        return None, False
+    return (
+        parse_size(value, total=total, name="--device-memory-limit", auto=1.0, maximum=total),
+        True,
+    )
+
+
+def _size(value: str, name: str) -> int | None:
+    return parse_size(value, total=None, name=name)
+
+
+def _check_device(device: str, gpus: dict[str, Any], needs_gpu: bool) -> None:
+    if not needs_gpu:
+        return
+    if not gpus.get("available"):
+        raise NoGPUError(
+            f"cudask bench needs an NVIDIA GPU and NVML finds none ({gpus.get('reason')}); "
+            "to check the harness without a GPU run --backend dict --array-module numpy"
+        )
+    known = [str(d["index"]) for d in gpus["devices"]] + [
+        str(d["uuid"]) for d in gpus["devices"] if d.get("uuid")
+    ]
+    if device not in known:
+        indices = ", ".join(str(d["index"]) for d in gpus["devices"])
+        raise DeviceError(
+            f"--device={device!r} names no GPU; accepted: an index ({indices}) or a GPU UUID"
+        )
+
+
+def _plan(
+    workload: str,
+    ctx: click.Context,
+    kw: dict[str, Any],
+    workload_options: dict[str, Any],
+    parameters: dict[str, Any],
+) -> Any:
+    from cudask.bench import harness
+
+    backends: list[str] = list(dict.fromkeys(kw["backends"]))
+    if kw["against"] == "dask-cuda" and "dask-cuda" not in backends:
+        backends.append("dask-cuda")
+    if (kw["dask_cuda_python"] or kw["dask_cuda_path"]) and "dask-cuda" not in backends:
+        raise OptionError(
+            "--dask-cuda-python/--dask-cuda-path given without --against dask-cuda; "
+            "add --against dask-cuda"
+        )
+    if "dask-cuda" in backends:
+        harness.check_dask_cuda_paths(kw["dask_cuda_python"], kw["dask_cuda_path"])
+    jit_mode = kw["jit_unspill"]
+    if kw["no_jit_unspill"]:
+        if ctx.get_parameter_source("jit_unspill") == click.core.ParameterSource.COMMANDLINE:
+            raise OptionError("--jit-unspill and --no-jit-unspill given together; give one")
+        jit_mode = "off"
+    array_module = kw["array_module"]
+    needs_gpu = array_module == "cupy" or bool({"cudask", "dask-cuda"} & set(backends))
+    if kw["chart"]:
+        from cudask.bench.chart import require_matplotlib
+
+        require_matplotlib()
+    if jit_mode != "off" and set(backends) <= {"dict"}:
+        raise OptionError("--jit-unspill needs --backend cudask or --against dask-cuda")
+
+    # the spelling of sizes first (a huge stand-in total lets fractions through)
+    for name, key in (("--device-memory-limit", "device_memory_limit"),
+                      ("--rmm-pool-size", "rmm_pool_size"), ("--memory-limit", "memory_limit")):
+        value = kw[key]
+        if value is not None and value.strip().lower() != "default":
+            parse_size(value, total=2**62, name=name)
+    # then installation problems (no GPU needed to find them), then the GPU
+    harness.check_local(backends, array_module)
+    targets = {b: harness.Target(sys.executable) for b in backends if b != "dask-cuda"}
+    if "dask-cuda" in backends:
+        targets["dask-cuda"] = harness.resolve_dask_cuda(
+            kw["dask_cuda_python"],
+            kw["dask_cuda_path"],
+            jit_unspill=jit_mode != "off",
+            array_module=array_module,
+        )
+    gpus = environment.gpus() if needs_gpu else {"available": False, "devices": []}
+    _check_device(kw["device"], gpus, needs_gpu)
+    total = environment.device_total(gpus, kw["device"])
+    limit, limit_set = _device_limit(kw["device_memory_limit"], total)
+    rmm_pool = (
+        parse_size(kw["rmm_pool_size"], total=total, name="--rmm-pool-size", maximum=total)
+        if kw["rmm_pool_size"]
+        else None
+    )
+    variants = spec.build_variants(
+        backends,
+        device_memory_limit=limit,
+        limit_set=limit_set,
+        jit_mode=jit_mode,
+        baseline=kw["baseline"],
+    )
+    runner_options = {
+        "array_module": array_module,
+        "device": kw["device"],
+        "memory_limit": kw["memory_limit"],
+        "rmm_pool_size": rmm_pool,
+        "protocol": kw["protocol"],
+        **workload_options,
+    }
+    return harness.Plan(
+        workload=workload,
+        variants=variants,
+        targets=targets,
+        runner_options=runner_options,
+        repeat=kw["repeat"],
+        warmup=kw["warmup"],
+        timeout=kw["timeout"],
+        parameters={
+            **parameters,
+            "backends": backends,
+            "device_memory_limit": limit if limit_set else "default",
+            "jit_unspill": jit_mode,
+            "baseline": kw["baseline"],
+            "device": kw["device"],
+            "memory_limit": kw["memory_limit"],
+            "rmm_pool_size": rmm_pool,
+            "protocol": kw["protocol"],
+            "array_module": array_module,
+            "dask_cuda_python": targets["dask-cuda"].python if "dask-cuda" in targets else None,
+            "dask_cuda_path": kw["dask_cuda_path"],
+        },
+        argv=list(sys.argv),
+    )
+
+
+def _run(plan: Any, kw: dict[str, Any]) -> None:
+    from cudask.bench import harness
+
+    progress = harness.ProgressLine(kw["progress"])
+    document = harness.execute(plan, progress)
+    click.echo(harness.format_table(document))
+    if kw["output"]:
+        harness.write_json(document, kw["output"])
+        click.echo(f"results: {kw['output']}")
+    if kw["chart"]:
+        from cudask.bench.chart import write_chart
+
+        try:
+            write_chart(document, kw["chart"])
+            click.echo(f"chart: {kw['chart']}")
+        except ValueError as exc:
+            click.echo(f"chart not written: {exc}", err=True)
+    failed = [v["name"] for v in document["variants"] if v["status"] != "ok"]
+    if failed:
+        raise click.ClickException(
+            f"{len(failed)} of {len(document['variants'])} variants failed: {', '.join(failed)}"
+        )
+
+
+def _command(f: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(f)
+    def wrapper(**kw: Any) -> None:
+        try:
+            f(click.get_current_context(), kw)
+        except CudaskError as exc:
+            raise click.ClickException(str(exc)) from None
+
+    return wrapper
+
+
+@bench.command("spill")
+@common_options(default_limit="4GB", default_repeat=3, default_warmup=0)
+@click.option("--total", default="16GiB", show_default=True,
+              help="Bytes of device data to create (beyond the device limit to spill).")
+@click.option("--chunk-size", default="256MiB", show_default=True,
+              help="Bytes per chunk (one dask future each).")
+@_command
+def spill(ctx: click.Context, kw: dict[str, Any]) -> None:
+    """Create device chunks beyond the device limit, then read all back and verify every value.
+
+    Chunk i holds uint64 values base_i + j; reading back compares every
+    element on the device against that formula. Reports create and
+    read+verify seconds and GB/s.
+    """
+    total, chunk = spec.check_spill_sizes(
+        _size(kw["total"], "--total"), _size(kw["chunk_size"], "--chunk-size")
+    )
+    plan = _plan(
+        "spill",
+        ctx,
+        kw,
+        {"total": total, "chunk_size": chunk},
+        {"total": total, "chunk_size": chunk, "chunks": total // chunk},
+    )
+    _run(plan, kw)
+
+
+@bench.command("cupy")
+@common_options(default_limit="4GB", default_repeat=3, default_warmup=1)
+@click.option("--operation", "operations", multiple=True, metavar="NAME",
+              help=f"Operation(s) to run, repeatable or comma-separated; default all: "
+              f"{', '.join(spec.CUPY_OPERATIONS)}.")
+@click.option("--size", type=click.IntRange(min=16), default=None,
+              help="Array size n of n x n (svd: rows). Default per operation: "
+              + ", ".join(f"{k} {v.size}" for k, v in spec.CUPY_OPERATIONS.items()) + ".")
+@click.option("--chunk-size", "array_chunk", type=click.IntRange(min=1), default=None,
+              help="Chunk size in elements per dimension (svd: rows). Default per operation: "
+              + ", ".join(f"{k} {v.chunk}" for k, v in spec.CUPY_OPERATIONS.items()) + ".")
+@click.option("--second-size", type=click.IntRange(min=1), default=None,
+              help="svd: number of columns (default 1000).")
+@_command
+def cupy(ctx: click.Context, kw: dict[str, Any]) -> None:
+    """Time dask.array CuPy operations on persisted random input (warm-up, repeats, median).
+
+    \b
+    transpose_sum: (x + x.T).sum()
+    dot: x.dot(y), result persisted
+    svd: da.linalg.svd(x) of a tall-skinny (size, second) array
+    sum: x.sum()
+    mean: x.mean()
+    slice: x[::3, ::2], strided views persisted
+    map_overlap: 5-point stencil through x.map_overlap(depth=1, boundary='reflect')
+
+    Each result is checked once after the timed runs (not timed).
+    """
+    operations = spec.check_operations(kw["operations"])
+    shapes = {
+        op: spec.operation_shape(op, kw["size"], kw["array_chunk"], kw["second_size"])
+        for op in operations
+    }
+    svd = shapes.get("svd")
+    if svd is not None and svd["second"] is not None and svd["second"] > svd["chunk"]:
+        raise OptionError(
+            f"svd: --second-size={svd['second']} is larger than the row chunk {svd['chunk']}; "
+            "a tall-skinny SVD needs chunks with at least as many rows as columns"
+        )
+    plan = _plan(
+        "cupy",
+        ctx,
+        kw,
+        {
+            "operations": operations,
+            "size": kw["size"],
+            "array_chunk": kw["array_chunk"],
+            "second_size": kw["second_size"],
+        },
+        {"operations": operations, "shapes": shapes},
+    )
+    _run(plan, kw)
+
+
+@bench.command("startup")
+@common_options(default_limit=None, default_repeat=5, default_warmup=1)
+@_command
+def startup(ctx: click.Context, kw: dict[str, Any]) -> None:
+    """Time until a fresh 1-GPU cluster answers a task round trip (a new process each time).
+
+    startup = importing the backend's cluster class + constructing the cluster
+    + connecting a client and running one task. The device limit defaults to
+    each backend's own default.
+    """
+    plan = _plan("startup", ctx, kw, {}, {})
+    _run(plan, kw)
+
+
+@bench.command("chart")
+@click.argument("results", type=click.Path(exists=True, dir_okay=False))
+@click.option("--output", "-o", "output", type=click.Path(dir_okay=False), required=True,
+              help="PNG file to write.")
+@click.option("--table/--no-table", default=True, show_default=True,
+              help="Also print the result as a table.")
+def chart(results: str, output: str, table: bool) -> None:
+    """Draw a chart (and print the table) from a result JSON written by --output."""
+    import json
+
+    from cudask.bench import harness
+    from cudask.bench.chart import write_chart
+
+    try:
+        with open(results) as fh:
+            document = json.load(fh)
+    except ValueError as exc:
+        raise click.ClickException(f"{results} is not a JSON result file: {exc}") from None
+    if not isinstance(document, dict) or document.get("format") != spec.RESULT_FORMAT:
+        raise click.ClickException(
+            f"{results} is not a cudask bench result (expected format {spec.RESULT_FORMAT!r})"
+        )
+    if table:
+        click.echo(harness.format_table(document))
+    try:
+        write_chart(document, output)
+    except ValueError as exc:
+        raise click.ClickException(f"{results}: {exc}") from None
+    click.echo(f"chart: {output}")
+
+
+__all__ = ["bench"]

@@ -1,0 +1,87 @@
+"""`dask cuda config` / `cudask config`: what each GPU worker of a cluster runs with.
+
+Covers: connecting to a scheduler and printing, per worker, its GPU, CPU
+affinity, memory limits, data store, RMM set-up, protocol and plugins.
+Does not cover: changing anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import click
+
+
+def worker_report(dask_worker: Any) -> dict[str, Any]:
+    """Runs on each worker (through Client.run)."""
+    plugins = dict(dask_worker.plugins)
+    ctx = plugins.get("cudask-cuda-context")
+    rmm = plugins.get("cudask-rmm")
+    store = dask_worker.data
+    return {
+        "name": str(dask_worker.name),
+        "address": dask_worker.address,
+        "protocol": dask_worker.address.split("://")[0],
+        "nthreads": dask_worker.state.nthreads,
+        "gpu": getattr(ctx, "uuid", None),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cpu_affinity": sorted(os.sched_getaffinity(0)),
+        "memory_limit": dask_worker.memory_manager.memory_limit,
+        "device_memory_limit": getattr(store, "device_memory_limit", None),
+        "data": type(store).__module__ + "." + type(store).__qualname__,
+        "rmm": rmm.describe() if rmm is not None else None,
+        "plugins": list(plugins),
+    }
+
+
+def _render(reports: dict[str, dict[str, Any]]) -> str:
+    from cudask.devices.topology import format_cpus
+    from cudask.sizes import format_bytes
+
+    lines = []
+    for address, r in sorted(reports.items(), key=lambda kv: kv[1]["name"]):
+        def size(n: int | None) -> str:
+            return format_bytes(n) if n else "off"
+
+        rmm = r["rmm"]
+        rmm_text = "default (no pool)" if rmm is None else ", ".join(
+            f"{k}={format_bytes(v) if isinstance(v, int) and not isinstance(v, bool) else v}"
+            for k, v in rmm.items() if v not in (None, False, [])
+        )
+        lines += [
+            f"worker {r['name']} at {address}",
+            f"  GPU              {r['gpu']} (CUDA_VISIBLE_DEVICES={r['cuda_visible_devices']})",
+            f"  CPU affinity     {format_cpus(r['cpu_affinity'])}",
+            f"  threads          {r['nthreads']}",
+            f"  memory limit     host {size(r['memory_limit'])}, device {size(r['device_memory_limit'])}",
+            f"  data store       {r['data']}",
+            f"  RMM              {rmm_text}",
+            f"  protocol         {r['protocol']}",
+            f"  plugins          {', '.join(r['plugins'])}",
+        ]
+    return "\n".join(lines) if lines else "no workers are connected"
+
+
+@click.command("config", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("scheduler", required=False, envvar="DASK_SCHEDULER_ADDRESS")
+@click.option("--scheduler-file", default=None, help="JSON file the scheduler wrote its address to.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--timeout", default=10.0, show_default=True, help="Seconds to wait for the scheduler.")
+def config(scheduler: str | None, scheduler_file: str | None, as_json: bool, timeout: float) -> None:
+    """Print each GPU worker's set-up: GPU, limits, RMM, protocol, plugins."""
+    from distributed import Client
+
+    from cudask.errors import OptionError
+
+    if scheduler is None and scheduler_file is None:
+        raise OptionError("no scheduler: give its address, --scheduler-file, or "
+                          "DASK_SCHEDULER_ADDRESS")
+    try:
+        client = Client(scheduler, scheduler_file=scheduler_file, timeout=timeout)
+    except OSError as exc:
+        raise OptionError(f"cannot reach the scheduler {scheduler or scheduler_file}: {exc}") from None
+    with client:
+        reports = client.run(worker_report)
+    click.echo(json.dumps(reports, indent=2) if as_json else _render(reports))

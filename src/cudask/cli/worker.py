@@ -1,0 +1,80 @@
+"""`dask cuda worker` / `cudask worker`: start one worker per local GPU.
+
+Covers: the click command, whose flags are generated from cudask.options
+(declared once), and running CUDAWorker until it finishes or is interrupted.
+Errors in flags, config, devices or optional libraries are reported before
+any process starts. Does not cover: the workers (cudask.deploy.node).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from cudask.options import Option, options_for
+
+SCHEDULER_HELP = (
+    "Address of the scheduler, e.g. tcp://10.0.0.1:8786; or use --scheduler-file or "
+    "DASK_SCHEDULER_ADDRESS."
+)
+
+
+def click_option(opt: Option) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The click option generated from one declared Option (unset -> config default)."""
+    default = opt.default_value()
+    shown = f" [default: {default}]" if default not in (None, "", ()) else ""
+    help_text = opt.help + shown
+    if opt.kind in ("bool", "tristate"):
+        flags = f"{opt.cli_flag}/{opt.secondary}"
+        return click.option(flags, opt.name, default=None, help=help_text)
+    decls = [opt.cli_flag, *opt.extra_flags, opt.name]
+    if opt.kind == "int":
+        return click.option(*decls, type=int, default=None, help=help_text)
+    if opt.kind == "choice":
+        return click.option(*decls, type=click.Choice(opt.choices), default=None, help=help_text)
+    if opt.name == "preload":
+        return click.option(*decls, multiple=True, default=None, help=help_text)
+    return click.option(*decls, type=str, default=None, help=help_text)
+
+
+def worker_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for opt in reversed(options_for("cli")):
+        fn = click_option(opt)(fn)
+    return fn
+
+
+async def _run(scheduler: str | None, values: dict[str, Any]) -> None:
+    from cudask.deploy.node import CUDAWorker
+
+    worker = CUDAWorker(scheduler, **values)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await worker
+    done = asyncio.ensure_future(worker.finished())
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([done, stopped], return_when=asyncio.FIRST_COMPLETED)
+    if not done.done():
+        await worker.close()
+    for task in (done, stopped):
+        task.cancel()
+
+
+@click.command("worker", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("scheduler", required=False, envvar="DASK_SCHEDULER_ADDRESS")
+@worker_options
+def worker(scheduler: str | None, **values: Any) -> None:
+    """Start one dask worker per local GPU, joined to SCHEDULER.
+
+    GPUs are those of CUDA_VISIBLE_DEVICES (all when unset): under mpirun, set
+    it from the local rank to get one worker per rank.
+    """
+    given = {k: (list(v) if isinstance(v, tuple) else v) for k, v in values.items()
+             if v is not None and v != ()}
+    # CUDAWorker validates everything when it is built, before any process starts.
+    asyncio.run(_run(scheduler, given))

@@ -1,0 +1,153 @@
+"""LocalCUDACluster: one worker per visible GPU of this machine.
+
+Covers: turning dask-cuda's keywords (and LocalCluster's own) into one Nanny
+spec per GPU through cudask.worker.spec, and scale() within the visible GPUs.
+Everything else — the scheduler, the dashboard, the sync/async context
+manager — is distributed's LocalCluster.
+Does not cover: option rules (cudask.options) or what a worker does at start
+(cudask.worker.plugins).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import dask.config
+from distributed import LocalCluster, Nanny, Worker
+
+from cudask.devices import Device, Machine, discover, parse_visible_devices, require_gpus
+from cudask.errors import DeviceError, OptionError
+from cudask.options import BY_CLUSTER_KEYWORD, WorkerOptions, options_for, resolve
+from cudask.worker.spec import device_sizes, gpu_name, nanny_options, ucx_config
+
+logger = logging.getLogger("cudask")
+
+
+def select_devices(
+    machine: Machine,
+    visible: str | int | Sequence[str | int] | None,
+    n_workers: int | None,
+) -> list[Device]:
+    """The GPUs the cluster may use (CUDA_VISIBLE_DEVICES, default: all) and check
+    n_workers against them."""
+    devices = parse_visible_devices(visible, require_gpus(machine))
+    if not devices:
+        raise DeviceError("CUDA_VISIBLE_DEVICES is empty: no GPU to start a worker on")
+    if n_workers is not None:
+        if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
+            raise OptionError(f"n_workers={n_workers!r} must be a whole number of at least 1")
+        if n_workers > len(devices):
+            raise OptionError(f"n_workers={n_workers} is more than the {len(devices)} visible "
+                              f"GPU(s) ({', '.join(d.label for d in devices)}); one worker per GPU")
+    return devices
+
+
+def _passthrough_keywords() -> set[str]:
+    names: set[str] = set()
+    for fn in (LocalCluster.__init__, Nanny.__init__, Worker.__init__):
+        names |= {p for p in inspect.signature(fn).parameters if p not in ("self", "kwargs")}
+    return names - {"worker_kwargs"}
+
+
+class LocalCUDACluster(LocalCluster):
+    """A LocalCluster with one worker per GPU, as dask-cuda's LocalCUDACluster.
+
+    Worker options (threads_per_worker, memory_limit, device_memory_limit,
+    rmm_*, protocol, enable_*, jit_unspill, ...) are documented in
+    docs/options.md and default to the `cudask.worker` config; any other
+    keyword goes to distributed.LocalCluster (dashboard_address, host,
+    silence_logs, security, scheduler_port, ...).
+    """
+
+    def __init__(
+        self,
+        CUDA_VISIBLE_DEVICES: str | int | Sequence[str | int] | None = None,  # noqa: N803
+        n_workers: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        worker_values = {k: kwargs.pop(k) for k in list(kwargs) if k in BY_CLUSTER_KEYWORD}
+        if not kwargs.pop("processes", True):
+            raise OptionError("processes=False is not supported: each GPU needs its own worker "
+                              "process (CUDA_VISIBLE_DEVICES is per process)")
+        unknown = sorted(set(kwargs) - _passthrough_keywords())
+        if unknown:
+            raise OptionError(
+                f"LocalCUDACluster got unknown keyword(s) {', '.join(unknown)}; accepted: "
+                f"{', '.join(sorted(BY_CLUSTER_KEYWORD))} and distributed.LocalCluster's keywords"
+            )
+        options = resolve(worker_values, "cluster")
+        machine = discover()
+        devices = select_devices(machine, CUDA_VISIBLE_DEVICES, n_workers)
+        for d in devices:  # every size error before any process starts
+            device_sizes(options, d)
+        self.options: WorkerOptions = options
+        self.devices: list[Device] = devices
+        self.machine = machine
+        self._user_data = kwargs.pop("data", None)
+        self._extra_worker_kwargs = {
+            k: kwargs.pop(k) for k in list(kwargs)
+            if k not in inspect.signature(LocalCluster.__init__).parameters
+        }
+        if options.protocol is not None:
+            kwargs["protocol"] = options.protocol
+        if options.interface is not None:
+            kwargs["interface"] = options.interface
+        ucx = ucx_config(options)
+        if ucx:
+            dask.config.update(dask.config.config, ucx, priority="new")
+        super().__init__(
+            n_workers=0,
+            threads_per_worker=options.nthreads,
+            processes=True,
+            **kwargs,
+        )
+        self.scale(n_workers if n_workers is not None else len(devices))
+        if not self.asynchronous:
+            self.sync(self._correct_state)
+
+    def _next_device(self) -> int:
+        used = set(self.worker_spec)
+        for i, d in enumerate(self.devices):
+            if gpu_name(d) not in used:
+                return i
+        raise OptionError(f"cannot scale beyond the {len(self.devices)} visible GPU(s) "
+                          f"({', '.join(d.label for d in self.devices)})")
+
+    def new_worker_spec(self) -> dict[Any, dict[str, Any]]:
+        i = self._next_device()
+        name = gpu_name(self.devices[i])
+        options = dict(self.new_spec["options"])
+        options.update(self._extra_worker_kwargs)
+        options.update(
+            nanny_options(self.options, self.devices, i, n_workers=len(self.devices), name=name)
+        )
+        if self._user_data is not None:
+            options["data"] = self._user_data
+        return {name: {"cls": Nanny, "options": options}}
+
+    def scale(self, n: int = 0, memory: Any = None, cores: Any = None) -> Any:
+        if memory is None and cores is None and n > len(self.devices):
+            raise OptionError(f"cannot scale to {n} workers: {len(self.devices)} visible GPU(s) "
+                              f"({', '.join(d.label for d in self.devices)}), one worker each")
+        return super().scale(n, memory=memory, cores=cores)
+
+
+def _signature() -> inspect.Signature:
+    params = [
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("CUDA_VISIBLE_DEVICES", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                          default=None),
+        inspect.Parameter("n_workers", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
+    ]
+    params += [
+        inspect.Parameter(o.cluster_keyword, inspect.Parameter.KEYWORD_ONLY, default=None)
+        for o in options_for("cluster")
+    ]
+    params.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
+    return inspect.Signature(params)
+
+
+LocalCUDACluster.__init__.__signature__ = _signature()  # type: ignore[attr-defined]

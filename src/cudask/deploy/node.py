@@ -1,0 +1,162 @@
+"""CUDAWorker: the workers of one node, one per local GPU, joined to a scheduler.
+
+Covers: what `dask cuda worker` runs and what dask-mpi, dask-jobqueue runners,
+SSHCluster and `dask spec` use as a worker class — one Nanny per GPU named
+NAME (one GPU) or NAME-0, NAME-1, ... (several), awaitable, an async context
+manager, finished() and close(); and a no-nanny mode (one GPU per process)
+for sites that forbid forking. GPUs are those of the process's
+CUDA_VISIBLE_DEVICES (all when unset), so `mpirun ... CUDA_VISIBLE_DEVICES=
+$LOCAL_RANK dask cuda worker` gives one worker per rank.
+Does not cover: the specs themselves (cudask.worker.spec).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+from collections.abc import Generator
+from typing import Any
+
+import dask.config
+from distributed import Nanny, Worker
+from distributed.security import Security
+
+from cudask.devices import Device, discover, parse_visible_devices, require_gpus
+from cudask.errors import DeviceError, OptionError
+from cudask.options import BY_NAME, WorkerOptions, options_for, resolve
+from cudask.worker.spec import (
+    device_sizes,
+    nanny_options,
+    parse_ports,
+    parse_resources,
+    worker_names,
+    worker_options,
+)
+
+NODE_ONLY = {o.name for o in options_for("worker")} - {o.name for o in options_for("cluster")}
+
+
+def _passthrough() -> set[str]:
+    names: set[str] = set()
+    for fn in (Nanny.__init__, Worker.__init__):
+        names |= set(inspect.signature(fn).parameters) - {"self", "kwargs", "worker_kwargs"}
+    return names - set(BY_NAME)
+
+
+class CUDAWorker:
+    """One worker per local GPU, as dask-cuda's CUDAWorker.
+
+    `scheduler` is the scheduler address (default: --scheduler-file, then the
+    `scheduler-address` config that dask-mpi sets). Other keywords are the
+    worker options of docs/options.md; any remaining keyword goes to the
+    Nanny/Worker (e.g. security, preload_argv).
+    """
+
+    def __init__(self, scheduler: str | None = None, **kwargs: Any) -> None:
+        values = {k: kwargs.pop(k) for k in list(kwargs) if k in BY_NAME}
+        unknown = sorted(set(kwargs) - _passthrough())
+        if unknown:
+            raise OptionError(
+                f"CUDAWorker got unknown keyword(s) {', '.join(unknown)}; accepted: "
+                f"{', '.join(sorted(o.name for o in options_for('worker')))} and "
+                "distributed.Nanny's keywords"
+            )
+        if isinstance(scheduler, str) and scheduler.startswith("-"):
+            raise OptionError(f"scheduler address {scheduler!r} looks like a flag; is an option "
+                              "misspelt? See `dask cuda worker --help`")
+        options = resolve(values, "worker")
+        if scheduler is None and options.scheduler_file is None:
+            scheduler = dask.config.get("scheduler-address", None)
+            if scheduler is None:
+                raise OptionError("no scheduler: give its address (e.g. tcp://10.0.0.1:8786), "
+                                  "--scheduler-file, or DASK_SCHEDULER_ADDRESS")
+        machine = require_gpus(discover())
+        devices = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), machine)
+        if not devices:
+            raise DeviceError("CUDA_VISIBLE_DEVICES is empty: no GPU to start a worker on")
+        if not options.nanny and len(devices) > 1:
+            raise OptionError(
+                f"--no-nanny runs one worker in this process, so it needs exactly one GPU; "
+                f"{len(devices)} are visible ({', '.join(d.label for d in devices)}). Set "
+                "CUDA_VISIBLE_DEVICES to one GPU per process (e.g. from the MPI local rank)"
+            )
+        for d in devices:
+            device_sizes(options, d)
+        self.options: WorkerOptions = options
+        self.devices: list[Device] = devices
+        self.scheduler = scheduler
+        self.nannies: list[Nanny | Worker] = [
+            self._make(scheduler, i, name, port, kwargs)
+            for i, (name, port) in enumerate(
+                zip(worker_names(options.name, devices), parse_ports(options.worker_port, len(devices)))
+            )
+        ]
+
+    def _node_kwargs(self, port: int | None) -> dict[str, Any]:
+        o = self.options
+        kw: dict[str, Any] = {
+            "scheduler_file": o.scheduler_file,
+            "host": o.host,
+            "listen_address": o.listen_address,
+            "contact_address": o.contact_address,
+            "resources": parse_resources(o.resources),
+            "death_timeout": o.death_timeout,
+            "preload": o.preload or [],
+            "dashboard": bool(o.dashboard),
+            "dashboard_address": o.dashboard_address,
+        }
+        if port is not None:
+            kw["worker_port" if o.nanny else "port"] = port
+        if o.tls_ca_file:
+            kw["security"] = Security(tls_ca_file=o.tls_ca_file, tls_worker_cert=o.tls_cert,
+                                      tls_worker_key=o.tls_key, require_encryption=True)
+        if o.dashboard_prefix:
+            kw["http_prefix"] = o.dashboard_prefix
+        return {k: v for k, v in kw.items() if v is not None}
+
+    def _make(self, scheduler: str | None, i: int, name: Any, port: int | None,
+              extra: dict[str, Any]) -> Nanny | Worker:
+        opts = nanny_options(self.options, self.devices, i, n_workers=len(self.devices),
+                             name=name, extra={**self._node_kwargs(port), **extra})
+        if self.options.nanny:
+            return Nanny(scheduler, **opts)
+        opts, visible = worker_options(opts)
+        current = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if current is not None and current.split(",")[0] != visible.split(",")[0]:
+            raise DeviceError(f"--no-nanny: CUDA_VISIBLE_DEVICES={current!r} in this process "
+                              f"but the worker's GPU is {visible!r}")
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before any CUDA call in this process
+        cls = self.options.worker_class or Worker
+        return cls(scheduler, **opts)
+
+    async def _start(self) -> CUDAWorker:
+        method = self.options.multiprocessing_method
+        if method == "forkserver":
+            import multiprocessing.forkserver
+
+            multiprocessing.forkserver.ensure_running()
+        with dask.config.set({"distributed.worker.multiprocessing-method": method}):
+            await asyncio.gather(*self.nannies)
+        if self.options.pid_file:
+            with open(self.options.pid_file, "w") as f:
+                f.write(str(os.getpid()))
+        return self
+
+    def __await__(self) -> Generator[Any, None, CUDAWorker]:
+        return self._start().__await__()
+
+    async def __aenter__(self) -> CUDAWorker:
+        return await self._start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def finished(self) -> None:
+        """Wait until every worker of this node has closed."""
+        await asyncio.gather(*(n.finished() for n in self.nannies))
+
+    async def close(self, timeout: float = 5) -> None:
+        await asyncio.gather(*(n.close(timeout=timeout) for n in self.nannies))
+        if self.options.pid_file and os.path.exists(self.options.pid_file):
+            os.remove(self.options.pid_file)

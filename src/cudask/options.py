@@ -1,0 +1,376 @@
+"""Every worker option, declared once.
+
+Covers: the table of options (name, kind, default, help, validation, where it
+appears), reading defaults from the `cudask.worker` config namespace, turning
+user values into canonical ones, and the cross-option rules shared by
+LocalCUDACluster, CUDAWorker and the CLI. The keyword arguments of
+LocalCUDACluster and CUDAWorker, the flags of `dask cuda worker` and the
+reference page docs/options.md are all generated from OPTIONS.
+
+Does not cover: per-device sizes (cudask.worker.spec parses those against each
+GPU's memory) and starting anything.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from cudask import config
+from cudask.errors import MissingDependencyError, OptionError
+
+Kind = Literal["int", "str", "size", "bool", "tristate", "list", "choice", "address", "any"]
+Surface = Literal["cluster", "worker", "cli"]
+
+ALL: frozenset[Surface] = frozenset({"cluster", "worker", "cli"})
+NODE: frozenset[Surface] = frozenset({"worker", "cli"})  # one node's workers, not LocalCUDACluster
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option. `name` is the keyword; the flag is derived from it unless
+    given. A `config` key under `cudask.worker` holds the default."""
+
+    name: str
+    kind: Kind
+    help: str
+    config: str | None = None
+    default: Any = None
+    flag: str | None = None
+    secondary: str | None = None  # the "off" flag of a boolean: --no-x / --disable-x
+    choices: tuple[str, ...] = ()
+    surfaces: frozenset[Surface] = ALL
+    cluster_name: str | None = None  # LocalCUDACluster's keyword where it differs
+    group: str = "worker"
+    minimum: int | None = None
+    extra_flags: tuple[str, ...] = ()
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def cluster_keyword(self) -> str:
+        return self.cluster_name or self.name
+
+    def default_value(self) -> Any:
+        if self.config is not None:
+            return config.get(f"worker.{self.config}")
+        return self.default
+
+
+def _bool(name: str, help: str, cfg: str | None = None, *, on: str | None = None,
+          off: str | None = None, group: str = "worker", surfaces: frozenset[Surface] = ALL,
+          tristate: bool = False, default: Any = None) -> Option:
+    flag = on or "--" + name.replace("_", "-")
+    return Option(name, "tristate" if tristate else "bool", help, config=cfg, flag=flag,
+                  secondary=off or "--no-" + flag[2:], group=group, surfaces=surfaces,
+                  default=default)
+
+
+OPTIONS: tuple[Option, ...] = (
+    # --- resources of each worker
+    Option("nthreads", "int", "Threads of each worker.", config="threads-per-worker",
+           cluster_name="threads_per_worker", minimum=1),
+    Option("memory_limit", "size", "Host memory of each worker, past which data spills from "
+           "host to disk: bytes, a string such as '40GB', a fraction of system memory, 'auto' "
+           "(an even share of system memory) or 0/None for no limit.", config="memory-limit"),
+    Option("device_memory_limit", "size", "Device memory each worker keeps data in before it "
+           "spills to host: bytes, '40GB', a fraction of the GPU's memory, 'auto' (all of it), "
+           "'default' (80%; off on GPUs without dedicated memory) or 0/None for no spilling.",
+           config="device-memory-limit"),
+    Option("local_directory", "str", "Directory for spilled data and worker files; default: "
+           "dask's temporary-directory.", config="local-directory"),
+    Option("log_spilling", "bool", "Log every move of data between device, host and disk.",
+           config="log-spilling", flag="--log-spilling", secondary="--no-log-spilling"),
+    _bool("jit_unspill", "Hand tasks proxies that stay spilled until the task touches them "
+          "(JIT-unspill).", "jit-unspill", on="--enable-jit-unspill", off="--disable-jit-unspill"),
+    # --- communication
+    Option("protocol", "str", "Protocol: 'tcp', 'tls', 'ucx', ... (default: dask's, tcp).",
+           config="protocol", group="comm"),
+    Option("interface", "str", "Network interface to listen on, such as 'eth0' or 'ib0'.",
+           config="interface", group="comm"),
+    _bool("enable_tcp_over_ucx", "UCX over TCP (protocol 'ucx'); unset leaves the transports "
+          "to UCX.", "enable-tcp-over-ucx", on="--enable-tcp-over-ucx",
+          off="--disable-tcp-over-ucx", group="comm", tristate=True),
+    _bool("enable_infiniband", "UCX over InfiniBand (protocol 'ucx').", "enable-infiniband",
+          on="--enable-infiniband", off="--disable-infiniband", group="comm", tristate=True),
+    _bool("enable_nvlink", "UCX over NVLink / CUDA IPC (protocol 'ucx').", "enable-nvlink",
+          on="--enable-nvlink", off="--disable-nvlink", group="comm", tristate=True),
+    _bool("enable_rdmacm", "UCX RDMA connection manager (needs InfiniBand).", "enable-rdmacm",
+          on="--enable-rdmacm", off="--disable-rdmacm", group="comm", tristate=True),
+    # --- RMM
+    Option("rmm_pool_size", "size", "RMM pool of each worker: bytes, '20GB' or a fraction of "
+           "the GPU's memory; None: no pool.", config="rmm-pool-size", group="rmm"),
+    Option("rmm_maximum_pool_size", "size", "Largest size the RMM pool may grow to (needs "
+           "rmm_pool_size or rmm_async).", config="rmm-maximum-pool-size", group="rmm"),
+    _bool("rmm_managed_memory", "Allocate CUDA managed (unified) memory through RMM.",
+          "rmm-managed-memory", group="rmm"),
+    _bool("rmm_async", "Allocate through cudaMallocAsync (RMM's CudaAsyncMemoryResource).",
+          "rmm-async", group="rmm"),
+    Option("rmm_release_threshold", "size", "Memory the async pool holds before it releases "
+           "memory to the system (needs rmm_async).", config="rmm-release-threshold",
+           group="rmm"),
+    Option("rmm_log_directory", "str", "Directory for RMM allocation logs, one file per worker.",
+           config="rmm-log-directory", group="rmm"),
+    _bool("rmm_track_allocations", "Track RMM allocations (read by `cudask config`).",
+          "rmm-track-allocations", group="rmm"),
+    Option("rmm_allocator_external_lib_list", "list", "Libraries whose GPU allocations go "
+           "through RMM: 'cupy', 'torch' (comma-separated or a list).",
+           config="rmm-allocator-external-lib-list", choices=("cupy", "torch"), group="rmm",
+           flag="--set-rmm-allocator-for-libs",
+           extra_flags=("--rmm-allocator-external-lib-list",)),
+    # --- cuDF and imports
+    _bool("enable_cudf_spill", "cuDF's own spilling (needs cuDF).", "enable-cudf-spill",
+          on="--enable-cudf-spill", off="--disable-cudf-spill", group="cudf"),
+    Option("cudf_spill_stats", "int", "cuDF spill statistics level: 0, 1 or 2.",
+           config="cudf-spill-stats", group="cudf", minimum=0),
+    Option("pre_import", "list", "Modules each worker imports at start; a missing one fails the "
+           "start (comma-separated or a list).", config="pre-import", group="cudf"),
+    # --- one node's workers (CUDAWorker and the CLI)
+    Option("scheduler_file", "str", "JSON file the scheduler wrote its address to.",
+           surfaces=NODE, group="node"),
+    Option("host", "str", "Address the workers listen on and advertise; default: the "
+           "interface's address.", surfaces=NODE, group="node"),
+    Option("worker_port", "str", "Port of each worker: a number, or a range FIRST:LAST split "
+           "across the GPUs (9000:9003 gives 9000..9003 to 4 workers); default: random.",
+           surfaces=NODE, group="node"),
+    Option("listen_address", "str", "Address the workers bind to, e.g. tcp://0.0.0.0:9000.",
+           surfaces=NODE, group="node"),
+    Option("contact_address", "str", "Address the workers advertise to the scheduler.",
+           surfaces=NODE, group="node"),
+    Option("name", "str", "Worker name: one GPU registers exactly it, several register "
+           "NAME-0, NAME-1, ...; default: the GPU's id.", surfaces=NODE, group="node"),
+    Option("resources", "str", "Abstract resources of each worker, e.g. 'GPU=1 MEM=10e9'.",
+           surfaces=NODE, group="node"),
+    Option("pid_file", "str", "File to write the process id to.", surfaces=NODE, group="node"),
+    Option("preload", "list", "Modules or scripts each worker preloads (repeatable).",
+           surfaces=NODE, group="node"),
+    Option("death_timeout", "str", "Seconds a worker waits for the scheduler before it closes.",
+           surfaces=NODE, group="node"),
+    _bool("dashboard", "Serve each worker's diagnostics dashboard.", None, surfaces=NODE,
+          group="node", default=True),
+    Option("dashboard_address", "str", "Address of each worker's dashboard (port 0: random).",
+           default=":0", surfaces=NODE, group="node"),
+    Option("dashboard_prefix", "str", "URL prefix of the workers' dashboards.", surfaces=NODE,
+           group="node"),
+    Option("tls_ca_file", "str", "CA certificate file for TLS.", surfaces=NODE, group="node"),
+    Option("tls_cert", "str", "Worker certificate file for TLS.", surfaces=NODE, group="node"),
+    Option("tls_key", "str", "Worker private key file for TLS.", surfaces=NODE, group="node"),
+    Option("multiprocessing_method", "choice", "How worker processes are started.",
+           default="spawn", choices=("spawn", "fork", "forkserver"), surfaces=NODE,
+           group="node"),
+    _bool("nanny", "Run each worker under a Nanny process (--no-nanny for sites that forbid "
+          "forking: workers then run in this process).", None, surfaces=NODE, group="node",
+          default=True),
+    Option("worker_class", "any", "Worker class the nanny starts (import path on the CLI).",
+           surfaces=ALL, group="node"),
+)
+
+BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+BY_CLUSTER_KEYWORD: dict[str, Option] = {
+    o.cluster_keyword: o for o in OPTIONS if "cluster" in o.surfaces
+}
+
+
+def options_for(surface: Surface) -> list[Option]:
+    return [o for o in OPTIONS if surface in o.surfaces]
+
+
+@dataclass
+class WorkerOptions(Mapping[str, Any]):
+    """Canonical values of every option (by `Option.name`), defaults filled in."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self.__dict__["values"][key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+
+def _split_list(opt: Option, value: Any) -> list[str] | None:
+    if value is None or value == "" or value == []:
+        return None
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",") if v.strip()]
+    elif isinstance(value, Iterable):
+        items = []
+        for v in value:
+            if not isinstance(v, str):
+                raise OptionError(f"{opt.name}={value!r}: every entry must be a string")
+            items.extend(s.strip() for s in v.split(",") if s.strip())
+    else:
+        raise OptionError(
+            f"{opt.name}={value!r} is not a list; give a comma-separated string such as "
+            "'cupy,torch' or a list of strings"
+        )
+    if opt.choices:
+        bad = [i for i in items if i not in opt.choices]
+        if bad:
+            raise OptionError(
+                f"{opt.name}={value!r}: {', '.join(map(repr, bad))} not accepted; accepted: "
+                f"{', '.join(opt.choices)}"
+            )
+    return items or None
+
+
+def coerce(opt: Option, value: Any) -> Any:
+    """Check one value's type and turn it into its canonical form (sizes stay
+    unparsed: they are parsed per device)."""
+    if opt.kind in ("bool", "tristate"):
+        if value is None and opt.kind == "tristate":
+            return None
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+        if not isinstance(value, bool):
+            raise OptionError(f"{opt.name}={value!r} is not accepted; accepted: True or False")
+        return value
+    if opt.kind == "int":
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise OptionError(f"{opt.name}={value!r} is not an integer")
+        if opt.minimum is not None and value < opt.minimum:
+            raise OptionError(f"{opt.name}={value!r} must be at least {opt.minimum}")
+        return value
+    if opt.kind == "list":
+        return _split_list(opt, value)
+    if opt.kind == "choice":
+        if value not in opt.choices:
+            raise OptionError(
+                f"{opt.name}={value!r} is not accepted; accepted: {', '.join(opt.choices)}"
+            )
+        return value
+    if opt.kind == "str" and value is not None and not isinstance(value, str):
+        if opt.name in ("local_directory", "rmm_log_directory", "scheduler_file", "pid_file"):
+            return str(value)  # os.PathLike
+        if opt.name in ("resources", "death_timeout") and isinstance(value, (dict, int, float)):
+            return value
+        raise OptionError(f"{opt.name}={value!r} is not a string")
+    return value
+
+
+def resolve(values: Mapping[str, Any], surface: Surface) -> WorkerOptions:
+    """Every option of `surface`, from `values` (keyed by the surface's keyword
+    names; None means "unset") or the config default, coerced and validated."""
+    table = BY_CLUSTER_KEYWORD if surface == "cluster" else {o.name: o for o in options_for(surface)}
+    unknown = sorted(set(values) - set(table))
+    if unknown:
+        raise OptionError(
+            f"unknown option(s) {', '.join(unknown)}; accepted: {', '.join(sorted(table))}"
+        )
+    out: dict[str, Any] = {}
+    for keyword, opt in table.items():
+        value = values.get(keyword)
+        if value is None:
+            value = opt.default_value()
+        out[opt.name] = coerce(opt, value) if value is not None else None
+    resolved = WorkerOptions(out)
+    check_rules(resolved)
+    return resolved
+
+
+def _library(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+UCX_PROTOCOLS = ("ucx", "ucxx")
+EXTRAS = {
+    "rmm": ("rmm", "pip install 'cudask[rmm]'  (rmm-cu13)"),
+    "cudf": ("cudf", "pip install cudf-cu13"),
+    "ucx": ("distributed_ucxx", "pip install 'cudask[ucx]'  (distributed-ucxx-cu13)"),
+    "cupy": ("cupy", "pip install 'cudask[cuda]'  (cupy-cuda13x)"),
+}
+
+
+def require_library(extra: str, needed_for: str) -> None:
+    module, install = EXTRAS[extra]
+    if not _library(module):
+        raise MissingDependencyError(module, needed_for, install)
+
+
+def check_rules(o: WorkerOptions) -> None:
+    """Rules that span options; the same for cluster, CUDAWorker and CLI. Runs
+    before any process starts. Sets protocol to 'ucx' when a UCX transport is
+    asked for and no protocol given (as dask-cuda does)."""
+    v = o.values
+    if v.get("rmm_async") and v.get("rmm_managed_memory"):
+        raise OptionError("rmm_async=True and rmm_managed_memory=True cannot be combined; "
+                          "choose one allocator")
+    if v.get("rmm_release_threshold") is not None and not v.get("rmm_async"):
+        raise OptionError(f"rmm_release_threshold={v['rmm_release_threshold']!r} needs "
+                          "rmm_async=True (it configures the async allocator)")
+    if v.get("rmm_maximum_pool_size") is not None and v.get("rmm_pool_size") is None \
+            and not v.get("rmm_async"):
+        raise OptionError(f"rmm_maximum_pool_size={v['rmm_maximum_pool_size']!r} needs "
+                          "rmm_pool_size (e.g. rmm_pool_size='20GB') or rmm_async=True")
+    if v.get("enable_nvlink") and v.get("rmm_managed_memory"):
+        raise OptionError("enable_nvlink=True and rmm_managed_memory=True cannot be combined: "
+                          "CUDA IPC cannot share managed memory")
+    if v.get("enable_rdmacm") and not v.get("enable_infiniband"):
+        raise OptionError("enable_rdmacm=True needs enable_infiniband=True")
+    if v.get("jit_unspill") and v.get("enable_cudf_spill"):
+        raise OptionError("jit_unspill=True and enable_cudf_spill=True cannot be combined; "
+                          "choose one spilling mechanism")
+    ucx_asked = [k for k in ("enable_tcp_over_ucx", "enable_infiniband", "enable_nvlink",
+                             "enable_rdmacm") if v.get(k)]
+    if ucx_asked:
+        if v.get("protocol") is None:
+            v["protocol"] = "ucx"
+        elif v["protocol"] not in UCX_PROTOCOLS:
+            raise OptionError(f"{ucx_asked[0]}=True needs protocol='ucx', not "
+                              f"protocol={v['protocol']!r}")
+    tls = [v.get(k) for k in ("tls_ca_file", "tls_cert", "tls_key")]
+    if any(tls) and not all(tls):
+        raise OptionError("TLS needs all of tls_ca_file, tls_cert and tls_key")
+    # optional libraries, before any process starts
+    if v.get("rmm_pool_size") is not None or v.get("rmm_managed_memory") or v.get("rmm_async") \
+            or v.get("rmm_track_allocations") or v.get("rmm_log_directory") \
+            or v.get("rmm_allocator_external_lib_list"):
+        require_library("rmm", "the RMM options (rmm_pool_size, rmm_async, ...)")
+    for lib in v.get("rmm_allocator_external_lib_list") or ():
+        if not _library(lib):
+            raise MissingDependencyError(lib, f"rmm_allocator_external_lib_list={lib!r}",
+                                         f"pip install {'cupy-cuda13x' if lib == 'cupy' else lib}")
+    if v.get("enable_cudf_spill"):
+        require_library("cudf", "enable_cudf_spill=True")
+    if v.get("protocol") in UCX_PROTOCOLS:
+        require_library("ucx", f"protocol={v['protocol']!r}")
+    for module in v.get("pre_import") or ():
+        if not _library(module):
+            raise MissingDependencyError(module, f"pre_import={module!r}",
+                                         f"install {module} where the workers run")
+
+
+def reference() -> str:
+    """The options reference (docs/options.md), generated from OPTIONS."""
+    lines = [
+        "# Worker options",
+        "",
+        "Generated from `cudask.options.OPTIONS` by `cudask options --markdown`; do not edit.",
+        "Unset options take their default from the `cudask.worker` config namespace",
+        "(cudask.yaml), so `DASK_CUDASK__WORKER__<NAME>` environment variables work.",
+        "",
+        "| keyword (LocalCUDACluster) | CUDAWorker | flag | default | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for o in OPTIONS:
+        kw = f"`{o.cluster_keyword}`" if "cluster" in o.surfaces else "—"
+        flag = o.cli_flag + (f" / {o.secondary}" if o.secondary else "")
+        flag += "".join(f", {f}" for f in o.extra_flags)
+        default = f"config `cudask.worker.{o.config}`" if o.config else repr(o.default)
+        lines.append(f"| {kw} | `{o.name}` | `{flag}` | {default} | {o.help} |")
+    return "\n".join(lines) + "\n"

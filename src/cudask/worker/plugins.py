@@ -1,0 +1,185 @@
+"""The worker plugins cudask installs on every GPU worker, in this order:
+
+1. ``cudask-cpu-affinity``: pins every thread of the worker process to the CPUs
+   nearest its GPU (within the CPUs the process may use).
+2. ``cudask-cuda-context``: creates the CUDA context on the worker's GPU (device
+   0 of its rotated CUDA_VISIBLE_DEVICES) at start, and checks it is that GPU.
+3. ``cudask-rmm``: the RMM memory resource stack and external allocators
+   (cudask.worker.rmm).
+4. ``cudask-pre-import``: imports modules; a missing one fails the start.
+5. ``cudask-cudf-spill``: cuDF's spilling options, when cuDF is installed.
+6. ``cudask-metrics``: the store's per-tier sizes and spill counters as worker
+   metrics (heartbeats, so the scheduler, dashboard and Prometheus see them).
+
+Each has a stable name, is idempotent (a second setup on the same worker does
+nothing) and undoes what it did on teardown where that is possible.
+Covers: the plugins. Does not cover: deciding which ones a worker gets
+(cudask.worker.spec).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from distributed import WorkerPlugin
+
+logger = logging.getLogger("cudask.worker")
+
+
+def _thread_ids() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]
+
+
+class CPUAffinity(WorkerPlugin):
+    """Pin all threads of the worker process (and so the threads it starts) to `cpus`."""
+
+    name = "cudask-cpu-affinity"
+
+    def __init__(self, cpus: Sequence[int]) -> None:
+        self.cpus = tuple(cpus)
+        self.previous: set[int] | None = None
+
+    def setup(self, worker: Any) -> None:
+        if self.previous is not None or not self.cpus:
+            return
+        self.previous = set(os.sched_getaffinity(0))
+        for tid in _thread_ids():
+            try:
+                os.sched_setaffinity(tid, self.cpus)
+            except OSError as exc:  # a thread that ended, or a cpuset that changed
+                logger.debug("could not pin thread %s: %s", tid, exc)
+
+    def teardown(self, worker: Any) -> None:
+        if self.previous is None:
+            return
+        for tid in _thread_ids():
+            try:
+                os.sched_setaffinity(tid, self.previous)
+            except OSError:
+                pass
+        self.previous = None
+
+
+def _create_context() -> str:
+    """Create (or get) the CUDA context on device 0 and return its UUID."""
+    try:
+        import cupy
+    except ImportError:
+        cupy = None
+    if cupy is not None:
+        cupy.cuda.Device(0).use()
+        cupy.cuda.runtime.free(0)  # forces context creation
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        raw = props.get("uuid", b"")
+        return _format_uuid(raw)
+    from numba import cuda
+
+    ctx = cuda.current_context()
+    return f"GPU-{ctx.device.uuid}" if not str(ctx.device.uuid).startswith("GPU-") else str(ctx.device.uuid)
+
+
+def _format_uuid(raw: bytes | str) -> str:
+    if isinstance(raw, str):
+        return raw if raw.startswith(("GPU-", "MIG-")) else f"GPU-{raw}"
+    h = bytes(raw).hex()
+    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+class CUDAContext(WorkerPlugin):
+    """Create the CUDA context on the worker's own GPU when the worker starts."""
+
+    name = "cudask-cuda-context"
+
+    def __init__(self, expected_uuid: str | None) -> None:
+        self.expected_uuid = expected_uuid
+        self.uuid: str | None = None
+
+    def setup(self, worker: Any) -> None:
+        if self.uuid is not None:
+            return
+        self.uuid = _create_context()
+        expected = self.expected_uuid
+        if expected and expected.startswith("GPU-") and self.uuid != expected:
+            raise RuntimeError(
+                f"worker {worker.name}: CUDA device 0 is {self.uuid}, expected {expected}; "
+                "is CUDA_DEVICE_ORDER=PCI_BUS_ID needed on this machine?"
+            )
+
+    def teardown(self, worker: Any) -> None:  # a context lives as long as its process
+        pass
+
+
+class PreImport(WorkerPlugin):
+    """Import `modules` at start; a missing one fails the worker start at once."""
+
+    name = "cudask-pre-import"
+
+    def __init__(self, modules: Sequence[str]) -> None:
+        self.modules = tuple(modules)
+
+    def setup(self, worker: Any) -> None:
+        for module in self.modules:
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise ImportError(
+                    f"pre_import: worker {worker.name} cannot import {module!r}: {exc}"
+                ) from exc
+
+
+class CudfSpill(WorkerPlugin):
+    """Set cuDF's `spill` and `spill_stats` options in the worker process."""
+
+    name = "cudask-cudf-spill"
+
+    def __init__(self, enable: bool, stats: int) -> None:
+        self.enable = enable
+        self.stats = stats
+        self.previous: tuple[Any, Any] | None = None
+
+    def setup(self, worker: Any) -> None:
+        if self.previous is not None:
+            return
+        try:
+            import cudf
+        except ImportError:
+            if self.enable:
+                raise
+            return
+        self.previous = (cudf.get_option("spill"), cudf.get_option("spill_stats"))
+        cudf.set_option("spill", self.enable)
+        cudf.set_option("spill_stats", self.stats)
+
+    def teardown(self, worker: Any) -> None:
+        if self.previous is None:
+            return
+        import cudf
+
+        cudf.set_option("spill", self.previous[0])
+        cudf.set_option("spill_stats", self.previous[1])
+        self.previous = None
+
+
+def _store_metrics(worker: Any) -> dict[str, float]:
+    metrics = getattr(worker.data, "metrics", None)
+    return dict(metrics()) if callable(metrics) else {}
+
+
+class StoreMetrics(WorkerPlugin):
+    """Publish the data store's tier sizes and spill counters as `cudask` worker metrics."""
+
+    name = "cudask-metrics"
+    key = "cudask"
+
+    def setup(self, worker: Any) -> None:
+        worker.metrics[self.key] = _store_metrics
+
+    def teardown(self, worker: Any) -> None:
+        worker.metrics.pop(self.key, None)

@@ -1,0 +1,132 @@
+"""The RMM worker plugin: memory resource stack and external allocators.
+
+Covers: building the RMM memory resource for one worker from the rmm_* options
+— a pool (PoolMemoryResource over CUDA or managed memory) or the async
+allocator (CudaAsyncMemoryResource, optionally under a LimitingResourceAdaptor
+for rmm_maximum_pool_size), then logging and tracking adaptors — making it
+the current device resource, and routing CuPy's and PyTorch's allocations
+through it. Sizes arrive as bytes (parsed per device by the spec builder).
+Does not cover: option validation (cudask.options).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from distributed import WorkerPlugin
+
+
+class RMMSetup(WorkerPlugin):
+    name = "cudask-rmm"
+
+    def __init__(
+        self,
+        *,
+        pool_size: int | None,
+        maximum_pool_size: int | None,
+        managed_memory: bool,
+        async_alloc: bool,
+        release_threshold: int | None,
+        log_directory: str | None,
+        track_allocations: bool,
+        external_libs: Sequence[str] = (),
+    ) -> None:
+        self.pool_size = pool_size
+        self.maximum_pool_size = maximum_pool_size
+        self.managed_memory = managed_memory
+        self.async_alloc = async_alloc
+        self.release_threshold = release_threshold
+        self.log_directory = log_directory
+        self.track_allocations = track_allocations
+        self.external_libs = tuple(external_libs)
+        self.previous: Any = None
+        self.previous_cupy: Any = None
+        self.active = False
+
+    @property
+    def needed(self) -> bool:
+        return bool(
+            self.pool_size is not None or self.managed_memory or self.async_alloc
+            or self.log_directory or self.track_allocations or self.external_libs
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "pool_size": self.pool_size,
+            "maximum_pool_size": self.maximum_pool_size,
+            "managed_memory": self.managed_memory,
+            "async": self.async_alloc,
+            "release_threshold": self.release_threshold,
+            "log_directory": self.log_directory,
+            "track_allocations": self.track_allocations,
+            "external_libs": list(self.external_libs),
+        }
+
+    def _resource(self, worker: Any) -> Any:
+        import rmm
+
+        mr: Any
+        if self.async_alloc:
+            mr = rmm.mr.CudaAsyncMemoryResource(
+                initial_pool_size=self.pool_size, release_threshold=self.release_threshold
+            )
+            if self.maximum_pool_size is not None:
+                mr = rmm.mr.LimitingResourceAdaptor(mr, allocation_limit=self.maximum_pool_size)
+        else:
+            mr = rmm.mr.ManagedMemoryResource() if self.managed_memory else rmm.mr.CudaMemoryResource()
+            if self.pool_size is not None:
+                mr = rmm.mr.PoolMemoryResource(
+                    mr, initial_pool_size=self.pool_size, maximum_pool_size=self.maximum_pool_size
+                )
+        if self.log_directory:
+            os.makedirs(self.log_directory, exist_ok=True)
+            safe = str(worker.name).replace("/", "_").replace(":", "_")
+            mr = rmm.mr.LoggingResourceAdaptor(
+                mr, log_file_name=os.path.join(self.log_directory, f"rmm_log_{safe}.txt")
+            )
+        if self.track_allocations:
+            mr = rmm.mr.TrackingResourceAdaptor(mr)
+        return mr
+
+    def setup(self, worker: Any) -> None:
+        if self.active or not self.needed:
+            return
+        import rmm
+
+        self.previous = rmm.mr.get_current_device_resource()
+        rmm.mr.set_current_device_resource(self._resource(worker))
+        for lib in self.external_libs:
+            if lib == "cupy":
+                import cupy
+                from rmm.allocators.cupy import rmm_cupy_allocator
+
+                self.previous_cupy = cupy.cuda.get_allocator()
+                cupy.cuda.set_allocator(rmm_cupy_allocator)
+            elif lib == "torch":
+                import torch
+                from rmm.allocators.torch import rmm_torch_allocator
+
+                try:
+                    torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
+                except RuntimeError as exc:  # torch already allocated with its own
+                    raise RuntimeError(
+                        f"worker {worker.name}: PyTorch already allocated GPU memory, so its "
+                        f"allocator can no longer be set to RMM ({exc})"
+                    ) from exc
+        self.active = True
+
+    def teardown(self, worker: Any) -> None:
+        """Restore the previous resource and CuPy allocator. PyTorch cannot change its
+        allocator back once it has been used; it keeps RMM's."""
+        if not self.active:
+            return
+        import rmm
+
+        if self.previous_cupy is not None:
+            import cupy
+
+            cupy.cuda.set_allocator(self.previous_cupy)
+        rmm.mr.set_current_device_resource(self.previous)
+        self.active = False

@@ -1,0 +1,261 @@
+"""Worker specs: one Nanny (or Worker) per GPU, from resolved options.
+
+Covers: the one spec builder behind LocalCUDACluster, CUDAWorker and the
+CLI — per-device sizes, the rotated CUDA_VISIBLE_DEVICES, the data store,
+the ordered plugin list, names, ports, UCX config and resources.
+Does not cover: starting anything (cudask.deploy) or option rules
+(cudask.options).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from distributed import Nanny, Worker, WorkerPlugin
+from distributed.worker_memory import parse_memory_limit
+
+from cudask.devices import Device, cuda_visible_devices
+from cudask.errors import OptionError
+from cudask.options import UCX_PROTOCOLS, WorkerOptions
+from cudask.sizes import parse_size
+from cudask.worker.plugins import CPUAffinity, CudfSpill, CUDAContext, PreImport, StoreMetrics
+from cudask.worker.rmm import RMMSetup
+
+RMM_ALIGNMENT = 256
+
+
+@dataclass(frozen=True)
+class DeviceSizes:
+    """Sizes parsed against one device's memory (None: off)."""
+
+    device_memory_limit: int | None
+    rmm_pool_size: int | None
+    rmm_maximum_pool_size: int | None
+    rmm_release_threshold: int | None
+
+
+def device_sizes(o: WorkerOptions, device: Device) -> DeviceSizes:
+    """Parse the per-device sizes; a limit larger than the device is an error."""
+    total = device.memory_total
+    where = f" on {device.label} ({device.gpu.name})"
+    dedicated = device.gpu.dedicated_memory
+    if not dedicated and o.device_memory_limit not in (None, "default", 0, "0"):
+        raise OptionError(
+            f"device_memory_limit={o.device_memory_limit!r}: {device.label} ({device.gpu.name}) "
+            "has no dedicated memory, so there is nothing to spill from; leave it 'default'"
+        )
+    if o.enable_cudf_spill:
+        limit = None  # cuDF spills by itself; the device tier is not limited
+    else:
+        limit = parse_size(o.device_memory_limit, total=total, name="device_memory_limit" + where,
+                           auto=1.0 if dedicated else None, default=0.8 if dedicated else None,
+                           maximum=total)
+
+    def rmm(name: str) -> int | None:
+        return parse_size(o[name], total=total, name=name + where, auto=1.0, default=None,
+                          maximum=total, alignment=RMM_ALIGNMENT)
+
+    pool, maximum = rmm("rmm_pool_size"), rmm("rmm_maximum_pool_size")
+    if pool is not None and maximum is not None and maximum < pool:
+        raise OptionError(f"rmm_maximum_pool_size={o.rmm_maximum_pool_size!r} is smaller than "
+                          f"rmm_pool_size={o.rmm_pool_size!r}")
+    return DeviceSizes(limit, pool, maximum, rmm("rmm_release_threshold"))
+
+
+def host_memory_limit(o: WorkerOptions, n_workers: int) -> int | None:
+    """Host memory of each worker: 'auto' is an even share of the system's."""
+    try:
+        limit = parse_memory_limit(o.memory_limit, nthreads=1, total_cores=max(n_workers, 1))
+    except (ValueError, TypeError) as exc:
+        raise OptionError(
+            f"memory_limit={o.memory_limit!r} is not accepted ({exc}); accepted: bytes, '40GB', "
+            "a fraction of system memory, 'auto' or 0/None"
+        ) from None
+    return limit or None
+
+
+def data_store(o: WorkerOptions, sizes: DeviceSizes, memory_limit: int | None) -> Any:
+    """The worker's `data=`: the tiered store (JIT-unspill variant when asked), or a
+    plain dict when every limit is off."""
+    if o.jit_unspill:
+        from cudask.memory.proxy_store import ProxyStore
+
+        return (ProxyStore, {"device_memory_limit": sizes.device_memory_limit,
+                             "memory_limit": memory_limit, "log_spilling": o.log_spilling})
+    if sizes.device_memory_limit is None and memory_limit is None:
+        return dict
+    from cudask.memory.store import TieredStore
+
+    return (TieredStore, {"device_memory_limit": sizes.device_memory_limit,
+                          "memory_limit": memory_limit, "log_spilling": o.log_spilling})
+
+
+def plugins(o: WorkerOptions, device: Device, sizes: DeviceSizes) -> list[WorkerPlugin]:
+    """The ordered plugin list of one worker (see cudask.worker.plugins)."""
+    out: list[WorkerPlugin] = [
+        CPUAffinity(device.gpu.cpu_affinity),
+        CUDAContext(device.uuid),
+    ]
+    rmm = RMMSetup(
+        pool_size=sizes.rmm_pool_size,
+        maximum_pool_size=sizes.rmm_maximum_pool_size,
+        managed_memory=bool(o.rmm_managed_memory),
+        async_alloc=bool(o.rmm_async),
+        release_threshold=sizes.rmm_release_threshold,
+        log_directory=o.rmm_log_directory,
+        track_allocations=bool(o.rmm_track_allocations),
+        external_libs=o.rmm_allocator_external_lib_list or (),
+    )
+    if rmm.needed:
+        out.append(rmm)
+    if o.pre_import:
+        out.append(PreImport(o.pre_import))
+    if o.enable_cudf_spill or o.cudf_spill_stats:
+        out.append(CudfSpill(bool(o.enable_cudf_spill), int(o.cudf_spill_stats or 0)))
+    out.append(StoreMetrics())
+    return out
+
+
+def ucx_config(o: WorkerOptions) -> dict[str, Any]:
+    """distributed-ucxx's config for the transports the enable_* options name."""
+    if o.protocol not in UCX_PROTOCOLS:
+        return {}
+    ucx = {
+        "tcp": o.enable_tcp_over_ucx,
+        "nvlink": o.enable_nvlink,
+        "infiniband": o.enable_infiniband,
+        "rdmacm": o.enable_rdmacm,
+        "create-cuda-context": True,
+    }
+    return {"distributed": {"comm": {"ucx": ucx}}}
+
+
+def parse_ports(value: str | int | None, n: int) -> list[int | None]:
+    """--worker-port: a port for one GPU, or FIRST:LAST split across n GPUs."""
+    if value is None or value == "" or value == 0 or value == "0":
+        return [None] * n
+    text = str(value)
+    m = re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", text)
+    if not m:
+        raise OptionError(f"worker_port={value!r} is not accepted; give a port such as 9000 or "
+                          "a range FIRST:LAST such as 9000:9003")
+    first = int(m.group(1))
+    last = int(m.group(2)) if m.group(2) else first
+    if last < first:
+        raise OptionError(f"worker_port={value!r}: the range ends before it starts")
+    count = last - first + 1
+    if count < n:
+        raise OptionError(f"worker_port={value!r} gives {count} port(s) for {n} GPU workers; "
+                          f"give a range of at least {n}, e.g. {first}:{first + n - 1}")
+    return list(range(first, first + n))
+
+
+def parse_resources(value: str | dict | None) -> dict[str, float] | None:
+    if value is None or isinstance(value, dict):
+        return value
+    out: dict[str, float] = {}
+    for item in value.replace(",", " ").split():
+        key, sep, amount = item.partition("=")
+        try:
+            out[key] = float(amount)
+        except ValueError:
+            sep = ""
+        if not sep or not key:
+            raise OptionError(f"resources={value!r}: {item!r} is not NAME=AMOUNT; "
+                              "example: 'GPU=1 MEM=10e9'")
+    return out
+
+
+def worker_names(name: str | None, devices: Sequence[Device]) -> list[Any]:
+    """CUDAWorker names: exactly `name` for one GPU, name-0, name-1, ... for several."""
+    if name is None:
+        return [None] * len(devices)
+    if len(devices) == 1:
+        return [name]
+    return [f"{name}-{i}" for i in range(len(devices))]
+
+
+def gpu_name(device: Device) -> int | str:
+    """LocalCUDACluster names each worker after its GPU (as dask-cuda does)."""
+    return device.uuid if device.mig else device.gpu.index
+
+
+def nanny_options(
+    o: WorkerOptions,
+    devices: Sequence[Device],
+    i: int,
+    *,
+    n_workers: int,
+    name: Any,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments of the Nanny (and through it the Worker) for GPU i."""
+    device = devices[i]
+    sizes = device_sizes(o, device)
+    memory_limit = host_memory_limit(o, n_workers)
+    options: dict[str, Any] = {
+        "nthreads": o.nthreads,
+        "memory_limit": memory_limit or 0,
+        "data": data_store(o, sizes, memory_limit),
+        "env": {"CUDA_VISIBLE_DEVICES": cuda_visible_devices(devices, i)},
+        "plugins": plugins(o, device, sizes),
+        "name": name,
+        "config": {**ucx_config(o)},
+    }
+    if o.local_directory is not None:
+        options["local_directory"] = o.local_directory
+    if o.protocol is not None:
+        options["protocol"] = o.protocol
+    if o.interface is not None:
+        options["interface"] = o.interface
+    if o.worker_class is not None:
+        options["worker_class"] = worker_class(o.worker_class)
+    options.update(extra or {})
+    return options
+
+
+def worker_class(value: Any) -> type:
+    """The Worker class a nanny starts: a class, or an import path from the CLI."""
+    if isinstance(value, str):
+        from dask.utils import import_term
+
+        try:
+            value = import_term(value)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise OptionError(f"worker_class={value!r} cannot be imported ({exc}); give a "
+                              "dotted path such as 'distributed.Worker'") from None
+    if not (isinstance(value, type) and issubclass(value, Worker)):
+        raise OptionError(f"worker_class={value!r} is not a subclass of distributed.Worker")
+    return value
+
+
+def worker_options(nanny_opts: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """Turn Nanny keywords into Worker keywords (for --no-nanny) and the
+    CUDA_VISIBLE_DEVICES the process must have."""
+    opts = dict(nanny_opts)
+    env = opts.pop("env")
+    opts.pop("config", None)
+    opts.pop("worker_class", None)
+    return opts, env["CUDA_VISIBLE_DEVICES"]
+
+
+__all__ = [
+    "DeviceSizes",
+    "Nanny",
+    "Worker",
+    "data_store",
+    "device_sizes",
+    "gpu_name",
+    "host_memory_limit",
+    "nanny_options",
+    "parse_ports",
+    "parse_resources",
+    "plugins",
+    "worker_class",
+    "ucx_config",
+    "worker_names",
+    "worker_options",
+]
