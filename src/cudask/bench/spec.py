@@ -220,7 +220,6 @@ def runner_argv(
     variant: Variant,
     workload: str,
     *,
-    json_path: str,
     array_module: str,
     device: str,
     memory_limit: str,
@@ -234,13 +233,16 @@ def runner_argv(
     size: int | None = None,
     array_chunk: int | None = None,
     second_size: int | None = None,
+    json_path: str | None = None,
 ) -> list[str]:
-    """Arguments (after `python -m cudask.bench.run`) that run `variant` once."""
+    """Arguments (after `python -m cudask.bench.run`) that run `variant` once.
+
+    The harness appends `--json PATH` itself unless `json_path` is given.
+    """
     check_choice("workload", workload, WORKLOADS)
     argv = [
         "--backend", variant.backend,
         "--workload", workload,
-        "--json", json_path,
         "--array-module", array_module,
         "--device", device,
         "--memory-limit", memory_limit,
@@ -248,6 +250,8 @@ def runner_argv(
         "--repeat", str(repeat),
         "--warmup", str(warmup),
     ]  # fmt: skip
+    if json_path is not None:
+        argv += ["--json", json_path]
     if variant.limit_set:
         limit = variant.device_memory_limit
         argv += ["--device-memory-limit", str(limit) if limit is not None else "0"]
