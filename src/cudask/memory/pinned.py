@@ -1,0 +1,361 @@
+"""A pool of pinned (page-locked) host memory for device -> host copies.
+
+Covers: `PinnedPool`, which reserves page-locked host memory from a
+`CopyBackend` in large slabs (cudaHostAlloc is slow, ~ms per 100 MB, so it is
+done rarely and, with `preallocate`, ahead of need), carves blocks out of the
+slabs first-fit, coalesces them on release, and falls back to ordinary
+(pageable) host memory - with one warning - when the pool's capacity is
+reached or the driver refuses to pin more; and `HostBlock`, one block of host
+memory with its address and a memoryview.
+
+Does not cover: copying (`cudask.memory.transfer`) or deciding when memory is
+needed (`cudask.memory.store`).
+
+Threading: every method of `PinnedPool` is thread-safe (one lock; the slow
+cudaHostAlloc of a new slab runs outside it). A block must not be released
+while a copy into or out of it is in flight: `HostBlock.release(after=copy)`
+defers the release until the copy has completed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy
+
+from cudask.memory.transfer import CopyBackend, memoryview_at
+
+if TYPE_CHECKING:
+    from cudask.memory.transfer import Copy
+
+logger = logging.getLogger(__name__)
+
+ALIGNMENT = 256
+
+
+class PinnedMemoryWarning(RuntimeWarning):
+    """The pinned pool could not serve a copy; pageable memory is used instead."""
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+@dataclass
+class _Slab:
+    ptr: int
+    size: int
+    # free ranges: sorted offsets and their sizes
+    free_offsets: list[int] = field(default_factory=list)
+    free_sizes: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.free_offsets = [0]
+        self.free_sizes = [self.size]
+
+    def take(self, nbytes: int) -> int | None:
+        for i, size in enumerate(self.free_sizes):
+            if size >= nbytes:
+                offset = self.free_offsets[i]
+                if size == nbytes:
+                    del self.free_offsets[i], self.free_sizes[i]
+                else:
+                    self.free_offsets[i] += nbytes
+                    self.free_sizes[i] -= nbytes
+                return offset
+        return None
+
+    def give(self, offset: int, nbytes: int) -> None:
+        i = bisect.bisect_left(self.free_offsets, offset)
+        # merge with the next free range
+        if i < len(self.free_offsets) and offset + nbytes == self.free_offsets[i]:
+            nbytes += self.free_sizes[i]
+            del self.free_offsets[i], self.free_sizes[i]
+        # merge with the previous free range
+        if i > 0 and self.free_offsets[i - 1] + self.free_sizes[i - 1] == offset:
+            self.free_sizes[i - 1] += nbytes
+        else:
+            self.free_offsets.insert(i, offset)
+            self.free_sizes.insert(i, nbytes)
+
+    @property
+    def free_bytes(self) -> int:
+        return sum(self.free_sizes)
+
+    @property
+    def largest_free(self) -> int:
+        return max(self.free_sizes, default=0)
+
+
+class HostBlock:
+    """`nbytes` of host memory at `ptr` (pinned or pageable), viewable as `view`."""
+
+    __slots__ = ("__weakref__", "_pool", "_slab", "_offset", "_size", "_keepalive", "nbytes",
+                 "pinned", "ptr", "released")
+
+    def __init__(
+        self,
+        ptr: int,
+        nbytes: int,
+        *,
+        pinned: bool,
+        pool: PinnedPool | None = None,
+        slab: _Slab | None = None,
+        offset: int = 0,
+        size: int = 0,
+        keepalive: Any = None,
+    ) -> None:
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.pinned = pinned
+        self.released = False
+        self._pool = pool
+        self._slab = slab
+        self._offset = offset
+        self._size = size
+        self._keepalive = keepalive
+
+    @classmethod
+    def pageable(cls, nbytes: int) -> HostBlock:
+        array = numpy.empty(max(nbytes, 1), dtype=numpy.uint8)
+        return cls(int(array.ctypes.data), nbytes, pinned=False, keepalive=array)
+
+    @classmethod
+    def wrap(cls, buffer: Any) -> HostBlock:
+        """A block over an existing host buffer (e.g. bytes read back from disk)."""
+        from cudask.memory.transfer import address_of
+
+        view = memoryview(buffer)
+        return cls(address_of(view), view.nbytes, pinned=False, keepalive=view)
+
+    @property
+    def view(self) -> memoryview:
+        if self.released:
+            raise ValueError("host block already released")
+        if self.nbytes == 0:
+            return memoryview(b"")
+        if isinstance(self._keepalive, memoryview):
+            return self._keepalive.cast("B") if self._keepalive.format != "B" else self._keepalive
+        return memoryview_at(self.ptr, self.nbytes)
+
+    def release(self, after: Copy | None = None) -> None:
+        """Give the memory back (to the pool, or to Python's allocator), once
+        `after` - a copy into or out of this block - has completed."""
+        if self.released:
+            return
+        if self._pool is not None and self._slab is not None:
+            self._pool._release(self, after)
+        else:
+            if after is not None:
+                after.wait()
+            self.released = True
+            self._keepalive = None
+
+    def __repr__(self) -> str:
+        kind = "pinned" if self.pinned else "pageable"
+        return f"<HostBlock {kind} {self.nbytes} B at {self.ptr:#x}>"
+
+
+class PinnedPool:
+    """Pinned host memory up to `capacity` bytes, reserved `slab_size` at a time.
+
+    `allocate(n)` returns a block from a slab with room, else reserves a new slab
+    (of `max(slab_size, n)` rounded to the slab size) if the capacity allows and
+    the driver agrees, else returns pageable memory and warns once. Released
+    blocks return to their slab; slabs are kept until `close()`.
+    """
+
+    def __init__(
+        self,
+        backend: CopyBackend | None,
+        capacity: int,
+        slab_size: int,
+        *,
+        alignment: int = ALIGNMENT,
+    ) -> None:
+        if capacity < 0 or slab_size < 0:
+            raise ValueError(f"capacity={capacity} and slab_size={slab_size} must be >= 0")
+        self.backend = backend
+        self.capacity = capacity if backend is not None else 0
+        self.slab_size = max(_round_up(slab_size or capacity or 1, alignment), alignment)
+        self.alignment = alignment
+        self._lock = threading.Lock()
+        self._slabs: list[_Slab] = []
+        self._reserving = 0  # bytes being reserved by threads outside the lock
+        self._pending: list[tuple[HostBlock, Copy]] = []
+        self._warned = False
+        self._pin_failed = False
+        self.in_use = 0
+        self.pageable_blocks = 0
+        self.pageable_bytes = 0
+
+    # -- introspection -------------------------------------------------------------
+    @property
+    def reserved(self) -> int:
+        """Bytes of pinned memory reserved from the driver."""
+        return sum(slab.size for slab in self._slabs)
+
+    @property
+    def slabs(self) -> int:
+        return len(self._slabs)
+
+    # -- allocation ----------------------------------------------------------------
+    def allocate(self, nbytes: int) -> HostBlock:
+        """A block of at least `nbytes`; pinned when the pool can serve it."""
+        if nbytes == 0 or self.capacity == 0:
+            return self._pageable(nbytes, reason=None)
+        size = _round_up(nbytes, self.alignment)
+        self._collect()
+        with self._lock:
+            block = self._take(nbytes, size)
+            if block is not None:
+                return block
+        if self._grow(size):
+            with self._lock:
+                block = self._take(nbytes, size)
+                if block is not None:
+                    return block
+        # Copies still in flight may be holding blocks: wait for them and retry.
+        if self._collect(wait=True):
+            with self._lock:
+                block = self._take(nbytes, size)
+                if block is not None:
+                    return block
+        reason = (
+            "the driver refused to pin more host memory"
+            if self._pin_failed
+            else f"the pinned pool is full (memory.pinned-pool-size={self.capacity} bytes)"
+        )
+        return self._pageable(nbytes, reason=reason)
+
+    def preallocate(self, nbytes: int | None = None) -> int:
+        """Reserve slabs up to `nbytes` (default: the capacity) ahead of need;
+        return the bytes reserved. Safe to run in a background thread."""
+        goal = self.capacity if nbytes is None else min(nbytes, self.capacity)
+        while self.reserved + self._reserving < goal:
+            if not self._grow(self.slab_size):
+                break
+        return self.reserved
+
+    def _take(self, nbytes: int, size: int) -> HostBlock | None:
+        for slab in self._slabs:
+            offset = slab.take(size)
+            if offset is not None:
+                self.in_use += size
+                return HostBlock(
+                    slab.ptr + offset, nbytes, pinned=True, pool=self, slab=slab,
+                    offset=offset, size=size,
+                )
+        return None
+
+    def _grow(self, size: int) -> bool:
+        slab_bytes = _round_up(max(size, self.slab_size), self.slab_size)
+        with self._lock:
+            if self._pin_failed or self.backend is None:
+                return False
+            if self.reserved + self._reserving + slab_bytes > self.capacity:
+                slab_bytes = self.capacity - self.reserved - self._reserving
+                slab_bytes -= slab_bytes % self.alignment
+                if slab_bytes < size:
+                    return False
+            self._reserving += slab_bytes
+        try:
+            ptr = self.backend.alloc_pinned(slab_bytes)
+        except Exception as exc:  # the driver refused: stop trying
+            logger.warning("cudask: pinning %d bytes of host memory failed: %s", slab_bytes, exc)
+            with self._lock:
+                self._reserving -= slab_bytes
+                self._pin_failed = True
+            return False
+        with self._lock:
+            self._reserving -= slab_bytes
+            self._slabs.append(_Slab(ptr, slab_bytes))
+        return True
+
+    def _pageable(self, nbytes: int, reason: str | None) -> HostBlock:
+        block = HostBlock.pageable(nbytes)
+        if reason is not None:
+            with self._lock:
+                self.pageable_blocks += 1
+                self.pageable_bytes += nbytes
+                warn = not self._warned
+                self._warned = True
+            if warn:
+                message = (
+                    f"cudask: {reason}; device -> host copies now use pageable memory, "
+                    "which is several times slower. Raise cudask.memory.pinned-pool-size "
+                    '(e.g. dask.config.set({"cudask.memory.pinned-pool-size": "32GiB"})) '
+                    "to keep them pinned. This warning is shown once."
+                )
+                logger.warning(message)
+                warnings.warn(message, PinnedMemoryWarning, stacklevel=3)
+        return block
+
+    # -- release -------------------------------------------------------------------
+    def _release(self, block: HostBlock, after: Copy | None) -> None:
+        if after is not None and not after.ready():
+            with self._lock:
+                self._pending.append((block, after))
+            return
+        self._give(block)
+
+    def _give(self, block: HostBlock) -> None:
+        with self._lock:
+            if block.released:
+                return
+            block.released = True
+            assert block._slab is not None
+            block._slab.give(block._offset, block._size)
+            self.in_use -= block._size
+
+    def _collect(self, wait: bool = False) -> bool:
+        """Return to the slabs the blocks whose copies completed (all of them when
+        `wait`); return whether any were."""
+        with self._lock:
+            if not self._pending:
+                return False
+            pending, self._pending = self._pending, []
+        done: list[HostBlock] = []
+        still: list[tuple[HostBlock, Copy]] = []
+        for block, copy in pending:
+            if wait:
+                copy.wait()
+            if wait or copy.ready():
+                done.append(block)
+            else:
+                still.append((block, copy))
+        if still:
+            with self._lock:
+                self._pending.extend(still)
+        for block in done:
+            self._give(block)
+        return bool(done)
+
+    def close(self) -> None:
+        """Wait for pending copies and return every slab to the driver. Blocks still
+        in use must not be touched afterwards."""
+        self._collect(wait=True)
+        with self._lock:
+            slabs, self._slabs = self._slabs, []
+            self.in_use = 0
+        for slab in slabs:
+            assert self.backend is not None
+            self.backend.free_pinned(slab.ptr)
+
+    def stats(self) -> dict[str, float]:
+        with self._lock:
+            return {
+                "pinned-reserved-bytes": float(sum(s.size for s in self._slabs)),
+                "pinned-in-use-bytes": float(self.in_use),
+                "pinned-slabs": float(len(self._slabs)),
+                "pageable-fallback-count": float(self.pageable_blocks),
+                "pageable-fallback-bytes": float(self.pageable_bytes),
+            }
+
+
+__all__ = ["ALIGNMENT", "HostBlock", "PinnedMemoryWarning", "PinnedPool"]

@@ -1,0 +1,834 @@
+"""The tiered device -> host -> disk store used as every cudask worker's `data=`.
+
+Covers: `TieredStore`, a MutableMapping[Key, object] composed of
+
+- a device tier: an LRU-ordered dict of device objects whose size is the
+  union of their allocations (`cudask.memory.accounting.AllocationLedger`, so
+  views and aliases count once), bounded by `device_memory_limit`;
+- host copies: device objects moved out of the device tier become `HostCopy`
+  images (`cudask.memory.dispatch`), filled by raw copies into a pinned pool
+  (`cudask.memory.pinned`) on a dedicated stream (`cudask.memory.transfer`);
+- a host tier: `distributed.spill.SpillBuffer` (a zict.Buffer over
+  zict.Func(pickle) over zict.File), holding host objects and host copies alike
+  and spilling them to disk past `memory_limit` with distributed's
+  compression, max-spill, disk-full and pickling-error handling. Without a
+  `memory_limit` the host tier is a zict.LRU that never evicts.
+
+Keys live in exactly one of the device tier and the host tier. Device objects
+enter the device tier; everything else goes straight to the host tier.
+
+Speed: moving a key out of the device tier only enqueues its copy (no host
+synchronisation); the device object is kept in an in-flight list until the copy
+completes, and a read of the key meanwhile returns it without any copy. A
+background thread spills least-recently-used keys once the device tier passes
+`memory.spill-target` of its limit, so task threads rarely spill themselves
+(they do when the tier passes the limit itself). Host -> device copies are
+waited for before a value is handed out, outside the store's lock; `prefetch`
+starts them early. A spilled object still referenced elsewhere (by a running
+task, say) keeps counting as device memory until it dies, and a read of it
+returns it without a copy.
+
+Integration: implements `distributed.spill.ManualEvictProto` (`fast`,
+`evict()` act on the host tier, since distributed's memory manager watches host
+memory), exposes `spilled_total` and `cumulative_metrics` like SpillBuffer, and
+`metrics()` for `Worker.metrics` (see `worker_metrics`).
+
+Does not cover: proxies and JIT-unspill (issue 5 builds on this store), the
+RMM pool, or the cluster that constructs the store.
+
+Threading: every public method is thread-safe. One RLock (`lock`) guards the
+routing, the device tier, the ledger and the in-flight list; device -> host
+copies are enqueued under it (microseconds). Host -> device copies are waited
+for with the lock released. Writes to the host tier may spill older host
+values to disk under the lock, as SpillBuffer itself does; `evict()` (the
+memory manager's path) goes to the host tier without the store lock, relying
+on SpillBuffer's own locking.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from collections import defaultdict, deque
+from collections.abc import Collection, Iterator, MutableMapping, Sized
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+import zict
+from dask.typing import Key
+from dask.utils import format_bytes
+from distributed.sizeof import safe_sizeof
+from distributed.spill import ManualEvictProto, SpillBuffer, SpilledSize
+
+from cudask import config
+from cudask.errors import OptionError
+from cudask.memory import dispatch
+from cudask.memory.accounting import AllocationLedger
+from cudask.memory.dispatch import AnyHostCopy, ContainerCopy, HostCopy, UnspillableError
+from cudask.memory.pinned import PinnedPool
+from cudask.memory.transfer import Copy, CopyBackend, TransferEngine, default_backend
+from cudask.sizes import parse_size
+
+if TYPE_CHECKING:
+    from distributed import Worker
+
+logger = logging.getLogger("cudask.memory")
+
+
+class _InFlight:
+    """A device object whose copy to the host is under way."""
+
+    __slots__ = ("key", "value", "copy", "gen", "nbytes", "started")
+
+    def __init__(self, key: Key, value: object, copy: AnyHostCopy, gen: int) -> None:
+        self.key = key
+        self.value: object | None = value
+        self.copy = copy
+        self.gen = gen
+        self.nbytes = copy.nbytes
+        self.started = time.perf_counter()
+
+
+def _copies(copy: AnyHostCopy) -> list[Copy]:
+    parts = copy.parts() if isinstance(copy, ContainerCopy) else [copy]
+    return [c for p in parts for c in p.copies if isinstance(c, Copy)]
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    return (
+        isinstance(exc, MemoryError)
+        or "OutOfMemory" in type(exc).__name__
+        or "out of memory" in str(exc).lower()
+    )
+
+
+def _host_weight(key: Key, value: object) -> int:
+    return safe_sizeof(value)
+
+
+class TieredStore(MutableMapping[Key, object]):
+    """Device -> host -> disk store; see the module docstring.
+
+    Parameters
+    ----------
+    device_memory_limit:
+        Bytes of the device tier; None: no limit (nothing is ever spilled from the
+        device, and the store costs about what a dict does).
+    memory_limit:
+        Bytes of the host tier before values go to disk; None: no disk.
+    log_spilling:
+        Log every move between tiers (logger "cudask.memory", level INFO).
+    max_spill:
+        Bytes allowed on disk (False: no limit), as distributed's max-spill.
+    worker_local_directory:
+        Given by distributed; spilled files go to `<dir>/storage`.
+    local_directory:
+        Directory for spilled files when not run by a worker (default: a new
+        temporary directory, removed by `close()`).
+    backend:
+        The CUDA boundary (`cudask.memory.transfer.CopyBackend`); default: CuPy,
+        created when the first copy is needed. Tests inject a fake one.
+    pinned_pool_size, pinned_slab_size, pinned_preallocate, spill_target,
+    background:
+        Override the `cudask.memory.*` config keys of the same names.
+    """
+
+    # ManualEvictProto: distributed checks `fast` and `evict`; checked statically
+    # below with `_: type[ManualEvictProto] = TieredStore`.
+
+    def __init__(
+        self,
+        device_memory_limit: int | None = None,
+        memory_limit: int | None = None,
+        log_spilling: bool = False,
+        max_spill: int | Literal[False] = False,
+        worker_local_directory: str | None = None,
+        *,
+        local_directory: str | None = None,
+        backend: CopyBackend | None = None,
+        pinned_pool_size: int | float | str | None = None,
+        pinned_slab_size: int | str | None = None,
+        pinned_preallocate: bool | None = None,
+        spill_target: float | None = None,
+        background: bool | None = None,
+    ) -> None:
+        self.device_memory_limit = _positive_or_none(device_memory_limit, "device_memory_limit")
+        self.memory_limit = _positive_or_none(memory_limit, "memory_limit")
+        self.log_spilling = bool(log_spilling)
+        self.max_spill = max_spill if max_spill else False
+        target = config.get("memory.spill-target") if spill_target is None else spill_target
+        if not 0 < float(target) <= 1:
+            raise OptionError(
+                f"cudask.memory.spill-target={target!r} must be a fraction in (0, 1], e.g. 0.9"
+            )
+        self.spill_target = float(target)
+        self.background = bool(config.get("memory.background-spill") if background is None
+                               else background)
+
+        self.lock = threading.RLock()
+        self._cv = threading.Condition(self.lock)
+        self._closed = False
+
+        # -- the CUDA boundary (created lazily: no context until a copy is needed)
+        self._backend = backend
+        self._engine: TransferEngine | None = None
+        self._pool_size_setting = (
+            config.get("memory.pinned-pool-size") if pinned_pool_size is None else pinned_pool_size
+        )
+        self._slab_setting = (
+            config.get("memory.pinned-slab-size") if pinned_slab_size is None else pinned_slab_size
+        )
+        self._preallocate = bool(
+            config.get("memory.pinned-preallocate") if pinned_preallocate is None
+            else pinned_preallocate
+        )
+        self.pinned_pool_size = self._pinned_pool_bytes(self._pool_size_setting)
+        self.pinned_slab_size = parse_size(
+            self._slab_setting, total=None, name="cudask.memory.pinned-slab-size"
+        ) or (1 << 30)
+
+        # -- tiers
+        self._device: dict[Key, object] = {}  # LRU order: least recently used first
+        self._ledger = AllocationLedger()
+        self._spilled: set[Key] = set()  # keys of the host tier holding host copies
+        self._gen: dict[Key, int] = {}
+        self._next_gen = 0
+        self._inflight: deque[_InFlight] = deque()
+        self._inflight_by_key: dict[Key, _InFlight] = {}
+        self._ghosts: dict[Key, tuple[int, list[weakref.ref[Any]]]] = {}
+        self._dead_ghosts: deque[tuple[Key, int]] = deque()
+        self._prefetched: dict[Key, tuple[object, list[Copy], int]] = {}
+        self._unspillable: set[Key] = set()
+        self._warned_over_limit = False
+
+        self._tmpdir: str | None = None
+        self._host: MutableMapping[Key, object]
+        if self.memory_limit is not None:
+            directory = local_directory or worker_local_directory
+            if directory is None:
+                directory = self._tmpdir = tempfile.mkdtemp(prefix="cudask-spill-")
+            else:
+                directory = os.path.join(directory, "storage")
+            self._host = SpillBuffer(directory, target=self.memory_limit, max_spill=self.max_spill)
+            self._host.fast_to_slow_callbacks.append(self._log_host_to_disk)
+            self._host.slow_to_fast_callbacks.append(self._log_disk_to_host)
+        else:
+            self._host = zict.LRU(math.inf, {}, weight=_host_weight)
+
+        # -- statistics
+        self._metrics: defaultdict[tuple[str, str], float] = defaultdict(float)
+        self._thread: threading.Thread | None = None
+        self._finalizer = weakref.finalize(self, TieredStore._cleanup, self._tmpdir)
+
+    # ------------------------------------------------------------------ setup
+    def _pinned_pool_bytes(self, value: Any) -> int:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            if self.device_memory_limit is None:
+                return 0
+            host = self.memory_limit or _system_memory()
+            return int(min(host // 2, 4 * self.device_memory_limit))
+        total = self.memory_limit or _system_memory()
+        return parse_size(value, total=total, name="cudask.memory.pinned-pool-size") or 0
+
+    @property
+    def engine(self) -> TransferEngine:
+        """The transfer engine (creates the backend, e.g. CuPy, on first use)."""
+        engine = self._engine
+        if engine is None:
+            with self.lock:
+                if self._engine is None:
+                    backend = self._backend if self._backend is not None else default_backend()
+                    self._backend = backend
+                    pool = PinnedPool(backend, self.pinned_pool_size, self.pinned_slab_size)
+                    self._engine = TransferEngine(backend, pool)
+                    if self._preallocate and self.device_memory_limit is not None:
+                        threading.Thread(
+                            target=pool.preallocate, name="cudask-pinned-preallocate", daemon=True
+                        ).start()
+                engine = self._engine
+        return engine
+
+    def _start_background(self) -> None:
+        if self._thread is None and self.background and self.device_memory_limit is not None:
+            self._thread = threading.Thread(
+                target=_background_loop, args=(weakref.ref(self),),
+                name="cudask-spill", daemon=True,
+            )
+            self._thread.start()
+
+    # ------------------------------------------------------------------ mapping
+    def __setitem__(self, key: Key, value: object) -> None:
+        device = dispatch.is_device_object(value)
+        ranges = dispatch.allocations(value) if device else None
+        with self.lock:
+            self._reap()
+            self._discard(key)
+            self._next_gen += 1
+            self._gen[key] = self._next_gen
+            if not device:
+                self._host[key] = value
+                return
+            self._device[key] = value
+            self._ledger.add(("d", key), ranges or ())
+            if self.device_memory_limit is not None:
+                self._start_background()
+                if self._ledger.total > self.device_memory_limit:
+                    self._evict_until(self.device_memory_limit)
+                if self._ledger.total > self.spill_target * self.device_memory_limit:
+                    self._cv.notify_all()
+
+    def __getitem__(self, key: Key) -> object:
+        with self.lock:
+            self._reap()
+            value = self._device.get(key, _MISSING)
+            if value is not _MISSING:
+                # least recently used first: move to the end
+                del self._device[key]
+                self._device[key] = value
+                self._metrics["device-read", "count"] += 1
+                return value
+            if key not in self._spilled:
+                return self._host[key]
+            gen = self._gen[key]
+            prefetched = self._prefetched.pop(key, None)
+            if prefetched is not None:
+                self._ledger.discard(("p", key))
+                value, copies, _ = prefetched
+            else:
+                shortcut = self._alive_copy_source(key)
+                if shortcut is not _MISSING:
+                    self._install(key, shortcut, copied=0)
+                    return shortcut
+                host_copy = cast(AnyHostCopy, self._host[key])
+                value, copies = self._start_unspill(key, host_copy)
+        # Wait for the host -> device copies without holding the lock.
+        started = time.perf_counter()
+        for c in copies:
+            c.wait()
+        waited = time.perf_counter() - started
+        with self.lock:
+            nbytes = sum(c.nbytes for c in copies)
+            for c in copies:
+                self.engine.account_completed(c, "h2d")
+            self._metrics["host-to-device", "count"] += 1
+            self._metrics["host-to-device", "bytes"] += nbytes
+            self._metrics["host-to-device", "seconds"] += waited
+            if self._gen.get(key) == gen and key in self._spilled:
+                self._install(key, value, copied=nbytes)
+            elif key in self._device:
+                return self._device[key]
+        return value
+
+    def __delitem__(self, key: Key) -> None:
+        with self.lock:
+            if key not in self._device and key not in self._host:
+                raise KeyError(key)
+            self._discard(key)
+            self._reap()
+
+    def __contains__(self, key: object) -> bool:
+        with self.lock:
+            return key in self._device or key in self._host
+
+    def __len__(self) -> int:
+        with self.lock:
+            return len(self._device) + len(self._host)
+
+    def __iter__(self) -> Iterator[Key]:
+        with self.lock:
+            keys = list(self._device) + list(self._host)
+        return iter(keys)
+
+    def keys_on(self, tier: str) -> set[Key]:
+        """Keys held on `tier`: "device", "host" (in host memory) or "disk"."""
+        with self.lock:
+            if tier == "device":
+                return set(self._device)
+            if isinstance(self._host, SpillBuffer):
+                if tier == "host":
+                    return set(self._host.fast)
+                if tier == "disk":
+                    return set(self._host.slow)
+            elif tier == "host":
+                return set(self._host)
+            elif tier == "disk":
+                return set()
+        raise ValueError(f"tier={tier!r}; accepted: 'device', 'host', 'disk'")
+
+    def where(self, key: Key) -> str:
+        """The tier holding `key`: "device", "host" or "disk"."""
+        with self.lock:
+            if key in self._device:
+                return "device"
+            if isinstance(self._host, SpillBuffer) and key in self._host.slow:
+                return "disk"
+            if key in self._host:
+                return "host"
+        raise KeyError(key)
+
+    def is_spilled_device_object(self, key: Key) -> bool:
+        """Whether `key` holds a device object currently moved to host or disk."""
+        return key in self._spilled
+
+    # ------------------------------------------------------------------ internals
+    def _discard(self, key: Key) -> None:
+        """Forget `key` wherever it is (lock held)."""
+        self._gen.pop(key, None)
+        if self._device.pop(key, _MISSING) is not _MISSING:
+            self._ledger.discard(("d", key))
+        if key in self._host:
+            del self._host[key]
+        self._spilled.discard(key)
+        if self._ghosts.pop(key, None) is not None:
+            self._ledger.discard(("g", key))
+        if self._prefetched.pop(key, None) is not None:
+            self._ledger.discard(("p", key))
+        self._inflight_by_key.pop(key, None)
+        self._unspillable.discard(key)
+
+    def _install(self, key: Key, value: object, *, copied: int) -> None:
+        """Move a spilled key back into the device tier (lock held)."""
+        del self._host[key]
+        self._spilled.discard(key)
+        self._inflight_by_key.pop(key, None)
+        if self._ghosts.pop(key, None) is not None:
+            self._ledger.discard(("g", key))
+        self._device[key] = value
+        self._ledger.add(("d", key), dispatch.allocations(value))
+        if self.log_spilling:
+            how = f"copied {format_bytes(copied)}" if copied else "no copy: still in device memory"
+            logger.info("cudask: unspilled %r host -> device (%s)", key, how)
+        if self.device_memory_limit is not None:
+            if self._ledger.total > self.device_memory_limit:
+                self._evict_until(self.device_memory_limit, keep=key)
+            if self._ledger.total > self.spill_target * self.device_memory_limit:
+                self._cv.notify_all()
+
+    def _alive_copy_source(self, key: Key) -> object:
+        """The original device object of a spilled key, when it is still alive
+        (copy in flight, or referenced elsewhere); else _MISSING."""
+        inflight = self._inflight_by_key.get(key)
+        if inflight is not None and inflight.value is not None:
+            return inflight.value
+        ghost = self._ghosts.get(key)
+        if ghost is not None:
+            _, refs = ghost
+            if len(refs) == 1:
+                obj = refs[0]()
+                if obj is not None:
+                    return obj
+        return _MISSING
+
+    def _start_unspill(self, key: Key, host_copy: AnyHostCopy) -> tuple[object, list[Copy]]:
+        """Allocate device memory and enqueue the copies back (lock held)."""
+        limit = self.device_memory_limit
+        if limit is not None:
+            self._evict_until(max(limit - host_copy.nbytes, 0))
+        try:
+            return dispatch.to_device(host_copy, self.engine)
+        except Exception as exc:
+            if not _is_out_of_memory(exc):
+                raise
+        # Out of device memory: let in-flight copies finish (freeing their sources)
+        # and retry once.
+        self._drain()
+        try:
+            return dispatch.to_device(host_copy, self.engine)
+        except Exception as exc:
+            if not _is_out_of_memory(exc):
+                raise
+            raise MemoryError(
+                f"cudask: cannot bring {key!r} ({format_bytes(host_copy.nbytes)}) back to the "
+                f"device: out of device memory with {format_bytes(self._ledger.total)} held by "
+                f"this store (device_memory_limit="
+                f"{'None' if limit is None else format_bytes(limit)}). The key stays in host "
+                "memory; lower device_memory_limit or free device memory held outside the store."
+            ) from exc
+
+    def _evictable(self, keep: Key | None = None) -> Key | None:
+        for key in self._device:
+            if key != keep and key not in self._unspillable:
+                return key
+        return None
+
+    def _evict_until(self, target: float, keep: Key | None = None) -> None:
+        """Spill least recently used keys until the device tier is at most `target`
+        bytes or nothing more can be spilled (lock held)."""
+        while self._ledger.total > target:
+            key = self._evictable(keep)
+            if key is None:
+                if not self._warned_over_limit and self.device_memory_limit is not None:
+                    self._warned_over_limit = True
+                    logger.warning(
+                        "cudask: the device tier holds %s, above its target of %s "
+                        "(device_memory_limit=%s), and nothing more can be spilled: the rest "
+                        "is referenced outside the store or cannot be copied.",
+                        format_bytes(self._ledger.total), format_bytes(int(target)),
+                        format_bytes(self.device_memory_limit),
+                    )
+                return
+            if self._evict_key(key) < 0:
+                return
+        self._warned_over_limit = False
+
+    def _evict_key(self, key: Key) -> int:
+        """Move one key from the device tier to the host tier (lock held).
+        Return the device bytes released from the tier's count, or -1."""
+        value = self._device.pop(key)
+        before = self._ledger.total
+        ranges = self._ledger.ranges(("d", key))
+        self._ledger.discard(("d", key))
+        try:
+            engine = self.engine
+            engine.order_after_producers(dispatch.producer_streams(value))
+            host_copy = dispatch.to_host(value, engine)
+        except UnspillableError as exc:
+            self._restore_device(key, value, ranges, front=False)
+            self._unspillable.add(key)
+            logger.warning("cudask: %r stays on the device: %s", key, exc)
+            return 0
+        except Exception as exc:
+            self._restore_device(key, value, ranges, front=True)
+            logger.error(
+                "cudask: could not spill %r from the device (device_memory_limit=%s): %s. "
+                "It stays on the device.",
+                key, _fmt(self.device_memory_limit), exc,
+            )
+            return -1
+        try:
+            self._host[key] = host_copy
+        except Exception as exc:
+            self._restore_device(key, value, ranges, front=True)
+            logger.error(
+                "cudask: could not store the host copy of %r (memory_limit=%s): %s. "
+                "It stays on the device.",
+                key, _fmt(self.memory_limit), exc,
+            )
+            return -1
+        self._spilled.add(key)
+        inflight = _InFlight(key, value, host_copy, self._gen[key])
+        self._inflight.append(inflight)
+        self._inflight_by_key[key] = inflight
+        nbytes = host_copy.nbytes
+        self._metrics["device-to-host", "count"] += 1
+        self._metrics["device-to-host", "bytes"] += nbytes
+        if self.log_spilling:
+            logger.info(
+                "cudask: spilled %r device -> host (%s, %s)",
+                key, format_bytes(nbytes), "pinned" if host_copy.pinned() else "pageable",
+            )
+        return before - self._ledger.total
+
+    def _restore_device(
+        self, key: Key, value: object, ranges: list[tuple[int, int]], *, front: bool
+    ) -> None:
+        if front:
+            rest = self._device
+            self._device = {key: value}
+            self._device.update(rest)
+        else:
+            self._device[key] = value
+        self._ledger.add(("d", key), ranges)
+
+    def _reap(self, wait: bool = False) -> None:
+        """Retire completed device -> host copies: drop our reference to their
+        sources; a source still alive elsewhere keeps counting as a ghost
+        (lock held)."""
+        while self._dead_ghosts:
+            key, gen = self._dead_ghosts.popleft()
+            ghost = self._ghosts.get(key)
+            if ghost is not None and ghost[0] == gen and all(r() is None for r in ghost[1]):
+                del self._ghosts[key]
+                self._ledger.discard(("g", key))
+        inflight = self._inflight
+        while inflight:
+            head = inflight[0]
+            if wait:
+                head.copy.wait()
+            elif not head.copy.ready():
+                break
+            inflight.popleft()
+            engine = self._engine
+            if engine is not None:
+                for c in _copies(head.copy):
+                    engine.account_completed(c, "d2h")
+            seconds = time.perf_counter() - head.started
+            self._metrics["device-to-host", "seconds"] += seconds
+            current = (
+                self._inflight_by_key.get(head.key) is head
+                and self._gen.get(head.key) == head.gen
+                and head.key in self._spilled
+            )
+            if current:
+                del self._inflight_by_key[head.key]
+            if not current or head.value is None:
+                head.value = None
+                continue
+            self._track_ghost(head)
+
+    def _track_ghost(self, head: _InFlight) -> None:
+        """Drop the in-flight reference to a spilled object; if it is still alive
+        elsewhere, keep counting its allocations until it dies."""
+        key, gen = head.key, head.gen
+        value, head.value = head.value, None
+        ranges = dispatch.allocations(value)
+        callback = _ghost_callback(weakref.ref(self), key, gen)
+        refs: list[weakref.ref[Any]] = []
+        for leaf, _ in dispatch.device_leaves(value):
+            try:
+                refs.append(weakref.ref(leaf, callback))
+            except TypeError:
+                return  # cannot tell whether it dies: assume it does
+        del value, leaf
+        if any(r() is not None for r in refs):
+            self._ghosts[key] = (gen, refs)
+            self._ledger.add(("g", key), ranges)
+
+    def _drain(self) -> None:
+        self._reap(wait=True)
+
+    # ------------------------------------------------------------------ prefetch
+    def prefetch(self, keys: Collection[Key]) -> int:
+        """Start copying spilled device keys among `keys` back to the device, as
+        far as the device limit allows without spilling; return how many were
+        started. A later read waits only for what is left of the copy."""
+        started = 0
+        with self.lock:
+            self._reap()
+            for key in keys:
+                if key not in self._spilled or key in self._prefetched:
+                    continue
+                if self._alive_copy_source(key) is not _MISSING:
+                    continue
+                host_copy = cast(AnyHostCopy, self._host[key])
+                limit = self.device_memory_limit
+                if limit is not None and self._ledger.total + host_copy.nbytes > limit:
+                    break
+                try:
+                    value, copies = dispatch.to_device(host_copy, self.engine)
+                except Exception as exc:
+                    logger.debug("cudask: prefetch of %r skipped: %s", key, exc)
+                    break
+                self._prefetched[key] = (value, copies, self._gen[key])
+                self._ledger.add(("p", key), dispatch.allocations(value))
+                started += 1
+        return started
+
+    # ------------------------------------------------------------------ background
+    def _background_step(self) -> bool:
+        """One step of background spilling; return whether there is more to do."""
+        with self.lock:
+            if self._closed:
+                return False
+            self._reap()
+            limit = self.device_memory_limit
+            if limit is None:
+                return False
+            target = self.spill_target * limit
+            if self._ledger.total <= target:
+                return False
+            key = self._evictable()
+            if key is None:
+                return False
+            self._evict_key(key)
+            return self._ledger.total > target
+
+    # ------------------------------------------------------------------ ManualEvictProto
+    @property
+    def fast(self) -> Sized | bool:
+        """Host-memory values distributed's memory manager may push to disk."""
+        host = self._host
+        return host.fast if isinstance(host, SpillBuffer) else False
+
+    def evict(self) -> int:
+        """Move the least recently used host-memory value to disk; return its size
+        or -1 (nothing to move, no disk tier, or the move failed: the value then
+        stays in host memory). Never raises."""
+        host = self._host
+        if not isinstance(host, SpillBuffer):
+            return -1
+        try:
+            return host.evict()
+        except Exception:  # SpillBuffer.evict does not raise; be sure
+            logger.exception("cudask: eviction to disk failed")
+            return -1
+
+    @property
+    def spilled_total(self) -> SpilledSize:
+        """Bytes moved out of process memory to disk, as SpillBuffer reports."""
+        host = self._host
+        return host.spilled_total if isinstance(host, SpillBuffer) else SpilledSize(0, 0)
+
+    @property
+    def cumulative_metrics(self) -> defaultdict[tuple[str, str], float]:
+        """(label, unit) -> cumulative value, unit in bytes/count/seconds: the host
+        tier's disk metrics plus device-to-host, host-to-device and device-read."""
+        out: defaultdict[tuple[str, str], float] = defaultdict(float)
+        host = self._host
+        if isinstance(host, SpillBuffer):
+            out.update(host.cumulative_metrics)
+        with self.lock:
+            for k, v in self._metrics.items():
+                out[k] += v
+        return out
+
+    # ------------------------------------------------------------------ metrics
+    @property
+    def device_bytes(self) -> int:
+        """Device memory held by the store: the union of the allocations of device
+        keys, prefetched keys and spilled objects still alive elsewhere."""
+        with self.lock:
+            self._reap()
+            return self._ledger.total
+
+    def metrics(self) -> dict[str, float]:
+        """Per-tier sizes, moves and pinned-pool state, for Worker.metrics."""
+        with self.lock:
+            self._reap()
+            cm = self.cumulative_metrics
+            host = self._host
+            if isinstance(host, SpillBuffer):
+                host_bytes = float(host.fast.total_weight)
+                host_keys = len(host.fast)
+                disk_keys = len(host.slow)
+                disk_bytes = float(host.spilled_total.disk)
+            else:
+                lru = cast(zict.LRU[Key, object], host)
+                host_bytes, host_keys, disk_keys, disk_bytes = float(lru.total_weight), len(lru), 0, 0.0
+            out: dict[str, float] = {
+                "device-bytes": float(self._ledger.total),
+                "device-keys": float(len(self._device)),
+                "device-limit-bytes": float(self.device_memory_limit or 0),
+                "device-inflight-bytes": float(sum(i.nbytes for i in self._inflight)),
+                "device-ghost-keys": float(len(self._ghosts)),
+                "host-bytes": host_bytes,
+                "host-keys": float(host_keys),
+                "host-device-copies": float(len(self._spilled)),
+                "disk-bytes": disk_bytes,
+                "disk-keys": float(disk_keys),
+            }
+            for label, name in (
+                ("device-to-host", "spill-device-to-host"),
+                ("host-to-device", "unspill-host-to-device"),
+                ("disk-write", "spill-host-to-disk"),
+                ("disk-read", "unspill-disk-to-host"),
+            ):
+                for unit in ("count", "bytes", "seconds"):
+                    out[f"{name}-{unit}"] = float(cm.get((label, unit), 0.0))
+            engine = self._engine
+            if engine is not None:
+                out.update(engine.pool.stats())
+                out["copy-device-to-host-seconds"] = engine.stats.d2h_seconds
+                out["copy-host-to-device-seconds"] = engine.stats.h2d_seconds
+            return out
+
+    # ------------------------------------------------------------------ logging
+    def _log_host_to_disk(self, key: Key, value: object) -> None:
+        if self.log_spilling:
+            logger.info("cudask: spilled %r host -> disk", key)
+
+    def _log_disk_to_host(self, key: Key, value: object) -> None:
+        if self.log_spilling:
+            logger.info("cudask: unspilled %r disk -> host", key)
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Stop background spilling, wait for copies, drop every key and give the
+        pinned memory back."""
+        with self.lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._cv.notify_all()
+            self._drain()
+            for key in list(self._device) + list(self._host):
+                self._discard(key)
+            self._ledger = AllocationLedger()
+            host = self._host
+            if isinstance(host, SpillBuffer):
+                host.close()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+        engine = self._engine
+        if engine is not None:
+            import gc
+
+            gc.collect()  # host copies kept by reference cycles release their blocks
+            engine.pool.close()
+        self._finalizer()
+
+    @staticmethod
+    def _cleanup(tmpdir: str | None) -> None:
+        if tmpdir is not None:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return (
+            f"<TieredStore: {len(self._device)} on device "
+            f"({format_bytes(self._ledger.total)}/{_fmt(self.device_memory_limit)}), "
+            f"{len(self._host)} on host/disk>"
+        )
+
+
+_MISSING: Any = object()
+
+
+def _ghost_callback(store_ref: weakref.ref[TieredStore], key: Key, gen: int) -> Any:
+    def callback(_: weakref.ref[Any]) -> None:
+        store = store_ref()
+        if store is not None:
+            store._dead_ghosts.append((key, gen))  # deque.append is atomic
+
+    return callback
+
+
+def _background_loop(store_ref: weakref.ref[TieredStore]) -> None:
+    """Spill in the background while the device tier is above its target."""
+    while True:
+        store = store_ref()
+        if store is None or store._closed:
+            return
+        if not store._background_step():
+            with store._cv:
+                if store._closed:
+                    return
+                store._cv.wait(timeout=0.005 if store._inflight else 0.25)
+                store._reap()
+        del store
+
+
+def _positive_or_none(value: int | None, name: str) -> int | None:
+    if value is None or value is False:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise OptionError(f"{name}={value!r}: give a number of bytes (int >= 0) or None")
+    return value or None
+
+
+def _fmt(nbytes: int | None) -> str:
+    return "None" if nbytes is None else format_bytes(nbytes)
+
+
+def _system_memory() -> int:
+    from distributed.system import MEMORY_LIMIT
+
+    return int(MEMORY_LIMIT)
+
+
+def worker_metrics(worker: Worker) -> dict[str, float]:
+    """`Worker.metrics` callable: the store's metrics when the worker's data is a
+    TieredStore (register as `worker.metrics["cudask-memory"] = worker_metrics`)."""
+    data = worker.data
+    return data.metrics() if isinstance(data, TieredStore) else {}
+
+
+# Static check that TieredStore implements distributed's public protocol.
+_manual_evict: type[ManualEvictProto] = TieredStore
+
+__all__ = ["TieredStore", "worker_metrics"]
