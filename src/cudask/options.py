@@ -265,7 +265,8 @@ def coerce(opt: Option, value: Any) -> Any:
 
 def resolve(values: Mapping[str, Any], surface: Surface) -> WorkerOptions:
     """Every option of `surface`, from `values` (keyed by the surface's keyword
-    names; None means "unset") or the config default, coerced and validated."""
+    names) or, for options not given, the config default; coerced and validated.
+    An explicit None keeps its meaning (e.g. device_memory_limit=None: no spilling)."""
     table = BY_CLUSTER_KEYWORD if surface == "cluster" else {o.name: o for o in options_for(surface)}
     unknown = sorted(set(values) - set(table))
     if unknown:
@@ -274,9 +275,9 @@ def resolve(values: Mapping[str, Any], surface: Surface) -> WorkerOptions:
         )
     out: dict[str, Any] = {}
     for keyword, opt in table.items():
-        value = values.get(keyword)
-        if value is None:
-            value = opt.default_value()
+        value = values[keyword] if keyword in values else opt.default_value()
+        if value is None and opt.kind == "bool":
+            value = opt.default_value()  # a boolean has no "off" other than False
         out[opt.name] = coerce(opt, value) if value is not None else None
     resolved = WorkerOptions(out)
     check_rules(resolved)

@@ -143,11 +143,13 @@ def _signature() -> inspect.Signature:
         inspect.Parameter("n_workers", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
     ]
     params += [
-        inspect.Parameter(o.cluster_keyword, inspect.Parameter.KEYWORD_ONLY, default=None)
+        inspect.Parameter(o.cluster_keyword, inspect.Parameter.KEYWORD_ONLY,
+                          default=o.default_value())
         for o in options_for("cluster")
     ]
     params.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
     return inspect.Signature(params)
 
 
+# help() and IDEs show every keyword with its configured default; declared once in options.py
 LocalCUDACluster.__init__.__signature__ = _signature()  # type: ignore[attr-defined]

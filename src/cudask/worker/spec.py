@@ -9,6 +9,7 @@ Does not cover: starting anything (cudask.deploy) or option rules
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -68,7 +69,8 @@ def device_sizes(o: WorkerOptions, device: Device) -> DeviceSizes:
 def host_memory_limit(o: WorkerOptions, n_workers: int) -> int | None:
     """Host memory of each worker: 'auto' is an even share of the system's."""
     try:
-        limit = parse_memory_limit(o.memory_limit, nthreads=1, total_cores=max(n_workers, 1))
+        limit = parse_memory_limit(o.memory_limit, nthreads=1, total_cores=max(n_workers, 1),
+                                   logger=logging.getLogger("cudask"))
     except (ValueError, TypeError) as exc:
         raise OptionError(
             f"memory_limit={o.memory_limit!r} is not accepted ({exc}); accepted: bytes, '40GB', "

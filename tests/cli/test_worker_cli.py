@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from cudask.cli.main import cli, cuda
+from cudask.options import options_for
+
+
+def test_every_option_has_a_flag():
+    help_text = CliRunner().invoke(cli, ["worker", "--help"], terminal_width=200).output
+    for opt in options_for("cli"):
+        assert opt.cli_flag in help_text
+
+
+def test_dask_cuda_group_has_the_same_commands():
+    assert set(cuda.commands) >= {"worker", "config"}
+    assert cuda.commands["worker"] is cli.commands["worker"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rmm-async", "--rmm-managed-memory"], "cannot be combined"),
+        (["--rmm-release-threshold", "1GB"], "needs rmm_async"),
+        (["--set-rmm-allocator-for-libs", "jax"], "'jax' not accepted"),
+        (["--enable-infiniband", "--protocol", "tcp"], "needs protocol='ucx'"),
+        (["--nthreads", "0"], "at least 1"),
+        (["--tls-ca-file", "ca.pem"], "TLS needs all"),
+    ],
+)
+def test_bad_flags_give_one_line_no_traceback(args, message):
+    result = CliRunner().invoke(cli, ["worker", "tcp://127.0.0.1:8786", *args])
+    assert result.exit_code == 1
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_scheduler_looking_like_a_flag():
+    result = CliRunner().invoke(cli, ["worker", "--", "-oops"])
+    assert result.exit_code == 1 and "looks like a flag" in result.output
+
+
+def test_no_scheduler(monkeypatch):
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+    result = CliRunner().invoke(cli, ["worker"])
+    assert result.exit_code == 1 and "no scheduler" in result.output
+
+
+def test_entry_points_installed():
+    out = subprocess.run(["dask", "cuda", "worker", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "--device-memory-limit" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "cudask.cli", "worker", "--help"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "--rmm-pool-size" in out.stdout
+
+
+def test_no_gpu_is_a_plain_error_exit_1():
+    # CI machines have no GPU: the worker command must say so without a traceback.
+    out = subprocess.run(["cudask", "worker", "tcp://127.0.0.1:8786"], capture_output=True, text=True)
+    if "no NVIDIA GPU" not in out.stderr:
+        pytest.skip("this machine has a GPU")
+    assert out.returncode == 1 and "Traceback" not in out.stderr

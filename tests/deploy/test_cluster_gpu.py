@@ -1,0 +1,209 @@
+"""LocalCUDACluster, CUDAWorker and `dask cuda worker` on real GPUs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from distributed import Client
+
+from cudask import LocalCUDACluster
+from cudask.devices import discover
+
+pytestmark = pytest.mark.gpu
+
+
+def _uuid_of_device0() -> str:
+    import cupy
+
+    raw = cupy.cuda.runtime.getDeviceProperties(0)["uuid"]
+    h = bytes(raw).hex()
+    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _affinity() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+@pytest.fixture(scope="module")
+def machine():
+    return discover()
+
+
+def test_each_worker_device0_is_its_gpu_and_pinned(machine):
+    pytest.importorskip("cupy")
+    with LocalCUDACluster(dashboard_address=":0", device_memory_limit="1GB") as cluster, \
+            Client(cluster) as client:
+        assert len(client.scheduler_info()["workers"]) == len(machine.gpus)
+        uuids = client.run(_uuid_of_device0)
+        affinity = client.run(_affinity)
+        names = {w["name"]: addr for addr, w in client.scheduler_info()["workers"].items()}
+        for gpu in machine.gpus:
+            addr = names[gpu.index]
+            assert uuids[addr] == gpu.uuid
+            assert affinity[addr] == list(gpu.cpu_affinity)
+        assert client.submit(lambda: 21 * 2).result() == 42
+
+
+def test_visible_devices_as_uuid_and_scale(machine):
+    pytest.importorskip("cupy")
+    gpu = machine.gpus[-1]
+    with LocalCUDACluster(CUDA_VISIBLE_DEVICES=gpu.uuid[:15], dashboard_address=":0",
+                          device_memory_limit=None, memory_limit=0) as cluster, \
+            Client(cluster) as client:
+        assert list(client.run(_uuid_of_device0).values()) == [gpu.uuid]
+        cluster.scale(0)
+        client.wait_for_workers(0)
+        deadline = time.time() + 30
+        while client.scheduler_info()["workers"] and time.time() < deadline:
+            time.sleep(0.2)
+        assert not client.scheduler_info()["workers"]
+        cluster.scale(1)
+        client.wait_for_workers(1, timeout=60)
+
+
+def test_rmm_pool_active():
+    rmm = pytest.importorskip("rmm")
+    del rmm
+
+    def resource() -> str:
+        import rmm
+
+        mr = rmm.mr.get_current_device_resource()
+        names = []
+        while mr is not None:
+            names.append(type(mr).__name__)
+            mr = getattr(mr, "upstream_mr", None)
+        return ">".join(names)
+
+    with LocalCUDACluster(n_workers=1, rmm_pool_size="1GB", rmm_track_allocations=True,
+                          dashboard_address=":0") as cluster, Client(cluster) as client:
+        stack = list(client.run(resource).values())[0]
+        assert stack.startswith("TrackingResourceAdaptor>PoolMemoryResource"), stack
+
+
+def test_rmm_async_and_cupy_allocator():
+    pytest.importorskip("rmm")
+    pytest.importorskip("cupy")
+
+    def check() -> tuple[str, str]:
+        import cupy
+        import rmm
+
+        return type(rmm.mr.get_current_device_resource()).__name__, repr(cupy.cuda.get_allocator())
+
+    with LocalCUDACluster(n_workers=1, rmm_async=True, rmm_maximum_pool_size="2GB",
+                          rmm_allocator_external_lib_list="cupy", dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        mr, alloc = list(client.run(check).values())[0]
+        assert mr == "LimitingResourceAdaptor" and "rmm" in alloc
+
+
+def test_async_context_manager():
+    import asyncio
+
+    async def main() -> int:
+        async with LocalCUDACluster(n_workers=1, asynchronous=True, dashboard_address=":0") as c:
+            async with Client(c, asynchronous=True) as client:
+                return await client.submit(lambda: 7)
+
+    assert asyncio.run(main()) == 7
+
+
+def test_pre_import_and_config_cli(tmp_path, machine):
+    with LocalCUDACluster(n_workers=1, pre_import="json,decimal", dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        assert all(client.run(lambda: "decimal" in sys.modules).values())
+        out = subprocess.run([sys.executable, "-m", "cudask.cli", "config", cluster.scheduler_address,
+                              "--json"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        report = list(json.loads(out.stdout).values())[0]
+        assert report["gpu"] == machine.gpus[0].uuid
+        assert report["plugins"][:2] == ["cudask-cpu-affinity", "cudask-cuda-context"]
+        assert "cudask-pre-import" in report["plugins"]
+
+
+def _wait_for_file(path, timeout=30.0):
+    deadline = time.time() + timeout
+    while not os.path.exists(path) and time.time() < deadline:
+        time.sleep(0.1)
+    assert os.path.exists(path), f"{path} never appeared"
+
+
+def _run_scheduler(tmp_path):
+    sched_file = tmp_path / "sched.json"
+    proc = subprocess.Popen(["dask", "scheduler", "--scheduler-file", str(sched_file),
+                             "--port", "0", "--dashboard-address", ":0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_for_file(sched_file)
+    return proc, sched_file
+
+
+def test_cli_workers_join_through_scheduler_file(tmp_path, machine):
+    pytest.importorskip("cupy")
+    sched, sched_file = _run_scheduler(tmp_path)
+    worker = subprocess.Popen(["dask", "cuda", "worker", "--scheduler-file", str(sched_file),
+                               "--device-memory-limit", "1GB", "--name", "node",
+                               "--protocol", "tcp"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
+    try:
+        with Client(scheduler_file=str(sched_file)) as client:
+            client.wait_for_workers(len(machine.gpus), timeout=90)
+            names = sorted(w["name"] for w in client.scheduler_info()["workers"].values())
+            expected = ["node"] if len(machine.gpus) == 1 else [f"node-{i}" for i in range(len(machine.gpus))]
+            assert names == expected
+            uuids = sorted(client.run(_uuid_of_device0).values())
+            assert uuids == sorted(g.uuid for g in machine.gpus)
+    finally:
+        worker.terminate()
+        worker.wait(60)
+        sched.terminate()
+        sched.wait(30)
+
+
+def test_worker_per_mpi_rank(tmp_path, machine):
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("mpirun not installed")
+    pytest.importorskip("cupy")
+    sched, sched_file = _run_scheduler(tmp_path)
+    n = len(machine.gpus)
+    cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(n), "bash", "-c",
+           f"CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec {sys.executable} -m cudask.cli "
+           f"worker --scheduler-file {sched_file} --device-memory-limit 1GB "
+           "--name rank-$OMPI_COMM_WORLD_RANK"]
+    ranks = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             env={**os.environ, "OMPI_MCA_plm_rsh_agent": ""})
+    try:
+        with Client(scheduler_file=str(sched_file)) as client:
+            client.wait_for_workers(n, timeout=120)
+            info = client.scheduler_info()["workers"]
+            assert sorted(w["name"] for w in info.values()) == sorted(f"rank-{r}" for r in range(n))
+            by_name = {w["name"]: a for a, w in info.items()}
+            uuids = client.run(_uuid_of_device0)
+            for r in range(n):
+                assert uuids[by_name[f"rank-{r}"]] == machine.gpus[r].uuid
+    finally:
+        ranks.terminate()
+        try:
+            ranks.wait(60)
+        except subprocess.TimeoutExpired:
+            ranks.kill()
+        sched.terminate()
+        sched.wait(30)
+
+
+@pytest.mark.multigpu
+def test_two_gpus_two_workers(machine):
+    pytest.importorskip("cupy")
+    with LocalCUDACluster(CUDA_VISIBLE_DEVICES=[1, 0], dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        uuids = client.run(_uuid_of_device0)
+        assert sorted(uuids.values()) == sorted(g.uuid for g in machine.gpus[:2])
+        names = {w["name"] for w in client.scheduler_info()["workers"].values()}
+        assert names == {0, 1}

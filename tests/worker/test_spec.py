@@ -1,0 +1,139 @@
+from __future__ import annotations
+
+import pytest
+from distributed import Nanny
+
+from cudask.deploy.local import select_devices
+from cudask.devices import discover, parse_visible_devices
+from cudask.errors import DeviceError, OptionError
+from cudask.options import resolve
+from cudask.testing import FakeBackend, fake_gpu
+from cudask.worker import plugins as P
+from cudask.worker.rmm import RMMSetup
+from cudask.worker.spec import (
+    device_sizes,
+    gpu_name,
+    nanny_options,
+    parse_ports,
+    parse_resources,
+    worker_names,
+)
+
+GiB = 1 << 30
+
+
+@pytest.fixture
+def dgx():
+    return discover(FakeBackend.dgx(8))
+
+
+def test_one_spec_per_gpu_rotated_and_pinned(dgx):
+    o = resolve({"device_memory_limit": 0.5}, "cluster")
+    devices = select_devices(dgx, None, None)
+    assert len(devices) == 8
+    specs = [nanny_options(o, devices, i, n_workers=8, name=gpu_name(devices[i])) for i in range(8)]
+    assert specs[3]["env"]["CUDA_VISIBLE_DEVICES"] == "3,4,5,6,7,0,1,2"
+    assert [s["name"] for s in specs] == list(range(8))
+    aff = specs[6]["plugins"][0]
+    assert isinstance(aff, P.CPUAffinity) and aff.cpus == tuple(range(64, 128))
+    ctx = specs[6]["plugins"][1]
+    assert isinstance(ctx, P.CUDAContext) and ctx.expected_uuid == dgx.gpus[6].uuid
+    cls, kwargs = specs[0]["data"]
+    assert cls.__name__ == "TieredStore"
+    assert kwargs["device_memory_limit"] == 40 * GiB
+
+
+def test_plugin_order_and_names(dgx, monkeypatch):
+    from cudask import options
+
+    monkeypatch.setattr(options, "_library", lambda m: True)
+    o = resolve({"rmm_pool_size": "1GB", "pre_import": "json", "enable_cudf_spill": True}, "cluster")
+    devices = select_devices(dgx, "0", None)
+    names = [p.name for p in nanny_options(o, devices, 0, n_workers=1, name=0)["plugins"]]
+    assert names == ["cudask-cpu-affinity", "cudask-cuda-context", "cudask-rmm",
+                     "cudask-pre-import", "cudask-cudf-spill", "cudask-metrics"]
+
+
+def test_no_rmm_plugin_without_rmm_options(dgx):
+    o = resolve({}, "cluster")
+    devices = select_devices(dgx, "0", None)
+    plugins = nanny_options(o, devices, 0, n_workers=1, name=0)["plugins"]
+    assert not any(isinstance(p, RMMSetup) for p in plugins)
+
+
+def test_visible_subset_and_n_workers(dgx):
+    assert [d.gpu.index for d in select_devices(dgx, "5,2", None)] == [5, 2]
+    assert len(select_devices(dgx, [0, 1, 2], 2)) == 3
+    with pytest.raises(OptionError, match="more than the 2 visible"):
+        select_devices(dgx, "0,1", 3)
+    with pytest.raises(OptionError, match="at least 1"):
+        select_devices(dgx, "0,1", 0)
+    with pytest.raises(DeviceError, match="'9'"):
+        select_devices(dgx, "0,9", None)
+
+
+def test_sizes_per_device():
+    m = discover(FakeBackend([fake_gpu(0, memory_total=80 * GiB, cpus=[0]),
+                              fake_gpu(1, memory_total=16 * GiB, cpus=[0])]))
+    d = parse_visible_devices(None, m)
+    from cudask import options
+
+    real = options._library
+    try:
+        options._library = lambda mod: True
+        o = resolve({"device_memory_limit": "default", "rmm_pool_size": 0.5}, "cluster")
+    finally:
+        options._library = real
+    s0, s1 = device_sizes(o, d[0]), device_sizes(o, d[1])
+    assert s0.device_memory_limit == int(80 * GiB * 0.8)
+    assert s1.device_memory_limit == int(16 * GiB * 0.8)
+    assert s1.rmm_pool_size == 8 * GiB and s1.rmm_pool_size % 256 == 0
+    big = resolve({"device_memory_limit": "40GB"}, "cluster")
+    with pytest.raises(OptionError, match="more than the 16.00 GiB available"):
+        device_sizes(big, d[1])
+    off = resolve({"device_memory_limit": 0}, "cluster")
+    assert device_sizes(off, d[0]).device_memory_limit is None
+
+
+def test_soc_without_dedicated_memory():
+    m = discover(FakeBackend([fake_gpu(0, memory_total=None, cpus=[0])]))
+    d = parse_visible_devices(None, m)
+    assert device_sizes(resolve({}, "cluster"), d[0]).device_memory_limit is None
+    with pytest.raises(OptionError, match="no dedicated memory"):
+        device_sizes(resolve({"device_memory_limit": "1GB"}, "cluster"), d[0])
+
+
+def test_all_limits_off_is_a_plain_dict(dgx):
+    o = resolve({"device_memory_limit": None, "memory_limit": 0}, "cluster")
+    devices = select_devices(dgx, "0", None)
+    assert nanny_options(o, devices, 0, n_workers=1, name=0)["data"] is dict
+
+
+def test_ports_resources_names():
+    assert parse_ports("9000:9003", 4) == [9000, 9001, 9002, 9003]
+    assert parse_ports(None, 2) == [None, None]
+    assert parse_ports("9000", 1) == [9000]
+    with pytest.raises(OptionError, match="1 port"):
+        parse_ports("9000", 2)
+    with pytest.raises(OptionError, match="not accepted"):
+        parse_ports("nine", 1)
+    assert parse_resources("GPU=1 MEM=10e9") == {"GPU": 1.0, "MEM": 1e10}
+    with pytest.raises(OptionError, match="NAME=AMOUNT"):
+        parse_resources("GPU")
+    fake = [object(), object()]
+    assert worker_names("w", fake[:1]) == ["w"]
+    assert worker_names("w", fake) == ["w-0", "w-1"]
+    assert worker_names(None, fake) == [None, None]
+
+
+def test_ucx_config_reaches_nanny(dgx, monkeypatch):
+    from cudask import options
+
+    monkeypatch.setattr(options, "_library", lambda m: True)
+    o = resolve({"enable_nvlink": True, "enable_tcp_over_ucx": True}, "cluster")
+    devices = select_devices(dgx, "0", None)
+    spec = nanny_options(o, devices, 0, n_workers=1, name=0)
+    assert spec["protocol"] == "ucx"
+    ucx = spec["config"]["distributed"]["comm"]["ucx"]
+    assert ucx["nvlink"] is True and ucx["tcp"] is True and ucx["infiniband"] is None
+    assert Nanny  # the spec is for a Nanny
