@@ -361,7 +361,7 @@ def reference() -> str:
     lines = [
         "# Worker options",
         "",
-        "Generated from `cudask.options.OPTIONS` by `cudask options --markdown`; do not edit.",
+        "Generated from `cudask.options.OPTIONS` by `cudask options`; do not edit.",
         "Unset options take their default from the `cudask.worker` config namespace",
         "(cudask.yaml), so `DASK_CUDASK__WORKER__<NAME>` environment variables work.",
         "",

@@ -12,6 +12,7 @@ import click
 
 from cudask.cli.errors import UserErrorGroup
 from cudask.cli.config import config
+from cudask.cli.demo import demo
 from cudask.cli.info import info
 from cudask.cli.worker import worker
 
@@ -28,6 +29,17 @@ def cuda() -> None:
 
 
 cli.add_command(info)
+cli.add_command(demo)
+
+
+@cli.command("options")
+def options_command() -> None:
+    """Print the worker options reference (docs/options.md): keyword, flag, default, meaning."""
+    from cudask.options import reference
+
+    click.echo(reference(), nl=False)
+
+
 for command in (worker, config):
     cli.add_command(command)
     cuda.add_command(command)

@@ -1,0 +1,115 @@
+"""`cudask demo`: the main job — every GPU, a workload larger than device memory.
+
+Covers: starting LocalCUDACluster on all GPUs with a device memory limit,
+running a CuPy dask.array workload whose data outgrow that limit (so it
+spills to host), with a progress bar, then printing per-GPU time and spill
+figures and the dashboard address. Needs a GPU and CuPy; without them it says
+so and exits 1. Does not cover: benchmarking (`cudask bench`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import click
+
+from cudask.sizes import format_bytes, parse_size
+
+
+def _worker_figures(dask_worker: Any) -> dict[str, Any]:
+    metrics = getattr(dask_worker.data, "metrics", None)
+    figures = dict(metrics()) if callable(metrics) else {}
+    ctx = dask_worker.plugins.get("cudask-cuda-context")
+    figures["gpu"] = getattr(ctx, "uuid", "?")
+    figures["name"] = dask_worker.name
+    figures["tasks"] = dask_worker.state.transition_counter
+    return figures
+
+
+def _checksum(block: Any) -> Any:
+    return block.sum(keepdims=True)
+
+
+def _random_block(block_info: Any = None) -> Any:
+    """One chunk of uniform [0, 1) values, generated on the GPU from its position."""
+    import cupy
+
+    info = block_info[None]
+    seed = 1 + info["chunk-location"][0] * 100_003 + info["chunk-location"][1]
+    return cupy.random.default_rng(seed).random(info["chunk-shape"], dtype="float64")
+
+
+@click.command("demo")
+@click.option("--device-memory-limit", default="0.1", show_default=True,
+              help="Device memory each worker keeps before spilling (bytes, '4GB', or a fraction "
+                   "of the GPU).")
+@click.option("--size", "size_factor", default=2.0, show_default=True, type=float,
+              help="Workload size as a multiple of the workers' total device memory limit.")
+@click.option("--chunk", default="256MiB", show_default=True, help="Size of each CuPy chunk.")
+@click.option("--dashboard-address", default=":8787", show_default=True)
+def demo(device_memory_limit: str, size_factor: float, chunk: str, dashboard_address: str) -> None:
+    """Run a CuPy workload larger than device memory on every GPU."""
+    from cudask.errors import OptionError
+    from cudask.options import require_library
+
+    require_library("cupy", "cudask demo")
+    if size_factor <= 0:
+        raise OptionError(f"--size={size_factor!r} must be positive, e.g. 2 for twice the limit")
+    chunk_bytes = parse_size(chunk, total=None, name="--chunk")
+    if not chunk_bytes:
+        raise OptionError(f"--chunk={chunk!r} must be a positive size such as '256MiB'")
+
+    import cupy
+    import dask.array as da
+    from distributed import Client, progress
+
+    from cudask import LocalCUDACluster
+
+    limit_value: Any = device_memory_limit
+    try:
+        limit_value = float(device_memory_limit)
+    except ValueError:
+        pass
+    started = time.perf_counter()
+    with LocalCUDACluster(device_memory_limit=limit_value, dashboard_address=dashboard_address,
+                          silence_logs="error") as cluster, Client(cluster) as client:
+        startup = time.perf_counter() - started
+        limits = [s["options"]["data"][1]["device_memory_limit"]
+                  for s in cluster.worker_spec.values()
+                  if isinstance(s["options"]["data"], tuple)]
+        total_limit = sum(x or 0 for x in limits)
+        n = len(cluster.worker_spec)
+        target = int(total_limit * size_factor) if total_limit else 8 * n * chunk_bytes
+        side = int(math.isqrt(chunk_bytes // 8))
+        blocks = max(n, math.ceil(target / (side * side * 8)))
+        rows = max(1, math.isqrt(blocks))
+        cols = math.ceil(blocks / rows)
+        click.echo(f"cudask demo: {n} GPU worker(s), device limit {format_bytes(total_limit // max(n, 1))}"
+                   f" each; dashboard {cluster.dashboard_link}")
+        click.echo(f"workload: {rows}x{cols} CuPy chunks of {side}x{side} float64 = "
+                   f"{format_bytes(rows * cols * side * side * 8)} (x2 with its transpose sum)")
+        x = da.map_blocks(_random_block, dtype="float64", chunks=((side,) * rows, (side,) * cols),
+                          meta=cupy.empty((0, 0), dtype="float64"))
+        t0 = time.perf_counter()
+        y = (x * 2 + 1).persist()
+        progress(y)
+        sums = y.map_blocks(_checksum, chunks=(1, 1)).sum().compute()
+        elapsed = time.perf_counter() - t0
+        click.echo(f"\nsum of all {y.size:,} values: {float(sums):.6e} (mean {float(sums) / y.size:.4f}, "
+                   "expected ~2.0)")
+        figures = client.run(_worker_figures)
+        del y
+    click.echo(f"\ncluster up in {startup:.2f} s; workload {elapsed:.2f} s")
+    header = f"{'worker':>6}  {'GPU':<40} {'on device':>10} {'on host':>10} {'on disk':>10} " \
+             f"{'spilled':>10} {'unspilled':>10}"
+    click.echo(header)
+    for f in sorted(figures.values(), key=lambda f: str(f["name"])):
+        def b(key: str) -> str:
+            return format_bytes(int(f.get(key, 0)))
+
+        click.echo(f"{f['name']!s:>6}  {f['gpu']:<40} {b('device-bytes'):>10} {b('host-bytes'):>10} "
+                   f"{b('disk-bytes'):>10} {b('spill-device-to-host-bytes'):>10} "
+                   f"{b('unspill-host-to-device-bytes'):>10}")
+    click.echo(f"dashboard (while the cluster ran): {cluster.dashboard_link}")
