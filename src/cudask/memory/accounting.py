@@ -98,16 +98,19 @@ class AllocationLedger:
 
     def exclusive_bytes(self, owner: Hashable) -> int:
         """Bytes that would be uncounted if `owner` let go."""
-        freed = 0
+        mine = self._owners.get(owner, ())
+        if not mine:
+            return 0
         points, counts = self._points, self._counts
-        for a, b in _union(self._owners.get(owner, ())):
-            i = bisect.bisect_right(points, a) - 1
-            while i < len(points) - 1 and points[i] < b:
-                lo, hi = max(points[i], a), min(points[i + 1], b)
-                mine = sum(1 for r in self._owners[owner] if r[0] <= lo and hi <= r[1])
-                if hi > lo and counts[i] == mine:
-                    freed += hi - lo
-                i += 1
+        cuts = sorted({x for r in mine for x in r} | set(points))
+        freed = 0
+        for lo, hi in zip(cuts, cuts[1:]):
+            held = sum(1 for a, b in mine if a <= lo and hi <= b)
+            if not held:
+                continue
+            i = bisect.bisect_right(points, lo) - 1
+            if i >= 0 and counts[i] == held:
+                freed += hi - lo
         return freed
 
 

@@ -237,8 +237,8 @@ class PinnedPool:
         """Reserve slabs up to `nbytes` (default: the capacity) ahead of need;
         return the bytes reserved. Safe to run in a background thread."""
         goal = self.capacity if nbytes is None else min(nbytes, self.capacity)
-        while self.reserved + self._reserving < goal:
-            if not self._grow(self.slab_size):
+        while (remaining := goal - self.reserved - self._reserving) >= self.alignment:
+            if not self._grow(min(self.slab_size, remaining - remaining % self.alignment)):
                 break
         return self.reserved
 

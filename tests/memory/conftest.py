@@ -1,0 +1,36 @@
+"""Fixtures of the memory tests: a fake copy backend and stores built on it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from cudask.memory.store import TieredStore
+from cudask.testing.fake_cuda import FakeCopyBackend
+
+
+@pytest.fixture
+def backend() -> FakeCopyBackend:
+    return FakeCopyBackend()
+
+
+@pytest.fixture
+def make_store(tmp_path: Any) -> Iterator[Callable[..., TieredStore]]:
+    stores: list[TieredStore] = []
+
+    def make(**kwargs: Any) -> TieredStore:
+        kwargs.setdefault("backend", FakeCopyBackend())
+        kwargs.setdefault("background", False)
+        kwargs.setdefault("pinned_preallocate", False)
+        kwargs.setdefault("pinned_pool_size", 1 << 20)
+        kwargs.setdefault("pinned_slab_size", 1 << 16)
+        kwargs.setdefault("local_directory", str(tmp_path / f"spill{len(stores)}"))
+        store = TieredStore(**kwargs)
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        store.close()

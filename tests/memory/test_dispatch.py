@@ -1,0 +1,206 @@
+"""Device-object dispatch: recognition, allocations, host copies and rebuilds."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cudask.memory import dispatch
+from cudask.memory.dispatch import ContainerCopy, HostCopy, UnspillableError, interface_extent
+from cudask.memory.pinned import PinnedPool
+from cudask.memory.transfer import TransferEngine
+from cudask.testing.fake_cuda import (
+    FakeCopyBackend,
+    FakeDeviceArray,
+    ForeignDeviceObject,
+    as_numpy,
+)
+
+
+@pytest.fixture
+def engine() -> TransferEngine:
+    backend = FakeCopyBackend()
+    return TransferEngine(backend, PinnedPool(backend, 1 << 20, 1 << 16))
+
+
+def roundtrip(obj: Any, engine: TransferEngine) -> Any:
+    copy = dispatch.to_host(obj, engine)
+    value, copies = dispatch.to_device(copy, engine)
+    for c in copies:
+        c.wait()
+    return value
+
+
+def arange(n: int, dtype: str = "f8") -> FakeDeviceArray:
+    return FakeDeviceArray.from_numpy(np.arange(n).astype(dtype))
+
+
+def test_recognises_device_objects() -> None:
+    a = arange(4)
+    assert dispatch.is_device_object(a)
+    assert dispatch.is_device_object(ForeignDeviceObject(a))
+    assert dispatch.is_device_object([1, (2, {"x": a})])
+    for host in (np.arange(3), b"x", 3, None, [], (1, 2), {"a": np.zeros(2)}, "s"):
+        assert not dispatch.is_device_object(host)
+
+
+class Masked:
+    __cuda_array_interface__ = {
+        "shape": (2,), "typestr": "<f8", "data": (0, False), "version": 3, "mask": object(),
+    }
+
+
+class Raises:
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        raise AttributeError("not on a device")  # like a CPU torch tensor
+
+
+def test_object_whose_interface_raises_is_host() -> None:
+    assert not dispatch.is_device_object(Raises())
+
+
+def test_masked_interface_is_unspillable(engine: TransferEngine) -> None:
+    assert dispatch.is_device_object(Masked())
+    with pytest.raises(UnspillableError, match="masked"):
+        dispatch.to_host(Masked(), engine)
+
+
+def test_views_count_their_whole_allocation() -> None:
+    a = arange(100)
+    view = a.view(slice(10, 20))
+    assert dispatch.allocations(view) == dispatch.allocations(a) == [
+        (a.allocation[0], a.allocation[0] + 800)
+    ]
+    assert dispatch.allocations([a, view]) == dispatch.allocations(a) * 2
+
+
+def test_interface_extent_with_negative_and_transposed_strides() -> None:
+    base = np.arange(24, dtype="i4").reshape(4, 6)
+    for view in (base[::-1], base[:, ::-2], base.T, base[1:3, 2:5], base[::2, ::3].T):
+        cai = FakeDeviceArray(view).__cuda_array_interface__
+        low, high, offset = interface_extent(cai)
+        ptr = cai["data"][0]
+        assert low <= ptr < high and ptr - low == offset
+        flat = np.lib.stride_tricks.as_strided  # every element lies inside [low, high)
+        addrs = [ptr + sum(i * s for i, s in zip(idx, view.strides)) for idx in np.ndindex(view.shape)]
+        assert min(addrs) == low and max(addrs) + 4 == high
+        del flat
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: arange(10),
+        lambda: arange(12, "i2").view((slice(None, None, -3),)),
+        lambda: FakeDeviceArray.from_numpy(np.arange(30, dtype="u4").reshape(5, 6)).T,
+        lambda: FakeDeviceArray.from_numpy(np.arange(30, dtype="c8").reshape(5, 6))[1:4, ::2],
+        lambda: FakeDeviceArray.from_numpy(np.asarray(7.5)),
+        lambda: FakeDeviceArray.empty((0, 3), "f4"),
+        lambda: FakeDeviceArray.from_numpy(np.asfortranarray(np.arange(6.0).reshape(2, 3))),
+    ],
+)
+def test_roundtrip_keeps_type_dtype_shape_strides(make: Any, engine: TransferEngine) -> None:
+    a = make()
+    out = roundtrip(a, engine)
+    assert type(out) is FakeDeviceArray
+    assert out.dtype == a.dtype and out.shape == a.shape
+    if a.nbytes:
+        assert out.strides == a.strides
+    np.testing.assert_array_equal(out.get(), a.get())
+    assert out.allocation != a.allocation or a.nbytes == 0
+
+
+def test_foreign_object_comes_back_as_backend_array(engine: TransferEngine) -> None:
+    a = arange(5, "i8")
+    out = roundtrip(ForeignDeviceObject(a), engine)
+    assert isinstance(out, FakeDeviceArray)
+    np.testing.assert_array_equal(out.get(), a.get())
+
+
+def test_containers_keep_their_shape_and_host_items(engine: TransferEngine) -> None:
+    a, b = arange(3), arange(4, "i4")
+    value = {"a": a, "rest": [b, "label", (a, 5)], "n": np.arange(2)}
+    copy = dispatch.to_host(value, engine)
+    assert isinstance(copy, ContainerCopy)
+    assert copy.nbytes == a.nbytes * 2 + b.nbytes
+    out = roundtrip(value, engine)
+    assert type(out["rest"]) is list and type(out["rest"][2]) is tuple
+    assert out["rest"][1] == "label" and out["rest"][2][1] == 5
+    np.testing.assert_array_equal(out["n"], value["n"])
+    assert out["n"] is value["n"]  # host objects are kept, not copied
+    np.testing.assert_equal(as_numpy(out["rest"][0]), b.get())
+
+
+def test_host_copy_pickles_out_of_band_and_rebuilds(engine: TransferEngine) -> None:
+    a = FakeDeviceArray.from_numpy(np.arange(50, dtype="f4").reshape(5, 10))[:, 1::2]
+    copy = dispatch.to_host(a, engine)
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(copy, protocol=5, buffer_callback=buffers.append)
+    assert len(buffers) == 1 and len(data) < 1000  # the bytes travel out of band
+    loaded = pickle.loads(data, buffers=[bytes(b.raw()) for b in buffers])
+    assert isinstance(loaded, HostCopy) and not loaded.pinned()
+    value, copies = dispatch.to_device(loaded, engine)
+    for c in copies:
+        c.wait()
+    np.testing.assert_array_equal(value.get(), a.get())
+    # protocol < 5 still works (in-band bytes)
+    value2, _ = dispatch.to_device(pickle.loads(pickle.dumps(copy, protocol=4)), engine)
+    np.testing.assert_array_equal(value2.get(), a.get())
+
+
+def test_host_copy_returns_its_pinned_block_when_it_dies() -> None:
+    backend = FakeCopyBackend(lag=1000)
+    pool = PinnedPool(backend, 1 << 16, 1 << 16)
+    engine = TransferEngine(backend, pool)
+    copy = dispatch.to_host(arange(100), engine)
+    assert copy.pinned() and pool.in_use == 1024
+    del copy  # copy still in flight: the block waits for it
+    assert pool.in_use == 1024
+    backend.drain()
+    pool.allocate(10).release()
+    assert pool.in_use == 0
+
+
+def test_copy_is_ordered_after_producers(engine: TransferEngine) -> None:
+    backend = engine.backend
+    assert isinstance(backend, FakeCopyBackend)
+    lagging = FakeCopyBackend(lag=1000)
+    eng = TransferEngine(lagging, PinnedPool(lagging, 1 << 16, 1 << 16))
+    eng.order_after_producers((12345,))
+    d2h = eng._stream("d2h")
+    assert [op[0] for op in d2h.ops] == ["wait", "wait"]
+
+
+def test_register_handler_takes_precedence_over_generic() -> None:
+    class Special(FakeDeviceArray):
+        __slots__ = ()
+
+    class SpecialHandler(dispatch.CudaArrayInterfaceHandler):
+        name = "special-test"
+
+        def allocations(self, obj: Any) -> list[tuple[int, int]]:
+            return [(1, 2)]
+
+    assert dispatch.allocations(Special(np.zeros(2))) != [(1, 2)]  # inherits the fake handler
+    dispatch.register_handler(Special, SpecialHandler())
+    try:
+        assert dispatch.allocations(Special(np.zeros(2))) == [(1, 2)]
+    finally:
+        del dispatch._HANDLERS[Special]
+        dispatch._RESOLVED.clear()
+
+
+def test_import_creates_no_cuda_dependency() -> None:
+    code = (
+        "import sys, cudask.memory, cudask.memory.store, cudask.memory.dispatch;"
+        "import cudask.memory.transfer, cudask.memory.pinned;"
+        "bad = [m for m in ('cupy', 'torch', 'numba', 'rmm', 'cudf') if m in sys.modules];"
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,141 @@
+"""PinnedPool with a fake backend: slabs, carving, fallback, deferred release."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import pytest
+
+from cudask.memory.pinned import HostBlock, PinnedMemoryWarning, PinnedPool
+from cudask.memory.transfer import TransferEngine
+from cudask.testing.fake_cuda import FakeCopyBackend
+
+KiB = 1024
+
+
+def test_grows_in_slabs_and_reuses_memory() -> None:
+    backend = FakeCopyBackend()
+    pool = PinnedPool(backend, 64 * KiB, 16 * KiB)
+    blocks = [pool.allocate(4 * KiB) for _ in range(4)]
+    assert pool.slabs == 1 and backend.pin_calls == 1 and pool.reserved == 16 * KiB
+    assert all(b.pinned and backend.is_pinned(b.ptr) for b in blocks)
+    assert len({b.ptr for b in blocks}) == 4
+    more = pool.allocate(1)
+    assert pool.slabs == 2 and more.pinned
+    for b in blocks:
+        b.release()
+    again = pool.allocate(16 * KiB)  # the freed ranges coalesced into one
+    assert again.ptr == blocks[0].ptr and pool.slabs == 2
+
+
+def test_block_memory_is_writable_and_distinct() -> None:
+    pool = PinnedPool(FakeCopyBackend(), 64 * KiB, 16 * KiB)
+    a, b = pool.allocate(100), pool.allocate(100)
+    a.view[:] = b"a" * 100
+    b.view[:] = b"b" * 100
+    assert bytes(a.view) == b"a" * 100 and bytes(b.view) == b"b" * 100
+    assert a.nbytes == 100 and abs(a.ptr - b.ptr) >= 100
+
+
+def test_large_request_gets_its_own_slab() -> None:
+    pool = PinnedPool(FakeCopyBackend(), 64 * KiB, 16 * KiB)
+    big = pool.allocate(40 * KiB)
+    assert big.pinned and pool.reserved == 48 * KiB
+
+
+def test_exhausted_pool_falls_back_to_pageable_with_one_warning() -> None:
+    pool = PinnedPool(FakeCopyBackend(), 32 * KiB, 16 * KiB)
+    held = [pool.allocate(16 * KiB), pool.allocate(16 * KiB)]
+    with pytest.warns(PinnedMemoryWarning, match="pinned-pool-size") as record:
+        extra = [pool.allocate(8 * KiB) for _ in range(3)]
+    assert len(record) == 1
+    assert not any(b.pinned for b in extra)
+    assert pool.stats()["pageable-fallback-count"] == 3
+    held[0].release()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert pool.allocate(8 * KiB).pinned  # room again, no new warning
+
+
+def test_driver_refusal_falls_back_and_stops_asking() -> None:
+    backend = FakeCopyBackend(pin_limit=16 * KiB)
+    pool = PinnedPool(backend, 1 << 20, 16 * KiB)
+    assert pool.allocate(16 * KiB).pinned
+    with pytest.warns(PinnedMemoryWarning, match="driver refused"):
+        block = pool.allocate(KiB)
+    assert not block.pinned and backend.pin_refusals == 1
+    pool.allocate(KiB)
+    assert backend.pin_refusals == 1  # not asked again
+
+
+def test_zero_capacity_means_pageable_without_warning() -> None:
+    backend = FakeCopyBackend()
+    pool = PinnedPool(backend, 0, 16 * KiB)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        block = pool.allocate(KiB)
+    assert not block.pinned and backend.pin_calls == 0
+
+
+def test_release_waits_for_the_copy_in_flight() -> None:
+    backend = FakeCopyBackend(lag=1000)
+    pool = PinnedPool(backend, 16 * KiB, 16 * KiB)
+    engine = TransferEngine(backend, pool)
+    src = HostBlock.pageable(16 * KiB)
+    block, copy = engine.to_host(src.ptr, 16 * KiB)
+    block.release(after=copy)
+    assert not block.released and pool.in_use == 16 * KiB
+    # While the copy is pending, the range stays out of the free lists...
+    assert pool._pending and all(slab.free_bytes == 0 for slab in pool._slabs)
+    # ...and allocate() waits for pending copies before falling back.
+    again = pool.allocate(16 * KiB)
+    assert again.pinned and copy.ready() and again.ptr == block.ptr
+
+
+def test_preallocate_reserves_up_to_capacity() -> None:
+    backend = FakeCopyBackend()
+    pool = PinnedPool(backend, 40 * KiB, 16 * KiB)
+    assert pool.preallocate() == 40 * KiB  # two slabs and a 8 KiB remainder
+    assert pool.slabs == 3
+    calls = backend.pin_calls
+    pool.allocate(8 * KiB)
+    assert backend.pin_calls == calls
+
+
+def test_close_returns_slabs_to_the_driver() -> None:
+    backend = FakeCopyBackend()
+    pool = PinnedPool(backend, 64 * KiB, 16 * KiB)
+    pool.allocate(KiB)
+    pool.allocate(20 * KiB)
+    pool.close()
+    assert backend.pinned == {} and pool.reserved == 0
+
+
+def test_concurrent_allocate_and_release() -> None:
+    pool = PinnedPool(FakeCopyBackend(), 256 * KiB, 32 * KiB)
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            for i in range(200):
+                block = pool.allocate(((seed * 7 + i) % 13 + 1) * 256)
+                block.view[:1] = bytes([seed])
+                assert block.view[0] == seed
+                block.release()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert pool.in_use == 0
+    assert all(slab.free_bytes == slab.size for slab in pool._slabs)
+
+
+def test_rejects_negative_sizes() -> None:
+    with pytest.raises(ValueError):
+        PinnedPool(FakeCopyBackend(), -1, 10)
