@@ -417,7 +417,7 @@ def format_table(document: Mapping[str, Any]) -> str:
         for v in variants:
             m = (v.get("measurements") or {}).get(metric)
             if m is None:
-                row.append("-")
+                row.append("failed" if v.get("status") != "ok" else "-")
             elif m.get("status") != "ok":
                 row.append("failed")
             else:
@@ -436,10 +436,12 @@ def format_table(document: Mapping[str, Any]) -> str:
     if gpu.get("name"):
         header += f" on {gpu['name']}"
     lines.insert(0, header)
-    if document.get("comparisons"):
+    found = document.get("comparisons")
+    pairs = comparisons(variants) if found is None else found
+    if pairs:
         lines.append("")
         lines.append("ratios (variant / reference, same run; < 1 is faster):")
-        for c in document["comparisons"]:
+        for c in pairs:
             lines.append(
                 f"  {c['metric']}: {c['variant']} {fmt_seconds(c['variant_s'])} / "
                 f"{c['reference']} {fmt_seconds(c['reference_s'])} = {c['ratio']:.3f} "

@@ -271,9 +271,16 @@ def execute(args: argparse.Namespace, result: dict[str, Any]) -> None:
         )
 
 
-def check_honesty(backend: str, result: dict[str, Any]) -> None:
-    here = sorted(m for m in sys.modules if m.split(".")[0] == "cudask")
+def check_honesty(
+    backend: str, result: dict[str, Any], loaded: Sequence[str] | None = None
+) -> None:
+    """Record the cudask modules loaded here; refuse cluster code for other backends."""
+    import cudask
+
+    names = sys.modules if loaded is None else loaded
+    here = sorted(m for m in names if m.split(".")[0] == "cudask")
     result["cudask_modules"] = here
+    result["cudask_path"] = os.path.dirname(cudask.__file__)
     if backend == "cudask":
         return
     worker = result.get("store", {}).get("cudask_modules", [])
@@ -299,8 +306,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     code = 0
     try:
-        execute(args, result)
-        check_honesty(args.backend, result)
+        try:
+            execute(args, result)
+        finally:
+            check_honesty(args.backend, result)
     except (RunnerError, workloads.BenchFailure) as exc:
         result.update(status="failed", error=str(exc))
         code = 1

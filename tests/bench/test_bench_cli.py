@@ -1,0 +1,248 @@
+"""`cudask bench` options and errors (CPU): one-line messages before any process starts,
+and a whole run of the harness on the plain-dict backend with NumPy."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cudask.bench import environment
+from cudask.cli.bench import bench
+
+CPU = ["--backend", "dict", "--array-module", "numpy"]
+HAS_GPU = environment.gpus().get("available", False)
+HAS_CUPY = environment.has_module("cupy")
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(bench, list(args), prog_name="cudask bench")
+    assert not isinstance(result.exception, Exception) or isinstance(
+        result.exception, SystemExit
+    ), f"traceback instead of an error message: {result.exception!r}"
+    return result.exit_code, result.output
+
+
+def one_line_error(code: int, output: str) -> str:
+    assert code != 0, output
+    lines = [line for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("Error:")]
+    assert len(errors) == 1, output
+    assert "Traceback" not in output
+    return errors[0]
+
+
+def fake_dask_cuda(root: Path, version: str, proxy_object: bool) -> Path:
+    """A directory that looks like `pip install --target DIR dask-cuda==VERSION`."""
+    package = root / "dask_cuda"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    if proxy_object:
+        (package / "proxy_object.py").write_text("")
+    info = root / f"dask_cuda-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: dask-cuda\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("dask_cuda\n")
+    return root
+
+
+def test_help_lists_workloads() -> None:
+    code, out = invoke("--help")
+    assert code == 0
+    for name in ("spill", "cupy", "startup", "chart"):
+        assert name in out
+
+
+@pytest.mark.parametrize("command", ["spill", "cupy", "startup"])
+def test_command_help(command: str) -> None:
+    code, out = invoke(command, "--help")
+    assert code == 0
+    for flag in ("--against", "--dask-cuda-python", "--jit-unspill", "--output", "--chart",
+                 "--progress", "--repeat", "--device-memory-limit", "--baseline"):
+        assert flag in out
+
+
+def test_unknown_workload() -> None:
+    code, out = invoke("nonsense")
+    assert code != 0 and "nonsense" in out and "Traceback" not in out
+
+
+def test_unknown_operation_names_accepted() -> None:
+    line = one_line_error(*invoke("cupy", *CPU, "--operation", "fft"))
+    assert "'fft'" in line and "transpose_sum" in line and "map_overlap" in line
+
+
+def test_bad_device_memory_limit() -> None:
+    line = one_line_error(*invoke("spill", *CPU, "--device-memory-limit", "4XB"))
+    assert "4XB" in line and "accepted" in line
+
+
+def test_bad_total_and_chunk() -> None:
+    line = one_line_error(*invoke("spill", *CPU, "--total", "lots"))
+    assert "--total" in line and "lots" in line
+    line = one_line_error(*invoke("spill", *CPU, "--total", "1MiB", "--chunk-size", "2MiB"))
+    assert "larger than --total" in line
+    line = one_line_error(*invoke("spill", *CPU, "--chunk-size", "1001"))
+    assert "multiple of 8" in line
+    line = one_line_error(*invoke("spill", *CPU, "--total", "0"))
+    assert "--total" in line
+
+
+def test_cupy_shape_errors() -> None:
+    line = one_line_error(*invoke("cupy", *CPU, "--size", "100", "--chunk-size", "200"))
+    assert "--chunk-size=200" in line
+    line = one_line_error(
+        *invoke("cupy", *CPU, "--operation", "svd", "--chunk-size", "50", "--second-size", "60")
+    )
+    assert "--second-size=60" in line
+    code, out = invoke("cupy", *CPU, "--size", "3")
+    assert code == 2 and "--size" in out
+
+
+def test_bad_repeat() -> None:
+    code, out = invoke("spill", *CPU, "--repeat", "0")
+    assert code == 2 and "--repeat" in out
+
+
+def test_jit_flags_conflict() -> None:
+    line = one_line_error(*invoke("spill", *CPU, "--jit-unspill", "on", "--no-jit-unspill"))
+    assert "--no-jit-unspill" in line
+
+
+def test_jit_needs_a_backend_that_has_it() -> None:
+    line = one_line_error(*invoke("spill", *CPU, "--jit-unspill"))
+    assert "--jit-unspill" in line
+
+
+def test_missing_python_path() -> None:
+    line = one_line_error(
+        *invoke("spill", *CPU, "--against", "dask-cuda", "--dask-cuda-python", "/no/such/python")
+    )
+    assert "/no/such/python" in line and "does not exist" in line
+
+
+def test_python_path_that_is_not_python(tmp_path: Path) -> None:
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho not python >&2\nexit 3\n")
+    fake.chmod(0o755)
+    line = one_line_error(
+        *invoke("spill", *CPU, "--against", "dask-cuda", "--dask-cuda-python", str(fake))
+    )
+    assert str(fake) in line
+
+
+def test_dask_cuda_path_missing_dir(tmp_path: Path) -> None:
+    line = one_line_error(
+        *invoke("spill", *CPU, "--against", "dask-cuda", "--dask-cuda-path", str(tmp_path / "x"))
+    )
+    assert "is not a directory" in line
+
+
+def test_dask_cuda_python_without_against() -> None:
+    line = one_line_error(*invoke("spill", *CPU, "--dask-cuda-python", sys.executable))
+    assert "--against dask-cuda" in line
+
+
+@pytest.mark.skipif(environment.has_module("dask_cuda"), reason="dask-cuda is installed here")
+def test_against_dask_cuda_not_installed() -> None:
+    line = one_line_error(*invoke("spill", *CPU, "--against", "dask-cuda"))
+    assert "dask-cuda" in line and "--dask-cuda-python" in line
+
+
+def test_jit_unspill_against_new_dask_cuda(tmp_path: Path) -> None:
+    path = fake_dask_cuda(tmp_path / "dc", "26.10.00", proxy_object=False)
+    line = one_line_error(
+        *invoke("spill", *CPU, "--against", "dask-cuda", "--dask-cuda-path", str(path),
+                "--jit-unspill", "both")
+    )
+    assert "26.10.00" in line and "26.04" in line and "JIT-unspill" in line
+
+
+@pytest.mark.skipif(HAS_CUPY, reason="CuPy is installed here")
+def test_missing_cupy() -> None:
+    line = one_line_error(*invoke("spill"))
+    assert "cupy" in line and "pip install" in line
+
+
+@pytest.mark.skipif(HAS_GPU, reason="a GPU is present")
+def test_no_gpu_for_cudask_backend() -> None:
+    line = one_line_error(*invoke("startup", "--array-module", "numpy"))
+    assert "GPU" in line and "--backend dict --array-module numpy" in line
+
+
+def test_whole_run_on_dict_backend(tmp_path: Path) -> None:
+    """The harness end to end on CPU: a runner process, JSON, chart, table."""
+    pytest.importorskip("matplotlib")
+    out, png = tmp_path / "r" / "spill.json", tmp_path / "r" / "spill.png"
+    code, text = invoke(
+        "spill", *CPU, "--total", "4MiB", "--chunk-size", "1MiB", "--repeat", "2",
+        "--output", str(out), "--chart", str(png), "--progress",
+    )
+    assert code == 0, text
+    assert "dict store" in text and "create" in text and "read_verify" in text
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "cudask-bench/1" and doc["status"] == "ok"
+    assert doc["parameters"]["total"] == 4 * 2**20 and doc["parameters"]["chunks"] == 4
+    [variant] = doc["variants"]
+    assert variant["backend"] == "dict" and variant["status"] == "ok"
+    assert variant["store"]["data_type"] == "builtins.dict"
+    create = variant["measurements"]["create"]
+    assert len(create["times"]) == 2 and create["bytes"] == 4 * 2**20
+    assert create["median"] > 0 and create["gbps"] > 0
+    assert "every run" in create["check"]
+    assert doc["machine"]["hostname"] and doc["harness"]["versions"]["dask"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_startup_runs_fresh_processes(tmp_path: Path) -> None:
+    out = tmp_path / "startup.json"
+    code, text = invoke("startup", *CPU, "--repeat", "2", "--warmup", "1", "--output", str(out))
+    assert code == 0, text
+    [variant] = json.loads(out.read_text())["variants"]
+    assert variant["runs"] == 3
+    m = variant["measurements"]
+    assert len(m["startup"]["times"]) == 2 and len(m["startup"]["warmup_times"]) == 1
+    assert {"import", "cluster", "first_roundtrip", "close"} <= set(m)
+    assert len(variant["process_wall_s"]) == 3
+
+
+def test_failing_variant_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A variant whose runner fails: the table says FAILED, JSON keeps the error, exit 1."""
+    from cudask.bench import harness
+
+    def failing_runner(*args: object, **kwargs: object) -> dict[str, object]:
+        return {"status": "failed", "error": "RuntimeError: out of memory", "measurements": {},
+                "returncode": 1, "process_wall_s": 0.1, "log_tail": ["boom"]}
+
+    monkeypatch.setattr(harness, "spawn_runner", failing_runner)
+    out = tmp_path / "fail.json"
+    code, text = invoke("spill", *CPU, "--total", "1MiB", "--chunk-size", "1MiB",
+                        "--output", str(out))
+    assert code == 1
+    assert "FAILED dict store: RuntimeError: out of memory" in text
+    assert "1 of 1 variants failed" in text
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "failed"
+    assert doc["variants"][0]["error"] == "RuntimeError: out of memory"
+    assert doc["variants"][0]["log_tail"] == ["boom"]
+
+
+def test_chart_command(tmp_path: Path, synthetic_document: dict[str, object]) -> None:
+    pytest.importorskip("matplotlib")
+    src = tmp_path / "doc.json"
+    src.write_text(json.dumps(synthetic_document))
+    code, out = invoke("chart", str(src), "--output", str(tmp_path / "c.png"))
+    assert code == 0, out
+    assert "ratios" in out and "dask-cuda 4 GiB" in out
+    assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_chart_command_refuses_other_json(tmp_path: Path) -> None:
+    src = tmp_path / "other.json"
+    src.write_text('{"hello": 1}')
+    code, out = invoke("chart", str(src), "--output", str(tmp_path / "c.png"))
+    assert code == 1 and "not a cudask bench result" in out
+

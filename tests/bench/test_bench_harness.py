@@ -1,0 +1,386 @@
+"""Harness pieces on CPU: variants, runner argv, ratios, merging, JSON, progress, chart,
+environment probing, and the runner subprocess itself (help, clean failures, another
+interpreter reaching cudask through the PYTHONPATH shim)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cudask.bench import environment, harness, spec
+from cudask.bench.run import RunnerError, check_honesty
+from cudask.errors import MissingDependencyError, OptionError
+
+GIB4 = 4 * 2**30
+
+
+def fake_dask_cuda(root: Path, version: str, proxy_object: bool) -> Path:
+    package = root / "dask_cuda"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    if proxy_object:
+        (package / "proxy_object.py").write_text("")
+    info = root / f"dask_cuda-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: dask-cuda\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("dask_cuda\n")
+    return root
+
+
+# --------------------------------------------------------------------------- variants
+
+
+def test_variants_with_limit_baseline_and_both_jit() -> None:
+    variants = spec.build_variants(
+        ["cudask", "dask-cuda"], device_memory_limit=GIB4, limit_set=True, jit_mode="both",
+        baseline=True,
+    )
+    assert [v.name for v in variants] == [
+        "dict store",
+        "cudask no limit",
+        "cudask 4 GiB",
+        "cudask 4 GiB +jit",
+        "dask-cuda 4 GiB",
+        "dask-cuda 4 GiB +jit",
+    ]
+
+
+def test_variants_without_baseline_or_limit() -> None:
+    variants = spec.build_variants(
+        ["cudask"], device_memory_limit=None, limit_set=True, jit_mode="off", baseline=False
+    )
+    assert variants == [spec.Variant("cudask", None, False)]
+    variants = spec.build_variants(
+        ["cudask"], device_memory_limit=None, limit_set=True, jit_mode="on", baseline=True
+    )
+    # no limit: the cudask no-limit baseline would duplicate nothing new but the dict store
+    assert [v.name for v in variants] == ["dict store", "cudask no limit +jit"]
+
+
+def test_variants_backend_default_limit() -> None:
+    [dict_v, nolimit, v] = spec.build_variants(
+        ["cudask"], device_memory_limit=None, limit_set=False, jit_mode="off", baseline=True
+    )
+    assert v.name == "cudask default limit" and v.describe()["device_memory_limit"] == "default"
+    assert nolimit.name == "cudask no limit" and dict_v.backend == "dict"
+
+
+def test_bad_names_are_refused() -> None:
+    with pytest.raises(OptionError, match="accepted: cudask, dask-cuda, dict"):
+        spec.build_variants(["ray"], device_memory_limit=None, limit_set=True, jit_mode="off",
+                            baseline=False)
+    with pytest.raises(OptionError, match="--jit-unspill='maybe'"):
+        spec.jit_flags("maybe")
+    assert spec.check_operations(["sum,mean", "sum"]) == ["sum", "mean"]
+    assert spec.check_operations([]) == list(spec.CUPY_OPERATIONS)
+
+
+def test_operation_shapes() -> None:
+    assert spec.operation_shape("transpose_sum", None, None, None) == {
+        "size": 40000, "chunk": 5000, "second": None
+    }
+    assert spec.operation_shape("svd", 1000, 100, None)["second"] == 1000
+    with pytest.raises(OptionError, match="--chunk-size=200"):
+        spec.operation_shape("sum", 100, 200, None)
+
+
+def test_runner_argv() -> None:
+    v = spec.Variant("dask-cuda", GIB4, True)
+    argv = spec.runner_argv(
+        v, "spill", array_module="cupy", device="0", memory_limit="auto",
+        rmm_pool_size=2**30, protocol="tcp", repeat=3, warmup=1, total=2**34, chunk_size=2**28,
+    )
+    joined = " ".join(argv)
+    assert "--backend dask-cuda" in joined and "--workload spill" in joined
+    assert f"--device-memory-limit {GIB4}" in joined and "--jit-unspill" in argv
+    assert f"--total {2**34} --chunk-size {2**28}" in joined
+    assert f"--rmm-pool-size {2**30}" in joined and "--json" not in argv
+    no_limit = spec.runner_argv(
+        spec.Variant("cudask", None), "cupy", array_module="cupy", device="1",
+        memory_limit="auto", rmm_pool_size=None, protocol="tcp", repeat=1, warmup=0,
+        operations=["sum", "dot"], size=100,
+    )
+    assert "--device-memory-limit" in no_limit
+    assert no_limit[no_limit.index("--device-memory-limit") + 1] == "0"
+    assert no_limit.count("--operation") == 2 and "--jit-unspill" not in no_limit
+    default = spec.runner_argv(
+        spec.Variant("cudask", None, limit_set=False), "startup", array_module="cupy",
+        device="0", memory_limit="auto", rmm_pool_size=None, protocol="tcp", repeat=1, warmup=0,
+    )
+    assert "--device-memory-limit" not in default
+
+
+def test_runner_parses_what_the_harness_writes() -> None:
+    from cudask.bench.run import parse_args
+
+    argv = spec.runner_argv(
+        spec.Variant("cudask", GIB4, True), "cupy", array_module="numpy", device="0",
+        memory_limit="8GB", rmm_pool_size=None, protocol="tcp", repeat=2, warmup=1,
+        operations=["svd"], size=1000, array_chunk=100, second_size=10, json_path="x.json",
+    )
+    args = parse_args(argv)
+    assert args.backend == "cudask" and args.device_memory_limit == GIB4 and args.jit_unspill
+    assert args.operation == ["svd"] and args.second_size == 10 and args.array_chunk == 100
+    assert args.memory_limit == "8GB" and args.repeat == 2 and args.warmup == 1
+
+
+# --------------------------------------------------------------------------- ratios
+
+
+def test_comparisons(synthetic_document: dict[str, Any]) -> None:
+    pairs = harness.comparisons(synthetic_document["variants"])
+    by = {(c["kind"], c["metric"], c["variant"]): c for c in pairs}
+    c = by[("vs dask-cuda", "create", "cudask 4 GiB")]
+    assert c["reference"] == "dask-cuda 4 GiB"
+    assert c["ratio"] == pytest.approx(0.9 / 5.75) and c["speedup"] == pytest.approx(5.75 / 0.9)
+    d = by[("vs dict store", "read_verify", "cudask no limit")]
+    assert d["ratio"] == pytest.approx(0.34 / 0.33)
+    j = by[("jit-unspill vs plain", "create", "cudask 4 GiB +jit")]
+    assert j["reference"] == "cudask 4 GiB" and j["ratio"] == pytest.approx(0.8 / 0.9)
+    # the failed dask-cuda +jit variant gives no ratio at all
+    assert not [c for c in pairs if "dask-cuda 4 GiB +jit" in (c["variant"], c["reference"])]
+    assert not [c for c in pairs if c["variant"] == "cudask 4 GiB +jit" and
+                c["kind"] == "vs dask-cuda"]
+    assert len(pairs) == 6  # 3 pairs x 2 metrics
+
+
+def test_comparison_skips_failed_metric(synthetic_document: dict[str, Any]) -> None:
+    dc = synthetic_document["variants"][4]
+    dc["measurements"]["create"]["status"] = "failed"
+    pairs = harness.comparisons(synthetic_document["variants"])
+    assert not [c for c in pairs if c["reference"] == "dask-cuda 4 GiB" and c["metric"] == "create"]
+    assert [c for c in pairs if c["reference"] == "dask-cuda 4 GiB" and c["metric"] == "read_verify"]
+
+
+def test_merge_runs_for_startup() -> None:
+    v = spec.Variant("cudask", None, limit_set=False)
+    runs = [
+        {"status": "ok", "process_wall_s": 3.0, "versions": {"dask": "1"},
+         "measurements": {"startup": {"times": [], "warmup_times": [2.0]}}},
+        {"status": "ok", "process_wall_s": 2.5,
+         "measurements": {"startup": {"times": [1.5], "warmup_times": []}}},
+        {"status": "ok", "process_wall_s": 2.4,
+         "measurements": {"startup": {"times": [1.2], "warmup_times": []}}},
+    ]
+    entry = harness.merge_runs(v, harness.Target(sys.executable), runs)
+    m = entry["measurements"]["startup"]
+    assert m["times"] == [1.5, 1.2] and m["warmup_times"] == [2.0]
+    assert m["median"] == pytest.approx(1.35) and m["min"] == 1.2 and m["max"] == 1.5
+    assert entry["status"] == "ok" and entry["runs"] == 3 and entry["versions"] == {"dask": "1"}
+
+
+def test_merge_runs_failure() -> None:
+    runs = [{"status": "failed", "error": "boom", "traceback": "tb", "measurements": {}}]
+    entry = harness.merge_runs(spec.Variant("dict"), harness.Target(sys.executable), runs)
+    assert entry["status"] == "failed" and entry["error"] == "boom" and entry["traceback"] == "tb"
+    assert entry["measurements"] == {}
+
+
+def test_table_and_json_roundtrip(tmp_path: Path, synthetic_document: dict[str, Any]) -> None:
+    synthetic_document["comparisons"] = harness.comparisons(synthetic_document["variants"])
+    harness.write_json(synthetic_document, tmp_path / "a" / "r.json")
+    doc = json.loads((tmp_path / "a" / "r.json").read_text())
+    table = harness.format_table(doc)
+    assert "0.157 (6.39x)" in table
+    assert "FAILED dask-cuda 4 GiB +jit" in table
+    assert "5.750 s (3.0 GB/s)" in table
+
+
+def test_progress_line() -> None:
+    out = io.StringIO()
+    p = harness.ProgressLine(True, out, width=10)
+    p.update("1/2", "cudask 4 GiB", 3, 6, "create run 1/3")
+    p.finish("[1/2] cudask 4 GiB: ok")
+    text = out.getvalue()
+    assert "[#####-----] 3/6 create run 1/3" in text
+    assert text.endswith("\n") and text.rstrip().endswith("cudask 4 GiB: ok")
+    quiet = io.StringIO()
+    q = harness.ProgressLine(False, quiet)
+    q.update("1/1", "x", 1, 1, "y")
+    q.finish("done")
+    assert quiet.getvalue() == ""
+
+
+# --------------------------------------------------------------------------- chart
+
+
+def test_chart_png(tmp_path: Path, synthetic_document: dict[str, Any]) -> None:
+    pytest.importorskip("matplotlib")
+    from cudask.bench.chart import write_chart
+
+    write_chart(synthetic_document, tmp_path / "c.png")
+    data = (tmp_path / "c.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    synthetic_document["variants"] = []
+    with pytest.raises(ValueError, match="no measurements"):
+        write_chart(synthetic_document, tmp_path / "d.png")
+
+
+# --------------------------------------------------------------------------- environments
+
+
+def test_version_tuple_and_jit_support() -> None:
+    assert environment.version_tuple("26.04.00a3") == (26, 4, 0)
+    assert environment.version_tuple("26.10.00") == (26, 10, 0)
+    assert environment.version_tuple(None) == ()
+    assert environment.dask_cuda_has_jit_unspill("26.04.00", True)
+    assert environment.dask_cuda_has_jit_unspill("25.10.00", None)
+    assert not environment.dask_cuda_has_jit_unspill("26.06.00", True)
+    assert not environment.dask_cuda_has_jit_unspill("26.04.00", False)
+    assert not environment.dask_cuda_has_jit_unspill(None, None)
+
+
+def test_machine_facts() -> None:
+    facts = environment.machine()
+    assert facts["hostname"] and facts["cpu_count"] >= 1 and facts["host_memory"] > 0
+    assert isinstance(facts["gpus"]["available"], bool)
+    v = environment.versions()
+    assert v["dask"] and v["distributed"] and v["numpy"] and v["cudask"]
+
+
+def test_resolve_dask_cuda_2604_with_jit(tmp_path: Path) -> None:
+    path = fake_dask_cuda(tmp_path / "dc", "26.04.00", proxy_object=True)
+    target = harness.resolve_dask_cuda(None, str(path), jit_unspill=True, array_module="numpy")
+    assert target.pythonpath == (str(path),)
+    assert target.probe is not None and target.probe["versions"]["dask_cuda"] == "26.04.00"
+    assert target.probe["dask_cuda_has_proxy_object"] is True
+
+
+def test_resolve_dask_cuda_refuses_jit_on_2610(tmp_path: Path) -> None:
+    path = fake_dask_cuda(tmp_path / "dc", "26.10.00", proxy_object=False)
+    harness.resolve_dask_cuda(None, str(path), jit_unspill=False, array_module="numpy")
+    with pytest.raises(OptionError, match="removed JIT-unspill in 26.06"):
+        harness.resolve_dask_cuda(None, str(path), jit_unspill=True, array_module="numpy")
+
+
+@pytest.mark.skipif(environment.has_module("cupy"), reason="CuPy is installed here")
+def test_resolve_dask_cuda_needs_cupy_there(tmp_path: Path) -> None:
+    path = fake_dask_cuda(tmp_path / "dc", "26.10.00", proxy_object=False)
+    with pytest.raises(MissingDependencyError, match="cupy"):
+        harness.resolve_dask_cuda(None, str(path), jit_unspill=False, array_module="cupy")
+
+
+# --------------------------------------------------------------------------- runner process
+
+
+def _runner(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cudask.bench.run", *args],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+
+
+def test_runner_help() -> None:
+    proc = _runner("--help")
+    assert proc.returncode == 0
+    for flag in ("--backend", "--workload", "--json", "--jit-unspill", "--array-module"):
+        assert flag in proc.stdout
+
+
+def test_runner_bad_arguments() -> None:
+    proc = _runner("--backend", "ray", "--workload", "spill", "--json", "x")
+    assert proc.returncode == 2 and "ray" in proc.stderr
+
+
+@pytest.mark.skipif(environment.has_module("cupy"), reason="CuPy is installed here")
+def test_runner_fails_cleanly_without_cupy(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc = _runner("--backend", "dict", "--workload", "spill", "--total", "8", "--chunk-size", "8",
+                   "--json", str(out))
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    result = json.loads(out.read_text())
+    assert result["status"] == "failed"
+    assert "cupy is not installed" in result["error"] and "pip install" in result["error"]
+    assert result["versions"]["dask"]
+
+
+@pytest.mark.skipif(environment.has_module("dask_cuda"), reason="dask-cuda is installed here")
+def test_runner_dask_cuda_missing(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc = _runner("--backend", "dask-cuda", "--workload", "startup", "--array-module", "numpy",
+                   "--json", str(out))
+    assert proc.returncode == 1
+    result = json.loads(out.read_text())
+    assert "dask_cuda cannot be imported" in result["error"]
+    # the honesty record exists even for a failed run, and shows no cluster code
+    assert not [m for m in result["cudask_modules"] if m.startswith("cudask.deploy")]
+
+
+def test_runner_rejects_jit_on_new_dask_cuda(tmp_path: Path) -> None:
+    """The runner checks too: a dask-cuda without JIT-unspill is refused by name."""
+    path = fake_dask_cuda(tmp_path / "dc", "26.10.00", proxy_object=False)
+    (path / "dask_cuda" / "__init__.py").write_text(
+        "__version__ = '26.10.00'\n"
+        "class LocalCUDACluster:\n"
+        "    def __init__(self, n_workers=None, device_memory_limit=None): pass\n"
+    )
+    out = tmp_path / "r.json"
+    env = dict(os.environ, PYTHONPATH=str(path))
+    proc = _runner("--backend", "dask-cuda", "--workload", "startup", "--array-module", "numpy",
+                   "--jit-unspill", "--json", str(out), env=env)
+    assert proc.returncode == 1
+    error = json.loads(out.read_text())["error"]
+    assert "dask-cuda 26.10.00 has no JIT-unspill" in error
+
+
+def test_honesty_check() -> None:
+    runner = ["cudask", "cudask.bench.run", "numpy"]
+    result: dict[str, Any] = {"store": {"cudask_modules": ["cudask", "cudask.memory.store"]}}
+    with pytest.raises(RunnerError, match="cudask.memory.store"):
+        check_honesty("dask-cuda", result, runner)
+    check_honesty("cudask", result, runner)
+    with pytest.raises(RunnerError, match="cudask.deploy.local"):
+        check_honesty("dict", {}, [*runner, "cudask.deploy.local"])
+    clean: dict[str, Any] = {"store": {"cudask_modules": ["cudask", "cudask.bench.workloads"]}}
+    check_honesty("dask-cuda", clean, runner)
+    assert clean["cudask_modules"] == ["cudask", "cudask.bench.run"]
+
+
+def test_spawn_runner_through_another_interpreter(tmp_path: Path) -> None:
+    """A 'foreign' interpreter gets cudask through the one-package shim on PYTHONPATH."""
+    wrapper = tmp_path / "otherpython"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    target = harness.Target(str(wrapper))
+    assert target.foreign
+    shim = harness.make_shim()
+    try:
+        assert sorted(os.listdir(shim)) == ["cudask"]
+        events: list[tuple[int, int, str]] = []
+        argv = spec.runner_argv(
+            spec.Variant("dict"), "spill", array_module="numpy", device="0",
+            memory_limit="auto", rmm_pool_size=None, protocol="tcp", repeat=1, warmup=0,
+            total=2**20, chunk_size=2**19,
+        )
+        result = harness.spawn_runner(
+            target, argv, shim=shim, timeout=120,
+            on_progress=lambda d, t, label: events.append((d, t, label)),
+        )
+    finally:
+        os.unlink(os.path.join(shim, "cudask"))
+        os.rmdir(shim)
+    assert result["status"] == "ok", result
+    assert result["cudask_path"] == os.path.join(shim, "cudask")
+    assert events[-1][0] == events[-1][1] == 3 and events[0][2] == "cluster up"
+    assert result["measurements"]["read_verify"]["times"]
+    assert "-m cudask.bench.run" in result["command"]
+
+
+def test_spawn_runner_timeout_kills_the_group(tmp_path: Path) -> None:
+    """A runner past --timeout is killed with its workers and reported, not waited for."""
+    argv = spec.runner_argv(
+        spec.Variant("dict"), "spill", array_module="numpy", device="0", memory_limit="auto",
+        rmm_pool_size=None, protocol="tcp", repeat=1000, warmup=0, total=2**20, chunk_size=2**19,
+    )
+    result = harness.spawn_runner(
+        harness.Target(sys.executable), argv, shim=None, timeout=1, on_progress=lambda *a: None
+    )
+    assert result["status"] == "failed" and "timed out after 1 s" in result["error"]
