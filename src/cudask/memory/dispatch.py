@@ -227,8 +227,8 @@ class CudaArrayInterfaceHandler:
         return cai
 
     def allocations(self, obj: Any) -> list[Range]:
-        low, high, _ = interface_extent(self.interface(obj))
-        return [(low, high)]
+        low, high, _ = interface_extent(obj.__cuda_array_interface__)
+        return [(low, high)] if high > low else []
 
     def producer_streams(self, obj: Any) -> tuple[int, ...]:
         return _interface_stream(obj.__cuda_array_interface__)

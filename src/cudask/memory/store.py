@@ -68,7 +68,7 @@ from distributed.spill import ManualEvictProto, SpillBuffer, SpilledSize
 from cudask import config
 from cudask.errors import OptionError
 from cudask.memory import dispatch
-from cudask.memory.accounting import AllocationLedger
+from cudask.memory.accounting import AllocationLedger, union_bytes
 from cudask.memory.dispatch import AnyHostCopy, ContainerCopy, HostCopy, UnspillableError
 from cudask.memory.pinned import PinnedPool
 from cudask.memory.transfer import Copy, CopyBackend, TransferEngine, default_backend
@@ -277,6 +277,9 @@ class TieredStore(MutableMapping[Key, object]):
             self._ledger.add(("d", key), ranges or ())
             if self.device_memory_limit is not None:
                 self._start_background()
+                if union_bytes(ranges or ()) > self.device_memory_limit:
+                    # Larger than the whole tier: straight to host, sparing the rest.
+                    self._evict_key(key)
                 if self._ledger.total > self.device_memory_limit:
                     self._evict_until(self.device_memory_limit)
                 if self._ledger.total > self.spill_target * self.device_memory_limit:
@@ -539,12 +542,6 @@ class TieredStore(MutableMapping[Key, object]):
         """Retire completed device -> host copies: drop our reference to their
         sources; a source still alive elsewhere keeps counting as a ghost
         (lock held)."""
-        while self._dead_ghosts:
-            key, gen = self._dead_ghosts.popleft()
-            ghost = self._ghosts.get(key)
-            if ghost is not None and ghost[0] == gen and all(r() is None for r in ghost[1]):
-                del self._ghosts[key]
-                self._ledger.discard(("g", key))
         inflight = self._inflight
         while inflight:
             head = inflight[0]
@@ -570,6 +567,12 @@ class TieredStore(MutableMapping[Key, object]):
                 head.value = None
                 continue
             self._track_ghost(head)
+        while self._dead_ghosts:
+            key, gen = self._dead_ghosts.popleft()
+            ghost = self._ghosts.get(key)
+            if ghost is not None and ghost[0] == gen and all(r() is None for r in ghost[1]):
+                del self._ghosts[key]
+                self._ledger.discard(("g", key))
 
     def _track_ghost(self, head: _InFlight) -> None:
         """Drop the in-flight reference to a spilled object; if it is still alive

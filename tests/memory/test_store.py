@@ -1,0 +1,366 @@
+"""TieredStore on a CPU with fake device objects: tiers, accounting, errors,
+distributed's protocols and metrics."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from distributed.spill import SpillBuffer
+
+from cudask.errors import OptionError
+from cudask.memory.store import TieredStore, worker_metrics
+from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray, as_numpy
+
+MakeStore = Callable[..., TieredStore]
+
+
+def dev(n: int, fill: float = 0, dtype: str = "u1") -> FakeDeviceArray:
+    a = FakeDeviceArray.empty(n, dtype)
+    a.fill(fill)
+    return a
+
+
+def test_behaves_like_a_dict_without_limits(make_store: MakeStore) -> None:
+    store = make_store(backend=None)  # no limit: no backend, no copies, ever
+    values = {"a": dev(100, 1), "b": [dev(10, 2), 3], "c": b"host", ("x", 1): np.arange(3)}
+    for k, v in values.items():
+        store[k] = v
+    assert len(store) == 4 and set(store) == set(values)
+    for k, v in values.items():
+        assert store[k] is v
+    assert store.device_bytes == 110
+    assert store.keys_on("device") == {"a", "b"} and store.where("c") == "host"
+    del store["a"]
+    assert "a" not in store and store.device_bytes == 10
+    with pytest.raises(KeyError):
+        store["a"]
+    with pytest.raises(KeyError):
+        del store["a"]
+    store["b"] = b"now on host"
+    assert store.device_bytes == 0 and store.where("b") == "host"
+    assert store._engine is None  # nothing created a CUDA backend
+
+
+def test_spills_least_recently_used_and_reads_back(make_store: MakeStore) -> None:
+    backend = FakeCopyBackend()
+    store = make_store(device_memory_limit=300, backend=backend)
+    for i in range(3):
+        store[i] = dev(100, i)
+    store[0]  # 0 is now the most recently used
+    store[3] = dev(100, 3)
+    assert store.keys_on("device") == {0, 2, 3}
+    assert store.where(1) == "host" and store.is_spilled_device_object(1)
+    assert store.device_bytes == 300
+    out = store[1]
+    assert type(out) is FakeDeviceArray and (out.get() == 1).all()
+    assert store.where(1) == "device" and store.device_bytes == 300
+    assert backend.copies.count(("h2d", 100)) == 1
+
+
+def test_value_larger_than_the_limit_goes_to_host(make_store: MakeStore) -> None:
+    store = make_store(device_memory_limit=100)
+    store["small"] = dev(50, 1)
+    store["big"] = dev(500, 2)
+    assert store.where("big") == "host" and store.where("small") == "device"
+    assert (store["big"].get() == 2).all()
+
+
+def test_aliases_are_counted_once(make_store: MakeStore) -> None:
+    store = make_store(device_memory_limit=10_000)
+    a = dev(1000, 7)
+    store["a"] = a
+    store["view"] = a.view(slice(10, 20))
+    store["same"] = a
+    assert store.device_bytes == 1000
+    del a
+    del store["a"]
+    assert store.device_bytes == 1000  # the view and the alias still hold it
+    del store["same"], store["view"]
+    assert store.device_bytes == 0
+
+
+def test_spilling_an_alias_frees_nothing_until_the_last_holder_goes(make_store: MakeStore) -> None:
+    store = make_store(device_memory_limit=1500)
+    a = dev(1000, 7)
+    store["a"] = a
+    store["view"] = a.view(slice(0, 10))
+    del a
+    store["b"] = dev(1000, 8)
+    # "a" and "view" (oldest) had to go for "b" to fit
+    assert store.keys_on("device") == {"b"} and store.device_bytes == 1000
+    assert (store["view"].get() == 7).all() and store["view"].shape == (10,)
+
+
+def test_spilled_object_referenced_elsewhere_still_counts(make_store: MakeStore) -> None:
+    store = make_store(device_memory_limit=150)
+    held = dev(100, 1)
+    store["held"] = held
+    store["next"] = dev(100, 2)  # spills "held", which we still reference
+    assert store.where("held") == "host"
+    assert store.device_bytes == 200  # not pretended freed
+    assert store.metrics()["device-ghost-keys"] == 1
+    assert store["held"] is held  # read back without a copy
+    store["next2"] = dev(100, 3)
+    del held
+    assert store.device_bytes <= 150
+    assert store.metrics()["device-ghost-keys"] == 0
+
+
+def test_read_while_copy_in_flight_returns_the_original(make_store: MakeStore) -> None:
+    backend = FakeCopyBackend(lag=10_000)
+    store = make_store(device_memory_limit=150, backend=backend)
+    a = dev(100, 1)
+    store["a"] = a
+    store["b"] = dev(100, 2)
+    assert store.where("a") == "host" and backend.in_flight() > 0
+    assert store.metrics()["device-inflight-bytes"] == 100
+    assert store["a"] is a
+    assert not any(d == "h2d" for d, _ in backend.copies)
+    del a
+    backend.drain()
+    store["c"] = dev(100, 3)
+    assert (store["b"].get() == 2).all()
+
+
+def test_overwrite_and_delete_in_every_tier(make_store: MakeStore) -> None:
+    store = make_store(device_memory_limit=200, memory_limit=400)
+    for i in range(8):
+        store[i] = dev(100, i)
+    tiers = {store.where(i) for i in range(8)}
+    assert tiers == {"device", "host", "disk"}
+    for i in range(8):
+        if i % 2:
+            del store[i]
+        else:
+            store[i] = dev(100, 100 + i) if i % 4 else b"host value %d" % i
+    assert len(store) == 4
+    for i in range(0, 8, 2):
+        got = store[i]
+        if i % 4:
+            assert (got.get() == 100 + i).all()
+        else:
+            assert got == b"host value %d" % i
+    store.close()
+    assert store._engine is not None and store._engine.pool.reserved == 0
+
+
+def test_disk_tier_roundtrip_and_protocols(make_store: MakeStore) -> None:
+    store = make_store(device_memory_limit=200, memory_limit=300)
+    ref = {i: np.arange(100, dtype="f4") * i for i in range(10)}
+    for i, arr in ref.items():
+        store[i] = FakeDeviceArray.from_numpy(arr)
+    assert store.keys_on("disk")
+    assert store.spilled_total.disk > 0 and store.spilled_total.memory > 0
+    for i, arr in ref.items():
+        np.testing.assert_array_equal(store[i].get(), arr)
+    cm = store.cumulative_metrics
+    assert {unit for _, unit in cm} <= {"bytes", "count", "seconds"}
+    for label in ("device-to-host", "host-to-device", "disk-write", "disk-read"):
+        assert cm[label, "count"] > 0 and cm[label, "bytes"] > 0
+    m = store.metrics()
+    assert m["spill-host-to-disk-count"] == cm["disk-write", "count"]
+    assert m["unspill-host-to-device-bytes"] == cm["host-to-device", "bytes"]
+
+
+def test_manual_evict_protocol(make_store: MakeStore) -> None:
+    store = make_store(memory_limit=10_000)
+    assert not store.fast and store.evict() == -1  # nothing to evict yet
+    store["x"] = b"x" * 1000
+    store["d"] = dev(100, 5)
+    assert store.fast
+    assert store.evict() >= 1000
+    assert store.where("x") == "disk" and store["x"] == b"x" * 1000
+    without_disk = make_store()
+    without_disk["x"] = b"x"
+    assert not without_disk.fast and without_disk.evict() == -1
+
+
+def test_max_spill_keeps_keys_in_host_memory(make_store: MakeStore, caplog: Any) -> None:
+    store = make_store(device_memory_limit=100, memory_limit=150, max_spill=250)
+    for i in range(6):
+        store[i] = dev(100, i)
+    assert len(store) == 6
+    assert store.metrics()["disk-bytes"] <= 250
+    for i in range(6):
+        assert (store[i].get() == i).all()
+
+
+def test_disk_failure_keeps_keys(make_store: MakeStore, tmp_path: Any) -> None:
+    directory = tmp_path / "gone"
+    store = make_store(device_memory_limit=100, memory_limit=150, local_directory=str(directory))
+    store[0] = dev(100, 0)
+    shutil.rmtree(directory)  # every write to disk now fails with OSError
+    for i in range(1, 5):
+        store[i] = dev(100, i)  # distributed.spill logs "Spill to disk failed"
+    assert store.keys_on("disk") == set() and len(store) == 5
+    for i in range(5):
+        assert (store[i].get() == i).all()
+
+
+class Unspillable:
+    __cuda_array_interface__ = {
+        "shape": (100,), "typestr": "|u1", "data": (1 << 40, False), "version": 3,
+        "mask": object(),
+    }
+
+
+def test_unspillable_object_stays_on_device(make_store: MakeStore, caplog: Any) -> None:
+    store = make_store(device_memory_limit=150)
+    u = Unspillable()
+    store["u"] = u
+    with caplog.at_level(logging.WARNING, logger="cudask.memory"):
+        store["a"] = dev(100, 1)
+        store["b"] = dev(40, 2)
+    assert "stays on the device" in caplog.text
+    assert store.where("u") == "device" and store["u"] is u
+    assert (store["a"].get() == 1).all()
+
+
+class OOMOnce(FakeCopyBackend):
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def alloc_device(self, nbytes: int, device: int) -> tuple[int, Any]:
+        if self.failures:
+            self.failures -= 1
+            raise MemoryError("fake out of memory")
+        return super().alloc_device(nbytes, device)
+
+
+def test_unspill_out_of_memory_retries_then_names_the_limit(make_store: MakeStore) -> None:
+    backend = OOMOnce(failures=1)
+    store = make_store(device_memory_limit=100, backend=backend)
+    store["a"] = dev(100, 1)
+    store["b"] = dev(100, 2)
+    assert (store["a"].get() == 1).all()  # first allocation failed, the retry worked
+    backend.failures = 2
+    with pytest.raises(MemoryError, match="device_memory_limit=100 B"):
+        store["b"]
+    assert store.where("b") == "host"  # not lost
+    assert (store["b"].get() == 2).all()
+
+
+def test_log_spilling_logs_each_move(make_store: MakeStore, caplog: Any) -> None:
+    store = make_store(device_memory_limit=100, memory_limit=150, log_spilling=True)
+    with caplog.at_level(logging.INFO, logger="cudask.memory"):
+        store["a"] = dev(100, 1)
+        store["b"] = dev(100, 2)
+        store["c"] = dev(100, 3)
+        store["a"]
+    text = caplog.text
+    assert "spilled 'a' device -> host" in text
+    assert "host -> disk" in text and "disk -> host" in text
+    assert "unspilled 'a' host -> device" in text
+
+
+def test_background_spilling_keeps_the_tier_below_target(make_store: MakeStore) -> None:
+    store = make_store(device_memory_limit=1000, spill_target=0.5, background=True)
+    for i in range(9):
+        store[i] = dev(100, i)  # 900 bytes: below the limit, above the target
+    deadline = time.monotonic() + 5
+    while store.device_bytes > 500 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store.device_bytes <= 500
+    assert store._thread is not None and store._thread.name == "cudask-spill"
+    for i in range(9):
+        assert (store[i].get() == i).all()
+
+
+def test_prefetch_starts_copies_ahead(make_store: MakeStore) -> None:
+    backend = FakeCopyBackend(lag=10_000)
+    store = make_store(device_memory_limit=300, backend=backend)
+    for i in range(6):
+        store[i] = dev(100, i)
+    backend.drain()
+    store[99] = b"host"
+    del store[5], store[4], store[3]  # room for three
+    assert store.prefetch([0, 1, 99, "missing", 2]) == 3
+    assert store.device_bytes == 300
+    assert store.prefetch([0]) == 0  # already under way
+    for i in range(3):
+        assert (store[i].get() == i).all()
+    assert sum(d == "h2d" for d, _ in backend.copies) == 3
+
+
+def test_concurrent_access(make_store: MakeStore) -> None:
+    store = make_store(device_memory_limit=2000, memory_limit=4000,
+                       backend=FakeCopyBackend(lag=3), background=True)
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(60):
+                key = (t, i % 15)
+                store[key] = dev(97, (t * 31 + i) % 250)
+                got = store[key].get()
+                assert (got == (t * 31 + i) % 250).all()
+                if i % 7 == 0:
+                    del store[key]
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for key in list(store):
+        store[key].get()
+    assert store.device_bytes <= 2000
+
+
+def test_metrics_and_worker_metrics(make_store: MakeStore) -> None:
+    store = make_store(device_memory_limit=100, memory_limit=1000)
+    store["a"] = dev(100, 1)
+    store["b"] = dev(100, 2)
+    store["h"] = b"x" * 10
+    m = store.metrics()
+    assert m["device-bytes"] == 100 and m["device-keys"] == 1
+    assert m["host-device-copies"] == 1 and m["host-keys"] == 2
+    assert m["spill-device-to-host-count"] == 1 and m["spill-device-to-host-bytes"] == 100
+    assert m["pinned-in-use-bytes"] >= 100
+    assert all(isinstance(v, float) for v in m.values())
+    assert worker_metrics(SimpleNamespace(data=store)) == store.metrics()  # type: ignore[arg-type]
+    assert worker_metrics(SimpleNamespace(data={})) == {}  # type: ignore[arg-type]
+
+
+def test_host_tier_is_distributed_spillbuffer(make_store: MakeStore) -> None:
+    assert isinstance(make_store(memory_limit=100)._host, SpillBuffer)
+
+
+def test_bad_arguments_are_refused(make_store: MakeStore) -> None:
+    with pytest.raises(OptionError, match="spill-target"):
+        make_store(spill_target=1.5)
+    with pytest.raises(OptionError, match="device_memory_limit"):
+        make_store(device_memory_limit=-1)
+
+
+def test_pinned_pool_size_from_config(make_store: MakeStore) -> None:
+    import dask
+
+    with dask.config.set({"cudask.memory.pinned-pool-size": "auto"}):
+        store = make_store(device_memory_limit=1000, memory_limit=10_000, pinned_pool_size=None)
+    assert store.pinned_pool_size == 4000
+    with dask.config.set({"cudask.memory.pinned-pool-size": 0.5}):
+        store = make_store(memory_limit=10_000, pinned_pool_size=None)
+    assert store.pinned_pool_size == 5000
+
+
+def test_host_copies_pickle_through_the_store(make_store: MakeStore) -> None:
+    store = make_store(device_memory_limit=10)
+    store["a"] = dev(100, 4)
+    copy = store._host["a"]
+    loaded = pickle.loads(pickle.dumps(copy))
+    assert loaded.blocks[0].view.tobytes() == bytes([4]) * 100
+    assert as_numpy([store["a"]])[0].sum() == 400
