@@ -12,8 +12,15 @@ from cudask.bench.workloads import summarize
 GIB4 = 4 * 2**30
 
 
-def _variant(name: str, backend: str, limit: Any, jit: bool, times: dict[str, list[float]],
-             status: str = "ok", error: str | None = None) -> dict[str, Any]:
+def _variant(
+    name: str,
+    backend: str,
+    limit: Any,
+    jit: bool,
+    times: dict[str, list[float]],
+    status: str = "ok",
+    error: str | None = None,
+) -> dict[str, Any]:
     return {
         "name": name,
         "backend": backend,
@@ -22,8 +29,16 @@ def _variant(name: str, backend: str, limit: Any, jit: bool, times: dict[str, li
         "status": status,
         "error": error,
         "measurements": {
-            k: summarize({"unit": "s", "times": v, "warmup_times": [], "bytes": 16 * 2**30,
-                          "status": "ok", "error": None})
+            k: summarize(
+                {
+                    "unit": "s",
+                    "times": v,
+                    "warmup_times": [],
+                    "bytes": 16 * 2**30,
+                    "status": "ok",
+                    "error": None,
+                }
+            )
             for k, v in times.items()
         },
     }
@@ -35,18 +50,50 @@ SYNTHETIC: dict[str, Any] = {
     "machine": {"hostname": "h", "gpu_used": {"name": "NVIDIA H100 80GB HBM3"}},
     "parameters": {"total": 16 * 2**30},
     "variants": [
-        _variant("dict store", "dict", None, False, {"create": [0.35, 0.36, 0.34],
-                                                     "read_verify": [0.33, 0.32, 0.34]}),
-        _variant("cudask no limit", "cudask", None, False, {"create": [0.36, 0.37, 0.35],
-                                                            "read_verify": [0.33, 0.34, 0.35]}),
-        _variant("cudask 4 GiB", "cudask", GIB4, False, {"create": [0.9, 1.0, 0.8],
-                                                         "read_verify": [1.1, 1.2, 1.0]}),
-        _variant("cudask 4 GiB +jit", "cudask", GIB4, True, {"create": [0.7, 0.8, 0.9],
-                                                             "read_verify": [0.9, 1.0, 1.1]}),
-        _variant("dask-cuda 4 GiB", "dask-cuda", GIB4, False, {"create": [5.75, 5.8, 5.7],
-                                                               "read_verify": [6.78, 6.7, 6.9]}),
-        _variant("dask-cuda 4 GiB +jit", "dask-cuda", GIB4, True, {}, status="failed",
-                 error="--jit-unspill: dask-cuda 26.10 has no JIT-unspill"),
+        _variant(
+            "dict store",
+            "dict",
+            None,
+            False,
+            {"create": [0.35, 0.36, 0.34], "read_verify": [0.33, 0.32, 0.34]},
+        ),
+        _variant(
+            "cudask no limit",
+            "cudask",
+            None,
+            False,
+            {"create": [0.36, 0.37, 0.35], "read_verify": [0.33, 0.34, 0.35]},
+        ),
+        _variant(
+            "cudask 4 GiB",
+            "cudask",
+            GIB4,
+            False,
+            {"create": [0.9, 1.0, 0.8], "read_verify": [1.1, 1.2, 1.0]},
+        ),
+        _variant(
+            "cudask 4 GiB +jit",
+            "cudask",
+            GIB4,
+            True,
+            {"create": [0.7, 0.8, 0.9], "read_verify": [0.9, 1.0, 1.1]},
+        ),
+        _variant(
+            "dask-cuda 4 GiB",
+            "dask-cuda",
+            GIB4,
+            False,
+            {"create": [5.75, 5.8, 5.7], "read_verify": [6.78, 6.7, 6.9]},
+        ),
+        _variant(
+            "dask-cuda 4 GiB +jit",
+            "dask-cuda",
+            GIB4,
+            True,
+            {},
+            status="failed",
+            error="--jit-unspill: dask-cuda 26.10 has no JIT-unspill",
+        ),
     ],
 }
 

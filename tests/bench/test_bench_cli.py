@@ -60,8 +60,17 @@ def test_help_lists_workloads() -> None:
 def test_command_help(command: str) -> None:
     code, out = invoke(command, "--help")
     assert code == 0
-    for flag in ("--against", "--dask-cuda-python", "--jit-unspill", "--output", "--chart",
-                 "--progress", "--repeat", "--device-memory-limit", "--baseline"):
+    for flag in (
+        "--against",
+        "--dask-cuda-python",
+        "--jit-unspill",
+        "--output",
+        "--chart",
+        "--progress",
+        "--repeat",
+        "--device-memory-limit",
+        "--baseline",
+    ):
         assert flag in out
 
 
@@ -155,8 +164,16 @@ def test_against_dask_cuda_not_installed() -> None:
 def test_jit_unspill_against_new_dask_cuda(tmp_path: Path) -> None:
     path = fake_dask_cuda(tmp_path / "dc", "26.10.00", proxy_object=False)
     line = one_line_error(
-        *invoke("spill", *CPU, "--against", "dask-cuda", "--dask-cuda-path", str(path),
-                "--jit-unspill", "both")
+        *invoke(
+            "spill",
+            *CPU,
+            "--against",
+            "dask-cuda",
+            "--dask-cuda-path",
+            str(path),
+            "--jit-unspill",
+            "both",
+        )
     )
     assert "26.10.00" in line and "26.04" in line and "JIT-unspill" in line
 
@@ -178,8 +195,19 @@ def test_whole_run_on_dict_backend(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     out, png = tmp_path / "r" / "spill.json", tmp_path / "r" / "spill.png"
     code, text = invoke(
-        "spill", *CPU, "--total", "4MiB", "--chunk-size", "1MiB", "--repeat", "2",
-        "--output", str(out), "--chart", str(png), "--progress",
+        "spill",
+        *CPU,
+        "--total",
+        "4MiB",
+        "--chunk-size",
+        "1MiB",
+        "--repeat",
+        "2",
+        "--output",
+        str(out),
+        "--chart",
+        str(png),
+        "--progress",
     )
     assert code == 0, text
     assert "dict store" in text and "create" in text and "read_verify" in text
@@ -214,13 +242,20 @@ def test_failing_variant_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyP
     from cudask.bench import harness
 
     def failing_runner(*args: object, **kwargs: object) -> dict[str, object]:
-        return {"status": "failed", "error": "RuntimeError: out of memory", "measurements": {},
-                "returncode": 1, "process_wall_s": 0.1, "log_tail": ["boom"]}
+        return {
+            "status": "failed",
+            "error": "RuntimeError: out of memory",
+            "measurements": {},
+            "returncode": 1,
+            "process_wall_s": 0.1,
+            "log_tail": ["boom"],
+        }
 
     monkeypatch.setattr(harness, "spawn_runner", failing_runner)
     out = tmp_path / "fail.json"
-    code, text = invoke("spill", *CPU, "--total", "1MiB", "--chunk-size", "1MiB",
-                        "--output", str(out))
+    code, text = invoke(
+        "spill", *CPU, "--total", "1MiB", "--chunk-size", "1MiB", "--output", str(out)
+    )
     assert code == 1
     assert "FAILED dict store: RuntimeError: out of memory" in text
     assert "1 of 1 variants failed" in text
@@ -245,4 +280,3 @@ def test_chart_command_refuses_other_json(tmp_path: Path) -> None:
     src.write_text('{"hello": 1}')
     code, out = invoke("chart", str(src), "--output", str(tmp_path / "c.png"))
     assert code == 1 and "not a cudask bench result" in out
-

@@ -39,7 +39,10 @@ def fake_dask_cuda(root: Path, version: str, proxy_object: bool) -> Path:
 
 def test_variants_with_limit_baseline_and_both_jit() -> None:
     variants = spec.build_variants(
-        ["cudask", "dask-cuda"], device_memory_limit=GIB4, limit_set=True, jit_mode="both",
+        ["cudask", "dask-cuda"],
+        device_memory_limit=GIB4,
+        limit_set=True,
+        jit_mode="both",
         baseline=True,
     )
     assert [v.name for v in variants] == [
@@ -74,8 +77,9 @@ def test_variants_backend_default_limit() -> None:
 
 def test_bad_names_are_refused() -> None:
     with pytest.raises(OptionError, match="accepted: cudask, dask-cuda, dict"):
-        spec.build_variants(["ray"], device_memory_limit=None, limit_set=True, jit_mode="off",
-                            baseline=False)
+        spec.build_variants(
+            ["ray"], device_memory_limit=None, limit_set=True, jit_mode="off", baseline=False
+        )
     with pytest.raises(OptionError, match="--jit-unspill='maybe'"):
         spec.jit_flags("maybe")
     assert spec.check_operations(["sum,mean", "sum"]) == ["sum", "mean"]
@@ -84,7 +88,9 @@ def test_bad_names_are_refused() -> None:
 
 def test_operation_shapes() -> None:
     assert spec.operation_shape("transpose_sum", None, None, None) == {
-        "size": 40000, "chunk": 5000, "second": None
+        "size": 40000,
+        "chunk": 5000,
+        "second": None,
     }
     assert spec.operation_shape("svd", 1000, 100, None)["second"] == 1000
     with pytest.raises(OptionError, match="--chunk-size=200"):
@@ -94,8 +100,17 @@ def test_operation_shapes() -> None:
 def test_runner_argv() -> None:
     v = spec.Variant("dask-cuda", GIB4, True)
     argv = spec.runner_argv(
-        v, "spill", array_module="cupy", device="0", memory_limit="auto",
-        rmm_pool_size=2**30, protocol="tcp", repeat=3, warmup=1, total=2**34, chunk_size=2**28,
+        v,
+        "spill",
+        array_module="cupy",
+        device="0",
+        memory_limit="auto",
+        rmm_pool_size=2**30,
+        protocol="tcp",
+        repeat=3,
+        warmup=1,
+        total=2**34,
+        chunk_size=2**28,
     )
     joined = " ".join(argv)
     assert "--backend dask-cuda" in joined and "--workload spill" in joined
@@ -103,16 +118,31 @@ def test_runner_argv() -> None:
     assert f"--total {2**34} --chunk-size {2**28}" in joined
     assert f"--rmm-pool-size {2**30}" in joined and "--json" not in argv
     no_limit = spec.runner_argv(
-        spec.Variant("cudask", None), "cupy", array_module="cupy", device="1",
-        memory_limit="auto", rmm_pool_size=None, protocol="tcp", repeat=1, warmup=0,
-        operations=["sum", "dot"], size=100,
+        spec.Variant("cudask", None),
+        "cupy",
+        array_module="cupy",
+        device="1",
+        memory_limit="auto",
+        rmm_pool_size=None,
+        protocol="tcp",
+        repeat=1,
+        warmup=0,
+        operations=["sum", "dot"],
+        size=100,
     )
     assert "--device-memory-limit" in no_limit
     assert no_limit[no_limit.index("--device-memory-limit") + 1] == "0"
     assert no_limit.count("--operation") == 2 and "--jit-unspill" not in no_limit
     default = spec.runner_argv(
-        spec.Variant("cudask", None, limit_set=False), "startup", array_module="cupy",
-        device="0", memory_limit="auto", rmm_pool_size=None, protocol="tcp", repeat=1, warmup=0,
+        spec.Variant("cudask", None, limit_set=False),
+        "startup",
+        array_module="cupy",
+        device="0",
+        memory_limit="auto",
+        rmm_pool_size=None,
+        protocol="tcp",
+        repeat=1,
+        warmup=0,
     )
     assert "--device-memory-limit" not in default
 
@@ -121,9 +151,20 @@ def test_runner_parses_what_the_harness_writes() -> None:
     from cudask.bench.run import parse_args
 
     argv = spec.runner_argv(
-        spec.Variant("cudask", GIB4, True), "cupy", array_module="numpy", device="0",
-        memory_limit="8GB", rmm_pool_size=None, protocol="tcp", repeat=2, warmup=1,
-        operations=["svd"], size=1000, array_chunk=100, second_size=10, json_path="x.json",
+        spec.Variant("cudask", GIB4, True),
+        "cupy",
+        array_module="numpy",
+        device="0",
+        memory_limit="8GB",
+        rmm_pool_size=None,
+        protocol="tcp",
+        repeat=2,
+        warmup=1,
+        operations=["svd"],
+        size=1000,
+        array_chunk=100,
+        second_size=10,
+        json_path="x.json",
     )
     args = parse_args(argv)
     assert args.backend == "cudask" and args.device_memory_limit == GIB4 and args.jit_unspill
@@ -146,8 +187,9 @@ def test_comparisons(synthetic_document: dict[str, Any]) -> None:
     assert j["reference"] == "cudask 4 GiB" and j["ratio"] == pytest.approx(0.8 / 0.9)
     # the failed dask-cuda +jit variant gives no ratio at all
     assert not [c for c in pairs if "dask-cuda 4 GiB +jit" in (c["variant"], c["reference"])]
-    assert not [c for c in pairs if c["variant"] == "cudask 4 GiB +jit" and
-                c["kind"] == "vs dask-cuda"]
+    assert not [
+        c for c in pairs if c["variant"] == "cudask 4 GiB +jit" and c["kind"] == "vs dask-cuda"
+    ]
     assert len(pairs) == 6  # 3 pairs x 2 metrics
 
 
@@ -156,18 +198,30 @@ def test_comparison_skips_failed_metric(synthetic_document: dict[str, Any]) -> N
     dc["measurements"]["create"]["status"] = "failed"
     pairs = harness.comparisons(synthetic_document["variants"])
     assert not [c for c in pairs if c["reference"] == "dask-cuda 4 GiB" and c["metric"] == "create"]
-    assert [c for c in pairs if c["reference"] == "dask-cuda 4 GiB" and c["metric"] == "read_verify"]
+    assert [
+        c for c in pairs if c["reference"] == "dask-cuda 4 GiB" and c["metric"] == "read_verify"
+    ]
 
 
 def test_merge_runs_for_startup() -> None:
     v = spec.Variant("cudask", None, limit_set=False)
     runs = [
-        {"status": "ok", "process_wall_s": 3.0, "versions": {"dask": "1"},
-         "measurements": {"startup": {"times": [], "warmup_times": [2.0]}}},
-        {"status": "ok", "process_wall_s": 2.5,
-         "measurements": {"startup": {"times": [1.5], "warmup_times": []}}},
-        {"status": "ok", "process_wall_s": 2.4,
-         "measurements": {"startup": {"times": [1.2], "warmup_times": []}}},
+        {
+            "status": "ok",
+            "process_wall_s": 3.0,
+            "versions": {"dask": "1"},
+            "measurements": {"startup": {"times": [], "warmup_times": [2.0]}},
+        },
+        {
+            "status": "ok",
+            "process_wall_s": 2.5,
+            "measurements": {"startup": {"times": [1.5], "warmup_times": []}},
+        },
+        {
+            "status": "ok",
+            "process_wall_s": 2.4,
+            "measurements": {"startup": {"times": [1.2], "warmup_times": []}},
+        },
     ]
     entry = harness.merge_runs(v, harness.Target(sys.executable), runs)
     m = entry["measurements"]["startup"]
@@ -273,7 +327,11 @@ def test_resolve_dask_cuda_needs_cupy_there(tmp_path: Path) -> None:
 def _runner(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "cudask.bench.run", *args],
-        capture_output=True, text=True, timeout=120, env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
     )
 
 
@@ -292,8 +350,18 @@ def test_runner_bad_arguments() -> None:
 @pytest.mark.skipif(environment.has_module("cupy"), reason="CuPy is installed here")
 def test_runner_fails_cleanly_without_cupy(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    proc = _runner("--backend", "dict", "--workload", "spill", "--total", "8", "--chunk-size", "8",
-                   "--json", str(out))
+    proc = _runner(
+        "--backend",
+        "dict",
+        "--workload",
+        "spill",
+        "--total",
+        "8",
+        "--chunk-size",
+        "8",
+        "--json",
+        str(out),
+    )
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     result = json.loads(out.read_text())
@@ -305,8 +373,16 @@ def test_runner_fails_cleanly_without_cupy(tmp_path: Path) -> None:
 @pytest.mark.skipif(environment.has_module("dask_cuda"), reason="dask-cuda is installed here")
 def test_runner_dask_cuda_missing(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    proc = _runner("--backend", "dask-cuda", "--workload", "startup", "--array-module", "numpy",
-                   "--json", str(out))
+    proc = _runner(
+        "--backend",
+        "dask-cuda",
+        "--workload",
+        "startup",
+        "--array-module",
+        "numpy",
+        "--json",
+        str(out),
+    )
     assert proc.returncode == 1
     result = json.loads(out.read_text())
     assert "dask_cuda cannot be imported" in result["error"]
@@ -324,8 +400,18 @@ def test_runner_rejects_jit_on_new_dask_cuda(tmp_path: Path) -> None:
     )
     out = tmp_path / "r.json"
     env = dict(os.environ, PYTHONPATH=str(path))
-    proc = _runner("--backend", "dask-cuda", "--workload", "startup", "--array-module", "numpy",
-                   "--jit-unspill", "--json", str(out), env=env)
+    proc = _runner(
+        "--backend",
+        "dask-cuda",
+        "--workload",
+        "startup",
+        "--array-module",
+        "numpy",
+        "--jit-unspill",
+        "--json",
+        str(out),
+        env=env,
+    )
     assert proc.returncode == 1
     error = json.loads(out.read_text())["error"]
     assert "dask-cuda 26.10.00 has no JIT-unspill" in error
@@ -347,7 +433,7 @@ def test_honesty_check() -> None:
 def test_spawn_runner_through_another_interpreter(tmp_path: Path) -> None:
     """A 'foreign' interpreter gets cudask through the one-package shim on PYTHONPATH."""
     wrapper = tmp_path / "otherpython"
-    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     target = harness.Target(str(wrapper))
     assert target.foreign
@@ -356,12 +442,23 @@ def test_spawn_runner_through_another_interpreter(tmp_path: Path) -> None:
         assert sorted(os.listdir(shim)) == ["cudask"]
         events: list[tuple[int, int, str]] = []
         argv = spec.runner_argv(
-            spec.Variant("dict"), "spill", array_module="numpy", device="0",
-            memory_limit="auto", rmm_pool_size=None, protocol="tcp", repeat=1, warmup=0,
-            total=2**20, chunk_size=2**19,
+            spec.Variant("dict"),
+            "spill",
+            array_module="numpy",
+            device="0",
+            memory_limit="auto",
+            rmm_pool_size=None,
+            protocol="tcp",
+            repeat=1,
+            warmup=0,
+            total=2**20,
+            chunk_size=2**19,
         )
         result = harness.spawn_runner(
-            target, argv, shim=shim, timeout=120,
+            target,
+            argv,
+            shim=shim,
+            timeout=120,
             on_progress=lambda d, t, label: events.append((d, t, label)),
         )
     finally:
@@ -377,8 +474,17 @@ def test_spawn_runner_through_another_interpreter(tmp_path: Path) -> None:
 def test_spawn_runner_timeout_kills_the_group(tmp_path: Path) -> None:
     """A runner past --timeout is killed with its workers and reported, not waited for."""
     argv = spec.runner_argv(
-        spec.Variant("dict"), "spill", array_module="numpy", device="0", memory_limit="auto",
-        rmm_pool_size=None, protocol="tcp", repeat=1000, warmup=0, total=2**20, chunk_size=2**19,
+        spec.Variant("dict"),
+        "spill",
+        array_module="numpy",
+        device="0",
+        memory_limit="auto",
+        rmm_pool_size=None,
+        protocol="tcp",
+        repeat=1000,
+        warmup=0,
+        total=2**20,
+        chunk_size=2**19,
     )
     result = harness.spawn_runner(
         harness.Target(sys.executable), argv, shim=None, timeout=1, on_progress=lambda *a: None

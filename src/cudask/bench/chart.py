@@ -74,14 +74,36 @@ def write_chart(document: Mapping[str, Any], path: str | os.PathLike[str]) -> No
                 high.append(float(m.get("max") or med) - med)
                 labels.append(f"{med:.3g}")
             elif m is not None or v.get("status") != "ok":
-                ax.text(x, 0.02, "failed", rotation=90, ha="center", va="bottom",
-                        transform=ax.get_xaxis_transform(), fontsize=8, color="firebrick")
-        bars = ax.bar(xs, heights, width, label=v.get("name", v.get("backend")), color=f"C{i % 10}",
-                      yerr=[low, high] if xs else None, capsize=2)
+                ax.text(
+                    x,
+                    0.02,
+                    "failed",
+                    rotation=90,
+                    ha="center",
+                    va="bottom",
+                    transform=ax.get_xaxis_transform(),
+                    fontsize=8,
+                    color="firebrick",
+                )
+        bars = ax.bar(
+            xs,
+            heights,
+            width,
+            label=v.get("name", v.get("backend")),
+            color=f"C{i % 10}",
+            yerr=[low, high] if xs else None,
+            capsize=2,
+        )
         for bar, text in zip(bars, labels):
-            ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom", fontsize=7, xytext=(0, 2),
-                        textcoords="offset points")
+            ax.annotate(
+                text,
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
     ax.set_xticks(range(len(metrics)))
     ax.set_xticklabels(metrics, rotation=20 if len(metrics) > 4 else 0)
     ax.set_ylabel("seconds (median, lower is better)")

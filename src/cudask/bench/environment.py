@@ -14,6 +14,7 @@ module reads NVML for the record only).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -121,13 +122,13 @@ def gpus() -> dict[str, Any]:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             device: dict[str, Any] = {"index": index}
             for key, call in (
-                ("name", lambda: _text(pynvml.nvmlDeviceGetName(handle))),
-                ("uuid", lambda: _text(pynvml.nvmlDeviceGetUUID(handle))),
-                ("memory_total", lambda: int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)),
-                ("pci_bus_id", lambda: _text(pynvml.nvmlDeviceGetPciInfo(handle).busId)),
+                ("name", lambda h: _text(pynvml.nvmlDeviceGetName(h))),
+                ("uuid", lambda h: _text(pynvml.nvmlDeviceGetUUID(h))),
+                ("memory_total", lambda h: int(pynvml.nvmlDeviceGetMemoryInfo(h).total)),
+                ("pci_bus_id", lambda h: _text(pynvml.nvmlDeviceGetPciInfo(h).busId)),
             ):
                 try:
-                    device[key] = call()
+                    device[key] = call(handle)
                 except Exception:  # noqa: BLE001
                     device[key] = None
             info["devices"].append(device)
@@ -135,10 +136,8 @@ def gpus() -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001
         return {"available": False, "reason": f"NVML: {exc}", "devices": []}
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def machine() -> dict[str, Any]:
@@ -197,6 +196,7 @@ def probe_python(python: str, env: Mapping[str, str], timeout: float = 60.0) -> 
             capture_output=True,
             text=True,
             timeout=timeout,
+            check=False,
         )
     except OSError as exc:
         raise RuntimeError(f"cannot run {python!r}: {exc.strerror or exc}") from None

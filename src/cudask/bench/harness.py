@@ -158,9 +158,12 @@ def _which(name: str) -> str | None:
 
 def check_local(backends: Sequence[str], array_module: str) -> None:
     """Check this interpreter can run the local backends; raise a one-line error."""
-    if array_module == "cupy" and ({"cudask", "dict"} & set(backends)):
-        if not environment.has_module("cupy"):
-            raise MissingDependencyError("cupy", "cudask bench (--array-module cupy)", CUPY_INSTALL)
+    if (
+        array_module == "cupy"
+        and {"cudask", "dict"} & set(backends)
+        and not environment.has_module("cupy")
+    ):
+        raise MissingDependencyError("cupy", "cudask bench (--array-module cupy)", CUPY_INSTALL)
 
 
 # --------------------------------------------------------------------------- progress
@@ -178,7 +181,7 @@ class ProgressLine:
 
     def render(self, position: str, variant: str, done: int, total: int, label: str) -> str:
         fraction = min(1.0, done / total) if total else 0.0
-        filled = int(round(fraction * self.width))
+        filled = round(fraction * self.width)
         bar = "#" * filled + "-" * (self.width - filled)
         elapsed = time.monotonic() - self.started
         return f"[{position}] {variant}: [{bar}] {done}/{total} {label} ({elapsed:.0f} s)"
@@ -291,7 +294,9 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
 # --------------------------------------------------------------------------- assembly
 
 
-def merge_runs(variant: spec.Variant, target: Target, runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def merge_runs(
+    variant: spec.Variant, target: Target, runs: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
     """One variant's entry from its runner results (several for `startup`)."""
     entry: dict[str, Any] = {
         **variant.describe(),
@@ -482,7 +487,7 @@ def _gpu_used(machine: Mapping[str, Any], device: str) -> dict[str, Any] | None:
 
 def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
     """Run every variant of `plan` in its own process(es) and assemble the result document."""
-    started = _dt.datetime.now(_dt.timezone.utc)
+    started = _dt.datetime.now(_dt.UTC)
     t0 = time.perf_counter()
     machine = environment.machine()
     machine["gpu_used"] = _gpu_used(machine, str(plan.runner_options.get("device", "0")))
@@ -506,8 +511,10 @@ def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
                     variant, plan.workload, repeat=repeat, warmup=warmup, **plan.runner_options
                 )
 
-                def on_progress(done: int, total: int, text: str, label: str = label) -> None:
-                    progress.update(position, label, done, total, text)
+                def on_progress(
+                    done: int, total: int, text: str, label: str = label, at: str = position
+                ) -> None:
+                    progress.update(at, label, done, total, text)
 
                 progress.update(position, label, 0, 1, "starting")
                 run = spawn_runner(
@@ -532,7 +539,7 @@ def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
         "workload": plan.workload,
         "command": shlex.join(plan.argv),
         "started_at": started.isoformat(timespec="seconds"),
-        "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "finished_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "wall_s": time.perf_counter() - t0,
         "machine": machine,
         "harness": {"python": sys.executable, "versions": environment.versions()},

@@ -123,10 +123,12 @@ def load_backend(backend: str, jit_unspill: bool) -> tuple[Any, dict[str, Any]]:
             ) from None
         version = getattr(dask_cuda, "__version__", None) or environment.version_of("dask_cuda")
         takes_jit = "jit_unspill" in inspect.signature(DaskCudaCluster).parameters
-        facts = {"class": "dask_cuda.LocalCUDACluster", "dask_cuda": version, "jit_unspill_keyword": takes_jit}
-        if jit_unspill and not (
-            takes_jit and environment.dask_cuda_has_jit_unspill(version, None)
-        ):
+        facts = {
+            "class": "dask_cuda.LocalCUDACluster",
+            "dask_cuda": version,
+            "jit_unspill_keyword": takes_jit,
+        }
+        if jit_unspill and not (takes_jit and environment.dask_cuda_has_jit_unspill(version, None)):
             raise RunnerError(
                 f"--jit-unspill: dask-cuda {version} has no JIT-unspill (removed in 26.06); "
                 "run the dask-cuda side from an environment with dask-cuda 26.04 or older"
@@ -266,9 +268,7 @@ def execute(args: argparse.Namespace, result: dict[str, Any]) -> None:
             result["measurements"]["close"] = m.to_json()
     failed = [k for k, v in measured.items() if v.status != "ok"]
     if failed:
-        raise RunnerError(
-            "; ".join(f"{k}: {measured[k].error}" for k in failed)
-        )
+        raise RunnerError("; ".join(f"{k}: {measured[k].error}" for k in failed))
 
 
 def check_honesty(

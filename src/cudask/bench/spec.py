@@ -101,13 +101,12 @@ def operation_shape(
     }
     if default.second is not None:
         shape["second"] = second if second is not None else default.second
-    if shape["chunk"] is not None and shape["size"] is not None:
-        if shape["chunk"] > shape["size"]:
-            raise OptionError(
-                f"--chunk-size={shape['chunk']} is larger than --size={shape['size']} for "
-                f"{name}; give a chunk size of at most the array size, e.g. --size 40000 "
-                "--chunk-size 5000"
-            )
+    size, chunk_ = shape["size"], shape["chunk"]
+    if chunk_ is not None and size is not None and chunk_ > size:
+        raise OptionError(
+            f"--chunk-size={chunk_} is larger than --size={size} for {name}; give a chunk "
+            "size of at most the array size, e.g. --size 40000 --chunk-size 5000"
+        )
     return shape
 
 
@@ -135,7 +134,7 @@ def check_spill_sizes(total: int | None, chunk: int | None) -> tuple[int, int]:
     if chunk > total:
         raise OptionError(
             f"--chunk-size={format_bytes(chunk)} is larger than --total={format_bytes(total)}; "
-            'give a chunk no larger than the total, e.g. --total 16GiB --chunk-size 256MiB'
+            "give a chunk no larger than the total, e.g. --total 16GiB --chunk-size 256MiB"
         )
     return total, chunk
 
@@ -281,11 +280,11 @@ __all__ = [
     "CUPY_OPERATIONS",
     "JIT_MODES",
     "MAX_SPILL_CHUNK",
-    "OperationShape",
     "PROGRESS_PREFIX",
     "RESULT_FORMAT",
-    "Variant",
     "WORKLOADS",
+    "OperationShape",
+    "Variant",
     "build_variants",
     "check_choice",
     "check_operations",

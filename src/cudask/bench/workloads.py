@@ -289,7 +289,9 @@ def _cupy_case(op: str, inputs: Sequence[Any], shape: dict[str, Any]) -> _Case:
         mean = value / count if what == "sum" else value
         tol = max(1e-6, 6 * math.sqrt(1 / 12) / math.sqrt(count))
         if not abs(mean - 0.5) <= tol:
-            raise BenchFailure(f"{op}: mean of uniform [0, 1) data is {mean}, expected 0.5 +- {tol:.2g}")
+            raise BenchFailure(
+                f"{op}: mean of uniform [0, 1) data is {mean}, expected 0.5 +- {tol:.2g}"
+            )
         return f"{what} consistent with uniform [0, 1) data (mean {mean:.6f})"
 
     if op == "transpose_sum":
@@ -298,7 +300,9 @@ def _cupy_case(op: str, inputs: Sequence[Any], shape: dict[str, Any]) -> _Case:
             got = float(_host(res))
             want = 2 * float(_host(x.sum()))
             if not _close(got, want, 1e-9):
-                raise BenchFailure(f"transpose_sum: (x + x.T).sum() = {got}, expected 2 * x.sum() = {want}")
+                raise BenchFailure(
+                    f"transpose_sum: (x + x.T).sum() = {got}, expected 2 * x.sum() = {want}"
+                )
             return "equals 2 * x.sum()"
 
         return _Case(lambda: (x + x.T).sum(), check)
@@ -324,7 +328,9 @@ def _cupy_case(op: str, inputs: Sequence[Any], shape: dict[str, Any]) -> _Case:
             u, s, v = res
             m = shape["second"]
             if u.shape != (n, m) or s.shape != (m,) or v.shape != (m, m):
-                raise BenchFailure(f"svd: shapes {u.shape}, {s.shape}, {v.shape} for x of {x.shape}")
+                raise BenchFailure(
+                    f"svd: shapes {u.shape}, {s.shape}, {v.shape} for x of {x.shape}"
+                )
             frob = float(_host((x**2).sum()))
             ssq = float((_host(s) ** 2).sum())
             if not _close(frob, ssq, 1e-8):

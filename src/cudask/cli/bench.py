@@ -49,77 +49,143 @@ def bench() -> None:
     """
 
 
-def common_options(default_limit: str | None, default_repeat: int, default_warmup: int) -> Callable[[F], F]:
+def common_options(
+    default_limit: str | None, default_repeat: int, default_warmup: int
+) -> Callable[[F], F]:
     """The options every workload command takes."""
 
     def decorate(f: F) -> F:
         options = [
             click.option(
-                "--backend", "backends", multiple=True,
-                type=click.Choice(list(spec.BACKENDS)), default=("cudask",), show_default=True,
+                "--backend",
+                "backends",
+                multiple=True,
+                type=click.Choice(list(spec.BACKENDS)),
+                default=("cudask",),
+                show_default=True,
                 help="Backend(s) to run (repeatable). dict: distributed's worker with a plain "
                 "dict store, no spilling.",
             ),
             click.option(
-                "--against", type=click.Choice(["dask-cuda"]), default=None,
+                "--against",
+                type=click.Choice(["dask-cuda"]),
+                default=None,
                 help="Also run every configuration on dask-cuda, side by side.",
             ),
             click.option(
-                "--dask-cuda-python", metavar="PATH", default=None,
+                "--dask-cuda-python",
+                metavar="PATH",
+                default=None,
                 help="Python interpreter where dask-cuda is installed (default: this one).",
             ),
             click.option(
-                "--dask-cuda-path", metavar="DIR", default=None,
+                "--dask-cuda-path",
+                metavar="DIR",
+                default=None,
                 help="Directory with dask-cuda installed (pip install --target DIR), put on "
                 "the dask-cuda runner's PYTHONPATH.",
             ),
             click.option(
-                "--device-memory-limit", default=default_limit, show_default=True,
+                "--device-memory-limit",
+                default=default_limit,
+                show_default=True,
                 help='Device limit per worker: bytes ("4GB"), a fraction of the GPU (0.5), '
                 '"none"/0 for no limit, or "default" for each backend\'s own default.',
             ),
             click.option(
-                "--jit-unspill", "jit_unspill",
-                type=click.Choice(list(spec.JIT_MODES)), default="off", show_default=True,
-                is_flag=False, flag_value="on",
+                "--jit-unspill",
+                "jit_unspill",
+                type=click.Choice(list(spec.JIT_MODES)),
+                default="off",
+                show_default=True,
+                is_flag=False,
+                flag_value="on",
                 help="JIT-unspill: off, on, or both (with and without). --jit-unspill alone "
                 "means on.",
             ),
             click.option(
-                "--no-jit-unspill", "no_jit_unspill", is_flag=True, default=False,
+                "--no-jit-unspill",
+                "no_jit_unspill",
+                is_flag=True,
+                default=False,
                 help="Same as --jit-unspill off.",
             ),
             click.option(
-                "--baseline/--no-baseline", default=True, show_default=True,
+                "--baseline/--no-baseline",
+                default=True,
+                show_default=True,
                 help="Also run the no-spilling baselines: the plain dict store and, with a "
                 "device limit, cudask without one.",
             ),
-            click.option("--repeat", type=click.IntRange(min=1), default=default_repeat,
-                         show_default=True, help="Measured repetitions (median reported)."),
-            click.option("--warmup", type=click.IntRange(min=0), default=default_warmup,
-                         show_default=True, help="Unmeasured repetitions first."),
-            click.option("--device", default="0", show_default=True,
-                         help="The GPU to use: an index or a UUID."),
-            click.option("--memory-limit", default="auto", show_default=True,
-                         help="Host memory limit of the worker (passed to every backend)."),
-            click.option("--rmm-pool-size", default=None,
-                         help="RMM pool per worker, e.g. 20GB (cudask and dask-cuda)."),
-            click.option("--protocol", type=click.Choice(["tcp", "ucx"]), default="tcp",
-                         show_default=True),
             click.option(
-                "--array-module", type=click.Choice(list(spec.ARRAY_MODULES)), default="cupy",
+                "--repeat",
+                type=click.IntRange(min=1),
+                default=default_repeat,
+                show_default=True,
+                help="Measured repetitions (median reported).",
+            ),
+            click.option(
+                "--warmup",
+                type=click.IntRange(min=0),
+                default=default_warmup,
+                show_default=True,
+                help="Unmeasured repetitions first.",
+            ),
+            click.option(
+                "--device",
+                default="0",
+                show_default=True,
+                help="The GPU to use: an index or a UUID.",
+            ),
+            click.option(
+                "--memory-limit",
+                default="auto",
+                show_default=True,
+                help="Host memory limit of the worker (passed to every backend).",
+            ),
+            click.option(
+                "--rmm-pool-size",
+                default=None,
+                help="RMM pool per worker, e.g. 20GB (cudask and dask-cuda).",
+            ),
+            click.option(
+                "--protocol", type=click.Choice(["tcp", "ucx"]), default="tcp", show_default=True
+            ),
+            click.option(
+                "--array-module",
+                type=click.Choice(list(spec.ARRAY_MODULES)),
+                default="cupy",
                 show_default=True,
                 help="numpy runs the workloads on host memory: a harness check without a GPU, "
                 "not a GPU benchmark (use with --backend dict).",
             ),
-            click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
-                         help="Write the JSON result here."),
-            click.option("--chart", type=click.Path(dir_okay=False), default=None,
-                         help="Write a PNG chart here (needs matplotlib: cudask[bench])."),
-            click.option("--progress/--no-progress", default=False, show_default=True,
-                         help="Show a progress line on stderr."),
-            click.option("--timeout", type=click.FloatRange(min=1), default=3600.0,
-                         show_default=True, help="Seconds one runner process may take."),
+            click.option(
+                "--output",
+                "-o",
+                "output",
+                type=click.Path(dir_okay=False),
+                default=None,
+                help="Write the JSON result here.",
+            ),
+            click.option(
+                "--chart",
+                type=click.Path(dir_okay=False),
+                default=None,
+                help="Write a PNG chart here (needs matplotlib: cudask[bench]).",
+            ),
+            click.option(
+                "--progress/--no-progress",
+                default=False,
+                show_default=True,
+                help="Show a progress line on stderr.",
+            ),
+            click.option(
+                "--timeout",
+                type=click.FloatRange(min=1),
+                default=3600.0,
+                show_default=True,
+                help="Seconds one runner process may take.",
+            ),
         ]
         for option in reversed(options):
             f = option(f)
@@ -194,8 +260,11 @@ def _plan(
         raise OptionError("--jit-unspill needs --backend cudask or --against dask-cuda")
 
     # the spelling of sizes first (a huge stand-in total lets fractions through)
-    for name, key in (("--device-memory-limit", "device_memory_limit"),
-                      ("--rmm-pool-size", "rmm_pool_size"), ("--memory-limit", "memory_limit")):
+    for name, key in (
+        ("--device-memory-limit", "device_memory_limit"),
+        ("--rmm-pool-size", "rmm_pool_size"),
+        ("--memory-limit", "memory_limit"),
+    ):
         value = kw[key]
         if value is not None and value.strip().lower() != "default":
             parse_size(value, total=2**62, name=name)
@@ -296,10 +365,18 @@ def _command(f: Callable[..., None]) -> Callable[..., None]:
 
 @bench.command("spill")
 @common_options(default_limit="4GB", default_repeat=3, default_warmup=0)
-@click.option("--total", default="16GiB", show_default=True,
-              help="Bytes of device data to create (beyond the device limit to spill).")
-@click.option("--chunk-size", default="256MiB", show_default=True,
-              help="Bytes per chunk (one dask future each).")
+@click.option(
+    "--total",
+    default="16GiB",
+    show_default=True,
+    help="Bytes of device data to create (beyond the device limit to spill).",
+)
+@click.option(
+    "--chunk-size",
+    default="256MiB",
+    show_default=True,
+    help="Bytes per chunk (one dask future each).",
+)
 @_command
 def spill(ctx: click.Context, kw: dict[str, Any]) -> None:
     """Create device chunks beyond the device limit, then read all back and verify every value.
@@ -323,17 +400,37 @@ def spill(ctx: click.Context, kw: dict[str, Any]) -> None:
 
 @bench.command("cupy")
 @common_options(default_limit="4GB", default_repeat=3, default_warmup=1)
-@click.option("--operation", "operations", multiple=True, metavar="NAME",
-              help=f"Operation(s) to run, repeatable or comma-separated; default all: "
-              f"{', '.join(spec.CUPY_OPERATIONS)}.")
-@click.option("--size", type=click.IntRange(min=16), default=None,
-              help="Array size n of n x n (svd: rows). Default per operation: "
-              + ", ".join(f"{k} {v.size}" for k, v in spec.CUPY_OPERATIONS.items()) + ".")
-@click.option("--chunk-size", "array_chunk", type=click.IntRange(min=1), default=None,
-              help="Chunk size in elements per dimension (svd: rows). Default per operation: "
-              + ", ".join(f"{k} {v.chunk}" for k, v in spec.CUPY_OPERATIONS.items()) + ".")
-@click.option("--second-size", type=click.IntRange(min=1), default=None,
-              help="svd: number of columns (default 1000).")
+@click.option(
+    "--operation",
+    "operations",
+    multiple=True,
+    metavar="NAME",
+    help=f"Operation(s) to run, repeatable or comma-separated; default all: "
+    f"{', '.join(spec.CUPY_OPERATIONS)}.",
+)
+@click.option(
+    "--size",
+    type=click.IntRange(min=16),
+    default=None,
+    help="Array size n of n x n (svd: rows). Default per operation: "
+    + ", ".join(f"{k} {v.size}" for k, v in spec.CUPY_OPERATIONS.items())
+    + ".",
+)
+@click.option(
+    "--chunk-size",
+    "array_chunk",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Chunk size in elements per dimension (svd: rows). Default per operation: "
+    + ", ".join(f"{k} {v.chunk}" for k, v in spec.CUPY_OPERATIONS.items())
+    + ".",
+)
+@click.option(
+    "--second-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="svd: number of columns (default 1000).",
+)
 @_command
 def cupy(ctx: click.Context, kw: dict[str, Any]) -> None:
     """Time dask.array CuPy operations on persisted random input (warm-up, repeats, median).
@@ -355,7 +452,7 @@ def cupy(ctx: click.Context, kw: dict[str, Any]) -> None:
         for op in operations
     }
     svd = shapes.get("svd")
-    if svd is not None and svd["second"] is not None and svd["second"] > svd["chunk"]:
+    if svd is not None and (svd["second"] or 0) > (svd["chunk"] or 0):
         raise OptionError(
             f"svd: --second-size={svd['second']} is larger than the row chunk {svd['chunk']}; "
             "a tall-skinny SVD needs chunks with at least as many rows as columns"
@@ -391,10 +488,17 @@ def startup(ctx: click.Context, kw: dict[str, Any]) -> None:
 
 @bench.command("chart")
 @click.argument("results", type=click.Path(exists=True, dir_okay=False))
-@click.option("--output", "-o", "output", type=click.Path(dir_okay=False), required=True,
-              help="PNG file to write.")
-@click.option("--table/--no-table", default=True, show_default=True,
-              help="Also print the result as a table.")
+@click.option(
+    "--output",
+    "-o",
+    "output",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="PNG file to write.",
+)
+@click.option(
+    "--table/--no-table", default=True, show_default=True, help="Also print the result as a table."
+)
 def chart(results: str, output: str, table: bool) -> None:
     """Draw a chart (and print the table) from a result JSON written by --output."""
     import json

@@ -1,0 +1,133 @@
+"""Tiny versions of every `cudask bench` workload through real clusters on a real GPU.
+
+They check that each workload runs, verifies its data and reports what it measured on
+cudask (with and without JIT-unspill), the plain-dict baseline and, where dask-cuda is
+installed in this environment, dask-cuda. Speed is not asserted here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from cudask.bench import environment
+from cudask.cli.bench import bench
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+HAS_DASK_CUDA = environment.has_module("dask_cuda")
+
+
+def run(tmp_path: Path, *args: str) -> dict[str, Any]:
+    out = tmp_path / "result.json"
+    result = CliRunner().invoke(bench, [*args, "--output", str(out)], prog_name="cudask bench")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "ok", [(v["name"], v["error"]) for v in doc["variants"]]
+    assert doc["machine"]["gpu_used"]["name"]
+    for v in doc["variants"]:
+        assert v["worker"].get("name"), v["worker"]  # the worker computed on a GPU
+    return doc
+
+
+def test_spill_tiny_with_baselines(tmp_path: Path) -> None:
+    doc = run(
+        tmp_path,
+        "spill",
+        "--total",
+        "512MiB",
+        "--chunk-size",
+        "32MiB",
+        "--device-memory-limit",
+        "128MiB",
+        "--repeat",
+        "2",
+    )
+    names = [v["name"] for v in doc["variants"]]
+    assert names == ["dict store", "cudask no limit", "cudask 128 MiB"]
+    for v in doc["variants"]:
+        m = v["measurements"]
+        assert len(m["create"]["times"]) == 2 and m["read_verify"]["bytes"] == 512 * 2**20
+    assert {c["kind"] for c in doc["comparisons"]} == {"vs dict store"}
+
+
+def test_spill_tiny_jit_both(tmp_path: Path) -> None:
+    doc = run(
+        tmp_path,
+        "spill",
+        "--total",
+        "256MiB",
+        "--chunk-size",
+        "16MiB",
+        "--device-memory-limit",
+        "64MiB",
+        "--repeat",
+        "1",
+        "--jit-unspill",
+        "both",
+        "--no-baseline",
+    )
+    assert [v["jit_unspill"] for v in doc["variants"]] == [False, True]
+    assert {c["kind"] for c in doc["comparisons"]} == {"jit-unspill vs plain"}
+
+
+@pytest.mark.parametrize("jit", ["off", "on"])
+def test_cupy_tiny_all_operations(tmp_path: Path, jit: str) -> None:
+    doc = run(
+        tmp_path,
+        "cupy",
+        "--size",
+        "2000",
+        "--chunk-size",
+        "500",
+        "--second-size",
+        "100",
+        "--device-memory-limit",
+        "16MiB",
+        "--repeat",
+        "1",
+        "--warmup",
+        "1",
+        "--jit-unspill",
+        jit,
+        "--no-baseline",
+    )
+    [v] = doc["variants"]
+    for op in ("transpose_sum", "dot", "svd", "sum", "mean", "slice", "map_overlap"):
+        assert v["measurements"][op]["status"] == "ok", v["measurements"][op]["error"]
+        assert v["measurements"][op]["check"]
+
+
+def test_startup_tiny(tmp_path: Path) -> None:
+    doc = run(
+        tmp_path, "startup", "--repeat", "1", "--warmup", "0", "--chart", str(tmp_path / "s.png")
+    )
+    for v in doc["variants"]:
+        assert len(v["measurements"]["startup"]["times"]) == 1
+    assert (tmp_path / "s.png").exists()
+
+
+@pytest.mark.skipif(not HAS_DASK_CUDA, reason="dask-cuda is not installed in this environment")
+def test_against_dask_cuda_tiny(tmp_path: Path) -> None:
+    doc = run(
+        tmp_path,
+        "spill",
+        "--total",
+        "256MiB",
+        "--chunk-size",
+        "16MiB",
+        "--device-memory-limit",
+        "64MiB",
+        "--repeat",
+        "1",
+        "--against",
+        "dask-cuda",
+        "--no-baseline",
+    )
+    dc = [v for v in doc["variants"] if v["backend"] == "dask-cuda"]
+    assert dc and dc[0]["versions"]["dask_cuda"]
+    assert not [m for m in dc[0]["cudask_modules"] if m.startswith("cudask.deploy")]
+    assert {c["kind"] for c in doc["comparisons"]} == {"vs dask-cuda"}

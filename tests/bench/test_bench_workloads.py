@@ -1,0 +1,127 @@
+"""Workload task functions on host memory (NumPy): fill, verification, stencil, summaries,
+and the cupy operations' result checks against a real distributed cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cudask.bench import spec, workloads
+
+
+def test_chunk_fill_and_verify() -> None:
+    base = workloads.spill_base(1, 2, 10)
+    chunk = workloads.make_chunk("numpy", base, 1000)
+    assert chunk.dtype == np.uint64 and chunk[0] == base and chunk[-1] == base + 999
+    assert workloads.verify_chunk(chunk, "numpy", base, 1000) == 0
+    # another chunk's data, a flipped element, a zeroed chunk, a wrong shape all fail
+    assert workloads.verify_chunk(chunk, "numpy", workloads.spill_base(1, 3, 10), 1000) == 1000
+    broken = chunk.copy()
+    broken[517] ^= 1
+    assert workloads.verify_chunk(broken, "numpy", base, 1000) == 1
+    assert workloads.verify_chunk(np.zeros(1000, np.uint64), "numpy", base, 1000) == 1000
+    assert workloads.verify_chunk(chunk[:999], "numpy", base, 1000) == -1
+    assert workloads.verify_chunk(chunk.astype(np.int64), "numpy", base, 1000) == -1
+
+
+def test_spill_bases_are_distinct() -> None:
+    bases = {workloads.spill_base(r, i, 64) for r in range(3) for i in range(64)}
+    assert len(bases) == 3 * 64
+    assert all(b % 2**32 == 0 for b in bases)
+
+
+def test_stencil_matches_formula() -> None:
+    a = np.arange(25, dtype=float).reshape(5, 5) ** 2
+    out = workloads.stencil(a)
+    assert out[2, 2] == 4 * a[2, 2] - a[1, 2] - a[3, 2] - a[2, 1] - a[2, 3]
+
+
+def test_to_numpy_and_summary() -> None:
+    a = np.ones(3)
+    assert workloads.to_numpy(a) is a
+    entry = workloads.summarize({"times": [3.0, 1.0, 2.0], "bytes": 2 * 10**9})
+    assert entry["median"] == 2.0 and entry["min"] == 1.0 and entry["max"] == 3.0
+    assert entry["gbps"] == pytest.approx(1.0)
+    empty = workloads.summarize({"times": [], "bytes": None})
+    assert empty["median"] is None and empty["gbps"] is None
+
+
+def test_measurement_json() -> None:
+    m = workloads.Measurement(nbytes=10)
+    m.record(1.0, warmup=True)
+    m.record(2.0, warmup=False)
+    m.fail("x")
+    out = m.to_json()
+    assert out["times"] == [2.0] and out["warmup_times"] == [1.0]
+    assert out["status"] == "failed" and out["error"] == "x"
+
+
+@pytest.fixture(scope="module")
+def client() -> Any:
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as c,
+    ):
+        yield c
+
+
+def test_cupy_operations_on_numpy(client: Any) -> None:
+    ops = list(spec.CUPY_OPERATIONS)
+    shapes = {op: spec.operation_shape(op, 200, 50, 20) for op in ops}
+    events: list[str] = []
+    result = workloads.run_cupy(
+        client,
+        module="numpy",
+        operations=ops,
+        shapes=shapes,
+        repeat=2,
+        warmup=1,
+        progress=events.append,
+    )
+    for op in ops:
+        m = result[op]
+        assert m.status == "ok", (op, m.error)
+        assert len(m.times) == 2 and len(m.warmup_times) == 1 and m.check
+    assert len(events) == 3 * len(ops)
+
+
+def test_cupy_check_catches_a_wrong_result(client: Any) -> None:
+    """The transpose_sum check is real: a result that is off by a little fails it."""
+    import dask.array as da
+
+    x = (
+        da.random.RandomState(seed=1, RandomState=np.random.RandomState)
+        .random((100, 100), chunks=50)
+        .persist()
+    )
+    case = workloads._cupy_case("transpose_sum", [x], {"size": 100, "chunk": 50, "second": None})
+    assert case.check(case.build()) == "equals 2 * x.sum()"
+    with pytest.raises(workloads.BenchFailure, match="expected 2 \\* x.sum"):
+        case.check(case.build() * (1 + 1e-6))
+
+
+def test_spill_on_numpy(client: Any) -> None:
+    events: list[str] = []
+    result = workloads.run_spill(
+        client,
+        module="numpy",
+        total=2**20,
+        chunk_size=2**18,
+        repeat=2,
+        warmup=0,
+        progress=events.append,
+    )
+    assert result["create"].parameters["chunks"] == 4
+    assert len(result["read_verify"].times) == 2
+    assert events == [
+        "create run 1/2",
+        "read+verify run 1/2",
+        "create run 2/2",
+        "read+verify run 2/2",
+    ]
