@@ -44,3 +44,17 @@ def test_normalize_and_format():
     assert normalize_bus_id("00000000:1B:00.0") == "0000:1b:00.0"
     assert format_cpus([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
     assert format_cpus([]) == ""
+
+
+def test_numa_node_of_cpus(tmp_path):
+    from cudask.devices.topology import numa_node_of_cpus, parse_cpus
+
+    for node, cpus in ((0, "0-7"), (1, "8-15")):
+        d = tmp_path / "devices" / "system" / "node" / f"node{node}"
+        d.mkdir(parents=True)
+        (d / "cpulist").write_text(cpus + "\n")
+    assert numa_node_of_cpus((9, 10), str(tmp_path)) == 1
+    assert numa_node_of_cpus((0, 1, 2, 9), str(tmp_path)) == 0
+    assert numa_node_of_cpus(None, str(tmp_path)) is None
+    assert numa_node_of_cpus((99,), str(tmp_path)) is None
+    assert parse_cpus("0-2,5,7-8") == {0, 1, 2, 5, 7, 8}

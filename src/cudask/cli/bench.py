@@ -294,6 +294,8 @@ def _plan(
         jit_mode=jit_mode,
         baseline=kw["baseline"],
     )
+    for variant in variants:  # baselines may add backends (the dict store) run here
+        targets.setdefault(variant.backend, harness.Target(sys.executable))
     runner_options = {
         "array_module": array_module,
         "device": kw["device"],

@@ -72,9 +72,12 @@ class NVMLBackend:
         h = nv.nvmlDeviceGetHandleByIndex(index)
         mem = self._maybe(lambda: nv.nvmlDeviceGetMemoryInfo(h))
         bus_id = _text(nv.nvmlDeviceGetPciInfo(h).busId)
+        affinity = self._affinity(nv, h)
         numa = self._maybe(lambda: int(nv.nvmlDeviceGetNumaNodeId(h)))
         if numa is None or numa < 0:
             numa = topology.numa_node(bus_id, self._sysfs)
+        if numa is None:
+            numa = topology.numa_node_of_cpus(affinity, self._sysfs)
         return RawGPU(
             index=index,
             uuid=_text(nv.nvmlDeviceGetUUID(h)),
@@ -83,7 +86,7 @@ class NVMLBackend:
             memory_free=int(mem.free) if mem is not None else None,
             pci_bus_id=topology.normalize_bus_id(bus_id),
             numa_node=numa,
-            nvml_cpu_affinity=self._affinity(nv, h),
+            nvml_cpu_affinity=affinity,
             mig=self._mig(nv, h),
         )
 

@@ -34,6 +34,34 @@ def numa_node(bus_id: str, sysfs: str = "/sys") -> int | None:
     return node if node >= 0 else None
 
 
+def numa_node_of_cpus(cpus: tuple[int, ...] | None, sysfs: str = "/sys") -> int | None:
+    """The NUMA node holding most of `cpus` (how `nvidia-smi topo -m` fills "NUMA
+    Affinity" when the PCI device reports none), or None."""
+    if not cpus:
+        return None
+    best: tuple[int, int] | None = None
+    for node_dir in sorted((pathlib.Path(sysfs) / "devices" / "system" / "node").glob("node[0-9]*")):
+        try:
+            listed = parse_cpus((node_dir / "cpulist").read_text())
+        except OSError:
+            continue
+        overlap = len(listed & set(cpus))
+        if overlap and (best is None or overlap > best[0]):
+            best = (overlap, int(node_dir.name[4:]))
+    return best[1] if best else None
+
+
+def parse_cpus(text: str) -> set[int]:
+    """Parse a kernel CPU list such as "0-3,8,10-11"."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 def _pci_chain(path: pathlib.Path) -> list[str]:
     """The device and its PCI ancestors, nearest first."""
     try:
