@@ -5,7 +5,7 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -50,7 +50,7 @@ def test_recognises_device_objects() -> None:
 
 
 class Masked:
-    __cuda_array_interface__ = {
+    __cuda_array_interface__: ClassVar[dict[str, Any]] = {
         "shape": (2,), "typestr": "<f8", "data": (0, False), "version": 3, "mask": object(),
     }
 

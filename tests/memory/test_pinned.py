@@ -123,7 +123,7 @@ def test_concurrent_allocate_and_release() -> None:
                 block.view[:1] = bytes([seed])
                 assert block.view[0] == seed
                 block.release()
-        except BaseException as exc:  # pragma: no cover - reported below
+        except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]

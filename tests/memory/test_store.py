@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -207,7 +207,7 @@ def test_disk_failure_keeps_keys(make_store: MakeStore, tmp_path: Any) -> None:
 
 
 class Unspillable:
-    __cuda_array_interface__ = {
+    __cuda_array_interface__: ClassVar[dict[str, Any]] = {
         "shape": (100,), "typestr": "|u1", "data": (1 << 40, False), "version": 3,
         "mask": object(),
     }
@@ -306,7 +306,7 @@ def test_concurrent_access(make_store: MakeStore) -> None:
                 assert (got == (t * 31 + i) % 250).all()
                 if i % 7 == 0:
                     del store[key]
-        except BaseException as exc:  # pragma: no cover - reported below
+        except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]

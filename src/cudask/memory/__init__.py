@@ -52,4 +52,17 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "AllocationLedger",
+    "CopyBackend",
+    "CupyBackend",
+    "HostCopy",
+    "PinnedMemoryWarning",
+    "PinnedPool",
+    "TieredStore",
+    "UnspillableError",
+    "is_device_object",
+    "register_handler",
+    "register_lazy",
+    "worker_metrics",
+]

@@ -15,6 +15,7 @@ Threading: not thread-safe; the store calls it under its lock.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Hashable, Iterable
 
 Range = tuple[int, int]  # [start, end) device addresses
@@ -104,7 +105,7 @@ class AllocationLedger:
         points, counts = self._points, self._counts
         cuts = sorted({x for r in mine for x in r} | set(points))
         freed = 0
-        for lo, hi in zip(cuts, cuts[1:]):
+        for lo, hi in itertools.pairwise(cuts):
             held = sum(1 for a, b in mine if a <= lo and hi <= b)
             if not held:
                 continue

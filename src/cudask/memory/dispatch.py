@@ -61,7 +61,7 @@ class HostCopy:
     blocks go back to the pinned pool once those copies completed.
     """
 
-    __slots__ = ("__weakref__", "handler", "meta", "blocks", "copies", "source_streams")
+    __slots__ = ("__weakref__", "blocks", "copies", "handler", "meta", "source_streams")
 
     def __init__(
         self,
@@ -74,8 +74,8 @@ class HostCopy:
         self.meta = meta
         self.blocks = blocks
         self.copies = copies or []
-        for block, copy in zip(blocks, self.copies or [None] * len(blocks)):
-            weakref.finalize(self, block.release, copy)
+        for i, block in enumerate(blocks):
+            weakref.finalize(self, block.release, self.copies[i] if i < len(self.copies) else None)
 
     @property
     def nbytes(self) -> int:
@@ -114,7 +114,7 @@ class ContainerCopy:
     """The host image of a list/tuple/dict holding device objects: items are
     HostCopy/ContainerCopy, or host objects kept as they are."""
 
-    __slots__ = ("__weakref__", "kind", "keys", "items")
+    __slots__ = ("__weakref__", "items", "keys", "kind")
 
     def __init__(self, kind: str, keys: list[Any] | None, items: list[Any]) -> None:
         self.kind = kind
@@ -213,8 +213,8 @@ class CudaArrayInterfaceHandler:
 
     def accepts(self, obj: Any) -> bool:
         try:
-            obj.__cuda_array_interface__
-        except Exception:
+            _ = obj.__cuda_array_interface__
+        except Exception:  # noqa: BLE001 - e.g. a CPU torch tensor raises here
             return False
         return True
 
@@ -486,7 +486,7 @@ class CudfHandler:
                 block = HostBlock.pageable(view.nbytes)
                 block.view[:] = view
                 blocks.append(block)
-                copies.append(_NoCopy())
+                copies.append(_NoCopy())  # type: ignore[arg-type]
                 kinds.append("host")
         meta = {"header": header, "kinds": kinds, "type": pickle.dumps(type(obj))}
         return HostCopy(self.name, meta, blocks, copies)  # type: ignore[arg-type]

@@ -95,8 +95,18 @@ class _Slab:
 class HostBlock:
     """`nbytes` of host memory at `ptr` (pinned or pageable), viewable as `view`."""
 
-    __slots__ = ("__weakref__", "_pool", "_slab", "_offset", "_size", "_keepalive", "nbytes",
-                 "pinned", "ptr", "released")
+    __slots__ = (
+        "__weakref__",
+        "_keepalive",
+        "_offset",
+        "_pool",
+        "_size",
+        "_slab",
+        "nbytes",
+        "pinned",
+        "ptr",
+        "released",
+    )
 
     def __init__(
         self,
@@ -266,7 +276,7 @@ class PinnedPool:
             self._reserving += slab_bytes
         try:
             ptr = self.backend.alloc_pinned(slab_bytes)
-        except Exception as exc:  # the driver refused: stop trying
+        except Exception as exc:  # noqa: BLE001 - the driver refused: stop trying
             logger.warning("cudask: pinning %d bytes of host memory failed: %s", slab_bytes, exc)
             with self._lock:
                 self._reserving -= slab_bytes

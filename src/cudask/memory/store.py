@@ -69,7 +69,7 @@ from cudask import config
 from cudask.errors import OptionError
 from cudask.memory import dispatch
 from cudask.memory.accounting import AllocationLedger, union_bytes
-from cudask.memory.dispatch import AnyHostCopy, ContainerCopy, HostCopy, UnspillableError
+from cudask.memory.dispatch import AnyHostCopy, ContainerCopy, UnspillableError
 from cudask.memory.pinned import PinnedPool
 from cudask.memory.transfer import Copy, CopyBackend, TransferEngine, default_backend
 from cudask.sizes import parse_size
@@ -83,7 +83,7 @@ logger = logging.getLogger("cudask.memory")
 class _InFlight:
     """A device object whose copy to the host is under way."""
 
-    __slots__ = ("key", "value", "copy", "gen", "nbytes", "started")
+    __slots__ = ("copy", "gen", "key", "nbytes", "started", "value")
 
     def __init__(self, key: Key, value: object, copy: AnyHostCopy, gen: int) -> None:
         self.key = key
@@ -151,7 +151,7 @@ class TieredStore(MutableMapping[Key, object]):
         *,
         local_directory: str | None = None,
         backend: CopyBackend | None = None,
-        pinned_pool_size: int | float | str | None = None,
+        pinned_pool_size: float | str | None = None,
         pinned_slab_size: int | str | None = None,
         pinned_preallocate: bool | None = None,
         spill_target: float | None = None,
@@ -200,7 +200,9 @@ class TieredStore(MutableMapping[Key, object]):
         self._next_gen = 0
         self._inflight: deque[_InFlight] = deque()
         self._inflight_by_key: dict[Key, _InFlight] = {}
-        self._ghosts: dict[Key, tuple[int, list[weakref.ref[Any]]]] = {}
+        # spilled keys whose objects are alive elsewhere: (generation, weak refs to
+        # the device leaves, weak ref to the whole value when it is a leaf)
+        self._ghosts: dict[Key, tuple[int, list[weakref.ref[Any]], weakref.ref[Any] | None]] = {}
         self._dead_ghosts: deque[tuple[Key, int]] = deque()
         self._prefetched: dict[Key, tuple[object, list[Copy], int]] = {}
         self._unspillable: set[Key] = set()
@@ -419,12 +421,10 @@ class TieredStore(MutableMapping[Key, object]):
         if inflight is not None and inflight.value is not None:
             return inflight.value
         ghost = self._ghosts.get(key)
-        if ghost is not None:
-            _, refs = ghost
-            if len(refs) == 1:
-                obj = refs[0]()
-                if obj is not None:
-                    return obj
+        if ghost is not None and ghost[2] is not None:
+            obj = ghost[2]()
+            if obj is not None:
+                return obj
         return _MISSING
 
     def _start_unspill(self, key: Key, host_copy: AnyHostCopy) -> tuple[object, list[Copy]]:
@@ -495,7 +495,7 @@ class TieredStore(MutableMapping[Key, object]):
             self._unspillable.add(key)
             logger.warning("cudask: %r stays on the device: %s", key, exc)
             return 0
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - keep the key, log, stop spilling
             self._restore_device(key, value, ranges, front=True)
             logger.error(
                 "cudask: could not spill %r from the device (device_memory_limit=%s): %s. "
@@ -505,7 +505,7 @@ class TieredStore(MutableMapping[Key, object]):
             return -1
         try:
             self._host[key] = host_copy
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - keep the key, log, stop spilling
             self._restore_device(key, value, ranges, front=True)
             logger.error(
                 "cudask: could not store the host copy of %r (memory_limit=%s): %s. "
@@ -587,9 +587,11 @@ class TieredStore(MutableMapping[Key, object]):
                 refs.append(weakref.ref(leaf, callback))
             except TypeError:
                 return  # cannot tell whether it dies: assume it does
+        # the value itself, when it is a leaf that can be handed out again as it is
+        whole = refs[0] if len(refs) == 1 and refs[0]() is value else None
         del value, leaf
         if any(r() is not None for r in refs):
-            self._ghosts[key] = (gen, refs)
+            self._ghosts[key] = (gen, refs, whole)
             self._ledger.add(("g", key), ranges)
 
     def _drain(self) -> None:
@@ -614,7 +616,7 @@ class TieredStore(MutableMapping[Key, object]):
                     break
                 try:
                     value, copies = dispatch.to_device(host_copy, self.engine)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - prefetch is best effort
                     logger.debug("cudask: prefetch of %r skipped: %s", key, exc)
                     break
                 self._prefetched[key] = (value, copies, self._gen[key])
@@ -653,11 +655,11 @@ class TieredStore(MutableMapping[Key, object]):
         or -1 (nothing to move, no disk tier, or the move failed: the value then
         stays in host memory). Never raises."""
         host = self._host
-        if not isinstance(host, SpillBuffer):
+        if not isinstance(host, SpillBuffer) or not host.fast:
             return -1
         try:
             return host.evict()
-        except Exception:  # SpillBuffer.evict does not raise; be sure
+        except Exception:
             logger.exception("cudask: eviction to disk failed")
             return -1
 
