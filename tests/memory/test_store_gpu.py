@@ -1,0 +1,218 @@
+"""The store on a real GPU: CuPy, PyTorch, Numba and RMM objects spill and come
+back identical; copies land in pinned memory; a shorter random walk.
+
+Run on a GPU machine:  python -m pytest tests/memory/test_store_gpu.py -v
+Each library is skipped when it is not installed.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cudask.memory import dispatch
+from cudask.memory.store import TieredStore
+
+pytestmark = pytest.mark.gpu
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def store(tmp_path: Any) -> Iterator[TieredStore]:
+    pytest.importorskip("cupy")
+    s = TieredStore(
+        device_memory_limit=64 * MiB,
+        memory_limit=96 * MiB,
+        local_directory=str(tmp_path),
+        pinned_pool_size=128 * MiB,
+        pinned_slab_size=32 * MiB,
+        pinned_preallocate=False,
+    )
+    yield s
+    s.close()
+
+
+def test_cupy_spill_beyond_limit_and_read_back(store: TieredStore) -> None:
+    cp = pytest.importorskip("cupy")
+    n = 24  # 24 x 8 MiB = 192 MiB through a 64 MiB device tier and 96 MiB host tier
+    for i in range(n):
+        store[i] = cp.full(MiB, i, dtype="f8")
+    assert store.device_bytes <= 64 * MiB
+    assert store.keys_on("disk") and store.keys_on("host")
+    for i in range(n):
+        got = store[i]
+        assert isinstance(got, cp.ndarray) and got.dtype == cp.float64 and got.shape == (MiB,)
+        assert bool((got == i).all())
+    m = store.metrics()
+    assert m["spill-device-to-host-count"] >= n - 8
+    assert m["unspill-host-to-device-count"] > 0
+    assert m["pinned-reserved-bytes"] > 0
+
+
+def test_cupy_views_strides_and_dtypes(store: TieredStore) -> None:
+    cp = pytest.importorskip("cupy")
+    base = cp.arange(4 * MiB, dtype="f4").reshape(1024, -1)
+    values = {
+        "T": base.T,
+        "strided": base[::3, 5::7],
+        "reversed": base[::-1, ::-2],
+        "c16": (cp.arange(1000) + 1j).astype("c16"),
+        "bool": cp.arange(1001) % 3 == 0,
+        "scalar": cp.asarray(3.5),
+        "empty": cp.empty((0, 4), dtype="i2"),
+    }
+    expected = {k: cp.asnumpy(v) for k, v in values.items()}
+    strides = {k: v.strides for k, v in values.items()}
+    for k, v in values.items():
+        store[k] = v
+    del values, base
+    for i in range(10):  # push everything out
+        store[("filler", i)] = cp.zeros(8 * MiB, dtype="u1")
+    for k, host in expected.items():
+        got = store[k]
+        assert isinstance(got, cp.ndarray)
+        assert got.dtype == host.dtype and got.shape == host.shape
+        if host.size:
+            assert got.strides == strides[k]
+        np.testing.assert_array_equal(cp.asnumpy(got), host)
+
+
+def test_copies_land_in_pinned_memory(store: TieredStore) -> None:
+    cp = pytest.importorskip("cupy")
+    store["a"] = cp.ones(16 * MiB, dtype="u1")
+    store["b"] = cp.ones(60 * MiB, dtype="u1")  # evicts "a"
+    copy = store._host["a"]
+    assert isinstance(copy, dispatch.HostCopy) and copy.pinned()
+    assert store.engine.backend.is_pinned(copy.blocks[0].ptr)
+    assert store.metrics()["pageable-fallback-count"] == 0
+
+
+def test_pinned_pool_exhaustion_falls_back(tmp_path: Any) -> None:
+    cp = pytest.importorskip("cupy")
+    from cudask.memory.pinned import PinnedMemoryWarning
+
+    s = TieredStore(device_memory_limit=8 * MiB, memory_limit=None, pinned_pool_size=8 * MiB,
+                    pinned_slab_size=8 * MiB, pinned_preallocate=False,
+                    local_directory=str(tmp_path))
+    try:
+        def fill() -> None:
+            for i in range(4):
+                s[i] = cp.full(MiB, i, dtype="f8")
+
+        with pytest.warns(PinnedMemoryWarning):
+            fill()
+        for i in range(4):
+            assert bool((s[i] == i).all())
+        assert s.metrics()["pageable-fallback-count"] > 0
+    finally:
+        s.close()
+
+
+def test_referenced_elsewhere_is_not_pretended_freed(store: TieredStore) -> None:
+    cp = pytest.importorskip("cupy")
+    held = cp.ones(40 * MiB, dtype="u1")
+    store["held"] = held
+    store["other"] = cp.ones(40 * MiB, dtype="u1")
+    assert store.where("held") == "host"
+    assert store.device_bytes >= 80 * MiB
+    assert store["held"] is held
+    del held
+    gc.collect()
+
+
+def test_torch_tensors(store: TieredStore) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    t = torch.arange(3 * MiB, dtype=torch.bfloat16, device="cuda").reshape(3, -1)
+    values = {"t": t, "T": t.T, "slice": t[:, 1::3], "grad": torch.ones(10, device="cuda",
+                                                                       requires_grad=True)}
+    expected = {k: v.detach().cpu().clone() for k, v in values.items()}
+    strides = {k: v.stride() for k, v in values.items()}
+    for k, v in values.items():
+        store[k] = v
+    del values, t
+    for i in range(10):
+        store[("filler", i)] = torch.zeros(8 * MiB, dtype=torch.uint8, device="cuda")
+    for k, host in expected.items():
+        got = store[k]
+        assert isinstance(got, torch.Tensor) and got.is_cuda
+        assert got.dtype == host.dtype and got.shape == host.shape
+        assert got.stride() == strides[k]
+        assert torch.equal(got.detach().cpu(), host)
+    assert store["grad"].requires_grad
+
+
+def test_numba_device_arrays(store: TieredStore) -> None:
+    pytest.importorskip("numba")
+    from numba import cuda
+
+    host = np.arange(2 * MiB, dtype="i4").reshape(2, -1)
+    store["n"] = cuda.to_device(host)
+    store["nT"] = cuda.to_device(host).T
+    for i in range(10):
+        store[("filler", i)] = cuda.device_array(8 * MiB, dtype="u1")
+    got = store["n"]
+    assert type(got).__name__ == "DeviceNDArray"
+    np.testing.assert_array_equal(got.copy_to_host(), host)
+    np.testing.assert_array_equal(store["nT"].copy_to_host(), host.T)
+
+
+def test_rmm_device_buffers(store: TieredStore) -> None:
+    rmm = pytest.importorskip("rmm")
+    payload = bytes(range(256)) * 4096
+    store["buf"] = rmm.DeviceBuffer(data=payload, size=len(payload))
+    for i in range(10):
+        store[("filler", i)] = rmm.DeviceBuffer(size=8 * MiB)
+    got = store["buf"]
+    assert isinstance(got, rmm.DeviceBuffer) and got.size == len(payload)
+    assert got.tobytes() == payload
+
+
+def test_cudf_frames(store: TieredStore) -> None:
+    cudf = pytest.importorskip("cudf")
+    df = cudf.DataFrame({"a": range(100_000), "b": ["x", "yy"] * 50_000})
+    expected = df.to_pandas()
+    store["df"] = df
+    del df
+    for i in range(10):
+        store[("filler", i)] = cudf.Series(np.zeros(MiB, dtype="u8"))
+    got = store["df"]
+    assert isinstance(got, cudf.DataFrame)
+    assert got.to_pandas().equals(expected)
+
+
+def test_random_walk_on_gpu(store: TieredStore) -> None:
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(0)
+    model: dict[int, np.ndarray] = {}
+    for step in range(300):
+        key = int(rng.integers(0, 30))
+        action = rng.choice(["put", "put", "get", "del", "alias"])
+        if action == "put":
+            n = int(rng.integers(0, 4 * MiB))
+            dtype = rng.choice(["u1", "f4", "f8", "i2"])
+            arr = cp.asarray(rng.integers(0, 100, n // np.dtype(dtype).itemsize).astype(dtype))
+            if rng.random() < 0.3 and arr.size > 4:
+                arr = arr[::-2]
+            store[key] = arr
+            model[key] = cp.asnumpy(arr)
+        elif action == "alias" and model:
+            src = int(rng.choice(list(model)))
+            store[key] = store[src]
+            model[key] = model[src]
+        elif action == "get" and key in model:
+            np.testing.assert_array_equal(cp.asnumpy(store[key]), model[key])
+        elif action == "del" and key in model:
+            del store[key]
+            del model[key]
+    assert set(store) == set(model)
+    for key, host in model.items():
+        got = store[key]
+        assert got.dtype == host.dtype
+        np.testing.assert_array_equal(cp.asnumpy(got), host)
