@@ -155,7 +155,7 @@ class CupyBackend:
             attrs = self._rt.pointerGetAttributes(ptr)
         except Exception:  # noqa: BLE001 - not a CUDA-known address
             return False
-        return int(attrs.type) == self._rt.memoryTypeHost
+        return int(attrs.type) == 1  # cudaMemoryTypeHost
 
 
 def default_backend() -> CopyBackend:
