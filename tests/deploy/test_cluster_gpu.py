@@ -14,20 +14,15 @@ from distributed import Client
 
 from cudask import LocalCUDACluster
 from cudask.devices import discover
+from cudask.testing import cpu_affinity, current_gpu_uuid
 
 pytestmark = pytest.mark.gpu
 
 
-def _uuid_of_device0() -> str:
-    import cupy
-
-    raw = cupy.cuda.runtime.getDeviceProperties(0)["uuid"]
-    h = bytes(raw).hex()
-    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-
-
-def _affinity() -> list[int]:
-    return sorted(os.sched_getaffinity(0))
+# Functions run on workers come from an importable module: workers started by the CLI
+# cannot import this test file.
+_uuid_of_device0 = current_gpu_uuid
+_affinity = cpu_affinity
 
 
 @pytest.fixture(scope="module")

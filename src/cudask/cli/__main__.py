@@ -1,5 +1,8 @@
-"""`python -m cudask.cli ...`: the same commands as `cudask ...`."""
+"""`python -m cudask.cli ...`: the same commands as `cudask ...` (dask-jobqueue's
+worker_command). The guard matters: worker processes are spawned, and a spawned
+child imports this module again as __mp_main__."""
 
 from cudask.cli.main import main
 
-main()
+if __name__ == "__main__":
+    main()

@@ -18,4 +18,19 @@ def real_gpu_count() -> int:
     return len(discover().gpus)
 
 
-__all__ = ["FakeBackend", "fake_gpu", "real_gpu_count"]
+__all__ = ["FakeBackend", "cpu_affinity", "current_gpu_uuid", "fake_gpu", "real_gpu_count"]
+
+
+def current_gpu_uuid() -> str:
+    """UUID of CUDA device 0 of the calling process: run it on a worker to check
+    which GPU the worker really uses."""
+    from cudask.worker.context import device0_uuid
+
+    return device0_uuid()
+
+
+def cpu_affinity() -> list[int]:
+    """The CPUs the calling process may run on (run it on a worker)."""
+    import os
+
+    return sorted(os.sched_getaffinity(0))

@@ -27,6 +27,8 @@ from typing import Any
 
 from distributed import WorkerPlugin
 
+from cudask.worker.context import device0_uuid
+
 logger = logging.getLogger("cudask.worker")
 
 
@@ -67,31 +69,6 @@ class CPUAffinity(WorkerPlugin):
         self.previous = None
 
 
-def _create_context() -> str:
-    """Create (or get) the CUDA context on device 0 and return its UUID."""
-    try:
-        import cupy
-    except ImportError:
-        cupy = None
-    if cupy is not None:
-        cupy.cuda.Device(0).use()
-        cupy.cuda.runtime.free(0)  # forces context creation
-        props = cupy.cuda.runtime.getDeviceProperties(0)
-        raw = props.get("uuid", b"")
-        return _format_uuid(raw)
-    from numba import cuda
-
-    ctx = cuda.current_context()
-    return f"GPU-{ctx.device.uuid}" if not str(ctx.device.uuid).startswith("GPU-") else str(ctx.device.uuid)
-
-
-def _format_uuid(raw: bytes | str) -> str:
-    if isinstance(raw, str):
-        return raw if raw.startswith(("GPU-", "MIG-")) else f"GPU-{raw}"
-    h = bytes(raw).hex()
-    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-
-
 class CUDAContext(WorkerPlugin):
     """Create the CUDA context on the worker's own GPU when the worker starts."""
 
@@ -104,7 +81,7 @@ class CUDAContext(WorkerPlugin):
     def setup(self, worker: Any) -> None:
         if self.uuid is not None:
             return
-        self.uuid = _create_context()
+        self.uuid = device0_uuid()
         expected = self.expected_uuid
         if expected and expected.startswith("GPU-") and self.uuid != expected:
             raise RuntimeError(
