@@ -11,6 +11,7 @@ from __future__ import annotations
 import click
 
 from cudask.cli.errors import UserErrorGroup
+from cudask.cli.bench import bench
 from cudask.cli.config import config
 from cudask.cli.demo import demo
 from cudask.cli.info import info
@@ -30,6 +31,7 @@ def cuda() -> None:
 
 cli.add_command(info)
 cli.add_command(demo)
+cli.add_command(bench)
 
 
 @cli.command("options")
