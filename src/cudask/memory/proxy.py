@@ -305,13 +305,6 @@ class ProxyObject:
     def __class__(self) -> type:
         return self._pxy.cls
 
-    @__class__.setter
-    def __class__(self, value: type) -> None:
-        raise ProxyError(
-            f"cannot assign __class__ of a proxy of {typename(self._pxy.cls)}; "
-            "unproxy() it first"
-        )
-
     @property
     def __array_priority__(self) -> Any:
         priority = self._pxy.priority
@@ -343,6 +336,11 @@ class ProxyObject:
         return getattr(self._pxy.obtain(f"attribute {name!r}"), name)
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name == "__class__":
+            raise ProxyError(
+                f"cannot assign __class__ of a proxy of {typename(self._pxy.cls)}; "
+                "unproxy() it first"
+            )
         setattr(self._pxy.obtain(f"setting attribute {name!r}"), name, value)
 
     def __delattr__(self, name: str) -> None:
