@@ -248,6 +248,12 @@ def is_proxy(x: Any) -> bool:
     return type(x) is ProxyObject
 
 
+def location(proxy: ProxyObject) -> str:
+    """Where a proxy's data is, without touching it: 'device', 'host' or 'disk'
+    (bound), 'detached-object' / 'detached-frames' / 'detached-hostcopy'."""
+    return proxy._pxy.where()
+
+
 # ----------------------------------------------------------------------------------
 # The proxy
 # ----------------------------------------------------------------------------------
@@ -677,6 +683,7 @@ __all__ = [
     "asproxy",
     "host_form",
     "is_proxy",
+    "location",
     "materialize",
     "register_dask_dispatch",
     "unproxy",
