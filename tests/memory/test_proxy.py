@@ -169,7 +169,7 @@ def test_numpy_protocols() -> None:
     d = asproxy(devarray([1, 2, 3]))
     assert d.__cuda_array_interface__["shape"] == (3,)
     with pytest.raises(AttributeError):
-        asproxy(a).__cuda_array_interface__
+        _ = asproxy(a).__cuda_array_interface__
     assert not hasattr(asproxy(a), "__cuda_array_interface__")
     assert getattr(asproxy(a), "__array_priority__", None) == a.__array_priority__
     assert not hasattr(asproxy(3), "__array_priority__")

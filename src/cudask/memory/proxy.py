@@ -57,7 +57,6 @@ import numpy
 from dask.utils import format_bytes, typename
 
 if TYPE_CHECKING:
-    from cudask.memory.dispatch import HostCopy
     from cudask.memory.proxy_store import ProxyStore
     from cudask.memory.transfer import TransferEngine
 
@@ -78,7 +77,7 @@ class SerializedFrames:
     frames. Pickles its frames out of band (protocol 5), so distributed's spill to
     disk writes them without a copy."""
 
-    __slots__ = ("header", "frames")
+    __slots__ = ("frames", "header")
 
     def __init__(self, header: dict[str, Any], frames: list[Any]) -> None:
         self.header = header
@@ -153,8 +152,17 @@ class ProxyCell:
     store, pkey: the store and its internal key of a bound proxy.
     """
 
-    __slots__ = ("lock", "cls", "nbytes", "priority", "form", "payload", "store", "pkey",
-                 "__weakref__")
+    __slots__ = (
+        "__weakref__",
+        "cls",
+        "form",
+        "lock",
+        "nbytes",
+        "payload",
+        "pkey",
+        "priority",
+        "store",
+    )
 
     def __init__(self, cls: type, nbytes: int, priority: Any, form: str, payload: Any) -> None:
         self.lock = threading.RLock()
@@ -195,7 +203,7 @@ def _sizeof(obj: Any) -> int:
 
     try:
         return int(sizeof(obj))
-    except Exception:
+    except Exception:  # noqa: BLE001 - a size estimate must never fail a store
         return 0
 
 
@@ -298,7 +306,7 @@ class ProxyObject:
     class. Use `unproxy(p)` for the object itself.
     """
 
-    __slots__ = ("_pxy", "__weakref__")
+    __slots__ = ("__weakref__", "_pxy")
     _pxy: ProxyCell
 
     def __init__(self, cell: ProxyCell) -> None:
@@ -490,17 +498,17 @@ for _name, _op in _OPS:
     setattr(ProxyObject, f"__{_name}__", _binary(_op, f"__{_name}__"))
     setattr(ProxyObject, f"__r{_name}__", _reflected(_op, f"__r{_name}__"))
     setattr(ProxyObject, f"__i{_name}__", _inplace(_IOPS[_name], f"__i{_name}__"))
-setattr(ProxyObject, "__divmod__", _binary(divmod, "__divmod__"))
-setattr(ProxyObject, "__rdivmod__", _reflected(divmod, "__rdivmod__"))
+ProxyObject.__divmod__ = _binary(divmod, "__divmod__")  # type: ignore[operator]
+ProxyObject.__rdivmod__ = _reflected(divmod, "__rdivmod__")  # type: ignore[attr-defined]
 for _name, _op in [("lt", operator.lt), ("le", operator.le), ("eq", operator.eq),
                    ("ne", operator.ne), ("gt", operator.gt), ("ge", operator.ge)]:
     setattr(ProxyObject, f"__{_name}__", _binary(_op, f"__{_name}__"))
 for _name, _uop in [("neg", operator.neg), ("pos", operator.pos), ("abs", operator.abs),
                     ("invert", operator.invert)]:
-    setattr(ProxyObject, f"__{_name}__", _unary(_uop, f"__{_name}__"))
+    setattr(ProxyObject, f"__{_name}__", _unary(_uop, f"__{_name}__"))  # type: ignore[arg-type]
 for _name in ("trunc", "floor", "ceil"):
-    setattr(ProxyObject, f"__{_name}__",
-            _unary(operator.methodcaller(f"__{_name}__"), f"__{_name}__"))
+    _caller: Callable[[Any], Any] = operator.methodcaller(f"__{_name}__")  # type: ignore[assignment]
+    setattr(ProxyObject, f"__{_name}__", _unary(_caller, f"__{_name}__"))
 
 _WALK = frozenset({ProxyObject, list, tuple, dict})
 
@@ -562,7 +570,7 @@ class _Owned(numpy.ndarray):
 def _owned_view(buffer: memoryview, owner: Any) -> memoryview:
     array = numpy.frombuffer(buffer, dtype=numpy.uint8).view(_Owned)
     array.owner = owner
-    return memoryview(array)
+    return memoryview(array)  # type: ignore[arg-type]
 
 
 def _dask_serialize(proxy: ProxyObject) -> tuple[dict[str, Any], list[Any]]:
