@@ -166,7 +166,7 @@ def test_numba_device_arrays(store: TieredStore) -> None:
 def test_rmm_device_buffers(store: TieredStore) -> None:
     rmm = pytest.importorskip("rmm")
     payload = bytes(range(256)) * 4096
-    store["buf"] = rmm.DeviceBuffer(data=payload, size=len(payload))
+    store["buf"] = rmm.DeviceBuffer.to_device(payload)
     for i in range(10):
         store[("filler", i)] = rmm.DeviceBuffer(size=8 * MiB)
     got = store["buf"]

@@ -9,6 +9,7 @@ so and exits 1. Does not cover: benchmarking (`cudask bench`).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Any
@@ -74,7 +75,7 @@ def demo(device_memory_limit: str, size_factor: float, chunk: str, dashboard_add
         pass
     started = time.perf_counter()
     with LocalCUDACluster(device_memory_limit=limit_value, dashboard_address=dashboard_address,
-                          silence_logs="error") as cluster, Client(cluster) as client:
+                          silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         startup = time.perf_counter() - started
         limits = [s["options"]["data"][1]["device_memory_limit"]
                   for s in cluster.worker_spec.values()
