@@ -204,3 +204,17 @@ def test_import_creates_no_cuda_dependency() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_host_to_device_copies_wait_for_the_default_stream() -> None:
+    from cudask.memory.pinned import HostBlock, PinnedPool
+    from cudask.memory.transfer import TransferEngine
+    from cudask.testing.fake_cuda import FakeCopyBackend
+
+    backend = FakeCopyBackend(lag=10_000)
+    engine = TransferEngine(backend, PinnedPool(backend, 0, 0))
+    src, dst = HostBlock.pageable(8), HostBlock.pageable(8)
+    engine.to_device(dst.ptr, src.ptr, 8)
+    h2d = engine._stream("h2d")
+    # the destination may be memory freed by work queued on the default stream
+    assert h2d.ops[0][0] == "wait" and h2d.ops[0][1].stream is backend.null

@@ -139,3 +139,47 @@ def test_concurrent_allocate_and_release() -> None:
 def test_rejects_negative_sizes() -> None:
     with pytest.raises(ValueError):
         PinnedPool(FakeCopyBackend(), -1, 10)
+
+
+class _Gated(FakeCopyBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    def alloc_pinned(self, nbytes: int) -> int:
+        self.gate.wait()
+        return super().alloc_pinned(nbytes)
+
+
+def test_background_growth_never_pins_on_the_allocating_thread() -> None:
+    backend = _Gated()
+    pool = PinnedPool(backend, 256 * KiB, 16 * KiB)
+    pool.start_background(32 * KiB, headroom=16 * KiB)
+    with pytest.warns(PinnedMemoryWarning, match="still being reserved"):
+        block = pool.allocate(4 * KiB)  # the gate is closed: no waiting, pageable
+    assert not block.pinned and pool.stats()["pageable-fallback-warmup-bytes"] == 4 * KiB
+    backend.gate.set()
+    assert pool.wait_ready(timeout=30) and pool.reserved >= 32 * KiB
+    held = [pool.allocate(8 * KiB) for _ in range(4)]  # uses the 32 KiB, asks for more
+    assert all(b.pinned for b in held)
+    assert pool.wait_ready(timeout=30)
+    assert pool.reserved - pool.in_use >= 16 * KiB  # headroom kept ahead of use
+    big = pool.allocate(40 * KiB)  # larger than a slab: pageable now, a big slab next
+    assert not big.pinned and pool.wait_ready(timeout=30)
+    assert pool.allocate(40 * KiB).pinned
+    stats = pool.stats()
+    assert stats["pinned-ready"] == 1 and stats["pinned-capacity-bytes"] == 256 * KiB
+    pool.close()
+    assert backend.pinned == {} and pool._grower is not None and not pool._grower.is_alive()
+
+
+def test_background_growth_stops_at_the_capacity() -> None:
+    backend = FakeCopyBackend()
+    pool = PinnedPool(backend, 32 * KiB, 16 * KiB)
+    pool.start_background(1 << 30)
+    assert pool.wait_ready(timeout=30) and pool.reserved == 32 * KiB
+    held = [pool.allocate(16 * KiB), pool.allocate(16 * KiB)]
+    with pytest.warns(PinnedMemoryWarning, match="pinned-pool-size"):
+        assert not pool.allocate(KiB).pinned  # full: the "full" cause, not warm-up
+    assert pool.stats()["pageable-fallback-warmup-bytes"] == 0 and len(held) == 2
+    pool.close()

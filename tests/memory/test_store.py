@@ -317,7 +317,9 @@ def test_concurrent_access(make_store: MakeStore) -> None:
     assert not errors
     for key in list(store):
         store[key].get()
-    assert store.device_bytes <= 2000
+    # the limit holds for what is committed; copies still in flight hold memory too
+    assert store.committed_device_bytes <= 2000
+    assert store.device_bytes >= store.committed_device_bytes
 
 
 def test_metrics_and_worker_metrics(make_store: MakeStore) -> None:
@@ -364,3 +366,141 @@ def test_host_copies_pickle_through_the_store(make_store: MakeStore) -> None:
     loaded = pickle.loads(pickle.dumps(copy))
     assert loaded.blocks[0].view.tobytes() == bytes([4]) * 100
     assert as_numpy([store["a"]])[0].sum() == 400
+
+
+def test_memory_of_a_copy_in_flight_still_counts(make_store: MakeStore) -> None:
+    # The CPU twin of test_referenced_elsewhere_is_not_pretended_freed on a GPU:
+    # a spilled object keeps its device memory until its copy completes, and
+    # after that while it is referenced elsewhere.
+    backend = FakeCopyBackend(lag=10_000)
+    store = make_store(device_memory_limit=150, backend=backend)
+    held = dev(100, 1)
+    store["held"] = held
+    store["other"] = dev(100, 2)
+    assert store.where("held") == "host" and backend.in_flight() > 0
+    assert store.device_bytes == 200  # copy in flight: not freed yet
+    assert store.committed_device_bytes == 100  # what the limit is enforced on
+    assert store.metrics()["device-bytes"] == 200
+    backend.drain()
+    assert store.device_bytes == 200  # copied, but still referenced here
+    assert store["held"] is held  # back on the device: "other" is spilled for it
+    del held
+    store["third"] = dev(10, 3)
+    backend.drain()
+    assert store.device_bytes == store.committed_device_bytes <= 150
+
+
+def test_copy_in_flight_without_other_references_is_released_when_done(
+    make_store: MakeStore,
+) -> None:
+    backend = FakeCopyBackend(lag=10_000)
+    store = make_store(device_memory_limit=150, backend=backend)
+    store["a"] = dev(100, 1)
+    store["b"] = dev(100, 2)
+    assert store.device_bytes == 200
+    backend.drain()
+    assert store.device_bytes == 100 and store.metrics()["device-ghost-keys"] == 0
+    assert (store["a"].get() == 1).all()
+
+
+def test_no_device_limit_takes_the_dict_path(make_store: MakeStore) -> None:
+    store = make_store()
+    a = dev(100, 1)
+    store["a"] = a
+    store["v"] = a.view(slice(0, 10))
+    store["h"] = b"host"
+    store["h"] = dev(20, 2)  # host -> device
+    store["a2"] = b"x"
+    assert store._ledger.total == 0 and not store._gen and store._thread is None
+    assert store.device_bytes == 120 and store.metrics()["device-bytes"] == 120
+    assert store.keys_on("device") == {"a", "v", "h"} and store.where("a2") == "host"
+    store["h"] = b"back to host"
+    assert store.where("h") == "host" and store.device_bytes == 100
+    del store["v"], store["h"]
+    assert set(store) == {"a", "a2"} and "v" not in store and "h" not in store
+    with pytest.raises(KeyError):
+        del store["v"]
+    with pytest.raises(KeyError):
+        store["v"]
+
+
+def test_spill_device_and_peek_host_copy(make_store: MakeStore) -> None:
+    backend = FakeCopyBackend(lag=10_000)
+    store = make_store(device_memory_limit=1000, backend=backend)
+    for i in range(4):
+        store[i] = dev(100, i)
+    store["h"] = b"host value"
+    assert store.peek_host_copy(0) is None and store.peek_host_copy("h") is None
+    assert store.peek_host_copy("missing") is None
+    assert store.spill_device(150) == 200  # two least recently used keys
+    assert backend.in_flight() == 0  # waited for: the memory is free
+    assert store.where(0) == "host" and store.where(1) == "host" and store.device_bytes == 200
+    copy = store.peek_host_copy(1)
+    assert copy is not None and bytes(copy.blocks[0].view) == bytes([1]) * 100
+    assert store.where(1) == "host"  # peeking did not unspill
+    assert (store[1].get() == 1).all() and store.where(1) == "device"
+    assert store.spill_device(0) == 0
+
+
+def test_spill_device_without_a_limit_leaves_the_dict_path(make_store: MakeStore) -> None:
+    store = make_store()
+    values = {i: dev(100, i) for i in range(3)}
+    store.update(values)
+    store["h"] = b"host"
+    del values
+    assert store.spill_device(100) == 100
+    assert store.where(0) == "host" and store.device_bytes == 200
+    store[5] = dev(50, 5)
+    assert store.device_bytes == 250 and store._ledger.total == 250
+    for i in (0, 1, 2, 5):
+        assert (store[i].get() == i).all()
+    assert store["h"] == b"host"
+
+
+class GatedBackend(FakeCopyBackend):
+    """Pinning waits for `gate`, like a slow cudaHostAlloc."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    def alloc_pinned(self, nbytes: int) -> int:
+        self.gate.wait()
+        return super().alloc_pinned(nbytes)
+
+
+def test_first_spill_does_not_wait_for_pinning(make_store: MakeStore) -> None:
+    from cudask.memory.pinned import PinnedMemoryWarning
+
+    backend = GatedBackend()
+    store = make_store(device_memory_limit=150, backend=backend, pinned_preallocate=1 << 16,
+                       pinned_pool_size=1 << 20, pinned_slab_size=1 << 16)
+    store["a"] = dev(100, 1)
+    with pytest.warns(PinnedMemoryWarning, match="still being reserved"):
+        store["b"] = dev(100, 2)  # spills "a" while no slab is pinned yet
+    copy = store.peek_host_copy("a")
+    assert copy is not None and not copy.pinned()
+    m = store.metrics()
+    assert m["pageable-fallback-warmup-bytes"] == 100 and m["pinned-ready"] < 1
+    backend.gate.set()
+    assert store.engine.pool.wait_ready(timeout=30)
+    store["c"] = dev(100, 3)  # spills "b" into the pinned pool
+    copy = store.peek_host_copy("b")
+    assert copy is not None and copy.pinned()
+    m = store.metrics()
+    assert m["pinned-ready"] == 1 and m["pinned-reserved-bytes"] >= 1 << 16
+    assert m["pageable-fallback-count"] == 1
+    assert [(store[k].get() == v).all() for k, v in (("a", 1), ("b", 2), ("c", 3))] == [True] * 3
+
+
+def test_preallocate_setting(make_store: MakeStore) -> None:
+    kw = {"memory_limit": 1 << 30, "pinned_pool_size": 1 << 20}
+    assert make_store(device_memory_limit=1 << 16, pinned_preallocate="auto",
+                      **kw).pinned_preallocate == 1 << 16  # min(pool, device limit, 4 GiB)
+    assert make_store(device_memory_limit=1 << 16, pinned_preallocate=True,
+                      **kw).pinned_preallocate == 1 << 20  # the whole pool
+    assert make_store(device_memory_limit=1 << 16, pinned_preallocate=0.5,
+                      **kw).pinned_preallocate == 1 << 19  # a fraction of the pool
+    assert make_store(pinned_preallocate=True, **kw).pinned_preallocate == 0  # no device limit
+    store = make_store(device_memory_limit=1 << 16, pinned_preallocate=False, **kw)
+    assert store.pinned_preallocate == 0 and store._engine is None  # nothing at start

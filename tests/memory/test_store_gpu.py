@@ -216,3 +216,48 @@ def test_random_walk_on_gpu(store: TieredStore) -> None:
         got = store[key]
         assert got.dtype == host.dtype
         np.testing.assert_array_equal(cp.asnumpy(got), host)
+
+
+def test_in_flight_copy_counts_until_done(store: TieredStore) -> None:
+    cp = pytest.importorskip("cupy")
+    store["a"] = cp.ones(40 * MiB, dtype="u1")
+    store["b"] = cp.ones(40 * MiB, dtype="u1")  # spills "a": copy may still run
+    # 80 MiB while the copy of "a" runs, 40 MiB once it is done (no one else holds it)
+    assert 40 * MiB <= store.device_bytes <= 80 * MiB
+    assert store.committed_device_bytes == 40 * MiB
+    store.spill_device(1)  # waits for every copy
+    assert store.device_bytes <= 64 * MiB
+    assert bool((store["a"] == 1).all())
+
+
+def test_background_pinning_then_pinned_copies(tmp_path: Any) -> None:
+    cp = pytest.importorskip("cupy")
+    s = TieredStore(device_memory_limit=64 * MiB, memory_limit=None, pinned_pool_size=128 * MiB,
+                    pinned_slab_size=32 * MiB, pinned_preallocate=64 * MiB,
+                    local_directory=str(tmp_path))
+    try:
+        assert s.engine.pool.wait_ready(timeout=120)  # pinned in the background
+        m = s.metrics()
+        assert m["pinned-ready"] == 1 and m["pinned-reserved-bytes"] >= 64 * MiB
+        for i in range(4):
+            s[i] = cp.full(4 * MiB, i, dtype="f8")  # 4 x 32 MiB: two spill
+        copy = s.peek_host_copy(0)
+        assert copy is not None and copy.pinned()
+        assert s.metrics()["pageable-fallback-count"] == 0
+        for i in range(4):
+            assert bool((s[i] == i).all())
+    finally:
+        s.close()
+
+
+def test_spill_device_and_peek_on_gpu(store: TieredStore) -> None:
+    cp = pytest.importorskip("cupy")
+    for i in range(4):
+        store[i] = cp.full(MiB, i, dtype="f8")  # 4 x 8 MiB
+    assert store.spill_device(16 * MiB) >= 16 * MiB
+    copy = store.peek_host_copy(0)
+    assert copy is not None
+    copy.wait()
+    host = np.frombuffer(copy.blocks[0].view, dtype="f8")
+    assert (host == 0).all() and store.where(0) == "host"
+    assert bool((store[0] == 0).all())

@@ -1,13 +1,16 @@
 """cudask.memory: the tiered device -> host -> disk store and its parts.
 
 Covers: re-exporting the public names of the submodules - `TieredStore` and
-`worker_metrics` (store.py), `is_device_object` and the handler registry
-(dispatch.py), `PinnedPool` (pinned.py), `CopyBackend`/`CupyBackend`
-(transfer.py), `AllocationLedger` (accounting.py). Importing this package
-imports neither CuPy nor distributed and creates no CUDA context: names are
-resolved on first access.
+`worker_metrics` (store.py), `ProxyStore` (proxy_store.py: JIT-unspill, tasks
+get proxies that unspill only what they touch) and `ProxyObject`
+(proxy.py), `is_device_object` and the handler registry (dispatch.py),
+`PinnedPool` (pinned.py), `CopyBackend`/`CupyBackend` (transfer.py),
+`AllocationLedger` (accounting.py). Importing this package imports neither
+CuPy nor distributed and creates no CUDA context: names are resolved on first
+access.
 
-Does not cover: proxies / JIT-unspill (a later proxy.py).
+Does not cover: choosing the store for a worker (`cudask.worker.spec`) or the
+RMM pool (`cudask.worker`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 _LAZY = {
     "TieredStore": "cudask.memory.store",
     "worker_metrics": "cudask.memory.store",
+    "ProxyStore": "cudask.memory.proxy_store",
+    "ProxyObject": "cudask.memory.proxy",
     "is_device_object": "cudask.memory.dispatch",
     "register_handler": "cudask.memory.dispatch",
     "register_lazy": "cudask.memory.dispatch",
@@ -39,6 +44,8 @@ if TYPE_CHECKING:
     from cudask.memory.dispatch import register_lazy as register_lazy
     from cudask.memory.pinned import PinnedMemoryWarning as PinnedMemoryWarning
     from cudask.memory.pinned import PinnedPool as PinnedPool
+    from cudask.memory.proxy import ProxyObject as ProxyObject
+    from cudask.memory.proxy_store import ProxyStore as ProxyStore
     from cudask.memory.store import TieredStore as TieredStore
     from cudask.memory.store import worker_metrics as worker_metrics
     from cudask.memory.transfer import CopyBackend as CopyBackend
@@ -59,6 +66,8 @@ __all__ = [
     "HostCopy",
     "PinnedMemoryWarning",
     "PinnedPool",
+    "ProxyObject",
+    "ProxyStore",
     "TieredStore",
     "UnspillableError",
     "is_device_object",

@@ -97,6 +97,25 @@ class AllocationLedger:
         for a, b in self._owners.pop(owner, ()):
             self._apply(a, b, -1)
 
+    def uncovered_bytes(self, ranges: Iterable[Range]) -> int:
+        """Bytes of the union of `ranges` that no owner covers now (what the total
+        would grow by if an owner added them)."""
+        points, counts = self._points, self._counts
+        out = 0
+        for a, b in _union(ranges):
+            if b <= a:
+                continue
+            # walk the segments of the address line overlapping [a, b)
+            i = bisect.bisect_right(points, a) - 1  # segment holding a (-1: before all)
+            x = a
+            while x < b:
+                end = min(points[i + 1], b) if i + 1 < len(points) else b
+                if i < 0 or counts[i] == 0:
+                    out += end - x
+                x = end
+                i += 1
+        return out
+
     def exclusive_bytes(self, owner: Hashable) -> int:
         """Bytes that would be uncounted if `owner` let go."""
         mine = self._owners.get(owner, ())

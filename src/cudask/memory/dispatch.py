@@ -414,7 +414,14 @@ class TorchHandler:
 
 
 class RmmDeviceBufferHandler:
-    """rmm.DeviceBuffer: one allocation of `size` bytes at `ptr`."""
+    """rmm.DeviceBuffer: one allocation of `size` bytes at `ptr`.
+
+    Uses only what rmm 26.10's DeviceBuffer has (checked against its .pyi):
+    `DeviceBuffer(size=...)`, `.ptr`, `.size` and `.stream` (whose
+    `__cuda_stream__()` gives the raw handle). DeviceBuffer does not support
+    weak references, so a spilled buffer still referenced elsewhere is not
+    tracked as alive (see `TieredStore`).
+    """
 
     name = "rmm"
 
@@ -426,7 +433,14 @@ class RmmDeviceBufferHandler:
         return [(int(obj.ptr), int(obj.ptr) + size)] if size else []
 
     def producer_streams(self, obj: Any) -> tuple[int, ...]:
-        return ()
+        """The stream the buffer was created on, when not a default stream (the
+        copy stream always waits for the legacy default stream)."""
+        stream = getattr(obj, "stream", None)
+        try:
+            handle = int(stream.__cuda_stream__()[1]) if stream is not None else 0
+        except Exception:  # noqa: BLE001 - older rmm: no __cuda_stream__
+            return ()
+        return (handle,) if handle else ()
 
     def to_host(self, obj: Any, engine: TransferEngine) -> HostCopy:
         block, copy = engine.to_host(int(obj.ptr), int(obj.size))

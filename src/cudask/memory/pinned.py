@@ -1,18 +1,29 @@
 """A pool of pinned (page-locked) host memory for device -> host copies.
 
 Covers: `PinnedPool`, which reserves page-locked host memory from a
-`CopyBackend` in large slabs (cudaHostAlloc is slow, ~ms per 100 MB, so it is
-done rarely and, with `preallocate`, ahead of need), carves blocks out of the
-slabs first-fit, coalesces them on release, and falls back to ordinary
-(pageable) host memory - with one warning - when the pool's capacity is
-reached or the driver refuses to pin more; and `HostBlock`, one block of host
-memory with its address and a memoryview.
+`CopyBackend` in large slabs (cudaHostAlloc is slow: about 0.5 s per GiB on a
+VM, so it is done rarely), carves blocks out of the slabs first-fit,
+coalesces them on release, and falls back to ordinary (pageable) host memory -
+with one warning per cause - when the pool's capacity is reached, the driver
+refuses to pin more, or (in background mode) no pinned slab is ready yet; and
+`HostBlock`, one block of host memory with its address and a memoryview.
+
+Two ways to grow:
+
+- inline (default): `allocate` reserves a new slab itself when none has room,
+  so the copy that needs it waits for the pinning;
+- background (`start_background(goal)`): a daemon thread ("cudask-pinned")
+  reserves slabs up to `goal`, then keeps `headroom` bytes free ahead of use,
+  up to the capacity. `allocate` never pins: a request that finds no free
+  pinned range asks the thread for more and gets pageable memory for this one
+  block (counted in `pageable-fallback-warmup-bytes`), since a pageable copy
+  of one chunk (~25 ms per 256 MiB) beats waiting for a slab (~0.5 s per GiB).
 
 Does not cover: copying (`cudask.memory.transfer`) or deciding when memory is
 needed (`cudask.memory.store`).
 
-Threading: every method of `PinnedPool` is thread-safe (one lock; the slow
-cudaHostAlloc of a new slab runs outside it). A block must not be released
+Threading: every method of `PinnedPool` is thread-safe (one lock and a
+condition on it; the slow cudaHostAlloc of a new slab runs outside it). A block must not be released
 while a copy into or out of it is in flight: `HostBlock.release(after=copy)`
 defers the release until the copy has completed.
 """
@@ -22,9 +33,10 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy
 
@@ -195,14 +207,23 @@ class PinnedPool:
         self.slab_size = max(_round_up(slab_size or capacity or 1, alignment), alignment)
         self.alignment = alignment
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
         self._slabs: list[_Slab] = []
         self._reserving = 0  # bytes being reserved by threads outside the lock
         self._pending: list[tuple[HostBlock, Copy]] = []
-        self._warned = False
+        self._warned: set[str] = set()
         self._pin_failed = False
+        self._closed = False
         self.in_use = 0
         self.pageable_blocks = 0
         self.pageable_bytes = 0
+        self.warmup_fallback_bytes = 0
+        # background growth
+        self._grower: threading.Thread | None = None
+        self.goal = 0  # bytes the background thread reserves up to
+        self.headroom = 0
+        self.pin_seconds = 0.0
+        self._big = 0  # a request larger than a slab, for the background thread
 
     # -- introspection -------------------------------------------------------------
     @property
@@ -215,6 +236,11 @@ class PinnedPool:
         return len(self._slabs)
 
     # -- allocation ----------------------------------------------------------------
+    @property
+    def background(self) -> bool:
+        """Whether slabs are reserved by the background thread, never by `allocate`."""
+        return self._grower is not None
+
     def allocate(self, nbytes: int) -> HostBlock:
         """A block of at least `nbytes`; pinned when the pool can serve it."""
         if nbytes == 0 or self.capacity == 0:
@@ -224,8 +250,15 @@ class PinnedPool:
         with self._lock:
             block = self._take(nbytes, size)
             if block is not None:
+                if self._grower is not None:
+                    self._ask_ahead(0)
                 return block
-        if self._grow(size):
+            if self._grower is not None and self._can_grow(size):
+                # Never wait for cudaHostAlloc on the copy path: ask the background
+                # thread for more and use pageable memory for this block.
+                self._ask_ahead(size)
+                return self._pageable_locked(nbytes, "warmup")
+        if self._grower is None and self._grow(size):
             with self._lock:
                 block = self._take(nbytes, size)
                 if block is not None:
@@ -236,21 +269,58 @@ class PinnedPool:
                 block = self._take(nbytes, size)
                 if block is not None:
                     return block
-        reason = (
-            "the driver refused to pin more host memory"
-            if self._pin_failed
-            else f"the pinned pool is full (memory.pinned-pool-size={self.capacity} bytes)"
-        )
-        return self._pageable(nbytes, reason=reason)
+        return self._pageable(nbytes, reason="refused" if self._pin_failed else "full")
 
     def preallocate(self, nbytes: int | None = None) -> int:
-        """Reserve slabs up to `nbytes` (default: the capacity) ahead of need;
-        return the bytes reserved. Safe to run in a background thread."""
+        """Reserve slabs up to `nbytes` (default: the capacity) ahead of need, in
+        the calling thread; return the bytes reserved."""
         goal = self.capacity if nbytes is None else min(nbytes, self.capacity)
         while (remaining := goal - self.reserved - self._reserving) >= self.alignment:
             if not self._grow(min(self.slab_size, remaining - remaining % self.alignment)):
                 break
         return self.reserved
+
+    def start_background(self, goal: int, headroom: int | None = None) -> None:
+        """Switch to background growth: a daemon thread reserves slabs up to
+        `goal` bytes now, and later keeps `headroom` bytes (default: two slabs)
+        free ahead of use, up to the capacity. Returns at once; idempotent."""
+        with self._lock:
+            if self._closed or self.backend is None or self.capacity == 0:
+                return
+            self.headroom = 2 * self.slab_size if headroom is None else max(headroom, 0)
+            self.goal = max(self.goal, min(goal, self.capacity))
+            if self._grower is None:
+                self._grower = threading.Thread(
+                    target=_grow_loop, args=(self,), name="cudask-pinned", daemon=True
+                )
+                self._grower.start()
+            self._wake.notify_all()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until the background goal is reserved (or pinning failed, or the
+        pool closed); return whether the goal is reserved. True at once in
+        inline mode."""
+        with self._lock:
+            def done() -> bool:
+                return (self._grower is None or self._closed or self._pin_failed
+                        or self.reserved >= min(self.goal, self.capacity))
+
+            self._wake.wait_for(done, timeout)
+            return self._grower is None or self.reserved >= min(self.goal, self.capacity)
+
+    def _can_grow(self, size: int) -> bool:
+        """Whether reserving `size` more bytes is allowed (lock held)."""
+        return not self._pin_failed and self.reserved + self._reserving + size <= self.capacity
+
+    def _ask_ahead(self, size: int) -> None:
+        """Raise the background goal so `size` more bytes plus the headroom are
+        free ahead of use (lock held)."""
+        if size > self.slab_size:
+            self._big = max(self._big, size)
+        want = min(self.in_use + size + self.headroom, self.capacity)
+        if want > self.goal or self._big:
+            self.goal = max(self.goal, want)
+            self._wake.notify_all()
 
     def _take(self, nbytes: int, size: int) -> HostBlock | None:
         for slab in self._slabs:
@@ -266,14 +336,15 @@ class PinnedPool:
     def _grow(self, size: int) -> bool:
         slab_bytes = _round_up(max(size, self.slab_size), self.slab_size)
         with self._lock:
-            if self._pin_failed or self.backend is None:
+            if self._pin_failed or self.backend is None or self._closed:
                 return False
             if self.reserved + self._reserving + slab_bytes > self.capacity:
                 slab_bytes = self.capacity - self.reserved - self._reserving
                 slab_bytes -= slab_bytes % self.alignment
-                if slab_bytes < size:
+                if slab_bytes < size or slab_bytes <= 0:
                     return False
             self._reserving += slab_bytes
+        started = time.perf_counter()
         try:
             ptr = self.backend.alloc_pinned(slab_bytes)
         except Exception as exc:  # noqa: BLE001 - the driver refused: stop trying
@@ -281,30 +352,79 @@ class PinnedPool:
             with self._lock:
                 self._reserving -= slab_bytes
                 self._pin_failed = True
+                self._wake.notify_all()
             return False
         with self._lock:
             self._reserving -= slab_bytes
+            self.pin_seconds += time.perf_counter() - started
+            if self._closed:  # closed while pinning: give it straight back
+                self.backend.free_pinned(ptr)
+                return False
             self._slabs.append(_Slab(ptr, slab_bytes))
+            self._wake.notify_all()
         return True
 
+    def _grow_step(self) -> bool:
+        """One step of the background thread: reserve a slab if below the goal;
+        return False when closed. Waits while there is nothing to do."""
+        with self._lock:
+            while not self._closed:
+                missing = min(self.goal, self.capacity) - self.reserved - self._reserving
+                if (missing >= self.alignment or self._big) and not self._pin_failed:
+                    break
+                self._wake.wait()
+            if self._closed:
+                return False
+            size = min(self.slab_size, max(missing - missing % self.alignment, 0))
+            if self._big:
+                size, self._big = max(size, self._big), 0
+        self._grow(size)
+        return True
+
+    _REASONS: ClassVar[dict[str, str]] = {
+        "full": "the pinned pool is full (memory.pinned-pool-size={capacity} bytes)",
+        "refused": "the driver refused to pin more host memory",
+        "warmup": "the pinned pool is still being reserved ({reserved} of {goal} bytes ready)",
+    }
+    _ADVICE: ClassVar[dict[str, str]] = {
+        "full": "Raise cudask.memory.pinned-pool-size (e.g. "
+                'dask.config.set({{"cudask.memory.pinned-pool-size": "32GiB"}})) to keep them pinned.',
+        "refused": "Lower cudask.memory.pinned-pool-size or free locked memory (ulimit -l).",
+        "warmup": "Copies go back to pinned memory as it becomes ready; raise "
+                  "cudask.memory.pinned-preallocate to pin more when the worker starts.",
+    }
+
     def _pageable(self, nbytes: int, reason: str | None) -> HostBlock:
-        block = HostBlock.pageable(nbytes)
-        if reason is not None:
-            with self._lock:
-                self.pageable_blocks += 1
-                self.pageable_bytes += nbytes
-                warn = not self._warned
-                self._warned = True
-            if warn:
-                message = (
-                    f"cudask: {reason}; device -> host copies now use pageable memory, "
-                    "which is several times slower. Raise cudask.memory.pinned-pool-size "
-                    '(e.g. dask.config.set({"cudask.memory.pinned-pool-size": "32GiB"})) '
-                    "to keep them pinned. This warning is shown once."
-                )
+        if reason is None:
+            return HostBlock.pageable(nbytes)
+        with self._lock:
+            return self._pageable_locked(nbytes, reason)
+
+    def _pageable_locked(self, nbytes: int, reason: str) -> HostBlock:
+        """Pageable memory for one block, counted and warned about once per cause
+        (lock held; the warning is emitted without it)."""
+        self.pageable_blocks += 1
+        self.pageable_bytes += nbytes
+        if reason == "warmup":
+            self.warmup_fallback_bytes += nbytes
+        warn = reason not in self._warned
+        self._warned.add(reason)
+        if warn:
+            why = self._REASONS[reason].format(
+                capacity=self.capacity, reserved=self.reserved, goal=self.goal
+            )
+            message = (
+                f"cudask: {why}; device -> host copies use pageable memory meanwhile, "
+                f"which is several times slower. {self._ADVICE[reason]} "
+                "This warning is shown once."
+            )
+            self._lock.release()
+            try:
                 logger.warning(message)
-                warnings.warn(message, PinnedMemoryWarning, stacklevel=3)
-        return block
+                warnings.warn(message, PinnedMemoryWarning, stacklevel=4)
+            finally:
+                self._lock.acquire()
+        return HostBlock.pageable(nbytes)
 
     # -- release -------------------------------------------------------------------
     def _release(self, block: HostBlock, after: Copy | None) -> None:
@@ -347,8 +467,14 @@ class PinnedPool:
         return bool(done)
 
     def close(self) -> None:
-        """Wait for pending copies and return every slab to the driver. Blocks still
-        in use must not be touched afterwards."""
+        """Stop the background thread, wait for pending copies and return every
+        slab to the driver. Blocks still in use must not be touched afterwards."""
+        with self._lock:
+            self._closed = True
+            self._wake.notify_all()
+            grower = self._grower
+        if grower is not None and grower is not threading.current_thread():
+            grower.join(timeout=30)  # at most one cudaHostAlloc in progress
         self._collect(wait=True)
         with self._lock:
             slabs, self._slabs = self._slabs, []
@@ -358,14 +484,35 @@ class PinnedPool:
             self.backend.free_pinned(slab.ptr)
 
     def stats(self) -> dict[str, float]:
+        """Pool state for the store's metrics: capacity, reserved and in-use bytes,
+        readiness (1.0 when the background goal is reserved, or in inline mode)
+        and pageable fallbacks (all causes; `-warmup-` only those waiting for
+        the background thread)."""
         with self._lock:
+            reserved = sum(s.size for s in self._slabs)
+            goal = min(self.goal, self.capacity)
+            ready = 1.0 if self._grower is None or goal <= 0 else min(reserved / goal, 1.0)
             return {
-                "pinned-reserved-bytes": float(sum(s.size for s in self._slabs)),
+                "pinned-capacity-bytes": float(self.capacity),
+                "pinned-reserved-bytes": float(reserved),
+                "pinned-reserving-bytes": float(self._reserving),
+                "pinned-goal-bytes": float(goal if self._grower is not None else reserved),
+                "pinned-ready": ready,
                 "pinned-in-use-bytes": float(self.in_use),
                 "pinned-slabs": float(len(self._slabs)),
+                "pinned-seconds": self.pin_seconds,
                 "pageable-fallback-count": float(self.pageable_blocks),
                 "pageable-fallback-bytes": float(self.pageable_bytes),
+                "pageable-fallback-warmup-bytes": float(self.warmup_fallback_bytes),
             }
 
+
+def _grow_loop(pool: PinnedPool) -> None:
+    """The background thread of a pool: reserve slabs as `goal` asks, until closed."""
+    try:
+        while pool._grow_step():
+            pass
+    except Exception:  # never kill the worker over pinning
+        logger.exception("cudask: the pinned-memory thread stopped")
 
 __all__ = ["ALIGNMENT", "HostBlock", "PinnedMemoryWarning", "PinnedPool"]

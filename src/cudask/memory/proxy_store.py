@@ -53,7 +53,6 @@ from dask.utils import format_bytes, typename
 from distributed.spill import ManualEvictProto, SpilledSize
 
 from cudask.memory import dispatch
-from cudask.memory.dispatch import AnyHostCopy
 from cudask.memory.proxy import (
     HOSTCOPY,
     OBJECT,
@@ -69,32 +68,6 @@ logger = logging.getLogger("cudask.memory")
 
 _MISSING: Any = object()
 _CONTAINERS = (list, tuple, dict)
-
-
-class _Tier(TieredStore):
-    """The tiered store plus the two operations ProxyStore needs that store.py does
-    not expose yet (requested there as public methods; until then they live
-    here, next to the only caller)."""
-
-    def spill_device(self, nbytes: int) -> int:
-        """Move least recently used device keys to the host until `nbytes` of
-        device memory are released (or nothing more can move), wait for the
-        copies so the memory is really free; return the bytes released."""
-        with self.lock:
-            self._reap()
-            before = self._ledger.total
-            self._evict_until(max(before - nbytes, 0))
-            self._drain()
-            return before - self._ledger.total
-
-    def peek_host_copy(self, key: Key) -> AnyHostCopy | None:
-        """The host copy of a spilled device key, without bringing it back to the
-        device (read from disk into host memory if need be); None otherwise."""
-        with self.lock:
-            if key in self._spilled:
-                value: AnyHostCopy = self._host[key]  # type: ignore[assignment]
-                return value
-            return None
 
 
 class SpillOnDemand:
@@ -234,8 +207,9 @@ class ProxyStore(MutableMapping[Key, object]):
         spill_on_demand: bool = True,
         **tiered: Any,
     ) -> None:
-        self._inner = _Tier(device_memory_limit, memory_limit, log_spilling,
-                            max_spill if max_spill else False, worker_local_directory, **tiered)
+        self._inner = TieredStore(device_memory_limit, memory_limit, log_spilling,
+                                  max_spill if max_spill else False, worker_local_directory,
+                                  **tiered)
         self.lock = self._inner.lock
         self.device_memory_limit = self._inner.device_memory_limit
         self.memory_limit = self._inner.memory_limit

@@ -17,6 +17,11 @@ Covers: `TieredStore`, a MutableMapping[Key, object] composed of
 Keys live in exactly one of the device tier and the host tier. Device objects
 enter the device tier; everything else goes straight to the host tier.
 
+Without a device limit nothing is spilled, and device objects take a dict's
+path: no ledger, no generations, no background thread, lock-free reads;
+`device_bytes` is then computed when asked. The first `spill_device` call (the
+JIT-unspill store's spill on demand) switches the store to full accounting.
+
 Speed: moving a key out of the device tier only enqueues its copy (no host
 synchronisation); the device object is kept in an in-flight list until the copy
 completes, and a read of the key meanwhile returns it without any copy. A
@@ -24,9 +29,22 @@ background thread spills least-recently-used keys once the device tier passes
 `memory.spill-target` of its limit, so task threads rarely spill themselves
 (they do when the tier passes the limit itself). Host -> device copies are
 waited for before a value is handed out, outside the store's lock; `prefetch`
-starts them early. A spilled object still referenced elsewhere (by a running
-task, say) keeps counting as device memory until it dies, and a read of it
-returns it without a copy.
+starts them early. A spilled object keeps counting in `device_bytes` while its
+copy is in flight and, when still referenced elsewhere (by a running task,
+say), until it dies; a read of it returns it without a copy. The device limit
+is enforced on `committed_device_bytes`, which counts in-flight copies as
+released (they complete within milliseconds), so spilling never waits for them.
+
+Pinned memory: with `memory.pinned-preallocate` (default "auto"), a thread
+started with the store creates the copy backend and pins that much host memory
+in the background; afterwards the pool grows ahead of use in a background
+thread, and a spill that finds no pinned range ready copies into pageable
+memory instead of waiting (`cudask.memory.pinned`). With 0, the pool grows on
+the spill path.
+
+For the JIT-unspill store (`cudask.memory.proxy_store`): `spill_device(n)`
+evicts until n bytes are free and waits for the copies; `peek_host_copy(key)`
+gives a spilled key's host copy without unspilling it.
 
 Integration: implements `distributed.spill.ManualEvictProto` (`fast`,
 `evict()` act on the host tier, since distributed's memory manager watches host
@@ -42,7 +60,9 @@ copies are enqueued under it (microseconds). Host -> device copies are waited
 for with the lock released. Writes to the host tier may spill older host
 values to disk under the lock, as SpillBuffer itself does; `evict()` (the
 memory manager's path) goes to the host tier without the store lock, relying
-on SpillBuffer's own locking.
+on SpillBuffer's own locking. Reads of device keys without a device limit take
+no lock (a dict read). The copy engine is created under its own lock, never
+while holding it when taking the store lock.
 """
 
 from __future__ import annotations
@@ -83,14 +103,17 @@ logger = logging.getLogger("cudask.memory")
 class _InFlight:
     """A device object whose copy to the host is under way."""
 
-    __slots__ = ("copy", "gen", "key", "nbytes", "started", "value")
+    __slots__ = ("copy", "gen", "key", "nbytes", "ranges", "started", "value")
 
-    def __init__(self, key: Key, value: object, copy: AnyHostCopy, gen: int) -> None:
+    def __init__(
+        self, key: Key, value: object, copy: AnyHostCopy, gen: int, ranges: list[tuple[int, int]]
+    ) -> None:
         self.key = key
         self.value: object | None = value
         self.copy = copy
         self.gen = gen
         self.nbytes = copy.nbytes
+        self.ranges = ranges  # device memory held until the copy completes
         self.started = time.perf_counter()
 
 
@@ -135,7 +158,8 @@ class TieredStore(MutableMapping[Key, object]):
         created when the first copy is needed. Tests inject a fake one.
     pinned_pool_size, pinned_slab_size, pinned_preallocate, spill_target,
     background:
-        Override the `cudask.memory.*` config keys of the same names.
+        Override the `cudask.memory.*` config keys of the same names
+        (`background` is `memory.background-spill`).
     """
 
     # ManualEvictProto: distributed checks `fast` and `evict`; checked statically
@@ -153,7 +177,7 @@ class TieredStore(MutableMapping[Key, object]):
         backend: CopyBackend | None = None,
         pinned_pool_size: float | str | None = None,
         pinned_slab_size: int | str | None = None,
-        pinned_preallocate: bool | None = None,
+        pinned_preallocate: bool | float | str | None = None,
         spill_target: float | None = None,
         background: bool | None = None,
     ) -> None:
@@ -183,14 +207,18 @@ class TieredStore(MutableMapping[Key, object]):
         self._slab_setting = (
             config.get("memory.pinned-slab-size") if pinned_slab_size is None else pinned_slab_size
         )
-        self._preallocate = bool(
-            config.get("memory.pinned-preallocate") if pinned_preallocate is None
-            else pinned_preallocate
-        )
         self.pinned_pool_size = self._pinned_pool_bytes(self._pool_size_setting)
         self.pinned_slab_size = parse_size(
             self._slab_setting, total=None, name="cudask.memory.pinned-slab-size"
         ) or (1 << 30)
+        self.pinned_preallocate = self._preallocate_bytes(
+            config.get("memory.pinned-preallocate") if pinned_preallocate is None
+            else pinned_preallocate
+        )
+        self._engine_lock = threading.Lock()
+        # No device limit: nothing is ever spilled, so device values skip the
+        # ledger, the generations and the background thread (a dict's cost).
+        self._unlimited = self.device_memory_limit is None
 
         # -- tiers
         self._device: dict[Key, object] = {}  # LRU order: least recently used first
@@ -205,6 +233,7 @@ class TieredStore(MutableMapping[Key, object]):
         self._ghosts: dict[Key, tuple[int, list[weakref.ref[Any]], weakref.ref[Any] | None]] = {}
         self._dead_ghosts: deque[tuple[Key, int]] = deque()
         self._prefetched: dict[Key, tuple[object, list[Copy], int]] = {}
+        self._host_used = False  # whether a host value was ever stored (unlimited path)
         self._unspillable: set[Key] = set()
         self._warned_over_limit = False
 
@@ -226,6 +255,11 @@ class TieredStore(MutableMapping[Key, object]):
         self._metrics: defaultdict[tuple[str, str], float] = defaultdict(float)
         self._thread: threading.Thread | None = None
         self._finalizer = weakref.finalize(self, TieredStore._cleanup, self._tmpdir)
+        if self.pinned_preallocate:
+            # Pin ahead of the first spill, without delaying the worker's start.
+            threading.Thread(
+                target=_warm_up, args=(weakref.ref(self),), name="cudask-pinned-start", daemon=True
+            ).start()
 
     # ------------------------------------------------------------------ setup
     def _pinned_pool_bytes(self, value: Any) -> int:
@@ -237,23 +271,41 @@ class TieredStore(MutableMapping[Key, object]):
         total = self.memory_limit or _system_memory()
         return parse_size(value, total=total, name="cudask.memory.pinned-pool-size") or 0
 
+    def _preallocate_bytes(self, value: Any) -> int:
+        """Bytes of pinned memory to reserve in the background when the store
+        starts (0: none, and the pool grows inline, on the spill path)."""
+        if self.device_memory_limit is None or self.pinned_pool_size == 0:
+            return 0
+        if value is True:
+            return self.pinned_pool_size
+        if value is False or value is None:
+            return 0
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return min(self.pinned_pool_size, self.device_memory_limit, _AUTO_PREALLOCATE_CAP)
+        nbytes = parse_size(value, total=self.pinned_pool_size,
+                            name="cudask.memory.pinned-preallocate") or 0
+        return min(nbytes, self.pinned_pool_size)
+
     @property
     def engine(self) -> TransferEngine:
         """The transfer engine (creates the backend, e.g. CuPy, on first use)."""
         engine = self._engine
         if engine is None:
-            with self.lock:
-                if self._engine is None:
-                    backend = self._backend if self._backend is not None else default_backend()
-                    self._backend = backend
-                    pool = PinnedPool(backend, self.pinned_pool_size, self.pinned_slab_size)
-                    self._engine = TransferEngine(backend, pool)
-                    if self._preallocate and self.device_memory_limit is not None:
-                        threading.Thread(
-                            target=pool.preallocate, name="cudask-pinned-preallocate", daemon=True
-                        ).start()
-                engine = self._engine
+            engine = self._make_engine()
         return engine
+
+    def _make_engine(self) -> TransferEngine:
+        # Not under the store lock: the background warm-up creates the engine (and
+        # imports CuPy) while task threads keep using the store.
+        with self._engine_lock:
+            if self._engine is None:
+                backend = self._backend if self._backend is not None else default_backend()
+                self._backend = backend
+                pool = PinnedPool(backend, self.pinned_pool_size, self.pinned_slab_size)
+                if self.pinned_preallocate and not self._closed:
+                    pool.start_background(self.pinned_preallocate)
+                self._engine = TransferEngine(backend, pool)
+            return self._engine
 
     def _start_background(self) -> None:
         if self._thread is None and self.background and self.device_memory_limit is not None:
@@ -265,6 +317,8 @@ class TieredStore(MutableMapping[Key, object]):
 
     # ------------------------------------------------------------------ mapping
     def __setitem__(self, key: Key, value: object) -> None:
+        if self._unlimited and self._set_unlimited(key, value):
+            return
         device = dispatch.is_device_object(value)
         ranges = dispatch.allocations(value) if device else None
         with self.lock:
@@ -287,8 +341,53 @@ class TieredStore(MutableMapping[Key, object]):
                 if self._ledger.total > self.spill_target * self.device_memory_limit:
                     self._cv.notify_all()
 
+    def _set_unlimited(self, key: Key, value: object) -> bool:
+        """__setitem__ without a device limit: a dict write, plus moving the key
+        between tiers when its kind changes. The new place is written before
+        the old one is cleared, so lock-free readers always find the key.
+        Return False (nothing done) when the store has left this path."""
+        device = self._device
+        if dispatch.is_device_object(value):
+            with self.lock:
+                if not self._unlimited:
+                    return False
+                device[key] = value
+                if self._host_used and key in self._host:
+                    del self._host[key]
+        else:
+            with self.lock:
+                if not self._unlimited:
+                    return False
+                self._host[key] = value
+                self._host_used = True
+                device.pop(key, None)
+        return True
+
+    def _leave_fast_path(self) -> None:
+        """Start accounting device keys in the ledger (lock held): needed once
+        something spills without a device limit (`spill_device`, on demand)."""
+        if not self._unlimited:
+            return
+        for key, value in self._device.items():
+            self._next_gen += 1
+            self._gen[key] = self._next_gen
+            self._ledger.add(("d", key), dispatch.allocations(value))
+        for key in self._host:
+            self._next_gen += 1
+            self._gen[key] = self._next_gen
+        self._unlimited = False
+
     def __getitem__(self, key: Key) -> object:
+        if self._unlimited:
+            # No device limit: nothing moves, so no LRU order, no lock for device
+            # values (a dict read is atomic).
+            value = self._device.get(key, _MISSING)
+            if value is not _MISSING:
+                return value
         with self.lock:
+            if self._unlimited:
+                value = self._device.get(key, _MISSING)
+                return self._host[key] if value is _MISSING else value
             self._reap()
             value = self._device.get(key, _MISSING)
             if value is not _MISSING:
@@ -331,12 +430,18 @@ class TieredStore(MutableMapping[Key, object]):
 
     def __delitem__(self, key: Key) -> None:
         with self.lock:
+            if self._unlimited:
+                if self._device.pop(key, _MISSING) is _MISSING:
+                    del self._host[key]  # KeyError when absent
+                return
             if key not in self._device and key not in self._host:
                 raise KeyError(key)
             self._discard(key)
             self._reap()
 
     def __contains__(self, key: object) -> bool:
+        if key in self._device:
+            return True
         with self.lock:
             return key in self._device or key in self._host
 
@@ -514,7 +619,7 @@ class TieredStore(MutableMapping[Key, object]):
             )
             return -1
         self._spilled.add(key)
-        inflight = _InFlight(key, value, host_copy, self._gen[key])
+        inflight = _InFlight(key, value, host_copy, self._gen[key], ranges)
         self._inflight.append(inflight)
         self._inflight_by_key[key] = inflight
         nbytes = host_copy.nbytes
@@ -686,10 +791,59 @@ class TieredStore(MutableMapping[Key, object]):
     @property
     def device_bytes(self) -> int:
         """Device memory held by the store: the union of the allocations of device
-        keys, prefetched keys and spilled objects still alive elsewhere."""
+        keys, prefetched keys, objects whose copy to the host is still in flight
+        and spilled objects still alive elsewhere. (The device limit is enforced
+        on the same union less the in-flight copies, which release their memory
+        as soon as they complete: see `committed_device_bytes`.)"""
         with self.lock:
             self._reap()
+            return self._held_bytes()
+
+    @property
+    def committed_device_bytes(self) -> int:
+        """What the device limit is enforced on: `device_bytes` less the memory of
+        copies to the host still in flight (counted as released when issued)."""
+        with self.lock:
+            if self._unlimited:
+                return self._held_bytes()
+            self._reap()
             return self._ledger.total
+
+    def _held_bytes(self) -> int:
+        """`device_bytes` (lock held)."""
+        if self._unlimited:
+            # no ledger on this path: computed on demand
+            return union_bytes(r for v in self._device.values() for r in dispatch.allocations(v))
+        inflight = [r for i in self._inflight if i.value is not None for r in i.ranges]
+        extra = self._ledger.uncovered_bytes(inflight) if inflight else 0
+        return self._ledger.total + extra
+
+    # ------------------------------------------------------------------ for proxies
+    def spill_device(self, nbytes: int) -> int:
+        """Move least recently used device keys to the host until `nbytes` of
+        device memory are released (or nothing more can move), and wait for the
+        copies, so the memory is really free when this returns; return the bytes
+        released (possibly more than asked: in-flight copies also complete).
+        The caller must not hold device objects of the keys it wants freed."""
+        if nbytes <= 0:
+            return 0
+        with self.lock:
+            self._leave_fast_path()
+            self._reap()
+            before = self._held_bytes()
+            self._evict_until(max(self._ledger.total - nbytes, 0))
+            self._drain()
+            return max(before - self._held_bytes(), 0)
+
+    def peek_host_copy(self, key: Key) -> AnyHostCopy | None:
+        """The host copy of `key` when it is a device object moved to host or disk,
+        without bringing it back to the device (read from disk into host memory
+        if need be); None when `key` is on the device, a host value or absent.
+        The copy may still be filling: call its `wait()` before reading blocks."""
+        with self.lock:
+            if key not in self._spilled:
+                return None
+            return cast(AnyHostCopy, self._host[key])
 
     def metrics(self) -> dict[str, float]:
         """Per-tier sizes, moves and pinned-pool state, for Worker.metrics."""
@@ -706,7 +860,10 @@ class TieredStore(MutableMapping[Key, object]):
                 lru = cast(zict.LRU[Key, object], host)
                 host_bytes, host_keys, disk_keys, disk_bytes = float(lru.total_weight), len(lru), 0, 0.0
             out: dict[str, float] = {
-                "device-bytes": float(self._ledger.total),
+                "device-bytes": float(self._held_bytes()),
+                "device-committed-bytes": float(
+                    self._held_bytes() if self._unlimited else self._ledger.total
+                ),
                 "device-keys": float(len(self._device)),
                 "device-limit-bytes": float(self.device_memory_limit or 0),
                 "device-inflight-bytes": float(sum(i.nbytes for i in self._inflight)),
@@ -760,7 +917,8 @@ class TieredStore(MutableMapping[Key, object]):
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
-        engine = self._engine
+        with self._engine_lock:  # a warm-up creating the engine sees _closed
+            engine = self._engine
         if engine is not None:
             import gc
 
@@ -782,6 +940,22 @@ class TieredStore(MutableMapping[Key, object]):
 
 
 _MISSING: Any = object()
+
+# "auto" pinned-preallocate: at most this much is pinned before any spill.
+_AUTO_PREALLOCATE_CAP = 4 << 30
+
+
+def _warm_up(store_ref: weakref.ref[TieredStore]) -> None:
+    """Create the copy engine and start its pinned pool's background growth, off
+    the worker's start-up path. Failures only log: the first spill retries."""
+    store = store_ref()
+    if store is None or store._closed:
+        return
+    try:
+        store._make_engine()
+    except Exception as exc:  # noqa: BLE001 - e.g. no CuPy / no GPU: spills will say
+        logger.debug("cudask: pinned memory not prepared at start: %s", exc)
+    del store
 
 
 def _ghost_callback(store_ref: weakref.ref[TieredStore], key: Key, gen: int) -> Any:

@@ -9,7 +9,9 @@ ordered after the work that produced its source: before a device -> host copy
 the copy stream waits on an event recorded on the legacy default stream (which
 every blocking stream and the per-thread default streams synchronise with) and,
 when the object's `__cuda_array_interface__` names another stream, on that
-stream too.
+stream too. Each host -> device copy is ordered after the legacy default
+stream as well, where the destination was allocated (a stream-ordered pool may
+reuse memory that queued work still reads).
 
 Does not cover: which objects live on the device or how they are rebuilt
 (`cudask.memory.dispatch`), how the pinned pool is carved (`cudask.memory.pinned`),
@@ -252,6 +254,10 @@ class TransferEngine:
         """Copy `nbytes` from host address `src_host` to device address `dst`
         (async; ordered after `after`, the copy that filled the host block)."""
         stream = self._stream("h2d")
+        # `dst` was just allocated, on the legacy default stream for CuPy and RMM:
+        # stream-ordered pools may hand out memory that work queued there still
+        # reads, so the copy must not overtake that work.
+        self.backend.wait_event(stream, self.backend.record(None))
         if after is not None and not after.ready():
             self.backend.wait_event(stream, after.done)
         start = self.backend.record(stream)
