@@ -56,7 +56,7 @@ def test_cupy_dask_array_workloads(jit: bool) -> None:
     import dask.array as da
     from distributed import Client
 
-    with _cluster(jit_unspill=jit, device_memory_limit="200MB") as cluster, \
+    with _cluster(jit_unspill=jit, device_memory_limit="64MB") as cluster, \
             Client(cluster) as client:
         with dask.config.set({"array.backend": "cupy"}):
             x = da.random.random((4000, 4000), chunks=1000)  # 128 MB of float64
@@ -106,14 +106,14 @@ def _touch_one_at_a_time(*chunks: Any) -> tuple[float, int]:
 @pytest.mark.parametrize("jit", [True, False])
 def test_inputs_three_times_the_limit_touched_one_at_a_time(jit: bool) -> None:
     pytest.importorskip("cupy")
-    from distributed import Client
+    from distributed import Client, wait
 
     limit, chunk, n = 256 * MiB, 64 * MiB, 12  # 768 MiB of inputs: 3x the limit
     with _cluster(jit_unspill=jit, device_memory_limit=limit) as cluster, \
             Client(cluster) as client:
         client.run(_limit_cupy_pool, 600 * MiB)  # a 600 MiB "device"
         chunks = [client.submit(_make, i, chunk // 4, pure=False) for i in range(n)]
-        client.gather(chunks)
+        wait(chunks)  # not gather: that would bring all 768 MiB back at once
         future = client.submit(_touch_one_at_a_time, *chunks, pure=False)
         if jit:
             total, peak = future.result()

@@ -639,12 +639,12 @@ _DISPATCH_LOCK = threading.Lock()
 def register_dask_dispatch() -> None:
     """Register ProxyObject with dask's dispatch registries (dask.array always,
     dask.dataframe when pandas is installed), and distributed's serializers.
-    Idempotent; called when the first proxy is made."""
+    Idempotent; called when the first proxy is made. (distributed's serializers
+    are registered when this module is imported.)"""
     global _DISPATCH_REGISTERED
     with _DISPATCH_LOCK:
         if _DISPATCH_REGISTERED:
             return
-        _register_serialization()
         _register_array()
         if importlib.util.find_spec("pandas") is not None:
             _register_dataframe()
@@ -682,6 +682,11 @@ def _register_dataframe() -> None:
         if registry is not None:
             registry.register(ProxyObject)(_by_call(registry))
 
+
+# Serializers are registered when this module is imported: a process that receives a
+# proxy (a client gathering results, say) imports this module while unpickling the
+# proxy's type, before distributed looks the deserializer up.
+_register_serialization()
 
 __all__ = [
     "ProxyCell",
