@@ -45,6 +45,33 @@ def test_each_worker_device0_is_its_gpu_and_pinned(machine):
         assert client.submit(lambda: 21 * 2).result() == 42
 
 
+def _gpu_diagnostics(dask_scheduler) -> dict:
+    return {addr: {"name": ws.name, "gpu": ws.extra.get("gpu"), "metrics": ws.metrics.get("gpu")}
+            for addr, ws in dask_scheduler.workers.items()}
+
+
+def test_dashboard_gpu_pages_show_every_worker(machine):
+    import urllib.request
+
+    with LocalCUDACluster(dashboard_address=":0", device_memory_limit="1GB") as cluster, \
+            Client(cluster) as client:
+        client.wait_for_workers(len(machine.gpus))
+        time.sleep(1.5)  # a heartbeat or two carries the GPU metrics
+        diag = client.run_on_scheduler(_gpu_diagnostics)
+        assert len(diag) == len(machine.gpus)
+        for d in diag.values():
+            gpu = machine.gpus[d["name"]]
+            assert d["gpu"]["name"] == gpu.name
+            assert d["gpu"]["memory-total"] == gpu.memory_total
+            assert d["metrics"]["memory-used"] > 0  # its own CUDA context
+        base = cluster.dashboard_link.rsplit("/", 1)[0]
+        for page in ("individual-gpu-memory", "individual-gpu-utilization"):
+            with urllib.request.urlopen(f"{base}/{page}", timeout=30) as response:
+                assert response.status == 200
+        (metrics,) = client.run(lambda dask_worker: dask_worker.metrics["cudask"](dask_worker)).values()
+        assert "device-bytes" in metrics and "host-bytes" in metrics
+
+
 def test_visible_devices_as_uuid_and_scale(machine):
     pytest.importorskip("cupy")
     gpu = machine.gpus[-1]
