@@ -183,20 +183,20 @@ def options_for(surface: Surface) -> list[Option]:
 class WorkerOptions(Mapping[str, Any]):
     """Canonical values of every option (by `Option.name`), defaults filled in."""
 
-    values: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def __getitem__(self, key: str) -> Any:
-        return self.values[key]
+        return self.settings[key]
 
     def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(self.values)
+        return iter(self.settings)
 
     def __len__(self) -> int:
-        return len(self.values)
+        return len(self.settings)
 
     def __getattr__(self, key: str) -> Any:
         try:
-            return self.__dict__["values"][key]
+            return self.__dict__["settings"][key]
         except KeyError:
             raise AttributeError(key) from None
 
@@ -307,7 +307,7 @@ def check_rules(o: WorkerOptions) -> None:
     """Rules that span options; the same for cluster, CUDAWorker and CLI. Runs
     before any process starts. Sets protocol to 'ucx' when a UCX transport is
     asked for and no protocol given (as dask-cuda does)."""
-    v = o.values
+    v = o.settings
     if v.get("rmm_async") and v.get("rmm_managed_memory"):
         raise OptionError("rmm_async=True and rmm_managed_memory=True cannot be combined; "
                           "choose one allocator")

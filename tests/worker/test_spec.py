@@ -137,3 +137,15 @@ def test_ucx_config_reaches_nanny(dgx, monkeypatch):
     ucx = spec["config"]["distributed"]["comm"]["ucx"]
     assert ucx["nvlink"] is True and ucx["tcp"] is True and ucx["infiniband"] is None
     assert Nanny  # the spec is for a Nanny
+
+
+def test_worker_class_from_an_import_path():
+    from distributed import Worker
+
+    from cudask.worker.spec import worker_class
+
+    assert worker_class("distributed.Worker") is Worker
+    with pytest.raises(OptionError, match="cannot be imported"):
+        worker_class("distributed.NoSuchWorker")
+    with pytest.raises(OptionError, match="not a subclass"):
+        worker_class("distributed.Nanny")

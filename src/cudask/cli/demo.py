@@ -106,11 +106,9 @@ def demo(device_memory_limit: str, size_factor: float, chunk: str, dashboard_add
     header = f"{'worker':>6}  {'GPU':<40} {'on device':>10} {'on host':>10} {'on disk':>10} " \
              f"{'spilled':>10} {'unspilled':>10}"
     click.echo(header)
+    columns = ("device-bytes", "host-bytes", "disk-bytes", "spill-device-to-host-bytes",
+               "unspill-host-to-device-bytes")
     for f in sorted(figures.values(), key=lambda f: str(f["name"])):
-        def b(key: str) -> str:
-            return format_bytes(int(f.get(key, 0)))
-
-        click.echo(f"{f['name']!s:>6}  {f['gpu']:<40} {b('device-bytes'):>10} {b('host-bytes'):>10} "
-                   f"{b('disk-bytes'):>10} {b('spill-device-to-host-bytes'):>10} "
-                   f"{b('unspill-host-to-device-bytes'):>10}")
+        sizes = " ".join(f"{format_bytes(int(f.get(c, 0))):>10}" for c in columns)
+        click.echo(f"{f['name']!s:>6}  {f['gpu']:<40} {sizes}")
     click.echo(f"dashboard (while the cluster ran): {cluster.dashboard_link}")

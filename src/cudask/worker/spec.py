@@ -222,7 +222,7 @@ def nanny_options(
 def worker_class(value: Any) -> type:
     """The Worker class a nanny starts: a class, or an import path from the CLI."""
     if isinstance(value, str):
-        from dask.utils import import_term
+        from distributed.utils import import_term
 
         try:
             value = import_term(value)
