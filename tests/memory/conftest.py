@@ -16,21 +16,33 @@ def backend() -> FakeCopyBackend:
     return FakeCopyBackend()
 
 
-@pytest.fixture
-def make_store(tmp_path: Any) -> Iterator[Callable[..., TieredStore]]:
-    stores: list[TieredStore] = []
+def _factory(tmp_path: Any, default: type) -> Iterator[Callable[..., Any]]:
+    """Stores with the fake copy backend and small pools, closed after the test."""
+    stores: list[Any] = []
 
-    def make(**kwargs: Any) -> TieredStore:
+    def make(cls: type | None = None, **kwargs: Any) -> Any:
         kwargs.setdefault("backend", FakeCopyBackend())
         kwargs.setdefault("background", False)
         kwargs.setdefault("pinned_preallocate", False)
         kwargs.setdefault("pinned_pool_size", 1 << 20)
         kwargs.setdefault("pinned_slab_size", 1 << 16)
         kwargs.setdefault("local_directory", str(tmp_path / f"spill{len(stores)}"))
-        store = TieredStore(**kwargs)
+        store = (cls or default)(**kwargs)
         stores.append(store)
         return store
 
     yield make
     for store in stores:
         store.close()
+
+
+@pytest.fixture
+def make_store(tmp_path: Any) -> Iterator[Callable[..., TieredStore]]:
+    yield from _factory(tmp_path, TieredStore)
+
+
+@pytest.fixture
+def make_proxy_store(tmp_path: Any) -> Iterator[Callable[..., Any]]:
+    from cudask.memory.proxy_store import ProxyStore
+
+    yield from _factory(tmp_path, ProxyStore)

@@ -25,7 +25,6 @@ from distributed.protocol import deserialize, serialize
 
 from cudask.memory.dispatch import CudaArrayInterfaceHandler, register_handler
 from cudask.memory.proxy import ProxyError, ProxyObject, asproxy, is_proxy, unproxy
-from cudask.memory.proxy_store import ProxyStore
 from cudask.memory.transfer import TransferEngine
 from cudask.testing.fake_cuda import FakeCopyBackend
 
@@ -66,24 +65,6 @@ def devarray(values: Any) -> DevArray:
     return np.array(values).view(DevArray)
 
 
-@pytest.fixture
-def make_proxy_store(tmp_path: Any) -> Any:
-    stores: list[ProxyStore] = []
-
-    def make(**kwargs: Any) -> ProxyStore:
-        kwargs.setdefault("backend", FakeCopyBackend())
-        kwargs.setdefault("background", False)
-        kwargs.setdefault("pinned_preallocate", False)
-        kwargs.setdefault("pinned_pool_size", 1 << 20)
-        kwargs.setdefault("pinned_slab_size", 1 << 16)
-        kwargs.setdefault("local_directory", str(tmp_path / f"spill{len(stores)}"))
-        store = ProxyStore(**kwargs)
-        stores.append(store)
-        return store
-
-    yield make
-    for store in stores:
-        store.close()
 
 
 # ----------------------------------------------------------------------------------

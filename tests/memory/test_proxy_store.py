@@ -30,23 +30,8 @@ def dev(n: int, fill: int = 0) -> FakeDeviceArray:
 
 
 @pytest.fixture
-def make(tmp_path: Any) -> Any:
-    stores: list[Any] = []
-
-    def build(cls: type = ProxyStore, **kwargs: Any) -> Any:
-        kwargs.setdefault("backend", FakeCopyBackend())
-        kwargs.setdefault("background", False)
-        kwargs.setdefault("pinned_preallocate", False)
-        kwargs.setdefault("pinned_pool_size", 1 << 20)
-        kwargs.setdefault("pinned_slab_size", 1 << 16)
-        kwargs.setdefault("local_directory", str(tmp_path / f"spill{len(stores)}"))
-        store = cls(**kwargs)
-        stores.append(store)
-        return store
-
-    yield build
-    for store in stores:
-        store.close()
+def make(make_proxy_store: Any) -> Any:
+    return make_proxy_store
 
 
 def test_device_values_become_proxies_host_values_stay_plain(make: Any) -> None:

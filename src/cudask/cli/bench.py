@@ -22,23 +22,14 @@ from typing import Any, TypeVar
 import click
 
 from cudask.bench import environment, spec
-from cudask.errors import CudaskError, DeviceError, NoGPUError, OptionError
+from cudask.cli.errors import UserErrorGroup
+from cudask.errors import DeviceError, NoGPUError, OptionError
 from cudask.sizes import parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class _BenchGroup(click.Group):
-    """Turns cudask's user errors into `Error: <message>` and exit status 1."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except CudaskError as exc:
-            raise click.ClickException(str(exc)) from None
-
-
-@click.group(cls=_BenchGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=UserErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def bench() -> None:
     """Benchmarks: spilling, CuPy dask.array workloads, cluster start-up.
 
