@@ -23,7 +23,7 @@ import click
 
 from cudask.bench import environment, spec
 from cudask.cli.errors import UserErrorGroup
-from cudask.errors import DeviceError, NoGPUError, OptionError
+from cudask.errors import CudaskError, DeviceError, NoGPUError, OptionError
 from cudask.sizes import parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
