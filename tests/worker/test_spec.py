@@ -149,3 +149,27 @@ def test_worker_class_from_an_import_path():
         worker_class("distributed.NoSuchWorker")
     with pytest.raises(OptionError, match="not a subclass"):
         worker_class("distributed.Nanny")
+
+
+def test_host_tier_sized_like_distributeds_spill_buffer(dgx):
+    import dask.config
+
+    from cudask.worker.spec import host_tier
+
+    devices = select_devices(dgx, "0", None)
+    o = resolve({"memory_limit": "10GB", "device_memory_limit": "1GB"}, "cluster")
+    _, kwargs = nanny_options(o, devices, 0, n_workers=1, name=0)["data"]
+    assert kwargs["memory_limit"] == 6 * 10**9  # distributed.worker.memory.target: 0.6
+    assert kwargs["max_spill"] is False
+    with dask.config.set({"distributed.worker.memory.target": False,
+                          "distributed.worker.memory.spill": 0.7,
+                          "distributed.worker.memory.max-spill": "1GB"}):
+        assert host_tier(10**10) == (7 * 10**9, 10**9)
+    assert host_tier(None) == (None, False)
+
+
+def test_jit_unspill_gets_the_proxy_store(dgx):
+    o = resolve({"jit_unspill": True, "device_memory_limit": None, "memory_limit": 0}, "cluster")
+    devices = select_devices(dgx, "0", None)
+    cls, kwargs = nanny_options(o, devices, 0, n_workers=1, name=0)["data"]
+    assert cls.__name__ == "ProxyStore" and kwargs["device_memory_limit"] is None

@@ -13,7 +13,10 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+import dask.config
+from dask.utils import parse_bytes
 
 from distributed import Nanny, Worker, WorkerPlugin
 from distributed.worker_memory import parse_memory_limit
@@ -79,20 +82,36 @@ def host_memory_limit(o: WorkerOptions, n_workers: int) -> int | None:
     return limit or None
 
 
+def host_tier(memory_limit: int | None) -> tuple[int | None, int | Literal[False]]:
+    """Size of the store's host tier and its disk cap, as distributed sizes its own
+    SpillBuffer: `distributed.worker.memory.target` (else `.spill`) of the host limit,
+    so data reach disk before the memory manager pauses the worker (at `.pause`);
+    `max-spill` caps the disk."""
+    max_spill = dask.config.get("distributed.worker.memory.max-spill")
+    cap: int | Literal[False] = parse_bytes(max_spill) if isinstance(max_spill, str) else (
+        int(max_spill) if max_spill else False)
+    if memory_limit is None:
+        return None, cap
+    fraction = dask.config.get("distributed.worker.memory.target") or dask.config.get(
+        "distributed.worker.memory.spill")
+    return (int(memory_limit * fraction) if fraction else memory_limit), cap
+
+
 def data_store(o: WorkerOptions, sizes: DeviceSizes, memory_limit: int | None) -> Any:
     """The worker's `data=`: the tiered store (JIT-unspill variant when asked), or a
     plain dict when every limit is off."""
+    if sizes.device_memory_limit is None and memory_limit is None and not o.jit_unspill:
+        return dict
+    host, max_spill = host_tier(memory_limit)
+    kwargs = {"device_memory_limit": sizes.device_memory_limit, "memory_limit": host,
+              "max_spill": max_spill, "log_spilling": o.log_spilling}
     if o.jit_unspill:
         from cudask.memory.proxy_store import ProxyStore
 
-        return (ProxyStore, {"device_memory_limit": sizes.device_memory_limit,
-                             "memory_limit": memory_limit, "log_spilling": o.log_spilling})
-    if sizes.device_memory_limit is None and memory_limit is None:
-        return dict
+        return (ProxyStore, kwargs)
     from cudask.memory.store import TieredStore
 
-    return (TieredStore, {"device_memory_limit": sizes.device_memory_limit,
-                          "memory_limit": memory_limit, "log_spilling": o.log_spilling})
+    return (TieredStore, kwargs)
 
 
 def plugins(o: WorkerOptions, device: Device, sizes: DeviceSizes) -> list[WorkerPlugin]:
