@@ -64,3 +64,16 @@ def test_no_gpu_is_a_plain_error_exit_1():
     if "no NVIDIA GPU" not in out.stderr:
         pytest.skip("this machine has a GPU")
     assert out.returncode == 1 and "Traceback" not in out.stderr
+
+
+def test_dask_jobqueue_worker_command_line_is_accepted():
+    # dask-jobqueue runs `python -m cudask.cli worker` (its worker_command) with these flags;
+    # every one must parse (here the run stops at the missing GPU, before any process).
+    args = ["worker", "tcp://127.0.0.1:8786", "--name", "dummy-name", "--nthreads", "1",
+            "--memory-limit", "7.45GiB", "--nanny", "--death-timeout", "60",
+            "--local-directory", "/tmp", "--interface", "lo", "--protocol", "tcp"]
+    out = subprocess.run([sys.executable, "-m", "cudask.cli", *args], capture_output=True,
+                         text=True, timeout=60)
+    if "no NVIDIA GPU" not in out.stderr:
+        pytest.skip("this machine has a GPU")
+    assert out.returncode == 1 and "No such option" not in out.stderr
