@@ -1,0 +1,25 @@
+"""`cudask config` against a live scheduler (CPU: a plain worker, so no GPU fields)."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+from distributed import LocalCluster
+
+from cudask.cli.main import cli
+
+
+def test_config_reports_each_worker():
+    with LocalCluster(n_workers=2, processes=False, threads_per_worker=1,
+                      dashboard_address=":0") as cluster:
+        result = CliRunner().invoke(cli, ["config", cluster.scheduler_address, "--json"])
+        assert result.exit_code == 0, result.output
+        reports = json.loads(result.output)
+        assert len(reports) == 2
+        for address, report in reports.items():
+            assert report["address"] == address and report["protocol"] == "inproc"
+            assert report["nthreads"] == 1 and report["rmm"] is None
+            assert report["gpu"] is None  # no cudask-cuda-context plugin on a plain worker
+        text = CliRunner().invoke(cli, ["config", cluster.scheduler_address]).output
+        assert text.count("worker ") == 2 and "RMM              default (no pool)" in text
