@@ -173,3 +173,19 @@ def test_jit_unspill_gets_the_proxy_store(dgx):
     devices = select_devices(dgx, "0", None)
     cls, kwargs = nanny_options(o, devices, 0, n_workers=1, name=0)["data"]
     assert cls.__name__ == "ProxyStore" and kwargs["device_memory_limit"] is None
+
+
+def test_spilling_without_cupy_is_refused_before_start(dgx, monkeypatch):
+    from cudask import options
+    from cudask.errors import MissingDependencyError
+    from cudask.worker.spec import check_devices
+
+    devices = select_devices(dgx, "0,1", None)
+    real = options._library
+    monkeypatch.setattr(options, "_library", lambda m: False if m == "cupy" else real(m))
+    with pytest.raises(MissingDependencyError, match="device_memory_limit='4GB'.*needs cupy.*=None"):
+        check_devices(resolve({"device_memory_limit": "4GB"}, "cluster"), devices)
+    with pytest.raises(MissingDependencyError, match="jit_unspill"):
+        check_devices(resolve({"jit_unspill": True, "device_memory_limit": None}, "cluster"), devices)
+    sizes = check_devices(resolve({"device_memory_limit": None}, "cluster"), devices)
+    assert [s.device_memory_limit for s in sizes] == [None, None]

@@ -21,7 +21,7 @@ from distributed import LocalCluster, Nanny, Worker
 from cudask.devices import Device, Machine, discover, parse_visible_devices, require_gpus
 from cudask.errors import DeviceError, OptionError
 from cudask.options import BY_CLUSTER_KEYWORD, WorkerOptions, options_for, resolve
-from cudask.worker.spec import device_sizes, gpu_name, nanny_options, ucx_config
+from cudask.worker.spec import check_devices, gpu_name, nanny_options, ucx_config
 
 logger = logging.getLogger("cudask")
 
@@ -81,8 +81,7 @@ class LocalCUDACluster(LocalCluster):
         options = resolve(worker_values, "cluster")
         machine = discover()
         devices = select_devices(machine, CUDA_VISIBLE_DEVICES, n_workers)
-        for d in devices:  # every size error before any process starts
-            device_sizes(options, d)
+        check_devices(options, devices)  # sizes and libraries, before any process
         self.options: WorkerOptions = options
         self.devices: list[Device] = devices
         self.machine = machine

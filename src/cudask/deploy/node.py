@@ -26,7 +26,7 @@ from cudask.devices import Device, discover, parse_visible_devices, require_gpus
 from cudask.errors import DeviceError, OptionError
 from cudask.options import BY_NAME, WorkerOptions, options_for, resolve
 from cudask.worker.spec import (
-    device_sizes,
+    check_devices,
     nanny_options,
     parse_ports,
     parse_resources,
@@ -81,8 +81,7 @@ class CUDAWorker:
                 f"{len(devices)} are visible ({', '.join(d.label for d in devices)}). Set "
                 "CUDA_VISIBLE_DEVICES to one GPU per process (e.g. from the MPI local rank)"
             )
-        for d in devices:
-            device_sizes(options, d)
+        check_devices(options, devices)  # sizes and libraries, before any process
         self.options: WorkerOptions = options
         self.devices: list[Device] = devices
         self.scheduler = scheduler

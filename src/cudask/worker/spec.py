@@ -22,8 +22,8 @@ from distributed import Nanny, Worker, WorkerPlugin
 from distributed.worker_memory import parse_memory_limit
 
 from cudask.devices import Device, cuda_visible_devices
-from cudask.errors import OptionError
-from cudask.options import UCX_PROTOCOLS, WorkerOptions
+from cudask.errors import MissingDependencyError, OptionError
+from cudask.options import UCX_PROTOCOLS, WorkerOptions, require_library
 from cudask.sizes import parse_size
 from cudask.worker.plugins import CPUAffinity, CudfSpill, CUDAContext, PreImport, StoreMetrics
 from cudask.worker.rmm import RMMSetup
@@ -67,6 +67,22 @@ def device_sizes(o: WorkerOptions, device: Device) -> DeviceSizes:
         raise OptionError(f"rmm_maximum_pool_size={o.rmm_maximum_pool_size!r} is smaller than "
                           f"rmm_pool_size={o.rmm_pool_size!r}")
     return DeviceSizes(limit, pool, maximum, rmm("rmm_release_threshold"))
+
+
+def check_devices(o: WorkerOptions, devices: Sequence[Device]) -> list[DeviceSizes]:
+    """Every per-device size, parsed before any process starts; and CuPy, which the
+    store copies device data with, when any worker will spill or hand out proxies."""
+    sizes = [device_sizes(o, d) for d in devices]
+    if o.jit_unspill or any(s.device_memory_limit is not None for s in sizes):
+        what = "jit_unspill=True" if o.jit_unspill else (
+            f"device_memory_limit={o.device_memory_limit!r} (spilling from the GPU)")
+        try:
+            require_library("cupy", what)
+        except MissingDependencyError as exc:
+            raise MissingDependencyError(
+                exc.library, exc.needed_for,
+                exc.install + " -- or turn spilling off with device_memory_limit=None") from None
+    return sizes
 
 
 def host_memory_limit(o: WorkerOptions, n_workers: int) -> int | None:
@@ -265,6 +281,7 @@ def worker_options(nanny_opts: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 __all__ = [
     "DeviceSizes",
+    "check_devices",
     "Nanny",
     "Worker",
     "data_store",
