@@ -35,3 +35,19 @@ def test_store_metrics_registered_and_removed():
     assert w.metrics["cudask"](w) == {"device_bytes": 5.0}
     p.teardown(w)
     assert "cudask" not in w.metrics
+
+
+def test_store_metrics_on_the_prometheus_page():
+    prometheus_client = pytest.importorskip("prometheus_client")
+    data = types.SimpleNamespace(metrics=lambda: {"device-bytes": 5.0, "host-keys": 2.0})
+    w = types.SimpleNamespace(metrics={}, data=data)
+    p = StoreMetrics()
+    p.setup(w)
+    p.setup(w)  # idempotent: one collector
+    try:
+        page = prometheus_client.generate_latest().decode()
+        assert "cudask_store_device_bytes 5.0" in page
+        assert "cudask_store_host_keys 2.0" in page
+    finally:
+        p.teardown(w)
+    assert "cudask_store_device_bytes" not in prometheus_client.generate_latest().decode()

@@ -149,14 +149,47 @@ def _store_metrics(worker: Any) -> dict[str, float]:
     return dict(metrics()) if callable(metrics) else {}
 
 
+class StoreCollector:
+    """A Prometheus collector of the store's metrics: every key of `metrics()` as a
+    gauge `cudask_store_<key>` on the worker's /metrics page."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        for key, value in sorted(_store_metrics(self.worker).items()):
+            name = "cudask_store_" + key.replace("-", "_")
+            yield GaugeMetricFamily(name, f"cudask data store: {key}", value=float(value))
+
+
 class StoreMetrics(WorkerPlugin):
-    """Publish the data store's tier sizes and spill counters as `cudask` worker metrics."""
+    """Publish the data store's tier sizes and spill counters as `cudask` worker
+    metrics (heartbeats to the scheduler) and, where prometheus_client is installed,
+    on the worker's Prometheus page."""
 
     name = "cudask-metrics"
     key = "cudask"
 
+    def __init__(self) -> None:
+        self.collector: StoreCollector | None = None
+
     def setup(self, worker: Any) -> None:
         worker.metrics[self.key] = _store_metrics
+        if self.collector is not None:
+            return
+        try:
+            import prometheus_client
+        except ImportError:
+            return
+        self.collector = StoreCollector(worker)
+        prometheus_client.REGISTRY.register(self.collector)
 
     def teardown(self, worker: Any) -> None:
         worker.metrics.pop(self.key, None)
+        if self.collector is not None:
+            import prometheus_client
+
+            prometheus_client.REGISTRY.unregister(self.collector)
+            self.collector = None
