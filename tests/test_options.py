@@ -90,3 +90,11 @@ def test_docs_options_md_is_current():
 
     doc = pathlib.Path(__file__).parent.parent / "docs" / "options.md"
     assert doc.read_text() == options.reference(), "regenerate: cudask options > docs/options.md"
+
+
+def test_paths_accept_pathlike_and_refuse_others(tmp_path):
+    o = resolve({"local_directory": tmp_path}, "cluster")
+    assert o.local_directory == str(tmp_path)
+    with pytest.raises(OptionError, match="is not a path"):
+        resolve({"local_directory": 5}, "cluster")
+    assert resolve({"resources": {"GPU": 1}}, "worker").resources == {"GPU": 1}

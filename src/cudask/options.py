@@ -14,6 +14,7 @@ GPU's memory) and starting anything.
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -21,7 +22,7 @@ from typing import Any, Literal
 from cudask import config
 from cudask.errors import MissingDependencyError, OptionError
 
-Kind = Literal["int", "str", "size", "bool", "tristate", "list", "choice", "address", "any"]
+Kind = Literal["int", "str", "path", "size", "bool", "tristate", "list", "choice", "any"]
 Surface = Literal["cluster", "worker", "cli"]
 
 ALL: frozenset[Surface] = frozenset({"cluster", "worker", "cli"})
@@ -81,7 +82,7 @@ OPTIONS: tuple[Option, ...] = (
            "spills to host: bytes, '40GB', a fraction of the GPU's memory, 'auto' (all of it), "
            "'default' (80%; off on GPUs without dedicated memory) or 0/None for no spilling.",
            config="device-memory-limit"),
-    Option("local_directory", "str", "Directory for spilled data and worker files; default: "
+    Option("local_directory", "path", "Directory for spilled data and worker files; default: "
            "dask's temporary-directory.", config="local-directory"),
     Option("log_spilling", "bool", "Log every move of data between device, host and disk.",
            config="log-spilling", flag="--log-spilling", secondary="--no-log-spilling"),
@@ -113,7 +114,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("rmm_release_threshold", "size", "Memory the async pool holds before it releases "
            "memory to the system (needs rmm_async).", config="rmm-release-threshold",
            group="rmm"),
-    Option("rmm_log_directory", "str", "Directory for RMM allocation logs, one file per worker.",
+    Option("rmm_log_directory", "path", "Directory for RMM allocation logs, one file per worker.",
            config="rmm-log-directory", group="rmm"),
     _bool("rmm_track_allocations", "Track RMM allocations (read by `cudask config`).",
           "rmm-track-allocations", group="rmm"),
@@ -130,7 +131,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("pre_import", "list", "Modules each worker imports at start; a missing one fails the "
            "start (comma-separated or a list).", config="pre-import", group="cudf"),
     # --- one node's workers (CUDAWorker and the CLI)
-    Option("scheduler_file", "str", "JSON file the scheduler wrote its address to.",
+    Option("scheduler_file", "path", "JSON file the scheduler wrote its address to.",
            surfaces=NODE, group="node"),
     Option("host", "str", "Address the workers listen on and advertise; default: the "
            "interface's address.", surfaces=NODE, group="node"),
@@ -143,12 +144,12 @@ OPTIONS: tuple[Option, ...] = (
            surfaces=NODE, group="node"),
     Option("name", "str", "Worker name: one GPU registers exactly it, several register "
            "NAME-0, NAME-1, ...; default: the GPU's id.", surfaces=NODE, group="node"),
-    Option("resources", "str", "Abstract resources of each worker, e.g. 'GPU=1 MEM=10e9'.",
+    Option("resources", "any", "Abstract resources of each worker, e.g. 'GPU=1 MEM=10e9'.",
            surfaces=NODE, group="node"),
-    Option("pid_file", "str", "File to write the process id to.", surfaces=NODE, group="node"),
+    Option("pid_file", "path", "File to write the process id to.", surfaces=NODE, group="node"),
     Option("preload", "list", "Modules or scripts each worker preloads (repeatable).",
            surfaces=NODE, group="node"),
-    Option("death_timeout", "str", "Seconds a worker waits for the scheduler before it closes.",
+    Option("death_timeout", "any", "Seconds a worker waits for the scheduler before it closes.",
            surfaces=NODE, group="node"),
     _bool("dashboard", "Serve each worker's diagnostics dashboard.", None, surfaces=NODE,
           group="node", default=True),
@@ -254,11 +255,11 @@ def coerce(opt: Option, value: Any) -> Any:
                 f"{opt.name}={value!r} is not accepted; accepted: {', '.join(opt.choices)}"
             )
         return value
+    if opt.kind == "path" and value is not None:
+        if not isinstance(value, (str, os.PathLike)):
+            raise OptionError(f"{opt.name}={value!r} is not a path")
+        return os.fspath(value)
     if opt.kind == "str" and value is not None and not isinstance(value, str):
-        if opt.name in ("local_directory", "rmm_log_directory", "scheduler_file", "pid_file"):
-            return str(value)  # os.PathLike
-        if opt.name in ("resources", "death_timeout") and isinstance(value, (dict, int, float)):
-            return value
         raise OptionError(f"{opt.name}={value!r} is not a string")
     return value
 

@@ -1001,10 +1001,10 @@ def _system_memory() -> int:
 
 
 def worker_metrics(worker: Worker) -> dict[str, float]:
-    """`Worker.metrics` callable: the store's metrics when the worker's data is a
-    TieredStore (register as `worker.metrics["cudask-memory"] = worker_metrics`)."""
-    data = worker.data
-    return data.metrics() if isinstance(data, TieredStore) else {}
+    """`Worker.metrics` callable: the metrics of the worker's data store when it has
+    them (TieredStore, ProxyStore), else {} (a plain dict)."""
+    metrics = getattr(worker.data, "metrics", None)
+    return dict(metrics()) if callable(metrics) else {}
 
 
 # Static check that TieredStore implements distributed's public protocol.

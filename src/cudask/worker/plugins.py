@@ -27,6 +27,7 @@ from typing import Any
 
 from distributed import WorkerPlugin
 
+from cudask.memory.store import worker_metrics
 from cudask.worker.context import device0_uuid
 
 logger = logging.getLogger("cudask.worker")
@@ -144,11 +145,6 @@ class CudfSpill(WorkerPlugin):
         self.previous = None
 
 
-def _store_metrics(worker: Any) -> dict[str, float]:
-    metrics = getattr(worker.data, "metrics", None)
-    return dict(metrics()) if callable(metrics) else {}
-
-
 class StoreCollector:
     """A Prometheus collector of the store's metrics: every key of `metrics()` as a
     gauge `cudask_store_<key>` on the worker's /metrics page."""
@@ -159,7 +155,7 @@ class StoreCollector:
     def collect(self) -> Any:
         from prometheus_client.core import GaugeMetricFamily
 
-        for key, value in sorted(_store_metrics(self.worker).items()):
+        for key, value in sorted(worker_metrics(self.worker).items()):
             name = "cudask_store_" + key.replace("-", "_")
             yield GaugeMetricFamily(name, f"cudask data store: {key}", value=float(value))
 
@@ -176,7 +172,7 @@ class StoreMetrics(WorkerPlugin):
         self.collector: StoreCollector | None = None
 
     def setup(self, worker: Any) -> None:
-        worker.metrics[self.key] = _store_metrics
+        worker.metrics[self.key] = worker_metrics
         if self.collector is not None:
             return
         try:
