@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import cloudpickle
 import pytest
 from distributed import Client
 
@@ -17,6 +18,9 @@ from cudask.devices import discover
 from cudask.testing import cpu_affinity, current_gpu_uuid
 
 pytestmark = pytest.mark.gpu
+
+# Functions defined here run on LocalCUDACluster workers: send them by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 # Functions run on workers come from an importable module: workers started by the CLI
@@ -229,3 +233,130 @@ def test_two_gpus_two_workers(machine):
         assert sorted(uuids.values()) == sorted(g.uuid for g in machine.gpus[:2])
         names = {w["name"] for w in client.scheduler_info()["workers"].values()}
         assert names == {0, 1}
+
+
+def _stop(*procs: subprocess.Popen) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_no_nanny_worker_and_dask_spec(tmp_path, machine):
+    """`dask cuda worker --no-nanny` (one GPU, this process) and CUDAWorker as the
+    class of `dask spec` (how dask-jobqueue / SSHCluster start workers)."""
+    pytest.importorskip("cupy")
+    gpu = machine.gpus[-1]
+    sched, sched_file = _run_scheduler(tmp_path)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu.uuid}
+    solo = subprocess.Popen([sys.executable, "-m", "cudask.cli", "worker", "--scheduler-file",
+                             str(sched_file), "--no-nanny", "--name", "solo",
+                             "--device-memory-limit", "1GB"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    spec = json.dumps({"cls": "cudask.CUDAWorker",
+                       "opts": {"name": "spec", "device_memory_limit": "1GB",
+                                "scheduler_file": str(sched_file)}})
+    spec_proc = subprocess.Popen(["dask", "spec", "--spec", spec], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        with Client(scheduler_file=str(sched_file)) as client:
+            client.wait_for_workers(2, timeout=120)
+            info = client.scheduler_info()["workers"]
+            by_name = {w["name"]: addr for addr, w in info.items()}
+            assert set(by_name) == {"solo", "spec"}
+            uuids = client.run(_uuid_of_device0)
+            assert uuids[by_name["solo"]] == uuids[by_name["spec"]] == gpu.uuid
+            kinds = client.run(lambda dask_worker: type(dask_worker.data).__name__)
+            assert set(kinds.values()) == {"TieredStore"}
+    finally:
+        _stop(solo, spec_proc, sched)
+
+
+@pytest.mark.multigpu
+def test_cli_port_range_split_across_gpus(tmp_path, machine):
+    pytest.importorskip("cupy")
+    sched, sched_file = _run_scheduler(tmp_path)
+    worker = subprocess.Popen(["dask", "cuda", "worker", "--scheduler-file", str(sched_file),
+                               "--name", "node", "--worker-port", "41000:41019",
+                               "--no-dashboard", "--device-memory-limit", "0.5"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        with Client(scheduler_file=str(sched_file)) as client:
+            n = len(machine.gpus)
+            client.wait_for_workers(n, timeout=120)
+            info = client.scheduler_info()["workers"]
+            assert sorted(w["name"] for w in info.values()) == [f"node-{i}" for i in range(n)]
+            ports = [int(addr.rsplit(":", 1)[1]) for addr in info]
+            assert len(set(ports)) == n and all(41000 <= p <= 41019 for p in ports)
+            uuids = client.run(_uuid_of_device0)
+            for addr, w in info.items():
+                i = int(w["name"].rsplit("-", 1)[1])
+                assert uuids[addr] == machine.gpus[i].uuid
+            limits = client.run(lambda dask_worker: dask_worker.data.device_memory_limit)
+            for addr, w in info.items():
+                i = int(w["name"].rsplit("-", 1)[1])
+                assert limits[addr] == machine.gpus[i].memory_total // 2
+    finally:
+        _stop(worker, sched)
+
+
+@pytest.mark.multigpu
+def test_scale_within_the_visible_gpus(machine):
+    pytest.importorskip("cupy")
+    from cudask.errors import OptionError
+
+    with LocalCUDACluster(dashboard_address=":0", device_memory_limit="1GB") as cluster, \
+            Client(cluster) as client:
+        n = len(machine.gpus)
+        client.wait_for_workers(n)
+        cluster.scale(1)
+        deadline = time.time() + 60
+        while len(client.scheduler_info()["workers"]) > 1 and time.time() < deadline:
+            time.sleep(0.2)
+        assert len(client.scheduler_info()["workers"]) == 1
+        cluster.scale(n)
+        client.wait_for_workers(n, timeout=90)
+        assert sorted(client.run(_uuid_of_device0).values()) == sorted(g.uuid for g in machine.gpus)
+        with pytest.raises(OptionError, match="visible GPU"):
+            cluster.scale(n + 1)
+
+
+def _chunk(i: int, elements: int):  # a CuPy array
+    import cupy
+
+    return cupy.arange(elements, dtype="uint64") + (i << 32)
+
+
+def _check(chunk, i: int) -> int:
+    import cupy
+
+    expected = cupy.arange(chunk.size, dtype="uint64") + (i << 32)
+    return int((chunk != expected).sum())
+
+
+def _spilled(dask_worker) -> float:
+    return dask_worker.data.metrics()["spill-device-to-host-bytes"]
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("jit", [False, True])
+def test_spilling_on_two_gpus_with_transfers_between_them(machine, jit):
+    """Every worker past its limit; each chunk is read back on the other GPU too."""
+    pytest.importorskip("cupy")
+    elements = 32 << 20  # 256 MiB of uint64
+    with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", device_memory_limit="1GB", jit_unspill=jit,
+                          dashboard_address=":0") as cluster, Client(cluster) as client:
+        a, b = sorted(client.scheduler_info()["workers"])
+        chunks = [client.submit(_chunk, i, elements, workers=[(a, b)[i % 2]], pure=False)
+                  for i in range(16)]  # 2 GiB per GPU
+        local = [client.submit(_check, c, i, workers=[(a, b)[i % 2]], pure=False)
+                 for i, c in enumerate(chunks)]
+        crossed = [client.submit(_check, c, i, workers=[(b, a)[i % 2]], pure=False)
+                   for i, c in enumerate(chunks)]
+        assert client.gather(local) == [0] * 16
+        assert client.gather(crossed) == [0] * 16
+        spilled = client.run(_spilled)
+        assert spilled[a] > 0 and spilled[b] > 0

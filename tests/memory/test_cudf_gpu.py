@@ -1,0 +1,131 @@
+"""cuDF and dask-cuDF on a real GPU, through LocalCUDACluster: groupby, an
+explicit task shuffle and a hash merge (dask.dataframe's hash, group-split and
+concat dispatch) on frames spilled past a small device limit, with and without
+JIT-unspill; a proxy of a cuDF frame used in place of the frame; and the cuDF
+spilling options set on the workers. Skipped where cuDF / dask-cuDF are missing.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import cloudpickle
+import numpy as np
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+# Functions below run on the workers: send them by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _frames(n: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    rng = np.random.default_rng(0)
+    left = pd.DataFrame({"k": rng.integers(0, 1000, n), "x": rng.random(n),
+                         "y": rng.integers(0, 10**9, n)})
+    right = pd.DataFrame({"k": np.arange(1000), "w": rng.random(1000)})
+    return left, right
+
+
+def _store_metrics(dask_worker: Any) -> dict[str, Any]:
+    return {"type": type(dask_worker.data).__name__, **dask_worker.data.metrics()}
+
+
+def _sorted(df: Any, by: list[str]) -> pd.DataFrame:
+    if hasattr(df, "to_pandas"):
+        df = df.to_pandas()
+    return df.sort_values(by).reset_index(drop=True)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_dask_cudf_groupby_shuffle_merge_past_the_limit(jit: bool) -> None:
+    cudf = pytest.importorskip("cudf")
+    dask_cudf = pytest.importorskip("dask_cudf")
+    import dask
+    from distributed import Client, wait
+
+    from cudask import LocalCUDACluster
+
+    left, right = _frames(2_000_000)  # 48 MB on the device, 3x the limit
+    # task shuffles: they go through dask's hash, group-split and concat dispatch
+    with dask.config.set({"dataframe.shuffle.method": "tasks"}), LocalCUDACluster(n_workers=1, threads_per_worker=1, device_memory_limit="16MB",
+                          jit_unspill=jit, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        ddf = dask_cudf.from_cudf(cudf.from_pandas(left), npartitions=16).persist()
+        rdf = dask_cudf.from_cudf(cudf.from_pandas(right), npartitions=2).persist()
+        wait([ddf, rdf])
+
+        got = ddf.groupby("k").agg({"x": "sum", "y": "max"}).compute().to_pandas()
+        expected = left.groupby("k").agg({"x": "sum", "y": "max"})
+        pd.testing.assert_frame_equal(got.sort_index(), expected, check_dtype=False,
+                                      check_exact=False, rtol=1e-9)
+
+        shuffled = ddf.shuffle("k", shuffle_method="tasks").persist()
+        wait(shuffled)
+        parts = client.compute(shuffled.to_delayed())
+        keys_per_part = [set(p.to_pandas()["k"]) for p in client.gather(parts)]
+        for i, a in enumerate(keys_per_part):  # each key lives in one partition
+            for b in keys_per_part[i + 1:]:
+                assert not a & b
+        pd.testing.assert_frame_equal(_sorted(shuffled.compute(), ["y", "k"]),
+                                      _sorted(left, ["y", "k"]))
+
+        merged = ddf.merge(rdf, on="k", how="inner", shuffle_method="tasks", broadcast=False)
+        pd.testing.assert_frame_equal(_sorted(merged.compute(), ["y", "k", "x"]),
+                                      _sorted(left.merge(right, on="k"), ["y", "k", "x"]),
+                                      check_like=True)
+
+        (metrics,) = client.run(_store_metrics).values()
+        assert metrics["type"] == ("ProxyStore" if jit else "TieredStore")
+        assert metrics["spill-device-to-host-count"] > 0
+        if jit:
+            assert metrics["proxies"] > 0
+
+
+def test_proxy_of_a_cudf_frame(tmp_path: Any) -> None:
+    cudf = pytest.importorskip("cudf")
+    from dask.dataframe import methods
+    from dask.dataframe.dispatch import hash_object_dispatch, make_meta
+
+    from cudask.memory.proxy_store import ProxyStore
+
+    left, _ = _frames(10_000)
+    store = ProxyStore(device_memory_limit=1 << 20, pinned_pool_size="64MB",
+                       pinned_preallocate=False, local_directory=str(tmp_path))
+    try:
+        store["df"] = cudf.from_pandas(left)
+        for i in range(4):  # push "df" off the device
+            store[("filler", i)] = cudf.from_pandas(left)
+        proxy = store["df"]
+        assert store.where("df") != "device"
+        assert isinstance(proxy, cudf.DataFrame)
+        assert len(proxy) == len(left) and list(proxy.columns) == ["k", "x", "y"]
+        assert int(proxy["y"].max()) == int(left["y"].max())
+        assert np.isclose(float((proxy["x"] * 2).sum()), float((left["x"] * 2).sum()))
+        both = methods.concat([proxy, proxy])
+        assert isinstance(both, cudf.DataFrame) and len(both) == 2 * len(left)
+        assert len(hash_object_dispatch(proxy, index=False)) == len(left)
+        assert isinstance(make_meta(proxy), cudf.DataFrame)
+    finally:
+        store.close()
+
+
+def _cudf_options() -> tuple[Any, Any]:
+    import cudf
+
+    return cudf.get_option("spill"), cudf.get_option("spill_stats")
+
+
+def test_cudf_spill_options_on_the_workers() -> None:
+    pytest.importorskip("cudf")
+    from distributed import Client
+
+    from cudask import LocalCUDACluster
+
+    with LocalCUDACluster(n_workers=1, enable_cudf_spill=True, cudf_spill_stats=1,
+                          dashboard_address=":0") as cluster, Client(cluster) as client:
+        assert list(client.run(_cudf_options).values()) == [(True, 1)]
+        limits = client.run(lambda dask_worker: dask_worker.data.device_memory_limit)
+        assert list(limits.values()) == [None]  # cuDF spills; the device tier is unlimited
