@@ -280,3 +280,16 @@ def test_chart_command_refuses_other_json(tmp_path: Path) -> None:
     src.write_text('{"hello": 1}')
     code, out = invoke("chart", str(src), "--output", str(tmp_path / "c.png"))
     assert code == 1 and "not a cudask bench result" in out
+
+
+def test_against_jit_unspill_needs_against() -> None:
+    line = one_line_error(*invoke("spill", *CPU, "--against-jit-unspill", "on"))
+    assert "--against-jit-unspill" in line and "--against dask-cuda" in line
+
+
+def test_against_jit_unspill_off_passes_the_new_dask_cuda_check(tmp_path: Path) -> None:
+    path = fake_dask_cuda(tmp_path / "dc", "26.10.00", proxy_object=False)
+    args = ("spill", *CPU, "--against", "dask-cuda", "--dask-cuda-path", str(path))
+    assert "JIT-unspill" in one_line_error(*invoke(*args, "--against-jit-unspill", "on"))
+    code, out = invoke(*args, "--jit-unspill", "both", "--against-jit-unspill", "off")
+    assert "JIT-unspill" not in out

@@ -67,6 +67,18 @@ def test_variants_without_baseline_or_limit() -> None:
     assert [v.name for v in variants] == ["dict store", "cudask no limit +jit"]
 
 
+def test_variants_dask_cuda_jit_mode_of_its_own() -> None:
+    variants = spec.build_variants(
+        ["cudask", "dask-cuda"],
+        device_memory_limit=GIB4,
+        limit_set=True,
+        jit_mode="both",
+        against_jit_mode="on",
+        baseline=False,
+    )
+    assert [v.name for v in variants] == ["cudask 4 GiB", "cudask 4 GiB +jit", "dask-cuda 4 GiB +jit"]
+
+
 def test_variants_backend_default_limit() -> None:
     [dict_v, nolimit, v] = spec.build_variants(
         ["cudask"], device_memory_limit=None, limit_set=False, jit_mode="off", baseline=True

@@ -145,7 +145,7 @@ def resolve_dask_cuda(
         raise OptionError(
             f"--jit-unspill against dask-cuda {version} (in {where}): dask-cuda removed "
             "JIT-unspill in 26.06; point --dask-cuda-python at an environment with "
-            "dask-cuda 26.04, or use --jit-unspill off"
+            "dask-cuda 26.04, or use --jit-unspill off (or --against-jit-unspill off)"
         )
     return dataclasses.replace(target, probe=facts)
 

@@ -186,17 +186,20 @@ def build_variants(
     limit_set: bool,
     jit_mode: str,
     baseline: bool,
+    against_jit_mode: str | None = None,
 ) -> list[Variant]:
     """The variants a command runs, baselines first, then each backend in order.
 
     The baseline is the plain-dict store (distributed's worker with
     `data=dict`, no spilling) and, when cudask is selected and a device limit
     is set, cudask with no device limit: the pair the "within 5% of a plain
-    dict store" target compares.
+    dict store" target compares. `against_jit_mode` is dask-cuda's JIT-unspill
+    mode when it differs from cudask's `jit_mode`.
     """
     for backend in backends:
         check_choice("--backend", backend, BACKENDS)
-    flags = jit_flags(jit_mode)
+    flags = {"cudask": jit_flags(jit_mode),
+             "dask-cuda": jit_flags(against_jit_mode or jit_mode)}
     variants: list[Variant] = []
 
     def add(variant: Variant) -> None:
@@ -210,7 +213,7 @@ def build_variants(
         add(Variant("cudask", None, False, True))
     for backend in ("cudask", "dask-cuda"):
         if backend in backends:
-            for flag in flags:
+            for flag in flags[backend]:
                 add(Variant(backend, device_memory_limit, flag, limit_set))
     return variants
 

@@ -95,6 +95,16 @@ def common_options(
                 "means on.",
             ),
             click.option(
+                "--against-jit-unspill",
+                "against_jit_unspill",
+                type=click.Choice(list(spec.JIT_MODES)),
+                default=None,
+                help="JIT-unspill of the dask-cuda runs when it should differ from "
+                "--jit-unspill (default: the same). E.g. --jit-unspill both "
+                "--against-jit-unspill on: cudask with and without it, dask-cuda 26.04 "
+                "with it.",
+            ),
+            click.option(
                 "--no-jit-unspill",
                 "no_jit_unspill",
                 is_flag=True,
@@ -249,6 +259,10 @@ def _plan(
         require_matplotlib()
     if jit_mode != "off" and set(backends) <= {"dict"}:
         raise OptionError("--jit-unspill needs --backend cudask or --against dask-cuda")
+    against_jit = kw["against_jit_unspill"] or jit_mode
+    if kw["against_jit_unspill"] and "dask-cuda" not in backends:
+        raise OptionError("--against-jit-unspill given without --against dask-cuda; "
+                          "add --against dask-cuda")
 
     # the spelling of sizes first (a huge stand-in total lets fractions through)
     for name, key in (
@@ -266,7 +280,7 @@ def _plan(
         targets["dask-cuda"] = harness.resolve_dask_cuda(
             kw["dask_cuda_python"],
             kw["dask_cuda_path"],
-            jit_unspill=jit_mode != "off",
+            jit_unspill=against_jit != "off",
             array_module=array_module,
         )
     gpus = environment.gpus() if needs_gpu else {"available": False, "devices": []}
@@ -283,6 +297,7 @@ def _plan(
         device_memory_limit=limit,
         limit_set=limit_set,
         jit_mode=jit_mode,
+        against_jit_mode=against_jit,
         baseline=kw["baseline"],
     )
     for variant in variants:  # baselines may add backends (the dict store) run here
@@ -308,6 +323,7 @@ def _plan(
             "backends": backends,
             "device_memory_limit": limit if limit_set else "default",
             "jit_unspill": jit_mode,
+            "against_jit_unspill": against_jit,
             "baseline": kw["baseline"],
             "device": kw["device"],
             "memory_limit": kw["memory_limit"],
