@@ -73,8 +73,10 @@ def test_dashboard_gpu_pages_show_every_worker(machine):
         for page in ("individual-gpu-memory", "individual-gpu-utilization"):
             with urllib.request.urlopen(f"{base}/{page}", timeout=30) as response:
                 assert response.status == 200
-        (metrics,) = client.run(lambda dask_worker: dask_worker.metrics["cudask"](dask_worker)).values()
-        assert "device-bytes" in metrics and "host-bytes" in metrics
+        every = client.run(lambda dask_worker: dask_worker.metrics["cudask"](dask_worker))
+        assert len(every) == len(machine.gpus)
+        for metrics in every.values():
+            assert "device-bytes" in metrics and "host-bytes" in metrics
 
 
 def test_visible_devices_as_uuid_and_scale(machine):
@@ -245,6 +247,18 @@ def _stop(*procs: subprocess.Popen) -> None:
             proc.kill()
 
 
+def _wait_for_workers(client, n: int, *procs: subprocess.Popen, timeout: float = 120) -> None:
+    """wait_for_workers, failing with the processes' own error output."""
+    try:
+        client.wait_for_workers(n, timeout=timeout)
+    except Exception:
+        _stop(*procs)
+        errors = "\n---\n".join(p.stderr.read().decode(errors="replace")[-3000:]
+                                for p in procs if p.stderr is not None)
+        pytest.fail(f"only {len(client.scheduler_info()['workers'])}/{n} workers; "
+                    f"their stderr:\n{errors}")
+
+
 def test_no_nanny_worker_and_dask_spec(tmp_path, machine):
     """`dask cuda worker --no-nanny` (one GPU, this process) and CUDAWorker as the
     class of `dask spec` (how dask-jobqueue / SSHCluster start workers)."""
@@ -263,7 +277,7 @@ def test_no_nanny_worker_and_dask_spec(tmp_path, machine):
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         with Client(scheduler_file=str(sched_file)) as client:
-            client.wait_for_workers(2, timeout=120)
+            _wait_for_workers(client, 2, solo, spec_proc)
             info = client.scheduler_info()["workers"]
             by_name = {w["name"]: addr for addr, w in info.items()}
             assert set(by_name) == {"solo", "spec"}
@@ -286,7 +300,7 @@ def test_cli_port_range_split_across_gpus(tmp_path, machine):
     try:
         with Client(scheduler_file=str(sched_file)) as client:
             n = len(machine.gpus)
-            client.wait_for_workers(n, timeout=120)
+            _wait_for_workers(client, n, worker)
             info = client.scheduler_info()["workers"]
             assert sorted(w["name"] for w in info.values()) == [f"node-{i}" for i in range(n)]
             ports = [int(addr.rsplit(":", 1)[1]) for addr in info]

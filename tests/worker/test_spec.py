@@ -134,9 +134,35 @@ def test_ucx_config_reaches_nanny(dgx, monkeypatch):
     devices = select_devices(dgx, "0", None)
     spec = nanny_options(o, devices, 0, n_workers=1, name=0)
     assert spec["protocol"] == "ucx"
-    ucx = spec["config"]["distributed"]["comm"]["ucx"]
-    assert ucx["nvlink"] is True and ucx["tcp"] is True and ucx["infiniband"] is None
+    ucx = spec["config"]
+    assert ucx["distributed.comm.ucx.nvlink"] is True and ucx["distributed.comm.ucx.tcp"] is True
+    assert ucx["distributed.comm.ucx.infiniband"] is None
     assert Nanny  # the spec is for a Nanny
+
+
+def _config_seen_by_the_worker() -> tuple[object, object, object]:
+    import dask.config
+
+    return (dask.config.get("distributed.comm.ucx.nvlink"),
+            dask.config.get("distributed.comm.ucx.tcp"),
+            dask.config.get("distributed.admin.event-loop"))
+
+
+def test_ucx_config_keeps_the_rest_of_the_worker_config(dgx, monkeypatch):
+    """The Nanny hands its config to the worker process: ours must add to
+    distributed's settings, not replace them (a nested dict did, and the worker
+    process died looking for distributed.admin)."""
+    from distributed import Client, LocalCluster
+
+    from cudask import options
+
+    monkeypatch.setattr(options, "_library", lambda m: True)
+    o = resolve({"enable_nvlink": True, "enable_tcp_over_ucx": True}, "cluster")
+    config = nanny_options(o, select_devices(dgx, "0", None), 0, n_workers=1, name=0)["config"]
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      config=config) as cluster, Client(cluster) as client:
+        (seen,) = client.run(_config_seen_by_the_worker).values()
+    assert seen[0] is True and seen[1] is True and seen[2]
 
 
 def test_worker_class_from_an_import_path():

@@ -95,8 +95,8 @@ class LocalCUDACluster(LocalCluster):
         if options.interface is not None:
             kwargs["interface"] = options.interface
         ucx = ucx_config(options)
-        if ucx:
-            dask.config.update(dask.config.config, ucx, priority="new")
+        if ucx:  # the scheduler and nannies of this process speak UCX too
+            dask.config.set(ucx)
         super().__init__(
             n_workers=0,
             threads_per_worker=options.nthreads,

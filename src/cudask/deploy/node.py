@@ -121,11 +121,9 @@ class CUDAWorker:
         if self.options.nanny:
             return Nanny(scheduler, **opts)
         opts, visible = worker_options(opts)
-        current = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if current is not None and current.split(",")[0] != visible.split(",")[0]:
-            raise DeviceError(f"--no-nanny: CUDA_VISIBLE_DEVICES={current!r} in this process "
-                              f"but the worker's GPU is {visible!r}")
-        os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before any CUDA call in this process
+        # The one GPU was read from this process's CUDA_VISIBLE_DEVICES (by index, UUID
+        # or prefix); when that is unset, pin the process to it before any CUDA call.
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", visible)
         cls = self.options.worker_class or Worker
         return cls(scheduler, **opts)
 

@@ -157,7 +157,10 @@ def plugins(o: WorkerOptions, device: Device, sizes: DeviceSizes) -> list[Worker
 
 
 def ucx_config(o: WorkerOptions) -> dict[str, Any]:
-    """distributed-ucxx's config for the transports the enable_* options name."""
+    """distributed-ucxx's config for the transports the enable_* options name, as
+    dotted keys: the Nanny merges its `config` into a snapshot of the whole config
+    one level deep, so a nested {"distributed": ...} would replace all of
+    distributed's settings in the worker process."""
     if o.protocol not in UCX_PROTOCOLS:
         return {}
     ucx = {
@@ -167,7 +170,7 @@ def ucx_config(o: WorkerOptions) -> dict[str, Any]:
         "rdmacm": o.enable_rdmacm,
         "create-cuda-context": True,
     }
-    return {"distributed": {"comm": {"ucx": ucx}}}
+    return {f"distributed.comm.ucx.{k}": v for k, v in ucx.items()}
 
 
 def parse_ports(value: str | int | None, n: int) -> list[int | None]:
