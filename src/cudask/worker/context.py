@@ -23,6 +23,25 @@ def device0_uuid() -> str:
         from numba import cuda
 
         return _format_uuid(str(cuda.current_context().device.uuid))
-    cupy.cuda.Device(0).use()
+    device = cupy.cuda.Device(0)
+    device.use()
     cupy.cuda.runtime.free(0)  # forces context creation
-    return _format_uuid(cupy.cuda.runtime.getDeviceProperties(0)["uuid"])
+    raw = cupy.cuda.runtime.getDeviceProperties(0)["uuid"]
+    if isinstance(raw, str) or len(raw) == 16:
+        return _format_uuid(raw)
+    # CuPy ends the 16 UUID bytes at the first zero byte (GPU-0c3fd5d4-0096-... came back
+    # as 4 bytes): take the UUID NVML gives the GPU at the same PCI bus id.
+    return _uuid_at_bus(device.pci_bus_id)
+
+
+def _uuid_at_bus(bus_id: str) -> str:
+    from cudask.devices import discover
+    from cudask.devices.topology import normalize_bus_id
+
+    wanted = normalize_bus_id(bus_id)
+    machine = discover()
+    for gpu in machine.gpus:
+        if gpu.pci_bus_id == wanted:
+            return gpu.uuid
+    raise RuntimeError(f"CUDA device 0 is at PCI bus {bus_id}, where NVML lists no GPU "
+                       f"(it lists {', '.join(g.pci_bus_id for g in machine.gpus) or 'none'})")
