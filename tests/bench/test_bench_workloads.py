@@ -91,6 +91,20 @@ def test_cupy_operations_on_numpy(client: Any) -> None:
     assert len(events) == 3 * len(ops)
 
 
+def test_every_repetition_computes_its_result(client: Any) -> None:
+    """A repetition must not find the previous one's result still in memory."""
+    from distributed import get_task_stream
+
+    shapes = {"transpose_sum": spec.operation_shape("transpose_sum", 200, 50, None)}
+    with get_task_stream(client) as stream:
+        result = workloads.run_cupy(client, module="numpy", operations=["transpose_sum"],
+                                    shapes=shapes, repeat=4, warmup=1, progress=lambda s: None)
+    assert result["transpose_sum"].status == "ok"
+    final = [t["key"] for t in stream.data
+             if isinstance(t["key"], tuple) and t["key"][0].startswith("sum-aggregate")]
+    assert len(final) == 5 and len(set(final)) == 1  # the same key, computed every time
+
+
 def test_cupy_check_catches_a_wrong_result(client: Any) -> None:
     """The transpose_sum check is real: a result that is off by a little fails it."""
     import dask.array as da

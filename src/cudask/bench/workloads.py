@@ -180,6 +180,22 @@ def _wait_device(client: Any, module: str) -> None:
     client.run(synchronize, module)
 
 
+def _known_to_scheduler(dask_scheduler: Any, keys: list[Any]) -> int:
+    return sum(1 for key in keys if key in dask_scheduler.tasks)
+
+
+def _await_forgotten(client: Any, keys: list[Any], timeout: float = 60.0) -> None:
+    """Wait until the scheduler has forgotten `keys` (results just released).
+
+    The next repetition builds the same keys; a release still in flight would let
+    it find them in memory and time nothing (seen on an H100: `dot` in 10 ms)."""
+    deadline = time.monotonic() + timeout
+    while client.run_on_scheduler(_known_to_scheduler, keys=keys):
+        if time.monotonic() > deadline:
+            raise BenchFailure(f"the scheduler still holds results {timeout:.0f} s after release")
+        time.sleep(0.005)
+
+
 def _drain(client: Any, timeout: float = 120.0) -> None:
     """Wait until the worker holds no keys, so one repetition cannot overlap the next."""
     deadline = time.monotonic() + timeout
@@ -409,7 +425,9 @@ def run_cupy(
                 m.record(time.perf_counter() - start, rep < warmup)
                 if rep == warmup + repeat - 1:
                     m.check = case.check(persisted if isinstance(expr, tuple) else persisted[0])
+                keys = [f.key for p in persisted for f in futures_of(p)]
                 persisted, expr = (), None
+                _await_forgotten(client, keys)
                 progress(
                     f"{op} warm-up {rep + 1}/{warmup}"
                     if rep < warmup
