@@ -181,7 +181,7 @@ def test_cli_workers_join_through_scheduler_file(tmp_path, machine):
                               stderr=subprocess.PIPE)
     try:
         with Client(scheduler_file=str(sched_file)) as client:
-            client.wait_for_workers(len(machine.gpus), timeout=90)
+            _wait_for_workers(client, len(machine.gpus), worker, timeout=90)
             names = sorted(w["name"] for w in client.scheduler_info()["workers"].values())
             expected = ["node"] if len(machine.gpus) == 1 else [f"node-{i}" for i in range(len(machine.gpus))]
             assert names == expected
@@ -209,7 +209,7 @@ def test_worker_per_mpi_rank(tmp_path, machine):
                              env={**os.environ, "OMPI_MCA_plm_rsh_agent": ""})
     try:
         with Client(scheduler_file=str(sched_file)) as client:
-            client.wait_for_workers(n, timeout=120)
+            _wait_for_workers(client, n, ranks)
             info = client.scheduler_info()["workers"]
             assert sorted(w["name"] for w in info.values()) == sorted(f"rank-{r}" for r in range(n))
             by_name = {w["name"]: a for a, w in info.items()}
