@@ -30,8 +30,8 @@ def test_ucx_tcp_transport():
         (address,) = client.scheduler_info()["workers"]
         assert address.startswith("ucx://")
         assert client.submit(_device_sum, 1000).result() == 499500.0
-        config = client.run(lambda: __import__("dask").config.get("distributed.comm.ucx"))
-        assert list(config.values())[0]["tcp"] is True
+        config = client.run(lambda: __import__("dask").config.get("distributed-ucxx"))
+        assert next(iter(config.values()))["tcp"] is True
 
 
 @pytest.mark.multigpu

@@ -135,15 +135,16 @@ def test_ucx_config_reaches_nanny(dgx, monkeypatch):
     spec = nanny_options(o, devices, 0, n_workers=1, name=0)
     assert spec["protocol"] == "ucx"
     ucx = spec["config"]
-    assert ucx["distributed.comm.ucx.nvlink"] is True and ucx["distributed.comm.ucx.tcp"] is True
-    assert ucx["distributed.comm.ucx.infiniband"] is None
+    for ns in ("distributed-ucxx", "distributed.comm.ucx"):  # current and legacy names
+        assert ucx[f"{ns}.nvlink"] is True and ucx[f"{ns}.tcp"] is True
+        assert ucx[f"{ns}.infiniband"] is None
     assert Nanny  # the spec is for a Nanny
 
 
 def _config_seen_by_the_worker() -> tuple[object, object, object]:
     import dask.config
 
-    return (dask.config.get("distributed.comm.ucx.nvlink"),
+    return (dask.config.get("distributed-ucxx.nvlink"),
             dask.config.get("distributed.comm.ucx.tcp"),
             dask.config.get("distributed.admin.event-loop"))
 

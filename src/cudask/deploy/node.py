@@ -30,6 +30,7 @@ from cudask.worker.spec import (
     nanny_options,
     parse_ports,
     parse_resources,
+    ucx_config,
     worker_names,
     worker_options,
 )
@@ -82,6 +83,9 @@ class CUDAWorker:
                 "CUDA_VISIBLE_DEVICES to one GPU per process (e.g. from the MPI local rank)"
             )
         check_devices(options, devices)  # sizes and libraries, before any process
+        ucx = ucx_config(options)
+        if ucx:  # the nannies of this process speak UCX too
+            dask.config.set(ucx)
         self.options: WorkerOptions = options
         self.devices: list[Device] = devices
         self.scheduler = scheduler

@@ -156,8 +156,14 @@ def plugins(o: WorkerOptions, device: Device, sizes: DeviceSizes) -> list[Worker
     return out
 
 
+UCX_CONFIG_NAMESPACES = ("distributed-ucxx", "distributed.comm.ucx")
+
+
 def ucx_config(o: WorkerOptions) -> dict[str, Any]:
-    """distributed-ucxx's config for the transports the enable_* options name, as
+    """distributed-ucxx's config for the transports the enable_* options name.
+
+    Written under "distributed-ucxx" (what distributed-ucxx 0.4x-0.5x reads first)
+    and "distributed.comm.ucx" (its fallback, and what older releases read), as
     dotted keys: the Nanny merges its `config` into a snapshot of the whole config
     one level deep, so a nested {"distributed": ...} would replace all of
     distributed's settings in the worker process."""
@@ -170,7 +176,7 @@ def ucx_config(o: WorkerOptions) -> dict[str, Any]:
         "rdmacm": o.enable_rdmacm,
         "create-cuda-context": True,
     }
-    return {f"distributed.comm.ucx.{k}": v for k, v in ucx.items()}
+    return {f"{ns}.{k}": v for ns in UCX_CONFIG_NAMESPACES for k, v in ucx.items()}
 
 
 def parse_ports(value: str | int | None, n: int) -> list[int | None]:
