@@ -74,7 +74,7 @@ def test_device0_uuid_when_cupy_cuts_it_at_a_zero_byte(monkeypatch):
     from cudask.testing import FakeBackend, fake_gpu
     from cudask.worker.context import device0_uuid
 
-    machine = discover(FakeBackend([fake_gpu(0), fake_gpu(1)]))
+    machine = discover(FakeBackend([fake_gpu(0, cpus=range(8)), fake_gpu(1, cpus=range(8))]))
     monkeypatch.setattr(cudask.devices, "discover", lambda: machine)
     second = machine.gpus[1]
     monkeypatch.setitem(sys.modules, "cupy", _FakeCupy(b"\x00\x00\x00\x01", second.pci_bus_id.upper()))
