@@ -33,6 +33,7 @@ def test_one_spec_per_gpu_rotated_and_pinned(dgx):
     assert len(devices) == 8
     specs = [nanny_options(o, devices, i, n_workers=8, name=gpu_name(devices[i])) for i in range(8)]
     assert specs[3]["env"]["CUDA_VISIBLE_DEVICES"] == "3,4,5,6,7,0,1,2"
+    assert specs[3]["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # NVML's numbering
     assert [s["name"] for s in specs] == list(range(8))
     aff = specs[6]["plugins"][0]
     assert isinstance(aff, P.CPUAffinity) and aff.cpus == tuple(range(64, 128))
@@ -216,3 +217,13 @@ def test_spilling_without_cupy_is_refused_before_start(dgx, monkeypatch):
         check_devices(resolve({"jit_unspill": True, "device_memory_limit": None}, "cluster"), devices)
     sizes = check_devices(resolve({"device_memory_limit": None}, "cluster"), devices)
     assert [s.device_memory_limit for s in sizes] == [None, None]
+
+
+def test_device_order_from_the_environment_is_kept(dgx, monkeypatch):
+    from cudask.worker.spec import worker_env
+
+    devices = select_devices(dgx, "0,1", None)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    assert worker_env(devices, 1) == {"CUDA_VISIBLE_DEVICES": "1,0"}
+    monkeypatch.delenv("CUDA_DEVICE_ORDER")
+    assert worker_env(devices, 1)["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"

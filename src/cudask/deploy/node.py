@@ -124,10 +124,11 @@ class CUDAWorker:
                              name=name, extra={**self._node_kwargs(port), **extra})
         if self.options.nanny:
             return Nanny(scheduler, **opts)
-        opts, visible = worker_options(opts)
+        opts, env = worker_options(opts)
         # The one GPU was read from this process's CUDA_VISIBLE_DEVICES (by index, UUID
         # or prefix); when that is unset, pin the process to it before any CUDA call.
-        os.environ.setdefault("CUDA_VISIBLE_DEVICES", visible)
+        for name, value in env.items():
+            os.environ.setdefault(name, value)
         cls = self.options.worker_class or Worker
         return cls(scheduler, **opts)
 

@@ -7,8 +7,9 @@ prefixes, the empty string), and rotating a device list so worker i sees its
 own GPU first. Does not cover: reading NVML or sysfs (nvml.py, topology.py).
 
 CUDA numbers devices fastest-first unless CUDA_DEVICE_ORDER=PCI_BUS_ID; NVML
-numbers them by PCI bus. As dask-cuda does, cudask takes indices to be NVML's
-and passes UUIDs to workers where the order could differ.
+numbers them by PCI bus. As dask-cuda does, cudask takes indices to be NVML's;
+MIG instances go to workers by UUID, whole GPUs by index, with
+CUDA_DEVICE_ORDER=PCI_BUS_ID in the worker's environment (cudask.worker.spec).
 """
 
 from __future__ import annotations

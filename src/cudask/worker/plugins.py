@@ -86,8 +86,9 @@ class CUDAContext(WorkerPlugin):
         expected = self.expected_uuid
         if expected and expected.startswith("GPU-") and self.uuid != expected:
             raise RuntimeError(
-                f"worker {worker.name}: CUDA device 0 is {self.uuid}, expected {expected}; "
-                "is CUDA_DEVICE_ORDER=PCI_BUS_ID needed on this machine?"
+                f"worker {worker.name}: CUDA device 0 is {self.uuid}, expected {expected}: "
+                "CUDA numbers the GPUs differently from NVML here (CUDA_DEVICE_ORDER="
+                f"{os.environ.get('CUDA_DEVICE_ORDER')!r}; PCI_BUS_ID matches NVML)"
             )
 
     def teardown(self, worker: Any) -> None:  # a context lives as long as its process

@@ -10,6 +10,7 @@ Does not cover: starting anything (cudask.deploy) or option rules
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -246,7 +247,7 @@ def nanny_options(
         "nthreads": o.nthreads,
         "memory_limit": memory_limit or 0,
         "data": data_store(o, sizes, memory_limit),
-        "env": {"CUDA_VISIBLE_DEVICES": cuda_visible_devices(devices, i)},
+        "env": worker_env(devices, i),
         "plugins": plugins(o, device, sizes),
         "name": name,
         "config": {**ucx_config(o)},
@@ -278,14 +279,24 @@ def worker_class(value: Any) -> type:
     return value
 
 
-def worker_options(nanny_opts: dict[str, Any]) -> tuple[dict[str, Any], str]:
+def worker_env(devices: Sequence[Device], i: int) -> dict[str, str]:
+    """The environment worker i starts with: its GPU first in CUDA_VISIBLE_DEVICES,
+    and CUDA numbering GPUs by PCI bus as NVML (whose indices those are) does,
+    instead of fastest first, unless this process's environment chooses an order."""
+    env = {"CUDA_VISIBLE_DEVICES": cuda_visible_devices(devices, i)}
+    if "CUDA_DEVICE_ORDER" not in os.environ:
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    return env
+
+
+def worker_options(nanny_opts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """Turn Nanny keywords into Worker keywords (for --no-nanny) and the
-    CUDA_VISIBLE_DEVICES the process must have."""
+    environment the process must have (see worker_env)."""
     opts = dict(nanny_opts)
     env = opts.pop("env")
     opts.pop("config", None)
     opts.pop("worker_class", None)
-    return opts, env["CUDA_VISIBLE_DEVICES"]
+    return opts, env
 
 
 __all__ = [
@@ -302,6 +313,7 @@ __all__ = [
     "parse_resources",
     "plugins",
     "worker_class",
+    "worker_env",
     "ucx_config",
     "worker_names",
     "worker_options",
