@@ -163,7 +163,7 @@ UCX_CONFIG_NAMESPACES = ("distributed-ucxx", "distributed.comm.ucx")
 def ucx_config(o: WorkerOptions) -> dict[str, Any]:
     """distributed-ucxx's config for the transports the enable_* options name.
 
-    Written under "distributed-ucxx" (what distributed-ucxx 0.4x-0.5x reads first)
+    Written under "distributed-ucxx" (what distributed-ucxx 0.52 reads first)
     and "distributed.comm.ucx" (its fallback, and what older releases read), as
     dotted keys: the Nanny merges its `config` into a snapshot of the whole config
     one level deep, so a nested {"distributed": ...} would replace all of
