@@ -18,7 +18,6 @@ from typing import Any, Literal
 
 import dask.config
 from dask.utils import parse_bytes
-
 from distributed import Nanny, Worker, WorkerPlugin
 from distributed.worker_memory import parse_memory_limit
 
@@ -26,7 +25,7 @@ from cudask.devices import Device, cuda_visible_devices
 from cudask.errors import MissingDependencyError, OptionError
 from cudask.options import UCX_PROTOCOLS, WorkerOptions, require_library
 from cudask.sizes import parse_size
-from cudask.worker.plugins import CPUAffinity, CudfSpill, CUDAContext, PreImport, StoreMetrics
+from cudask.worker.plugins import CPUAffinity, CUDAContext, CudfSpill, PreImport, StoreMetrics
 from cudask.worker.rmm import RMMSetup
 
 RMM_ALIGNMENT = 256
@@ -301,9 +300,9 @@ def worker_options(nanny_opts: dict[str, Any]) -> tuple[dict[str, Any], dict[str
 
 __all__ = [
     "DeviceSizes",
-    "check_devices",
     "Nanny",
     "Worker",
+    "check_devices",
     "data_store",
     "device_sizes",
     "gpu_name",
@@ -312,9 +311,9 @@ __all__ = [
     "parse_ports",
     "parse_resources",
     "plugins",
+    "ucx_config",
     "worker_class",
     "worker_env",
-    "ucx_config",
     "worker_names",
     "worker_options",
 ]
