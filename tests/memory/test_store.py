@@ -252,15 +252,31 @@ def test_unspill_out_of_memory_retries_then_names_the_limit(make_store: MakeStor
 
 def test_log_spilling_logs_each_move(make_store: MakeStore, caplog: Any) -> None:
     store = make_store(device_memory_limit=100, memory_limit=150, log_spilling=True)
-    with caplog.at_level(logging.INFO, logger="cudask.memory"):
-        store["a"] = dev(100, 1)
-        store["b"] = dev(100, 2)
-        store["c"] = dev(100, 3)
-        store["a"]
+    moves = logging.getLogger("distributed.worker.memory")
+    moves.addHandler(caplog.handler)  # distributed's loggers do not propagate to the root
+    try:
+        with caplog.at_level(logging.INFO, logger=moves.name):
+            store["a"] = dev(100, 1)
+            store["b"] = dev(100, 2)
+            store["c"] = dev(100, 3)
+            store["a"]
+    finally:
+        moves.removeHandler(caplog.handler)
     text = caplog.text
     assert "spilled 'a' device -> host" in text
     assert "host -> disk" in text and "disk -> host" in text
     assert "unspilled 'a' host -> device" in text
+
+
+def test_spill_log_reaches_a_worker_log() -> None:
+    """Workers configure distributed's loggers only: the moves must go to one of
+    those at a level it shows, or log_spilling would print nothing."""
+    import distributed  # noqa: F401 - sets up distributed's logging
+
+    from cudask.memory import store
+
+    assert store.moves.name.startswith("distributed.")
+    assert store.moves.isEnabledFor(logging.INFO)
 
 
 def test_background_spilling_keeps_the_tier_below_target(make_store: MakeStore) -> None:

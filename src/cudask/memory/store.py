@@ -98,6 +98,10 @@ if TYPE_CHECKING:
     from distributed import Worker
 
 logger = logging.getLogger("cudask.memory")
+# log_spilling's lines go where distributed logs its own spilling: a worker process
+# shows them at INFO, and Client.get_worker_logs() returns them ("cudask.memory" has
+# no handler in a worker, so its INFO lines would be dropped).
+moves = logging.getLogger("distributed.worker.memory")
 
 
 class _InFlight:
@@ -145,7 +149,8 @@ class TieredStore(MutableMapping[Key, object]):
     memory_limit:
         Bytes of the host tier before values go to disk; None: no disk.
     log_spilling:
-        Log every move between tiers (logger "cudask.memory", level INFO).
+        Log every move between tiers at INFO on distributed's worker-memory logger
+        ("distributed.worker.memory"), so they appear in the worker's log.
     max_spill:
         Bytes allowed on disk (False: no limit), as distributed's max-spill.
     worker_local_directory:
@@ -512,7 +517,7 @@ class TieredStore(MutableMapping[Key, object]):
         self._ledger.add(("d", key), dispatch.allocations(value))
         if self.log_spilling:
             how = f"copied {format_bytes(copied)}" if copied else "no copy: still in device memory"
-            logger.info("cudask: unspilled %r host -> device (%s)", key, how)
+            moves.info("cudask: unspilled %r host -> device (%s)", key, how)
         if self.device_memory_limit is not None:
             if self._ledger.total > self.device_memory_limit:
                 self._evict_until(self.device_memory_limit, keep=key)
@@ -626,7 +631,7 @@ class TieredStore(MutableMapping[Key, object]):
         self._metrics["device-to-host", "count"] += 1
         self._metrics["device-to-host", "bytes"] += nbytes
         if self.log_spilling:
-            logger.info(
+            moves.info(
                 "cudask: spilled %r device -> host (%s, %s)",
                 key, format_bytes(nbytes), "pinned" if host_copy.pinned() else "pageable",
             )
@@ -892,11 +897,11 @@ class TieredStore(MutableMapping[Key, object]):
     # ------------------------------------------------------------------ logging
     def _log_host_to_disk(self, key: Key, value: object) -> None:
         if self.log_spilling:
-            logger.info("cudask: spilled %r host -> disk", key)
+            moves.info("cudask: spilled %r host -> disk", key)
 
     def _log_disk_to_host(self, key: Key, value: object) -> None:
         if self.log_spilling:
-            logger.info("cudask: unspilled %r disk -> host", key)
+            moves.info("cudask: unspilled %r disk -> host", key)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
