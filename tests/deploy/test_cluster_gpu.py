@@ -95,24 +95,86 @@ def test_visible_devices_as_uuid_and_scale(machine):
         client.wait_for_workers(1, timeout=60)
 
 
+def _resource_stack() -> str:
+    import rmm
+
+    mr = rmm.mr.get_current_device_resource()
+    names = []
+    while mr is not None:
+        names.append(type(mr).__name__)
+        mr = getattr(mr, "upstream_mr", None)
+    return ">".join(names)
+
+
 def test_rmm_pool_active():
-    rmm = pytest.importorskip("rmm")
-    del rmm
-
-    def resource() -> str:
-        import rmm
-
-        mr = rmm.mr.get_current_device_resource()
-        names = []
-        while mr is not None:
-            names.append(type(mr).__name__)
-            mr = getattr(mr, "upstream_mr", None)
-        return ">".join(names)
-
+    pytest.importorskip("rmm")
     with LocalCUDACluster(n_workers=1, rmm_pool_size="1GB", rmm_track_allocations=True,
                           dashboard_address=":0") as cluster, Client(cluster) as client:
-        stack = list(client.run(resource).values())[0]
+        stack = next(iter(client.run(_resource_stack).values()))
         assert stack.startswith("TrackingResourceAdaptor>PoolMemoryResource"), stack
+
+
+def _allocate_through(libs: list[str]) -> int:
+    """Allocate 64 MiB with each library; RMM's tracked bytes while they live."""
+    import rmm
+
+    held = []
+    if "cupy" in libs:
+        import cupy
+
+        held.append(cupy.ones(8 << 20, dtype="float64"))
+    if "torch" in libs:
+        import torch
+
+        held.append(torch.ones(8 << 20, dtype=torch.float64, device="cuda"))
+    return int(rmm.mr.get_current_device_resource().get_allocated_bytes())
+
+
+def test_rmm_managed_pool_logging_tracking_and_external_allocators(tmp_path):
+    import importlib.util
+
+    pytest.importorskip("rmm")
+    pytest.importorskip("cupy")
+    libs = ["cupy"] + (["torch"] if importlib.util.find_spec("torch") else [])
+    logs = tmp_path / "rmm-logs"
+    with LocalCUDACluster(n_workers=1, rmm_pool_size="1GB", rmm_managed_memory=True,
+                          rmm_log_directory=str(logs), rmm_track_allocations=True,
+                          rmm_allocator_external_lib_list=",".join(libs),
+                          dashboard_address=":0") as cluster, Client(cluster) as client:
+        stack = next(iter(client.run(_resource_stack).values()))
+        assert stack == ("TrackingResourceAdaptor>LoggingResourceAdaptor>PoolMemoryResource>"
+                         "ManagedMemoryResource"), stack
+        allocated = next(iter(client.run(_allocate_through, libs).values()))
+        assert allocated >= len(libs) * (64 << 20), (libs, allocated)
+        log_file = next(iter(client.run(_flush_rmm_log).values()))
+    assert log_file.startswith(str(logs)), log_file
+    assert os.path.getsize(log_file) > 0, f"{log_file} is empty"
+
+
+def _flush_rmm_log() -> str:
+    """Flush the worker's RMM logging adaptor; return its file."""
+    import rmm
+
+    mr = rmm.mr.get_current_device_resource()
+    while not isinstance(mr, rmm.mr.LoggingResourceAdaptor):
+        mr = mr.upstream_mr
+    mr.flush()
+    return mr.get_file_name()
+
+
+def _device_buffer_bytes(nbytes: int) -> int:
+    import rmm
+
+    return rmm.DeviceBuffer(size=nbytes).size
+
+
+def test_rmm_async_with_release_threshold():
+    pytest.importorskip("rmm")
+    with LocalCUDACluster(n_workers=1, rmm_async=True, rmm_pool_size="256MB",
+                          rmm_release_threshold="512MB", dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        assert next(iter(client.run(_resource_stack).values())) == "CudaAsyncMemoryResource"
+        assert client.submit(_device_buffer_bytes, 64 << 20).result() == 64 << 20
 
 
 def test_rmm_async_and_cupy_allocator():
@@ -374,3 +436,25 @@ def test_spilling_on_two_gpus_with_transfers_between_them(machine, jit):
         assert client.gather(crossed) == [0] * 16
         spilled = client.run(_spilled)
         assert spilled[a] > 0 and spilled[b] > 0
+
+
+def test_log_spilling_local_directory_and_worker_class(tmp_path):
+    pytest.importorskip("cupy")
+    from distributed import wait
+
+    scratch = tmp_path / "scratch"
+    with LocalCUDACluster(n_workers=1, device_memory_limit="256MB", log_spilling=True,
+                          local_directory=str(scratch),
+                          worker_class="cudask.testing.workers.TaggedWorker",
+                          dashboard_address=":0") as cluster, Client(cluster) as client:
+        chunks = [client.submit(_chunk, i, 16 << 20, pure=False) for i in range(4)]  # 4x128 MiB
+        wait(chunks)
+        checks = [client.submit(_check, c, i, pure=False) for i, c in enumerate(chunks)]
+        assert client.gather(checks) == [0] * 4
+        (kind,) = client.run(lambda dask_worker: type(dask_worker).__name__).values()
+        assert kind == "TaggedWorker"
+        (local,) = client.run(lambda dask_worker: dask_worker.local_directory).values()
+        assert local.startswith(str(scratch))
+        (logs,) = client.get_worker_logs().values()
+        moves = [message for _, message in logs if "cudask: spilled" in message]
+        assert any("device -> host" in m for m in moves), [m for _, m in logs][-10:]

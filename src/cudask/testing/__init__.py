@@ -3,7 +3,8 @@
 - FakeBackend / fake_gpu: describe any machine to discovery (cudask.devices).
 - real_gpu_count(): how many GPUs NVML really sees (0 without NVML); the
   pytest markers `gpu` and `multigpu` skip on it.
-Fake device objects for the store live in cudask.testing.fake_cuda.
+Fake device objects for the store live in cudask.testing.fake_cuda; a Worker
+subclass for `worker_class` checks in cudask.testing.workers.
 """
 
 from __future__ import annotations
