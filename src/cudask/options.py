@@ -84,7 +84,8 @@ OPTIONS: tuple[Option, ...] = (
            config="device-memory-limit"),
     Option("local_directory", "path", "Directory for spilled data and worker files; default: "
            "dask's temporary-directory.", config="local-directory"),
-    Option("log_spilling", "bool", "Log every move of data between device, host and disk.",
+    Option("log_spilling", "bool", "Log every move of data between device, host and disk (INFO, in the "
+           "worker's log: logger distributed.worker.memory).",
            config="log-spilling", flag="--log-spilling", secondary="--no-log-spilling"),
     _bool("jit_unspill", "Hand tasks proxies that stay spilled until the task touches them "
           "(JIT-unspill).", "jit-unspill", on="--enable-jit-unspill", off="--disable-jit-unspill"),
