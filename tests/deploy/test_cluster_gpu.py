@@ -458,3 +458,31 @@ def test_log_spilling_local_directory_and_worker_class(tmp_path):
         (logs,) = client.get_worker_logs().values()
         moves = [message for _, message in logs if "cudask: spilled" in message]
         assert any("device -> host" in m for m in moves), [m for _, m in logs][-10:]
+
+
+def _tier_counts(dask_worker) -> dict:
+    m = dask_worker.data.metrics()
+    return {k: m[k] for k in ("spill-device-to-host-count", "spill-host-to-disk-count",
+                              "unspill-disk-to-host-count")}
+
+
+def test_device_host_disk_in_a_worker(tmp_path):
+    """Past the device limit data go to host memory, past the host tier to disk
+    (distributed's spill machinery, in the worker's local directory), and every
+    value comes back."""
+    pytest.importorskip("cupy")
+    from distributed import wait
+
+    with LocalCUDACluster(n_workers=1, device_memory_limit="256MB", memory_limit="6GB",
+                          log_spilling=True, local_directory=str(tmp_path),
+                          dashboard_address=":0") as cluster, Client(cluster) as client:
+        chunks = [client.submit(_chunk, i, 16 << 20, pure=False) for i in range(32)]  # 4 GiB
+        wait(chunks)
+        counts = next(iter(client.run(_tier_counts).values()))
+        assert counts["spill-host-to-disk-count"] > 0, counts
+        checks = [client.submit(_check, c, i, pure=False) for i, c in enumerate(chunks)]
+        assert client.gather(checks) == [0] * 32
+        counts = next(iter(client.run(_tier_counts).values()))
+        assert counts["unspill-disk-to-host-count"] > 0, counts
+        (logs,) = client.get_worker_logs(n=100_000).values()
+        assert any("host -> disk" in message for _, message in logs)
