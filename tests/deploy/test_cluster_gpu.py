@@ -486,3 +486,54 @@ def test_device_host_disk_in_a_worker(tmp_path):
         assert counts["unspill-disk-to-host-count"] > 0, counts
         (logs,) = client.get_worker_logs(n=100_000).values()
         assert any("host -> disk" in message for _, message in logs)
+
+
+def _self_signed(tmp_path) -> tuple[str, str]:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl not installed")
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+                    "-out", cert, "-days", "1", "-subj", "/CN=localhost"],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+def test_cli_node_flags_over_tls(tmp_path, machine):
+    """TLS, --pid-file, --resources, --preload, --dashboard-prefix, --death-timeout."""
+    import urllib.request
+
+    from distributed.security import Security
+
+    cert, key = _self_signed(tmp_path)
+    tls = ["--tls-ca-file", cert, "--tls-cert", cert, "--tls-key", key]
+    sched_file, pid_file = tmp_path / "sched.json", tmp_path / "worker.pid"
+    sched = subprocess.Popen(["dask", "scheduler", "--scheduler-file", str(sched_file),
+                              "--protocol", "tls", "--port", "0", "--dashboard-address", ":0",
+                              *tls], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _wait_for_file(sched_file)
+    worker = subprocess.Popen(
+        ["dask", "cuda", "worker", "--scheduler-file", str(sched_file), *tls,
+         "--name", "flags", "--pid-file", str(pid_file), "--resources", "GPU=1",
+         "--preload", "cudask.testing.preload", "--dashboard-prefix", "gpu",
+         "--death-timeout", "60", "--device-memory-limit", "1GB"],
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": str(machine.gpus[0].index)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    security = Security(tls_ca_file=cert, tls_client_cert=cert, tls_client_key=key,
+                        require_encryption=True)
+    try:
+        with Client(scheduler_file=str(sched_file), security=security) as client:
+            _wait_for_workers(client, 1, worker, sched)
+            ((address, info),) = client.scheduler_info()["workers"].items()
+            assert address.startswith("tls://") and info["name"] == "flags"
+            assert info["resources"] == {"GPU": 1}
+            (preloaded,) = client.run(
+                lambda dask_worker: getattr(dask_worker, "cudask_preloaded", False)).values()
+            assert preloaded is True
+            assert pid_file.read_text().strip() == str(worker.pid)
+            host = address.split("://")[1].rsplit(":", 1)[0]
+            port = info["services"]["dashboard"]
+            with urllib.request.urlopen(f"http://{host}:{port}/gpu/health", timeout=30) as r:
+                assert r.status == 200
+    finally:
+        _stop(worker, sched)

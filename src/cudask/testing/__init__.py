@@ -4,7 +4,8 @@
 - real_gpu_count(): how many GPUs NVML really sees (0 without NVML); the
   pytest markers `gpu` and `multigpu` skip on it.
 Fake device objects for the store live in cudask.testing.fake_cuda; a Worker
-subclass for `worker_class` checks in cudask.testing.workers.
+subclass for `worker_class` checks in cudask.testing.workers, and a preload
+for `--preload` checks in cudask.testing.preload.
 """
 
 from __future__ import annotations
