@@ -330,6 +330,7 @@ def test_no_nanny_worker_and_dask_spec(tmp_path, machine):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu.uuid}
     solo = subprocess.Popen([sys.executable, "-m", "cudask.cli", "worker", "--scheduler-file",
                              str(sched_file), "--no-nanny", "--name", "solo",
+                             "--worker-class", "cudask.testing.workers.TaggedWorker",
                              "--device-memory-limit", "1GB"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     spec = json.dumps({"cls": "cudask.CUDAWorker",
@@ -347,6 +348,9 @@ def test_no_nanny_worker_and_dask_spec(tmp_path, machine):
             assert uuids[by_name["solo"]] == uuids[by_name["spec"]] == gpu.uuid
             kinds = client.run(lambda dask_worker: type(dask_worker.data).__name__)
             assert set(kinds.values()) == {"TieredStore"}
+            classes = client.run(lambda dask_worker: type(dask_worker).__name__)
+            assert classes[by_name["solo"]] == "TaggedWorker"
+            assert classes[by_name["spec"]] == "Worker"
     finally:
         _stop(solo, spec_proc, sched)
 

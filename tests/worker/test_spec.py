@@ -227,3 +227,19 @@ def test_device_order_from_the_environment_is_kept(dgx, monkeypatch):
     assert worker_env(devices, 1) == {"CUDA_VISIBLE_DEVICES": "1,0"}
     monkeypatch.delenv("CUDA_DEVICE_ORDER")
     assert worker_env(devices, 1)["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_no_nanny_gets_the_resolved_worker_class(dgx):
+    from distributed import Worker
+
+    from cudask.testing.workers import TaggedWorker
+    from cudask.worker.spec import worker_options
+
+    devices = select_devices(dgx, "2", None)
+    for given, expected in (("cudask.testing.workers.TaggedWorker", TaggedWorker),
+                            (None, Worker)):
+        o = resolve({"worker_class": given}, "worker")
+        cls, opts, env = worker_options(nanny_options(o, devices, 0, n_workers=1, name="w"))
+        assert cls is expected
+        assert "worker_class" not in opts and "env" not in opts
+        assert env["CUDA_VISIBLE_DEVICES"] == "2"

@@ -124,12 +124,11 @@ class CUDAWorker:
                              name=name, extra={**self._node_kwargs(port), **extra})
         if self.options.nanny:
             return Nanny(scheduler, **opts)
-        opts, env = worker_options(opts)
+        cls, opts, env = worker_options(opts)
         # The one GPU was read from this process's CUDA_VISIBLE_DEVICES (by index, UUID
         # or prefix); when that is unset, pin the process to it before any CUDA call.
-        for name, value in env.items():
-            os.environ.setdefault(name, value)
-        cls = self.options.worker_class or Worker
+        for var, value in env.items():
+            os.environ.setdefault(var, value)
         return cls(scheduler, **opts)
 
     async def _start(self) -> CUDAWorker:

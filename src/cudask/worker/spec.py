@@ -288,14 +288,15 @@ def worker_env(devices: Sequence[Device], i: int) -> dict[str, str]:
     return env
 
 
-def worker_options(nanny_opts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Turn Nanny keywords into Worker keywords (for --no-nanny) and the
+def worker_options(nanny_opts: dict[str, Any]) -> tuple[type, dict[str, Any], dict[str, str]]:
+    """Turn Nanny keywords into what --no-nanny needs: the worker class (the
+    resolved worker_class, else distributed.Worker), its keywords, and the
     environment the process must have (see worker_env)."""
     opts = dict(nanny_opts)
     env = opts.pop("env")
     opts.pop("config", None)
-    opts.pop("worker_class", None)
-    return opts, env
+    cls = opts.pop("worker_class", None) or Worker
+    return cls, opts, env
 
 
 __all__ = [
