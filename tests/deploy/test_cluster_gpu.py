@@ -477,15 +477,18 @@ def test_device_host_disk_in_a_worker(tmp_path):
     pytest.importorskip("cupy")
     from distributed import wait
 
-    with LocalCUDACluster(n_workers=1, device_memory_limit="256MB", memory_limit="6GB",
+    # host tier: 0.6 x 8 GB (distributed's target); 6 GiB of chunks leave ~1.2 GB for disk,
+    # and the worker's memory stays well under the pause (80%) and terminate (95%) lines
+    n = 48
+    with LocalCUDACluster(n_workers=1, device_memory_limit="256MB", memory_limit="8GB",
                           log_spilling=True, local_directory=str(tmp_path),
                           dashboard_address=":0") as cluster, Client(cluster) as client:
-        chunks = [client.submit(_chunk, i, 16 << 20, pure=False) for i in range(32)]  # 4 GiB
+        chunks = [client.submit(_chunk, i, 16 << 20, pure=False) for i in range(n)]  # 6 GiB
         wait(chunks)
         counts = next(iter(client.run(_tier_counts).values()))
         assert counts["spill-host-to-disk-count"] > 0, counts
         checks = [client.submit(_check, c, i, pure=False) for i, c in enumerate(chunks)]
-        assert client.gather(checks) == [0] * 32
+        assert client.gather(checks) == [0] * n
         counts = next(iter(client.run(_tier_counts).values()))
         assert counts["unspill-disk-to-host-count"] > 0, counts
         (logs,) = client.get_worker_logs(n=100_000).values()

@@ -69,8 +69,8 @@ def test_dask_cudf_groupby_shuffle_merge_past_the_limit(jit: bool) -> None:
         for i, a in enumerate(keys_per_part):  # each key lives in one partition
             for b in keys_per_part[i + 1:]:
                 assert not a & b
-        pd.testing.assert_frame_equal(_sorted(shuffled.compute(), ["y", "k"]),
-                                      _sorted(left, ["y", "k"]))
+        pd.testing.assert_frame_equal(_sorted(shuffled.compute(), ["y", "k", "x"]),
+                                      _sorted(left, ["y", "k", "x"]))
 
         merged = ddf.merge(rdf, on="k", how="inner", shuffle_method="tasks", broadcast=False)
         pd.testing.assert_frame_equal(_sorted(merged.compute(), ["y", "k", "x"]),
