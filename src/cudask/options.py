@@ -336,6 +336,13 @@ def check_rules(o: WorkerOptions) -> None:
         elif v["protocol"] not in UCX_PROTOCOLS:
             raise OptionError(f"{ucx_asked[0]}=True needs protocol='ucx', not "
                               f"protocol={v['protocol']!r}")
+    if v.get("contact_address") and not v.get("listen_address"):
+        raise OptionError(f"contact_address={v['contact_address']!r} needs listen_address, the "
+                          "address the worker binds to (e.g. --listen-address tcp://0.0.0.0:9000 "
+                          "--contact-address tcp://node1:9000)")
+    if v.get("listen_address") and (v.get("host") or v.get("worker_port")):
+        raise OptionError(f"listen_address={v['listen_address']!r} cannot be combined with host "
+                          "or worker_port: it names both")
     tls = [v.get(k) for k in ("tls_ca_file", "tls_cert", "tls_key")]
     if any(tls) and not all(tls):
         raise OptionError("TLS needs all of tls_ca_file, tls_cert and tls_key")

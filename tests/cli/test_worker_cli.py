@@ -30,6 +30,9 @@ def test_dask_cuda_group_has_the_same_commands():
         (["--enable-infiniband", "--protocol", "tcp"], "needs protocol='ucx'"),
         (["--nthreads", "0"], "at least 1"),
         (["--tls-ca-file", "ca.pem"], "TLS needs all"),
+        (["--contact-address", "tcp://node1:9000"], "needs listen_address"),
+        (["--listen-address", "tcp://0.0.0.0:9000", "--worker-port", "9000"],
+         "cannot be combined with host or worker_port"),
     ],
 )
 def test_bad_flags_give_one_line_no_traceback(args, message):
@@ -77,3 +80,24 @@ def test_dask_jobqueue_worker_command_line_is_accepted():
     if "no NVIDIA GPU" not in out.stderr:
         pytest.skip("this machine has a GPU")
     assert out.returncode == 1 and "No such option" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--no-nanny"], "needs exactly one GPU"),
+        (["--listen-address", "tcp://0.0.0.0:9000"], "binds one worker, but 2 GPUs"),
+    ],
+)
+def test_one_worker_options_with_two_gpus(monkeypatch, args, message):
+    """Refused before any process starts, on a (fake) machine with two GPUs."""
+    from cudask.deploy import node
+    from cudask.devices import discover
+    from cudask.testing import FakeBackend, fake_gpu
+
+    machine = discover(FakeBackend([fake_gpu(0, cpus=range(4)), fake_gpu(1, cpus=range(4))]))
+    monkeypatch.setattr(node, "discover", lambda: machine)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    result = CliRunner().invoke(cli, ["worker", "tcp://127.0.0.1:8786", *args])
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert "Traceback" not in result.output

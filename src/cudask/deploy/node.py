@@ -82,6 +82,12 @@ class CUDAWorker:
                 f"{len(devices)} are visible ({', '.join(d.label for d in devices)}). Set "
                 "CUDA_VISIBLE_DEVICES to one GPU per process (e.g. from the MPI local rank)"
             )
+        if options.listen_address and len(devices) > 1:
+            raise OptionError(
+                f"listen_address={options.listen_address!r} binds one worker, but {len(devices)} "
+                f"GPUs are visible ({', '.join(d.label for d in devices)}); give --host with a "
+                "--worker-port range instead, or one GPU per process (CUDA_VISIBLE_DEVICES)"
+            )
         check_devices(options, devices)  # sizes and libraries, before any process
         ucx = ucx_config(options)
         if ucx:  # the nannies of this process speak UCX too
