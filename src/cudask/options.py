@@ -143,8 +143,10 @@ OPTIONS: tuple[Option, ...] = (
            surfaces=NODE, group="node"),
     Option("contact_address", "str", "Address the workers advertise to the scheduler.",
            surfaces=NODE, group="node"),
-    Option("name", "str", "Worker name: one GPU registers exactly it, several register "
-           "NAME-0, NAME-1, ...; default: the GPU's id.", surfaces=NODE, group="node"),
+    Option("name", "any", "Worker name (a string, or an int such as dask-mpi's rank): one GPU "
+           "registers exactly it, several register NAME-0, NAME-1, ...; default: none (each "
+           "worker is known by its address, as in distributed).",
+           surfaces=NODE, group="node"),
     Option("resources", "any", "Abstract resources of each worker, e.g. 'GPU=1 MEM=10e9'.",
            surfaces=NODE, group="node"),
     Option("pid_file", "path", "File to write the process id to.", surfaces=NODE, group="node"),
@@ -259,7 +261,7 @@ def coerce(opt: Option, value: Any) -> Any:
     if opt.kind == "path" and value is not None:
         if not isinstance(value, (str, os.PathLike)):
             raise OptionError(f"{opt.name}={value!r} is not a path")
-        return os.fspath(value)
+        return os.fspath(value) or None  # "" (dask-mpi's default): not given
     if opt.kind == "str" and value is not None and not isinstance(value, str):
         raise OptionError(f"{opt.name}={value!r} is not a string")
     return value

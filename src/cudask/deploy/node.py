@@ -48,13 +48,20 @@ def _passthrough() -> set[str]:
 class CUDAWorker:
     """One worker per local GPU, as dask-cuda's CUDAWorker.
 
-    `scheduler` is the scheduler address (default: --scheduler-file, then the
-    `scheduler-address` config that dask-mpi sets). Other keywords are the
-    worker options of docs/options.md; any remaining keyword goes to the
-    Nanny/Worker (e.g. security, preload_argv).
+    `scheduler` is the scheduler address (also accepted as `scheduler_ip`, the
+    name distributed.Worker gives it, which dask-jobqueue's runners use; default:
+    --scheduler-file, then the `scheduler-address` config that dask-mpi sets).
+    Other keywords are the worker options of docs/options.md; any remaining
+    keyword goes to the Nanny/Worker (e.g. security, preload_argv).
     """
 
     def __init__(self, scheduler: str | None = None, **kwargs: Any) -> None:
+        if "scheduler_ip" in kwargs:  # distributed.Worker's name for it (dask-jobqueue runners)
+            scheduler_ip = kwargs.pop("scheduler_ip")
+            if scheduler is not None and scheduler_ip is not None and scheduler_ip != scheduler:
+                raise OptionError(f"two schedulers given: {scheduler!r} and "
+                                  f"scheduler_ip={scheduler_ip!r}; give one")
+            scheduler = scheduler or scheduler_ip
         values = {k: kwargs.pop(k) for k in list(kwargs) if k in BY_NAME}
         unknown = sorted(set(kwargs) - _passthrough())
         if unknown:

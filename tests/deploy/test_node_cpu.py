@@ -1,0 +1,52 @@
+"""CUDAWorker built the way dask-mpi and dask-jobqueue's runners build their
+worker class, on a fake one-GPU machine (nothing is started)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import dask.config
+import pytest
+
+from cudask.deploy import node
+from cudask.devices import discover
+from cudask.errors import OptionError
+from cudask.testing import FakeBackend, fake_gpu
+
+
+@pytest.fixture
+def one_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    machine = discover(FakeBackend([fake_gpu(0, cpus=range(4))]))
+    monkeypatch.setattr(node, "discover", lambda: machine)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def _build(*args: Any, **kwargs: Any) -> node.CUDAWorker:
+    # no device limit: this machine may lack CuPy, which spilling needs
+    kwargs.setdefault("device_memory_limit", None)
+
+    async def main() -> node.CUDAWorker:  # Nannies are made inside an event loop
+        return node.CUDAWorker(*args, **kwargs)
+
+    return asyncio.run(main())
+
+
+def test_as_dask_mpi_builds_it(one_gpu: None) -> None:
+    # dask_mpi.initialize: the address in the config, these keywords, the rank as name
+    with dask.config.set(scheduler_address="tcp://10.0.0.1:8786"):
+        w = _build(interface=None, protocol=None, nthreads=1, memory_limit="auto",
+                   local_directory="", name=3)
+    assert w.scheduler == "tcp://10.0.0.1:8786"
+    assert [n.name for n in w.nannies] == [3]
+    assert w.options.local_directory is None  # "" means not given
+
+
+def test_as_dask_jobqueue_runners_build_it(one_gpu: None) -> None:
+    # dask_jobqueue.runner.BaseRunner.start_worker: worker_class(name=..., scheduler_ip=...)
+    w = _build(name=None, scheduler_ip="tcp://10.0.0.2:8786", nthreads=2)
+    assert w.scheduler == "tcp://10.0.0.2:8786" and w.options.nthreads == 2
+    assert _build("tcp://10.0.0.2:8786", scheduler_ip="tcp://10.0.0.2:8786").scheduler \
+        == "tcp://10.0.0.2:8786"
+    with pytest.raises(OptionError, match="two schedulers"):
+        _build("tcp://10.0.0.2:8786", scheduler_ip="tcp://10.0.0.3:8786")
