@@ -23,3 +23,33 @@ def test_config_reports_each_worker():
             assert report["gpu"] is None  # no cudask-cuda-context plugin on a plain worker
         text = CliRunner().invoke(cli, ["config", cluster.scheduler_address]).output
         assert text.count("worker ") == 2 and "RMM              default (no pool)" in text
+
+
+def test_config_over_tls(tmp_path):
+    import shutil
+    import subprocess
+
+    import pytest
+    from distributed.security import Security
+
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl not installed")
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+                    "-out", cert, "-days", "1", "-subj", "/CN=localhost"],
+                   check=True, capture_output=True)
+    security = Security(tls_ca_file=cert, tls_scheduler_cert=cert, tls_scheduler_key=key,
+                        tls_worker_cert=cert, tls_worker_key=key, tls_client_cert=cert,
+                        tls_client_key=key, require_encryption=True)
+    with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, protocol="tls",
+                      security=security, dashboard_address=":0") as cluster:
+        address = cluster.scheduler_address
+        assert address.startswith("tls://")
+        result = CliRunner().invoke(cli, ["config", address, "--json", "--tls-ca-file", cert,
+                                          "--tls-cert", cert, "--tls-key", key])
+        assert result.exit_code == 0, result.output
+        (report,) = json.loads(result.output).values()
+        assert report["protocol"] == "tls"
+        partial = CliRunner().invoke(cli, ["config", address, "--tls-ca-file", cert])
+        assert partial.exit_code == 1 and "TLS needs all" in partial.output

@@ -542,5 +542,10 @@ def test_cli_node_flags_over_tls(tmp_path, machine):
             port = info["services"]["dashboard"]
             with urllib.request.urlopen(f"http://{host}:{port}/gpu/health", timeout=30) as r:
                 assert r.status == 200
+        out = subprocess.run(["dask", "cuda", "config", "--scheduler-file", str(sched_file),
+                              "--json", *tls], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        (report,) = json.loads(out.stdout).values()
+        assert report["gpu"] == machine.gpus[0].uuid and report["protocol"] == "tls"
     finally:
         _stop(worker, sched)
