@@ -98,3 +98,12 @@ def test_paths_accept_pathlike_and_refuse_others(tmp_path):
     with pytest.raises(OptionError, match="is not a path"):
         resolve({"local_directory": 5}, "cluster")
     assert resolve({"resources": {"GPU": 1}}, "worker").resources == {"GPU": 1}
+
+
+def test_none_means_the_default_for_counts_choices_and_booleans():
+    o = options.resolve({"threads_per_worker": None, "log_spilling": None}, "cluster")
+    assert o.nthreads == 1 and o.log_spilling is False
+    w = options.resolve({"nthreads": None, "multiprocessing_method": None,
+                         "device_memory_limit": None}, "worker")
+    assert w.nthreads == 1 and w.multiprocessing_method == "spawn"
+    assert w.device_memory_limit is None  # a size: None is "off"

@@ -270,7 +270,8 @@ def coerce(opt: Option, value: Any) -> Any:
 def resolve(values: Mapping[str, Any], surface: Surface) -> WorkerOptions:
     """Every option of `surface`, from `values` (keyed by the surface's keyword
     names) or, for options not given, the config default; coerced and validated.
-    An explicit None keeps its meaning (e.g. device_memory_limit=None: no spilling)."""
+    An explicit None keeps its meaning (e.g. device_memory_limit=None: no spilling),
+    except for booleans, counts and choices, where it means the default."""
     table = BY_CLUSTER_KEYWORD if surface == "cluster" else {o.name: o for o in options_for(surface)}
     unknown = sorted(set(values) - set(table))
     if unknown:
@@ -280,8 +281,10 @@ def resolve(values: Mapping[str, Any], surface: Surface) -> WorkerOptions:
     out: dict[str, Any] = {}
     for keyword, opt in table.items():
         value = values[keyword] if keyword in values else opt.default_value()
-        if value is None and opt.kind == "bool":
-            value = opt.default_value()  # a boolean has no "off" other than False
+        if value is None and opt.kind in ("bool", "int", "choice"):
+            # no "off" for None to mean here (False, a count, a method): None is the
+            # default, as dask-mpi's nthreads=None expects
+            value = opt.default_value()
         out[opt.name] = coerce(opt, value) if value is not None else None
     resolved = WorkerOptions(out)
     check_rules(resolved)

@@ -50,3 +50,14 @@ def test_as_dask_jobqueue_runners_build_it(one_gpu: None) -> None:
         == "tcp://10.0.0.2:8786"
     with pytest.raises(OptionError, match="two schedulers"):
         _build("tcp://10.0.0.2:8786", scheduler_ip="tcp://10.0.0.3:8786")
+
+
+def test_as_the_dask_mpi_command_builds_it(one_gpu: None) -> None:
+    # dask-mpi's CLI: nthreads=None unless given, name f"{name}-{rank}", scheduler_ip
+    w = _build(interface=None, protocol=None, nthreads=None, memory_limit="auto",
+               local_directory=None, name="dask_mpi-2", scheduler_file=None,
+               scheduler_ip="tcp://10.0.0.4:8786")
+    assert w.scheduler == "tcp://10.0.0.4:8786"
+    assert w.options.nthreads == 1  # None is the default (threads-per-worker), not all CPUs
+    assert [n.name for n in w.nannies] == ["dask_mpi-2"]
+    assert [n.nthreads for n in w.nannies] == [1]
