@@ -169,7 +169,8 @@ OPTIONS: tuple[Option, ...] = (
     _bool("nanny", "Run each worker under a Nanny process (--no-nanny for sites that forbid "
           "forking: workers then run in this process).", None, surfaces=NODE, group="node",
           default=True),
-    Option("worker_class", "any", "Worker class the nanny starts (import path on the CLI).",
+    Option("worker_class", "any", "Worker class the nanny starts, or a Nanny subclass to start "
+           "instead of the Nanny, as dask-cuda accepts (import path on the CLI).",
            surfaces=ALL, group="node"),
 )
 

@@ -549,3 +549,12 @@ def test_cli_node_flags_over_tls(tmp_path, machine):
         assert report["gpu"] == machine.gpus[0].uuid and report["protocol"] == "tls"
     finally:
         _stop(worker, sched)
+
+
+def test_a_nanny_subclass_as_worker_class():
+    """dask-cuda accepts a Nanny subclass as worker_class: it replaces the Nanny."""
+    with LocalCUDACluster(n_workers=1, worker_class="cudask.testing.workers.TaggedNanny",
+                          dashboard_address=":0") as cluster, Client(cluster) as client:
+        (nanny,) = client.run(lambda dask_worker: type(dask_worker).__name__, nanny=True).values()
+        assert nanny == "TaggedNanny"
+        assert client.submit(lambda: 6 * 7).result() == 42

@@ -61,3 +61,16 @@ def test_as_the_dask_mpi_command_builds_it(one_gpu: None) -> None:
     assert w.options.nthreads == 1  # None is the default (threads-per-worker), not all CPUs
     assert [n.name for n in w.nannies] == ["dask_mpi-2"]
     assert [n.nthreads for n in w.nannies] == [1]
+
+
+def test_no_nanny_refuses_a_nanny_class(one_gpu: None) -> None:
+    with pytest.raises(OptionError, match="is a Nanny"):
+        _build("tcp://10.0.0.1:8786", nanny=False,
+               worker_class="cudask.testing.workers.TaggedNanny")
+
+
+def test_a_nanny_class_is_started_per_gpu(one_gpu: None) -> None:
+    from cudask.testing.workers import TaggedNanny
+
+    w = _build("tcp://10.0.0.1:8786", worker_class="cudask.testing.workers.TaggedNanny")
+    assert [type(n) for n in w.nannies] == [TaggedNanny]

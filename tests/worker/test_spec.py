@@ -173,10 +173,24 @@ def test_worker_class_from_an_import_path():
     from cudask.worker.spec import worker_class
 
     assert worker_class("distributed.Worker") is Worker
+    assert worker_class("distributed.Nanny") is Nanny  # dask-cuda accepts a Nanny too
     with pytest.raises(OptionError, match="cannot be imported"):
         worker_class("distributed.NoSuchWorker")
     with pytest.raises(OptionError, match="not a subclass"):
-        worker_class("distributed.Nanny")
+        worker_class("distributed.Scheduler")
+
+
+def test_a_nanny_class_replaces_the_nanny(dgx):
+    from cudask.testing.workers import TaggedNanny, TaggedWorker
+    from cudask.worker.spec import nanny_class
+
+    devices = select_devices(dgx, "0", None)
+    o = resolve({"worker_class": "cudask.testing.workers.TaggedNanny"}, "worker")
+    assert nanny_class(o) is TaggedNanny
+    assert "worker_class" not in nanny_options(o, devices, 0, n_workers=1, name="n")
+    o = resolve({"worker_class": TaggedWorker}, "worker")
+    assert nanny_class(o) is Nanny
+    assert nanny_options(o, devices, 0, n_workers=1, name="n")["worker_class"] is TaggedWorker
 
 
 def test_host_tier_sized_like_distributeds_spill_buffer(dgx):

@@ -21,7 +21,13 @@ from distributed import LocalCluster, Nanny, Worker
 from cudask.devices import Device, Machine, discover, parse_visible_devices, require_gpus
 from cudask.errors import DeviceError, OptionError
 from cudask.options import BY_CLUSTER_KEYWORD, WorkerOptions, options_for, resolve
-from cudask.worker.spec import check_devices, gpu_name, nanny_options, ucx_config
+from cudask.worker.spec import (
+    check_devices,
+    gpu_name,
+    nanny_class,
+    nanny_options,
+    ucx_config,
+)
 
 logger = logging.getLogger("cudask")
 
@@ -125,7 +131,7 @@ class LocalCUDACluster(LocalCluster):
         )
         if self._user_data is not None:
             options["data"] = self._user_data
-        return {name: {"cls": Nanny, "options": options}}
+        return {name: {"cls": nanny_class(self.options), "options": options}}
 
     def scale(self, n: int = 0, memory: Any = None, cores: Any = None) -> Any:
         if memory is None and cores is None and n > len(self.devices):

@@ -27,6 +27,7 @@ from cudask.errors import DeviceError, OptionError
 from cudask.options import BY_NAME, WorkerOptions, options_for, resolve
 from cudask.worker.spec import (
     check_devices,
+    nanny_class,
     nanny_options,
     parse_ports,
     parse_resources,
@@ -89,6 +90,9 @@ class CUDAWorker:
                 f"{len(devices)} are visible ({', '.join(d.label for d in devices)}). Set "
                 "CUDA_VISIBLE_DEVICES to one GPU per process (e.g. from the MPI local rank)"
             )
+        if not options.nanny and nanny_class(options) is not Nanny:
+            raise OptionError(f"--no-nanny starts a Worker in this process, but worker_class="
+                              f"{options.worker_class!r} is a Nanny; give a Worker subclass")
         if options.listen_address and len(devices) > 1:
             raise OptionError(
                 f"listen_address={options.listen_address!r} binds one worker, but {len(devices)} "
@@ -136,7 +140,7 @@ class CUDAWorker:
         opts = nanny_options(self.options, self.devices, i, n_workers=len(self.devices),
                              name=name, extra={**self._node_kwargs(port), **extra})
         if self.options.nanny:
-            return Nanny(scheduler, **opts)
+            return nanny_class(self.options)(scheduler, **opts)
         cls, opts, env = worker_options(opts)
         # The one GPU was read from this process's CUDA_VISIBLE_DEVICES (by index, UUID
         # or prefix); when that is unset, pin the process to it before any CUDA call.

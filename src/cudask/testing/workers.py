@@ -1,14 +1,14 @@
-"""A Worker subclass for checking that `worker_class` reaches the nanny.
+"""Worker and Nanny subclasses for checking that `worker_class` is honoured.
 
-Covers: `TaggedWorker`, a distributed.Worker that only adds a class
-attribute, importable by worker processes as
-"cudask.testing.workers.TaggedWorker". Does not cover: anything a real
-custom worker would do.
+Covers: `TaggedWorker` and `TaggedNanny`, a distributed.Worker and a
+distributed.Nanny that only add a class attribute, importable as
+"cudask.testing.workers.TaggedWorker" / ".TaggedNanny". Does not cover:
+anything a real custom worker would do.
 """
 
 from __future__ import annotations
 
-from distributed import Worker
+from distributed import Nanny, Worker
 
 
 class TaggedWorker(Worker):
@@ -17,4 +17,10 @@ class TaggedWorker(Worker):
     tag = "cudask-tagged-worker"
 
 
-__all__ = ["TaggedWorker"]
+class TaggedNanny(Nanny):
+    """distributed.Nanny, recognisable by its type name and `tag`."""
+
+    tag = "cudask-tagged-nanny"
+
+
+__all__ = ["TaggedNanny", "TaggedWorker"]

@@ -257,14 +257,16 @@ def nanny_options(
         options["protocol"] = o.protocol
     if o.interface is not None:
         options["interface"] = o.interface
-    if o.worker_class is not None:
+    if o.worker_class is not None and issubclass(worker_class(o.worker_class), Worker):
         options["worker_class"] = worker_class(o.worker_class)
     options.update(extra or {})
     return options
 
 
 def worker_class(value: Any) -> type:
-    """The Worker class a nanny starts: a class, or an import path from the CLI."""
+    """worker_class as a class (it may come as an import path from the CLI): a
+    distributed.Worker subclass, which each nanny starts, or, as dask-cuda accepts,
+    a distributed.Nanny subclass, which is then started instead of the Nanny."""
     if isinstance(value, str):
         from distributed.utils import import_term
 
@@ -273,9 +275,20 @@ def worker_class(value: Any) -> type:
         except (ImportError, AttributeError, ValueError) as exc:
             raise OptionError(f"worker_class={value!r} cannot be imported ({exc}); give a "
                               "dotted path such as 'distributed.Worker'") from None
-    if not (isinstance(value, type) and issubclass(value, Worker)):
-        raise OptionError(f"worker_class={value!r} is not a subclass of distributed.Worker")
+    if not (isinstance(value, type) and issubclass(value, (Worker, Nanny))):
+        raise OptionError(f"worker_class={value!r} is not a subclass of distributed.Worker "
+                          "or distributed.Nanny")
     return value
+
+
+def nanny_class(o: WorkerOptions) -> type[Nanny]:
+    """What is started for each GPU: worker_class when it is a Nanny subclass,
+    else distributed.Nanny."""
+    if o.worker_class is not None:
+        cls = worker_class(o.worker_class)
+        if issubclass(cls, Nanny):
+            return cls
+    return Nanny
 
 
 def worker_env(devices: Sequence[Device], i: int) -> dict[str, str]:
@@ -308,6 +321,7 @@ __all__ = [
     "device_sizes",
     "gpu_name",
     "host_memory_limit",
+    "nanny_class",
     "nanny_options",
     "parse_ports",
     "parse_resources",
