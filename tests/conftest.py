@@ -1,9 +1,12 @@
 """Test-suite wiring: the `gpu` and `multigpu` markers skip themselves where
-NVML finds too few GPUs (see cudask.testing.real_gpu_count)."""
+NVML finds too few GPUs (see cudask.testing.real_gpu_count); the `tls_files`
+fixture makes a self-signed certificate for TLS tests."""
 
 from __future__ import annotations
 
 import functools
+import shutil
+import subprocess
 
 import pytest
 
@@ -24,3 +27,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(
                     pytest.mark.skip(reason=f"needs {needed}+ NVIDIA GPU(s); NVML finds {_gpus()}")
                 )
+
+
+@pytest.fixture
+def tls_files(tmp_path) -> tuple[str, str]:
+    """(certificate, key) of a self-signed certificate, also usable as the CA file."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl not installed")
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+                    "-out", cert, "-days", "1", "-subj", "/CN=localhost"],
+                   check=True, capture_output=True)
+    return cert, key

@@ -25,20 +25,10 @@ def test_config_reports_each_worker():
         assert text.count("worker ") == 2 and "RMM              default (no pool)" in text
 
 
-def test_config_over_tls(tmp_path):
-    import shutil
-    import subprocess
-
-    import pytest
+def test_config_over_tls(tls_files):
     from distributed.security import Security
 
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("openssl not installed")
-    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
-    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
-                    "-out", cert, "-days", "1", "-subj", "/CN=localhost"],
-                   check=True, capture_output=True)
+    cert, key = tls_files
     security = Security(tls_ca_file=cert, tls_scheduler_cert=cert, tls_scheduler_key=key,
                         tls_worker_cert=cert, tls_worker_key=key, tls_client_cert=cert,
                         tls_client_key=key, require_encryption=True)

@@ -495,24 +495,13 @@ def test_device_host_disk_in_a_worker(tmp_path):
         assert any("host -> disk" in message for _, message in logs)
 
 
-def _self_signed(tmp_path) -> tuple[str, str]:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("openssl not installed")
-    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
-    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
-                    "-out", cert, "-days", "1", "-subj", "/CN=localhost"],
-                   check=True, capture_output=True)
-    return cert, key
-
-
-def test_cli_node_flags_over_tls(tmp_path, machine):
+def test_cli_node_flags_over_tls(tmp_path, machine, tls_files):
     """TLS, --pid-file, --resources, --preload, --dashboard-prefix, --death-timeout."""
     import urllib.request
 
     from distributed.security import Security
 
-    cert, key = _self_signed(tmp_path)
+    cert, key = tls_files
     tls = ["--tls-ca-file", cert, "--tls-cert", cert, "--tls-key", key]
     sched_file, pid_file = tmp_path / "sched.json", tmp_path / "worker.pid"
     sched = subprocess.Popen(["dask", "scheduler", "--scheduler-file", str(sched_file),

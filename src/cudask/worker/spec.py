@@ -257,8 +257,9 @@ def nanny_options(
         options["protocol"] = o.protocol
     if o.interface is not None:
         options["interface"] = o.interface
-    if o.worker_class is not None and issubclass(worker_class(o.worker_class), Worker):
-        options["worker_class"] = worker_class(o.worker_class)
+    cls = worker_class(o.worker_class) if o.worker_class is not None else None
+    if cls is not None and issubclass(cls, Worker):  # a Nanny subclass: see nanny_class
+        options["worker_class"] = cls
     options.update(extra or {})
     return options
 
