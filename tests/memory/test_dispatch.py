@@ -17,6 +17,7 @@ from cudask.memory.transfer import TransferEngine
 from cudask.testing.fake_cuda import (
     FakeCopyBackend,
     FakeDeviceArray,
+    FakeHandler,
     ForeignDeviceObject,
     as_numpy,
 )
@@ -193,6 +194,38 @@ def test_register_handler_takes_precedence_over_generic() -> None:
         assert dispatch.allocations(Special(np.zeros(2))) == [(1, 2)]
     finally:
         del dispatch._HANDLERS[Special]
+        dispatch._RESOLVED.clear()
+
+
+def test_a_host_copy_registers_its_handler_where_the_library_was_never_met(
+    engine: TransferEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a client that receives a spilled proxy of a cuDF frame has never met a cuDF object:
+    # rebuilding it must register the handler named in the copy (found on an H100)
+    class LazyHandler(FakeHandler):
+        name = "lazy-lib"
+
+    copy = dispatch.to_host(arange(6), engine)
+    copy.handler = "lazy-lib"  # as if made by a handler this process has not registered yet
+    calls: list[int] = []
+
+    def register() -> None:
+        calls.append(1)
+        dispatch.register_handler(LazyHandler, LazyHandler())
+
+    monkeypatch.setattr(dispatch, "_BY_NAME", dict(dispatch._BY_NAME))
+    monkeypatch.setattr(dispatch, "_HANDLERS", dict(dispatch._HANDLERS))
+    monkeypatch.setitem(dispatch._LAZY, "lazy-lib", register)
+    monkeypatch.setitem(dispatch._LAZY, "missing-lib", lambda: __import__("no_such_module_x"))
+    try:
+        value, copies = dispatch.to_device(copy, engine)
+        for c in copies:
+            c.wait()
+        np.testing.assert_array_equal(as_numpy(value), np.arange(6.0))
+        assert calls == [1] and dispatch.handler_named("lazy-lib").name == "lazy-lib"
+        with pytest.raises(UnspillableError, match="'missing-lib'.*no_such_module_x"):
+            dispatch.handler_named("missing-lib")
+    finally:
         dispatch._RESOLVED.clear()
 
 

@@ -560,11 +560,22 @@ def register_handler(typ: type, handler: DeviceHandler) -> None:
 
 
 def register_lazy(toplevel: str, register: Callable[[], None]) -> None:
-    """Call `register()` the first time an object of module `toplevel` is met."""
+    """Call `register()` the first time an object of module `toplevel` is met, or the first
+    time a host copy names the handler `toplevel` (handlers are named after their library:
+    a process that receives a spilled proxy, a client say, may never have met the library)."""
     _LAZY[toplevel] = register
 
 
 def handler_named(name: str) -> DeviceHandler:
+    """The handler that made a host copy, registering it now if its library was never met."""
+    register = _LAZY.pop(name, None) if name not in _BY_NAME else None
+    if register is not None:
+        try:
+            register()
+        except ImportError as exc:
+            raise UnspillableError(
+                f"data spilled from {name!r} objects cannot be rebuilt here: {exc}"
+            ) from None
     try:
         return _BY_NAME[name]
     except KeyError:
