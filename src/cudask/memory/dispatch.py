@@ -510,13 +510,15 @@ class CudfHandler:
 
         frames: list[Any] = []
         h2d: list[Copy] = []
-        for kind, block, filled in zip(copy.meta["kinds"], copy.blocks, copy.copies or []):
+        for i, (kind, block) in enumerate(zip(copy.meta["kinds"], copy.blocks, strict=True)):
+            # a host copy rebuilt from pickle (a proxy sent to a client) has no copies
+            filled = copy.copies[i] if i < len(copy.copies) else None
             if kind == "device":
                 buf = rmm.DeviceBuffer(size=block.nbytes)
                 h2d.append(
                     engine.to_device(
                         int(buf.ptr), block.ptr, block.nbytes,
-                        after=None if isinstance(filled, _NoCopy) else filled,
+                        after=None if filled is None or isinstance(filled, _NoCopy) else filled,
                     )
                 )
                 frames.append(buf)
