@@ -7,6 +7,7 @@ spilling options set on the workers. Skipped where cuDF / dask-cuDF are missing.
 
 from __future__ import annotations
 
+import pickle
 import sys
 from typing import Any
 
@@ -88,6 +89,7 @@ def test_proxy_of_a_cudf_frame(tmp_path: Any) -> None:
     cudf = pytest.importorskip("cudf")
     from dask.dataframe import methods
     from dask.dataframe.dispatch import hash_object_dispatch, make_meta
+    from distributed.protocol import deserialize, serialize
 
     from cudask.memory.proxy_store import ProxyStore
 
@@ -100,6 +102,15 @@ def test_proxy_of_a_cudf_frame(tmp_path: Any) -> None:
             store[("filler", i)] = cudf.from_pandas(left)
         proxy = store["df"]
         assert store.where("df") != "device"
+        # as sent to a client: pickled with out-of-band buffers, or through distributed's
+        # serializers, and rebuilt where no store exists (a dask-cuDF result, say)
+        buffers: list[pickle.PickleBuffer] = []
+        data = pickle.dumps(proxy, protocol=5, buffer_callback=buffers.append)
+        back = pickle.loads(data, buffers=[bytes(b.raw()) for b in buffers])
+        pd.testing.assert_frame_equal(back.to_pandas(), left)
+        header, frames = serialize(proxy, serializers=("dask", "pickle"))
+        pd.testing.assert_frame_equal(deserialize(header, frames).to_pandas(), left)
+        assert store.where("df") != "device"  # sending did not unspill it
         assert isinstance(proxy, cudf.DataFrame)
         assert len(proxy) == len(left) and list(proxy.columns) == ["k", "x", "y"]
         assert int(proxy["y"].max()) == int(left["y"].max())
