@@ -1,8 +1,11 @@
-"""Fixtures for the bench tests: a synthetic result document shaped like a real run."""
+"""Fixtures for the bench tests: a synthetic result document shaped like a real run, and a
+folder that looks like an installed dask-cuda."""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -101,3 +104,23 @@ SYNTHETIC: dict[str, Any] = {
 @pytest.fixture
 def synthetic_document() -> dict[str, Any]:
     return copy.deepcopy(SYNTHETIC)
+
+
+def _fake_dask_cuda(root: Path, version: str, proxy_object: bool) -> Path:
+    package = root / "dask_cuda"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    if proxy_object:
+        (package / "proxy_object.py").write_text("")
+    info = root / f"dask_cuda-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: dask-cuda\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("dask_cuda\n")
+    return root
+
+
+@pytest.fixture
+def fake_dask_cuda() -> Callable[..., Path]:
+    """`make(root, version, proxy_object)`: a directory that looks like
+    `pip install --target DIR dask-cuda==VERSION` (with dask_cuda/proxy_object.py up to 26.04)."""
+    return _fake_dask_cuda

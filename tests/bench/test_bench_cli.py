@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,20 +34,6 @@ def one_line_error(code: int, output: str) -> str:
     assert len(errors) == 1, output
     assert "Traceback" not in output
     return errors[0]
-
-
-def fake_dask_cuda(root: Path, version: str, proxy_object: bool) -> Path:
-    """A directory that looks like `pip install --target DIR dask-cuda==VERSION`."""
-    package = root / "dask_cuda"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text(f"__version__ = {version!r}\n")
-    if proxy_object:
-        (package / "proxy_object.py").write_text("")
-    info = root / f"dask_cuda-{version}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: dask-cuda\nVersion: {version}\n")
-    (info / "top_level.txt").write_text("dask_cuda\n")
-    return root
 
 
 def test_help_lists_workloads() -> None:
@@ -161,7 +148,7 @@ def test_against_dask_cuda_not_installed() -> None:
     assert "dask-cuda" in line and "--dask-cuda-python" in line
 
 
-def test_jit_unspill_against_new_dask_cuda(tmp_path: Path) -> None:
+def test_jit_unspill_against_new_dask_cuda(tmp_path: Path, fake_dask_cuda: Callable[..., Path]) -> None:
     path = fake_dask_cuda(tmp_path / "dc", "26.10.00", proxy_object=False)
     line = one_line_error(
         *invoke(
@@ -287,7 +274,9 @@ def test_against_jit_unspill_needs_against() -> None:
     assert "--against-jit-unspill" in line and "--against dask-cuda" in line
 
 
-def test_against_jit_unspill_off_passes_the_new_dask_cuda_check(tmp_path: Path) -> None:
+def test_against_jit_unspill_off_passes_the_new_dask_cuda_check(
+    tmp_path: Path, fake_dask_cuda: Callable[..., Path]
+) -> None:
     path = fake_dask_cuda(tmp_path / "dc", "26.10.00", proxy_object=False)
     args = ("spill", *CPU, "--against", "dask-cuda", "--dask-cuda-path", str(path))
     assert "JIT-unspill" in one_line_error(*invoke(*args, "--against-jit-unspill", "on"))

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +20,6 @@ from cudask.bench.run import RunnerError, check_honesty
 from cudask.errors import MissingDependencyError, OptionError
 
 GIB4 = 4 * 2**30
-
-
-def fake_dask_cuda(root: Path, version: str, proxy_object: bool) -> Path:
-    package = root / "dask_cuda"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text(f"__version__ = {version!r}\n")
-    if proxy_object:
-        (package / "proxy_object.py").write_text("")
-    info = root / f"dask_cuda-{version}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: dask-cuda\nVersion: {version}\n")
-    (info / "top_level.txt").write_text("dask_cuda\n")
-    return root
 
 
 # --------------------------------------------------------------------------- variants
@@ -311,7 +299,7 @@ def test_machine_facts() -> None:
     assert v["dask"] and v["distributed"] and v["numpy"] and v["cudask"]
 
 
-def test_resolve_dask_cuda_2604_with_jit(tmp_path: Path) -> None:
+def test_resolve_dask_cuda_2604_with_jit(tmp_path: Path, fake_dask_cuda: Callable[..., Path]) -> None:
     path = fake_dask_cuda(tmp_path / "dc", "26.04.00", proxy_object=True)
     target = harness.resolve_dask_cuda(None, str(path), jit_unspill=True, array_module="numpy")
     assert target.pythonpath == (str(path),)
@@ -319,7 +307,7 @@ def test_resolve_dask_cuda_2604_with_jit(tmp_path: Path) -> None:
     assert target.probe["dask_cuda_has_proxy_object"] is True
 
 
-def test_resolve_dask_cuda_refuses_jit_on_2610(tmp_path: Path) -> None:
+def test_resolve_dask_cuda_refuses_jit_on_2610(tmp_path: Path, fake_dask_cuda: Callable[..., Path]) -> None:
     path = fake_dask_cuda(tmp_path / "dc", "26.10.00", proxy_object=False)
     harness.resolve_dask_cuda(None, str(path), jit_unspill=False, array_module="numpy")
     with pytest.raises(OptionError, match="removed JIT-unspill in 26.06"):
@@ -327,7 +315,7 @@ def test_resolve_dask_cuda_refuses_jit_on_2610(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(environment.has_module("cupy"), reason="CuPy is installed here")
-def test_resolve_dask_cuda_needs_cupy_there(tmp_path: Path) -> None:
+def test_resolve_dask_cuda_needs_cupy_there(tmp_path: Path, fake_dask_cuda: Callable[..., Path]) -> None:
     path = fake_dask_cuda(tmp_path / "dc", "26.10.00", proxy_object=False)
     with pytest.raises(MissingDependencyError, match="cupy"):
         harness.resolve_dask_cuda(None, str(path), jit_unspill=False, array_module="cupy")
@@ -402,7 +390,7 @@ def test_runner_dask_cuda_missing(tmp_path: Path) -> None:
     assert not [m for m in result["cudask_modules"] if m.startswith("cudask.deploy")]
 
 
-def test_runner_rejects_jit_on_new_dask_cuda(tmp_path: Path) -> None:
+def test_runner_rejects_jit_on_new_dask_cuda(tmp_path: Path, fake_dask_cuda: Callable[..., Path]) -> None:
     """The runner checks too: a dask-cuda without JIT-unspill is refused by name."""
     path = fake_dask_cuda(tmp_path / "dc", "26.10.00", proxy_object=False)
     (path / "dask_cuda" / "__init__.py").write_text(
@@ -442,6 +430,23 @@ def test_honesty_check() -> None:
     assert clean["cudask_modules"] == ["cudask", "cudask.bench.run"]
 
 
+def tiny_host_spill_argv(repeat: int) -> list[str]:
+    """Runner arguments for 1 MiB of host-memory spill chunks on the dict store."""
+    return spec.runner_argv(
+        spec.Variant("dict"),
+        "spill",
+        array_module="numpy",
+        device="0",
+        memory_limit="auto",
+        rmm_pool_size=None,
+        protocol="tcp",
+        repeat=repeat,
+        warmup=0,
+        total=2**20,
+        chunk_size=2**19,
+    )
+
+
 def test_spawn_runner_through_another_interpreter(tmp_path: Path) -> None:
     """A 'foreign' interpreter gets cudask through the one-package shim on PYTHONPATH."""
     wrapper = tmp_path / "otherpython"
@@ -453,19 +458,7 @@ def test_spawn_runner_through_another_interpreter(tmp_path: Path) -> None:
     try:
         assert sorted(os.listdir(shim)) == ["cudask"]
         events: list[tuple[int, int, str]] = []
-        argv = spec.runner_argv(
-            spec.Variant("dict"),
-            "spill",
-            array_module="numpy",
-            device="0",
-            memory_limit="auto",
-            rmm_pool_size=None,
-            protocol="tcp",
-            repeat=1,
-            warmup=0,
-            total=2**20,
-            chunk_size=2**19,
-        )
+        argv = tiny_host_spill_argv(repeat=1)
         result = harness.spawn_runner(
             target,
             argv,
@@ -485,19 +478,7 @@ def test_spawn_runner_through_another_interpreter(tmp_path: Path) -> None:
 
 def test_spawn_runner_timeout_kills_the_group(tmp_path: Path) -> None:
     """A runner past --timeout is killed with its workers and reported, not waited for."""
-    argv = spec.runner_argv(
-        spec.Variant("dict"),
-        "spill",
-        array_module="numpy",
-        device="0",
-        memory_limit="auto",
-        rmm_pool_size=None,
-        protocol="tcp",
-        repeat=1000,
-        warmup=0,
-        total=2**20,
-        chunk_size=2**19,
-    )
+    argv = tiny_host_spill_argv(repeat=1000)
     result = harness.spawn_runner(
         harness.Target(sys.executable), argv, shim=None, timeout=1, on_progress=lambda *a: None
     )

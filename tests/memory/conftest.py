@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -46,3 +47,27 @@ def make_proxy_store(tmp_path: Any) -> Iterator[Callable[..., Any]]:
     from cudask.memory.proxy_store import ProxyStore
 
     yield from _factory(tmp_path, ProxyStore)
+
+
+def _in_threads(work: Callable[[int], None], count: int) -> list[BaseException]:
+    errors: list[BaseException] = []
+
+    def run(n: int) -> None:
+        try:
+            work(n)
+        except BaseException as exc:  # noqa: BLE001 - returned to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+@pytest.fixture
+def in_threads() -> Callable[[Callable[[int], None], int], list[BaseException]]:
+    """`in_threads(work, count)`: run work(0) .. work(count - 1) at once, each in its own
+    thread; returns what they raised."""
+    return _in_threads

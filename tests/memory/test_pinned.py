@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import threading
 import warnings
+from collections.abc import Callable
 
 import pytest
 
 from cudask.memory.pinned import HostBlock, PinnedMemoryWarning, PinnedPool
 from cudask.memory.transfer import TransferEngine
 from cudask.testing.fake_cuda import FakeCopyBackend
+
+InThreads = Callable[[Callable[[int], None], int], list[BaseException]]
 
 KiB = 1024
 
@@ -112,25 +115,17 @@ def test_close_returns_slabs_to_the_driver() -> None:
     assert backend.pinned == {} and pool.reserved == 0
 
 
-def test_concurrent_allocate_and_release() -> None:
+def test_concurrent_allocate_and_release(in_threads: InThreads) -> None:
     pool = PinnedPool(FakeCopyBackend(), 256 * KiB, 32 * KiB)
-    errors: list[BaseException] = []
 
     def work(seed: int) -> None:
-        try:
-            for i in range(200):
-                block = pool.allocate(((seed * 7 + i) % 13 + 1) * 256)
-                block.view[:1] = bytes([seed])
-                assert block.view[0] == seed
-                block.release()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        for i in range(200):
+            block = pool.allocate(((seed * 7 + i) % 13 + 1) * 256)
+            block.view[:1] = bytes([seed])
+            assert block.view[0] == seed
+            block.release()
 
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = in_threads(work, 4)
     assert not errors
     assert pool.in_use == 0
     assert all(slab.free_bytes == slab.size for slab in pool._slabs)

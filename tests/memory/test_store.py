@@ -21,6 +21,7 @@ from cudask.memory.store import TieredStore, worker_metrics
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray, as_numpy
 
 MakeStore = Callable[..., TieredStore]
+InThreads = Callable[[Callable[[int], None], int], list[BaseException]]
 
 
 def dev(n: int, fill: float = 0, dtype: str = "u1") -> FakeDeviceArray:
@@ -308,28 +309,20 @@ def test_prefetch_starts_copies_ahead(make_store: MakeStore) -> None:
     assert sum(d == "h2d" for d, _ in backend.copies) == 3
 
 
-def test_concurrent_access(make_store: MakeStore) -> None:
+def test_concurrent_access(make_store: MakeStore, in_threads: InThreads) -> None:
     store = make_store(device_memory_limit=2000, memory_limit=4000,
                        backend=FakeCopyBackend(lag=3), background=True)
-    errors: list[BaseException] = []
 
     def work(t: int) -> None:
-        try:
-            for i in range(60):
-                key = (t, i % 15)
-                store[key] = dev(97, (t * 31 + i) % 250)
-                got = store[key].get()
-                assert (got == (t * 31 + i) % 250).all()
-                if i % 7 == 0:
-                    del store[key]
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        for i in range(60):
+            key = (t, i % 15)
+            store[key] = dev(97, (t * 31 + i) % 250)
+            got = store[key].get()
+            assert (got == (t * 31 + i) % 250).all()
+            if i % 7 == 0:
+                del store[key]
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = in_threads(work, 4)
     assert not errors
     for key in list(store):
         store[key].get()
