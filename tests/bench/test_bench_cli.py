@@ -220,7 +220,9 @@ def test_startup_runs_fresh_processes(tmp_path: Path) -> None:
     assert variant["runs"] == 3
     m = variant["measurements"]
     assert len(m["startup"]["times"]) == 2 and len(m["startup"]["warmup_times"]) == 1
-    assert {"import", "cluster", "first_roundtrip", "close"} <= set(m)
+    assert {"import", "cluster", "first_roundtrip", "first_array_task", "close"} <= set(m)
+    ready = m["ready_for_arrays"]["times"]
+    assert all(r > s for r, s in zip(ready, m["startup"]["times"], strict=True))
     assert len(variant["process_wall_s"]) == 3
 
 

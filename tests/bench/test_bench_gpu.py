@@ -107,6 +107,7 @@ def test_startup_tiny(tmp_path: Path) -> None:
     )
     for v in doc["variants"]:
         assert len(v["measurements"]["startup"]["times"]) == 1
+        assert len(v["measurements"]["ready_for_arrays"]["times"]) == 1
     assert (tmp_path / "s.png").exists()
 
 

@@ -29,6 +29,24 @@ _uuid_of_device0 = current_gpu_uuid
 _affinity = cpu_affinity
 
 
+def _cupy_view() -> dict:
+    """What CuPy sees in a task thread once the background import is done: the
+    context the driver created at start, on the worker's own GPU."""
+    from distributed import get_worker
+
+    from cudask.devices.topology import normalize_bus_id
+
+    ctx = get_worker().plugins["cudask-cuda-context"]
+    if ctx.importer is not None:
+        ctx.importer.join(timeout=60)
+    was_imported = "cupy" in sys.modules
+    import cupy
+
+    return {"imported": was_imported, "device": cupy.cuda.runtime.getDevice(),
+            "bus": normalize_bus_id(cupy.cuda.Device().pci_bus_id),
+            "sum": float(cupy.arange(10).sum()), "context_s": ctx.seconds}
+
+
 @pytest.fixture(scope="module")
 def machine():
     return discover()
@@ -46,6 +64,9 @@ def test_each_worker_device0_is_its_gpu_and_pinned(machine):
             addr = names[gpu.index]
             assert uuids[addr] == gpu.uuid
             assert affinity[addr] == list(gpu.cpu_affinity)
+            view = client.submit(_cupy_view, workers=[addr], pure=False).result()
+            assert view["imported"] and view["device"] == 0 and view["sum"] == 45.0
+            assert view["bus"] == gpu.pci_bus_id and 0 < view["context_s"] < 60
         assert client.submit(lambda: 21 * 2).result() == 42
 
 
@@ -213,7 +234,7 @@ def test_pre_import_and_config_cli(tmp_path, machine):
                               "--json"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         report = list(json.loads(out.stdout).values())[0]
-        assert report["gpu"] == machine.gpus[0].uuid
+        assert report["gpu"] == machine.gpus[0].uuid and 0 < report["cuda_context_s"] < 60
         assert report["plugins"][:2] == ["cudask-cpu-affinity", "cudask-cuda-context"]
         assert "cudask-pre-import" in report["plugins"]
 

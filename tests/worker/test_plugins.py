@@ -76,6 +76,7 @@ def test_device0_uuid_when_cupy_cuts_it_at_a_zero_byte(monkeypatch):
 
     machine = discover(FakeBackend([fake_gpu(0, cpus=range(8)), fake_gpu(1, cpus=range(8))]))
     monkeypatch.setattr(cudask.devices, "discover", lambda: machine)
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)  # no driver API: CuPy's path
     second = machine.gpus[1]
     monkeypatch.setitem(sys.modules, "cupy", _FakeCupy(b"\x00\x00\x00\x01", second.pci_bus_id.upper()))
     assert device0_uuid() == second.uuid
@@ -85,3 +86,106 @@ def test_device0_uuid_when_cupy_cuts_it_at_a_zero_byte(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", _FakeCupy(b"\x0c", "0000:ff:00.0"))
     with pytest.raises(RuntimeError, match="0000:ff:00.0"):
         device0_uuid()
+
+
+class _FakeDriver:
+    """Just what device0_uuid calls of cuda-bindings' driver module; records the calls."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+        CUDA_ERROR_NO_DEVICE = 100
+
+    def __init__(self, uuid: bytes, fail: str | None = None) -> None:
+        self.calls: list[str] = []
+        self.uuid = uuid
+        self.fail = fail
+
+    def _ok(self, name: str, *out: object) -> tuple:
+        self.calls.append(name)
+        return (self.CUresult.CUDA_ERROR_NO_DEVICE if name == self.fail else 0, *out)
+
+    def cuInit(self, flags: int) -> tuple:
+        return self._ok("cuInit")
+
+    def cuDeviceGet(self, ordinal: int) -> tuple:
+        return self._ok("cuDeviceGet", ordinal)
+
+    def cuDevicePrimaryCtxRetain(self, device: int) -> tuple:
+        return self._ok("cuDevicePrimaryCtxRetain", "ctx")
+
+    def cuCtxSetCurrent(self, ctx: str) -> tuple:
+        assert ctx == "ctx"
+        return self._ok("cuCtxSetCurrent")
+
+    def cuDeviceGetUuid(self, device: int) -> tuple:
+        import types
+
+        return self._ok("cuDeviceGetUuid", types.SimpleNamespace(bytes=self.uuid))
+
+    def cuGetErrorName(self, err: int) -> tuple:
+        return (0, b"CUDA_ERROR_NO_DEVICE")
+
+
+def _use_driver(monkeypatch, driver: _FakeDriver) -> None:
+    import sys
+    import types
+
+    bindings = types.ModuleType("cuda.bindings")
+    bindings.driver = driver
+    monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
+    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", driver)
+
+
+def test_device0_uuid_through_the_driver_api_never_imports_cupy(monkeypatch):
+    import sys
+
+    from cudask.worker.context import device0_uuid
+
+    driver = _FakeDriver(bytes(range(1, 17)))
+    _use_driver(monkeypatch, driver)
+    monkeypatch.setitem(sys.modules, "cupy", None)  # importing it would raise
+    assert device0_uuid() == "GPU-01020304-0506-0708-090a-0b0c0d0e0f10"
+    assert driver.calls == ["cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain",
+                            "cuCtxSetCurrent", "cuDeviceGetUuid"]
+
+
+def test_a_failing_driver_call_is_named(monkeypatch):
+    from cudask.worker.context import device0_uuid
+
+    _use_driver(monkeypatch, _FakeDriver(bytes(16), fail="cuDevicePrimaryCtxRetain"))
+    with pytest.raises(RuntimeError, match="cuDevicePrimaryCtxRetain failed: CUDA_ERROR_NO_DEVICE"):
+        device0_uuid()
+
+
+def test_cuda_context_plugin_imports_cupy_in_the_background(monkeypatch):
+    """setup returns once the context exists; the import runs in a thread that
+    teardown waits for."""
+    import importlib.util
+    import threading
+    import types
+
+    from cudask.worker import plugins as P
+
+    _use_driver(monkeypatch, _FakeDriver(bytes(range(1, 17))))
+    started, release = threading.Event(), threading.Event()
+    imported: list[str] = []
+
+    def slow_import(name: str) -> object:
+        started.set()
+        release.wait(10)
+        imported.append(name)
+        return types.ModuleType(name)
+
+    monkeypatch.setattr(P.importlib, "import_module", slow_import)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    plugin = P.CUDAContext("GPU-01020304-0506-0708-090a-0b0c0d0e0f10")
+    worker = types.SimpleNamespace(name="w")
+    plugin.setup(worker)
+    assert plugin.uuid == plugin.expected_uuid and plugin.seconds is not None
+    assert started.wait(10) and imported == []  # setup did not wait for the import
+    release.set()
+    plugin.teardown(worker)
+    assert imported == ["cupy"] and plugin.importer is None
+    plugin.setup(worker)  # idempotent: no second context, no second import
+    assert imported == ["cupy"]

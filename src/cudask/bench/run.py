@@ -213,6 +213,12 @@ def execute(args: argparse.Namespace, result: dict[str, Any]) -> None:
                 client.submit(_ping, pure=False).result()
                 t2 = time.perf_counter()
                 progress("cluster up")
+                if args.workload == "startup":
+                    total = client.submit(workloads.first_array_task, args.array_module,
+                                          pure=False).result()
+                    t_array = time.perf_counter()
+                    if total != 1023 * 1024 // 2:
+                        raise RunnerError(f"the first array task returned {total}, not 523776")
                 worker = client.run(workloads.device_facts, args.array_module)
                 result["worker"] = next(iter(worker.values()), {})
                 if args.workload == "startup":
@@ -221,6 +227,8 @@ def execute(args: argparse.Namespace, result: dict[str, Any]) -> None:
                         ("import", import_s),
                         ("cluster", t1 - t0),
                         ("first_roundtrip", t2 - t1),
+                        ("first_array_task", t_array - t2),
+                        ("ready_for_arrays", import_s + (t_array - t0)),
                     ):
                         m = workloads.Measurement()
                         m.record(seconds, args.warmup > 0)

@@ -50,6 +50,13 @@ def make_chunk(module: str, base: int, elements: int) -> Any:
     return chunk
 
 
+def first_array_task(module: str) -> int:
+    """The first array a fresh worker computes: sum(0..1023) on its device (runs on
+    the worker; `startup` times it, imports included)."""
+    xp = _xp(module)
+    return int(xp.arange(1024, dtype=xp.int64).sum())
+
+
 def verify_chunk(chunk: Any, module: str, base: int, elements: int) -> int:
     """How many elements of `chunk` differ from base + j; -1 for a wrong shape or dtype."""
     xp = _xp(module)

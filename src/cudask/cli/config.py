@@ -26,6 +26,7 @@ def worker_report(dask_worker: Any) -> dict[str, Any]:
         "protocol": dask_worker.address.split("://")[0],
         "nthreads": dask_worker.state.nthreads,
         "gpu": getattr(ctx, "uuid", None),
+        "cuda_context_s": getattr(ctx, "seconds", None),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "cpu_affinity": sorted(os.sched_getaffinity(0)),
         "memory_limit": dask_worker.memory_manager.memory_limit,
@@ -50,9 +51,12 @@ def _render(reports: dict[str, dict[str, Any]]) -> str:
             f"{k}={format_bytes(v) if isinstance(v, int) and not isinstance(v, bool) else v}"
             for k, v in rmm.items() if v not in (None, False, [])
         )
+        context = r.get("cuda_context_s")
+        context_text = f", context created in {context:.2f} s" if context is not None else ""
         lines += [
             f"worker {r['name']} at {address}",
-            f"  GPU              {r['gpu']} (CUDA_VISIBLE_DEVICES={r['cuda_visible_devices']})",
+            f"  GPU              {r['gpu']} (CUDA_VISIBLE_DEVICES="
+            f"{r['cuda_visible_devices']}{context_text})",
             f"  CPU affinity     {format_cpus(r['cpu_affinity'])}",
             f"  threads          {r['nthreads']}",
             f"  memory limit     host {size(r['memory_limit'])}, device {size(r['device_memory_limit'])}",

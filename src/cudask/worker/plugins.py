@@ -3,7 +3,9 @@
 1. ``cudask-cpu-affinity``: pins every thread of the worker process to the CPUs
    nearest its GPU (within the CPUs the process may use).
 2. ``cudask-cuda-context``: creates the CUDA context on the worker's GPU (device
-   0 of its rotated CUDA_VISIBLE_DEVICES) at start, and checks it is that GPU.
+   0 of its rotated CUDA_VISIBLE_DEVICES) at start, checks it is that GPU, and
+   imports CuPy in a background thread while the worker registers, so the first
+   task using it does not wait for the whole import.
 3. ``cudask-rmm``: the RMM memory resource stack and external allocators
    (cudask.worker.rmm).
 4. ``cudask-pre-import``: imports modules; a missing one fails the start.
@@ -20,8 +22,11 @@ Covers: the plugins. Does not cover: deciding which ones a worker gets
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,18 +76,27 @@ class CPUAffinity(WorkerPlugin):
 
 
 class CUDAContext(WorkerPlugin):
-    """Create the CUDA context on the worker's own GPU when the worker starts."""
+    """Create the CUDA context on the worker's own GPU when the worker starts.
+
+    `seconds` is how long creating it took. The context comes from the CUDA driver
+    (cudask.worker.context), so CuPy is not imported on the start path; a thread
+    imports it meanwhile (when installed), and teardown waits for that thread."""
 
     name = "cudask-cuda-context"
+    background_imports = ("cupy",)
 
     def __init__(self, expected_uuid: str | None) -> None:
         self.expected_uuid = expected_uuid
         self.uuid: str | None = None
+        self.seconds: float | None = None
+        self.importer: threading.Thread | None = None
 
     def setup(self, worker: Any) -> None:
         if self.uuid is not None:
             return
+        start = time.perf_counter()
         self.uuid = device0_uuid()
+        self.seconds = time.perf_counter() - start
         expected = self.expected_uuid
         if expected and expected.startswith("GPU-") and self.uuid != expected:
             raise RuntimeError(
@@ -90,9 +104,27 @@ class CUDAContext(WorkerPlugin):
                 "CUDA numbers the GPUs differently from NVML here (CUDA_DEVICE_ORDER="
                 f"{os.environ.get('CUDA_DEVICE_ORDER')!r}; PCI_BUS_ID matches NVML)"
             )
+        modules = [m for m in self.background_imports if importlib.util.find_spec(m) is not None]
+        if modules:
+            self.importer = threading.Thread(
+                target=_import_all, args=(modules,), name="cudask-import", daemon=True
+            )
+            self.importer.start()
 
-    def teardown(self, worker: Any) -> None:  # a context lives as long as its process
-        pass
+    def teardown(self, worker: Any) -> None:
+        # The context lives as long as its process; an import still running must not
+        # meet the interpreter's shutdown.
+        if self.importer is not None:
+            self.importer.join(timeout=60)
+            self.importer = None
+
+
+def _import_all(modules: Sequence[str]) -> None:
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # the task that needs it will raise it
+            logger.debug("background import of %s failed: %s", module, exc)
 
 
 class PreImport(WorkerPlugin):
