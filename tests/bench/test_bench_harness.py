@@ -483,3 +483,40 @@ def test_spawn_runner_timeout_kills_the_group(tmp_path: Path) -> None:
         harness.Target(sys.executable), argv, shim=None, timeout=1, on_progress=lambda *a: None
     )
     assert result["status"] == "failed" and "timed out after 1 s" in result["error"]
+
+
+def test_startup_rounds_go_through_the_variants_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Machine drift must not favour the variant that runs last: startup processes
+    alternate between variants; a failing variant is not run again."""
+    from cudask.bench import harness, spec
+
+    order: list[str] = []
+
+    def runner(target: object, argv: list[str], **kwargs: object) -> dict[str, Any]:
+        backend = argv[argv.index("--backend") + 1]
+        limit = argv[argv.index("--device-memory-limit") + 1] if "--device-memory-limit" in argv \
+            else "default"
+        order.append(f"{backend}:{limit}")
+        failed = backend == "cudask" and limit == "default"
+        return {"status": "failed" if failed else "ok", "error": "boom" if failed else None,
+                "measurements": {"startup": {"times": [] if "--repeat" in argv and
+                                             argv[argv.index("--repeat") + 1] == "0" else [1.0],
+                                             "warmup_times": []}},
+                "process_wall_s": 0.1}
+
+    monkeypatch.setattr(harness, "spawn_runner", runner)
+    monkeypatch.setattr(harness.environment, "machine", lambda: {})
+    variants = [spec.Variant("dict"), spec.Variant("cudask", None),
+                spec.Variant("cudask", limit_set=False)]
+    target = harness.Target(sys.executable)
+    plan = harness.Plan(
+        workload="startup", variants=variants,
+        targets={"dict": target, "cudask": target},
+        runner_options={"array_module": "numpy", "device": "0", "memory_limit": "auto",
+                        "rmm_pool_size": None, "protocol": "tcp"},
+        repeat=2, warmup=1, parameters={},
+    )
+    doc = harness.execute(plan, harness.ProgressLine(False))
+    assert order == ["dict:0", "cudask:0", "cudask:default"] + ["dict:0", "cudask:0"] * 2
+    assert [v["runs"] for v in doc["variants"]] == [3, 3, 1]
+    assert [v["status"] for v in doc["variants"]] == ["ok", "ok", "failed"]

@@ -493,40 +493,47 @@ def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
     machine["gpu_used"] = _gpu_used(machine, str(plan.runner_options.get("device", "0")))
     shim = make_shim() if any(t.foreign for t in plan.targets.values()) else None
     entries: list[dict[str, Any]] = []
+    count = len(plan.variants)
+
+    def run_once(index: int, label: str, warmup: int, repeat: int) -> dict[str, Any]:
+        variant = plan.variants[index]
+        position = f"{index + 1}/{count}"
+        argv = spec.runner_argv(
+            variant, plan.workload, repeat=repeat, warmup=warmup, **plan.runner_options
+        )
+
+        def on_progress(done: int, total: int, text: str) -> None:
+            progress.update(position, label, done, total, text)
+
+        progress.update(position, label, 0, 1, "starting")
+        return spawn_runner(plan.targets[variant.backend], argv, shim=shim,
+                            timeout=plan.timeout, on_progress=on_progress)
+
+    def finish(index: int, runs: list[dict[str, Any]]) -> None:
+        variant = plan.variants[index]
+        entry = merge_runs(variant, plan.targets[variant.backend], runs)
+        entries.append(entry)
+        status = "ok" if entry["status"] == "ok" else f"FAILED: {entry['error']}"
+        progress.finish(f"[{index + 1}/{count}] {variant.name}: {status}")
+
     try:
-        for index, variant in enumerate(plan.variants):
-            target = plan.targets[variant.backend]
-            position = f"{index + 1}/{len(plan.variants)}"
-            if plan.workload == "startup":
-                # every startup measurement is a fresh process
-                rounds = [(1, 0)] * plan.warmup + [(0, 1)] * plan.repeat
-            else:
-                rounds = [(plan.warmup, plan.repeat)]
-            runs: list[dict[str, Any]] = []
+        if plan.workload == "startup":
+            # Every startup measurement is a fresh process, and the rounds go through
+            # the variants in turn, so drift on the machine (caches warming up, clocks)
+            # falls on every variant alike rather than on whichever runs first.
+            rounds = [(1, 0)] * plan.warmup + [(0, 1)] * plan.repeat
+            runs: list[list[dict[str, Any]]] = [[] for _ in plan.variants]
             for number, (warmup, repeat) in enumerate(rounds):
-                label = f"{variant.name}" + (
-                    f" process {number + 1}/{len(rounds)}" if len(rounds) > 1 else ""
-                )
-                argv = spec.runner_argv(
-                    variant, plan.workload, repeat=repeat, warmup=warmup, **plan.runner_options
-                )
-
-                def on_progress(
-                    done: int, total: int, text: str, label: str = label, at: str = position
-                ) -> None:
-                    progress.update(at, label, done, total, text)
-
-                progress.update(position, label, 0, 1, "starting")
-                run = spawn_runner(
-                    target, argv, shim=shim, timeout=plan.timeout, on_progress=on_progress
-                )
-                runs.append(run)
-                if run.get("status") != "ok":
-                    break  # a failing configuration fails the same way again
-            entry = merge_runs(variant, target, runs)
-            entries.append(entry)
-            status = "ok" if entry["status"] == "ok" else f"FAILED: {entry['error']}"
-            progress.finish(f"[{position}] {variant.name}: {status}")
+                for index, variant in enumerate(plan.variants):
+                    if runs[index] and runs[index][-1].get("status") != "ok":
+                        continue  # a failing configuration fails the same way again
+                    label = f"{variant.name} process {number + 1}/{len(rounds)}"
+                    runs[index].append(run_once(index, label, warmup, repeat))
+            for index in range(count):
+                finish(index, runs[index])
+        else:
+            for index, variant in enumerate(plan.variants):
+                finish(index, [run_once(index, variant.name, plan.warmup, plan.repeat)])
     finally:
         if shim is not None:
             try:
