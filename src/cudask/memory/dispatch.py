@@ -199,6 +199,12 @@ def _interface_stream(cai: dict[str, Any]) -> tuple[int, ...]:
     return (int(stream),) if stream else ()
 
 
+def interface_nbytes(cai: dict[str, Any]) -> int:
+    """Bytes of the elements a `__cuda_array_interface__` describes."""
+    itemsize = numpy.dtype(cai["typestr"]).itemsize
+    return itemsize * int(numpy.prod([int(n) for n in cai["shape"]], dtype=numpy.int64))
+
+
 class CudaArrayInterfaceHandler:
     """Any object exposing `__cuda_array_interface__` (v2/v3, without mask).
 
@@ -207,6 +213,12 @@ class CudaArrayInterfaceHandler:
     backend's array type (CuPy on a real GPU), since a foreign type cannot be
     reconstructed in general. Subclasses override `allocate`/`rebuild` to keep
     their type.
+
+    A sparse view, whose elements fill at most half of its extent (a column of a
+    C-ordered chunk, `x[::3, ::2]`), is copied through a C-contiguous device copy
+    when the subclass can make one (`compact`): spilling a column of a 200 MB chunk
+    then moves the column, not the chunk, and unspilling it allocates the column.
+    It comes back C-contiguous, with the same shape, dtype and values.
     """
 
     name = "cuda_array_interface"
@@ -239,9 +251,24 @@ class CudaArrayInterfaceHandler:
     def meta(self, obj: Any) -> dict[str, Any]:
         return {}
 
+    def compact(self, obj: Any) -> tuple[Any, tuple[int, ...]] | None:
+        """A C-contiguous device copy of `obj` and the stream handles it was made
+        on, or None where this handler cannot make one (or the device is full)."""
+        return None
+
     def to_host(self, obj: Any, engine: TransferEngine) -> HostCopy:
         cai = self.interface(obj)
         low, high, offset = interface_extent(cai)
+        if cai.get("strides") is not None and 2 * interface_nbytes(cai) <= high - low:
+            dense = self.compact(obj)
+            if dense is not None:
+                array, streams = dense
+                engine.order_after_producers(streams)
+                host = self.to_host(array, engine)
+                # Freed, `array` would go back to the pool of the stream that made it
+                # while the copy stream may still read it.
+                host.copies[0].source = array
+                return host
         block, copy = engine.to_host(low, high - low)
         meta = {
             "shape": tuple(int(n) for n in cai["shape"]),
@@ -318,6 +345,15 @@ class CupyHandler(CudaArrayInterfaceHandler):
 
     def meta(self, obj: Any) -> dict[str, Any]:
         return {"dtype": obj.dtype}
+
+    def compact(self, obj: Any) -> tuple[Any, tuple[int, ...]] | None:
+        import cupy
+
+        try:
+            with cupy.cuda.Device(obj.device.id):
+                return cupy.ascontiguousarray(obj), (int(cupy.cuda.get_current_stream().ptr),)
+        except (cupy.cuda.memory.OutOfMemoryError, MemoryError):
+            return None  # copy the whole extent instead
 
     def allocate(self, nbytes: int, meta: dict[str, Any], engine: TransferEngine) -> tuple[int, Any]:
         import cupy
@@ -749,6 +785,7 @@ __all__ = [
     "device_leaves",
     "handler_named",
     "interface_extent",
+    "interface_nbytes",
     "is_device_object",
     "producer_streams",
     "register_handler",

@@ -170,19 +170,26 @@ def default_backend() -> CopyBackend:
 
 @dataclass
 class Copy:
-    """One enqueued copy: `done` is recorded after it on its stream."""
+    """One enqueued copy: `done` is recorded after it on its stream. `source`, when
+    set, is a device object the copy reads that nothing else keeps alive: it is
+    held until the copy is seen complete."""
 
     nbytes: int
     start: Any
     done: Any
     backend: CopyBackend
     wall_start: float = field(default_factory=time.perf_counter)
+    source: Any = None
 
     def ready(self) -> bool:
-        return self.backend.query(self.done)
+        done = self.backend.query(self.done)
+        if done:
+            self.source = None
+        return done
 
     def wait(self) -> None:
         self.backend.synchronize(self.done)
+        self.source = None
 
 
 @dataclass

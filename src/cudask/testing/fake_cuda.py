@@ -5,8 +5,8 @@ Covers:
 - `FakeDeviceArray`: an array whose "device memory" is host memory, exposed
   through `__cuda_array_interface__` like a CuPy array. Views share their
   root allocation (`view`, `T`, slicing), so aliasing can be tested; a handler
-  registered for it counts the whole root allocation and rebuilds the same
-  type.
+  registered for it counts the whole root allocation, compacts sparse views
+  (as CuPy's handler does on a GPU) and rebuilds the same type.
 - `ForeignDeviceObject`: a bare object exposing only `__cuda_array_interface__`
   (the generic path, rebuilt by the backend as a `FakeDeviceArray`).
 - `FakeCopyBackend`: a `cudask.memory.transfer.CopyBackend` whose streams
@@ -135,6 +135,9 @@ class FakeHandler(CudaArrayInterfaceHandler):
     def allocations(self, obj: Any) -> list[tuple[int, int]]:
         ptr, size = obj.allocation
         return [(ptr, ptr + size)] if size else []
+
+    def compact(self, obj: Any) -> tuple[Any, tuple[int, ...]] | None:
+        return FakeDeviceArray.from_numpy(obj._array), ()
 
     def rebuild(self, owner: Any, ptr: int, meta: dict[str, Any], engine: TransferEngine) -> Any:
         return engine.backend.wrap_device(owner, ptr, self.interface_of(meta, ptr))
