@@ -362,7 +362,10 @@ def test_pinned_pool_size_from_config(make_store: MakeStore) -> None:
 
     with dask.config.set({"cudask.memory.pinned-pool-size": "auto"}):
         store = make_store(device_memory_limit=1000, memory_limit=10_000, pinned_pool_size=None)
-    assert store.pinned_pool_size == 4000
+    assert store.pinned_pool_size == 5000  # half the host tier, however small the device limit
+    with dask.config.set({"cudask.memory.pinned-pool-size": "auto"}):
+        store = make_store(device_memory_limit=None, memory_limit=10_000, pinned_pool_size=None)
+    assert store.pinned_pool_size == 0  # nothing to spill from the device
     with dask.config.set({"cudask.memory.pinned-pool-size": 0.5}):
         store = make_store(memory_limit=10_000, pinned_pool_size=None)
     assert store.pinned_pool_size == 5000

@@ -271,8 +271,10 @@ class TieredStore(MutableMapping[Key, object]):
         if isinstance(value, str) and value.strip().lower() == "auto":
             if self.device_memory_limit is None:
                 return 0
-            host = self.memory_limit or _system_memory()
-            return int(min(host // 2, 4 * self.device_memory_limit))
+            # Spilled data stay in the pool while on the host: a cap below the host tier
+            # sends the rest through pageable memory, 5x slower (map_overlap at a 4 GB
+            # limit on an H100: 7.2 s with 16 GiB, 2.0 s with 48 GiB).
+            return (self.memory_limit or _system_memory()) // 2
         total = self.memory_limit or _system_memory()
         return parse_size(value, total=total, name="cudask.memory.pinned-pool-size") or 0
 
