@@ -217,8 +217,9 @@ def execute(args: argparse.Namespace, result: dict[str, Any]) -> None:
                     total = client.submit(workloads.first_array_task, args.array_module,
                                           pure=False).result()
                     t_array = time.perf_counter()
-                    if total != 1023 * 1024 // 2:
-                        raise RunnerError(f"the first array task returned {total}, not 523776")
+                    expected = 1023 * 1024 // 2  # sum(0..1023)
+                    if total != expected:
+                        raise RunnerError(f"the first array task returned {total}, not {expected}")
                 worker = client.run(workloads.device_facts, args.array_module)
                 result["worker"] = next(iter(worker.values()), {})
                 if args.workload == "startup":
