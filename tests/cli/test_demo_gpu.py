@@ -22,5 +22,7 @@ def test_demo_spills_and_reports_every_gpu():
     rows = [ln for ln in text.splitlines() if re.match(r"\s+\d+\s+GPU-", ln)]
     assert rows, text
     for row in rows:
-        spilled = row.split()[-4:-2]
-        assert spilled[0] != "0", row  # something went to host on every GPU
+        sizes = re.findall(r"\b[0-9.]+ [KMGTP]?i?B\b(?!/)", row)
+        assert len(sizes) == 5, row  # on device, on host, on disk, spilled, unspilled
+        assert not sizes[3].startswith("0 "), row  # something went to host on every GPU
+        assert re.search(r"[0-9.]+ GB/s", row), row  # and the spill rate is reported

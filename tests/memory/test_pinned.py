@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 from collections.abc import Callable
 
@@ -165,7 +166,7 @@ def test_background_growth_never_pins_on_the_allocating_thread() -> None:
     stats = pool.stats()
     assert stats["pinned-ready"] == 1 and stats["pinned-capacity-bytes"] == 256 * KiB
     pool.close()
-    assert backend.pinned == {} and pool._grower is not None and not pool._grower.is_alive()
+    assert backend.pinned == {} and pool._thread is not None and not pool._thread.is_alive()
 
 
 def test_background_growth_stops_at_the_capacity() -> None:
@@ -178,3 +179,68 @@ def test_background_growth_stops_at_the_capacity() -> None:
         assert not pool.allocate(KiB).pinned  # full: the "full" cause, not warm-up
     assert pool.stats()["pageable-fallback-warmup-bytes"] == 0 and len(held) == 2
     pool.close()
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+def test_idle_slabs_go_back_to_the_driver_after_release_after() -> None:
+    backend = FakeCopyBackend()
+    pool = PinnedPool(backend, 256 * KiB, 16 * KiB, release_after=0.05)
+    blocks = [pool.allocate(16 * KiB) for _ in range(3)]  # three slabs, pinned inline
+    assert all(b.pinned for b in blocks) and pool.reserved == 48 * KiB
+    kept = blocks.pop()
+    for b in blocks:
+        b.release()
+    # the two wholly free slabs go; the one holding `kept` stays
+    assert _wait_for(lambda: pool.reserved == 16 * KiB)
+    assert backend.pinned_bytes == 16 * KiB and pool.stats()["pinned-released-bytes"] == 32 * KiB
+    kept.view[:4] = b"kept"
+    assert bytes(kept.view[:4]) == b"kept"
+    kept.release()
+    assert _wait_for(lambda: pool.reserved == 0) and backend.pinned == {}
+    again = pool.allocate(8 * KiB)  # pinned again when needed
+    assert again.pinned and pool.reserved == 16 * KiB
+    pool.close()
+    assert backend.pinned == {}
+
+
+def test_slabs_stay_pinned_without_release_after() -> None:
+    backend = FakeCopyBackend()
+    pool = PinnedPool(backend, 256 * KiB, 16 * KiB)
+    pool.allocate(16 * KiB).release()
+    time.sleep(0.2)
+    assert pool.reserved == 16 * KiB and pool._thread is None  # inline: no thread at all
+    pool.close()
+
+
+def test_background_growth_keeps_its_start_goal_and_headroom_when_releasing() -> None:
+    backend = FakeCopyBackend()
+    pool = PinnedPool(backend, 256 * KiB, 16 * KiB, release_after=0.05)
+    pool.start_background(16 * KiB, headroom=16 * KiB)
+    assert pool.wait_ready(timeout=30)
+    held = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PinnedMemoryWarning)  # pageable while it grows
+        while len(held) < 6:  # grows ahead of use, up to 6 slabs in use
+            block = pool.allocate(16 * KiB)
+            if block.pinned:
+                held.append(block)
+            else:
+                assert pool.wait_ready(timeout=30)
+    assert pool.reserved >= 7 * 16 * KiB
+    for b in held:
+        b.release()
+    # keeps max(start goal, in use + headroom) = one slab, and does not grow back
+    assert _wait_for(lambda: pool.reserved == 16 * KiB)
+    time.sleep(0.2)
+    assert pool.reserved == 16 * KiB and pool.goal == 16 * KiB
+    assert pool.allocate(16 * KiB).pinned
+    pool.close()
+    assert backend.pinned == {}

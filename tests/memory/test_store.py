@@ -346,6 +346,24 @@ def test_metrics_and_worker_metrics(make_store: MakeStore) -> None:
     assert worker_metrics(SimpleNamespace(data={})) == {}  # type: ignore[arg-type]
 
 
+def test_copy_seconds_are_the_copies_own_not_their_time_in_flight(make_store: MakeStore) -> None:
+    # Copies queued for 0.3 s and then run at once took next to no time on
+    # their stream: the seconds give the bus time, so bytes / seconds is a rate.
+    backend = FakeCopyBackend(lag=10_000)
+    store = make_store(device_memory_limit=100, backend=backend)
+    for i in range(4):
+        store[i] = dev(100, i)
+    assert backend.in_flight() > 0
+    time.sleep(0.3)
+    backend.drain()
+    value = store[0]  # unspilled, its copy waited for
+    assert (value.get() == 0).all()
+    m = store.metrics()
+    assert m["spill-device-to-host-count"] >= 3
+    assert m["spill-device-to-host-seconds"] < 0.1
+    assert 0 <= m["unspill-host-to-device-seconds"] <= m["unspill-host-to-device-wait-seconds"]
+
+
 def test_host_tier_is_distributed_spillbuffer(make_store: MakeStore) -> None:
     assert isinstance(make_store(memory_limit=100)._host, SpillBuffer)
 
@@ -369,6 +387,27 @@ def test_pinned_pool_size_from_config(make_store: MakeStore) -> None:
     with dask.config.set({"cudask.memory.pinned-pool-size": 0.5}):
         store = make_store(memory_limit=10_000, pinned_pool_size=None)
     assert store.pinned_pool_size == 5000
+
+
+def test_idle_pinned_memory_goes_back_after_pinned_release_after(make_store: MakeStore) -> None:
+    backend = FakeCopyBackend()
+    store = make_store(device_memory_limit=1 << 16, backend=backend,
+                       pinned_release_after="50ms")
+    for i in range(4):
+        store[i] = dev(1 << 16, i)  # three spills, one slab each
+    assert store.metrics()["pinned-reserved-bytes"] >= 3 << 16
+    assert (store[1].get() == 1).all()  # read back while the pool holds it
+    for i in range(4):
+        del store[i]
+    deadline = time.monotonic() + 10
+    while store.metrics()["pinned-reserved-bytes"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    m = store.metrics()
+    assert m["pinned-reserved-bytes"] == 0 and m["pinned-released-bytes"] >= 3 << 16
+    assert backend.pinned == {}
+    store["again"] = dev(1 << 16, 7)
+    store["more"] = dev(1 << 16, 8)  # spills "again" into a newly pinned slab
+    assert store.peek_host_copy("again").pinned() and (store["again"].get() == 7).all()
 
 
 def test_host_copies_pickle_through_the_store(make_store: MakeStore) -> None:

@@ -285,3 +285,34 @@ def test_spill_device_and_peek_on_gpu(store: TieredStore) -> None:
     host = np.frombuffer(copy.blocks[0].view, dtype="f8")
     assert (host == 0).all() and store.where(0) == "host"
     assert bool((store[0] == 0).all())
+
+
+def test_idle_pinned_slabs_go_back_and_copy_times_come_from_events(tmp_path: Any) -> None:
+    cp = pytest.importorskip("cupy")
+    import time
+
+    s = TieredStore(device_memory_limit=64 * MiB, memory_limit=512 * MiB, local_directory=str(tmp_path),
+                    pinned_pool_size=256 * MiB, pinned_slab_size=32 * MiB, pinned_preallocate=False,
+                    pinned_release_after=0.2)
+    try:
+        for i in range(16):  # 16 x 16 MiB through a 64 MiB device tier
+            s[i] = cp.full(2 * MiB, i, dtype="f8")
+        assert s.metrics()["pinned-reserved-bytes"] >= 64 * MiB
+        assert all(bool((s[i] == i).all()) for i in range(16))
+        m = s.metrics()
+        # the copies' own time between their CUDA events
+        assert m["spill-device-to-host-seconds"] > 0 and m["unspill-host-to-device-seconds"] > 0
+        assert m["unspill-host-to-device-wait-seconds"] > 0
+        for i in range(16):
+            del s[i]
+        deadline = time.monotonic() + 10
+        while s.metrics()["pinned-reserved-bytes"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        m = s.metrics()
+        assert m["pinned-reserved-bytes"] == 0 and m["pinned-released-bytes"] >= 64 * MiB
+        for i in range(8):  # pinned again on demand, values intact
+            s[i] = cp.full(2 * MiB, i, dtype="f8")
+        assert all(bool((s[i] == i).all()) for i in range(8))
+        assert s.metrics()["pinned-reserved-bytes"] > 0
+    finally:
+        s.close()

@@ -257,3 +257,13 @@ def test_no_nanny_gets_the_resolved_worker_class(dgx):
         assert cls is expected
         assert "worker_class" not in opts and "env" not in opts
         assert env["CUDA_VISIBLE_DEVICES"] == "2"
+
+
+def test_bad_memory_config_fails_while_building_the_spec(dgx):
+    import dask
+
+    o = resolve({"device_memory_limit": 0.5}, "cluster")
+    devices = select_devices(dgx, "0", None)
+    with dask.config.set({"cudask.memory.pinned-release-after": "whenever"}), \
+            pytest.raises(OptionError, match="pinned-release-after='whenever'"):
+        nanny_options(o, devices, 0, n_workers=1, name=0)

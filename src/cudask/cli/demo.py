@@ -29,6 +29,12 @@ def _worker_figures(dask_worker: Any) -> dict[str, Any]:
     return figures
 
 
+def _rate(figures: dict[str, Any], direction: str) -> str:
+    """Bytes per second of the copies' own time on their streams ("-" without copies)."""
+    nbytes, seconds = figures.get(f"{direction}-bytes", 0), figures.get(f"{direction}-seconds", 0)
+    return f"{nbytes / seconds / 1e9:.1f} GB/s" if nbytes and seconds else "-"
+
+
 def _checksum(block: Any) -> Any:
     return block.sum(keepdims=True)
 
@@ -104,11 +110,13 @@ def demo(device_memory_limit: str, size_factor: float, chunk: str, dashboard_add
         del y
     click.echo(f"\ncluster up in {startup:.2f} s; workload {elapsed:.2f} s")
     header = f"{'worker':>6}  {'GPU':<40} {'on device':>10} {'on host':>10} {'on disk':>10} " \
-             f"{'spilled':>10} {'unspilled':>10}"
+             f"{'spilled':>10} {'unspilled':>10} {'spill rate':>10} {'unspill':>10}"
     click.echo(header)
     columns = ("device-bytes", "host-bytes", "disk-bytes", "spill-device-to-host-bytes",
                "unspill-host-to-device-bytes")
     for f in sorted(figures.values(), key=lambda f: str(f["name"])):
         sizes = " ".join(f"{format_bytes(int(f.get(c, 0))):>10}" for c in columns)
-        click.echo(f"{f['name']!s:>6}  {f['gpu']:<40} {sizes}")
+        rates = " ".join(f"{_rate(f, direction):>10}" for direction in
+                         ("spill-device-to-host", "unspill-host-to-device"))
+        click.echo(f"{f['name']!s:>6}  {f['gpu']:<40} {sizes} {rates}")
     click.echo(f"dashboard (while the cluster ran): {cluster.dashboard_link}")

@@ -178,17 +178,23 @@ class DeviceHandler(Protocol):
         """Rebuild the object from `copy`; return it and the copies to wait for."""
 
 
+def interface_nbytes(cai: dict[str, Any]) -> int:
+    """Bytes of the elements a `__cuda_array_interface__` describes."""
+    itemsize = numpy.dtype(cai["typestr"]).itemsize
+    return itemsize * int(numpy.prod([int(n) for n in cai["shape"]], dtype=numpy.int64))
+
+
 def interface_extent(cai: dict[str, Any]) -> tuple[int, int, int]:
     """(lowest address, end address, offset of element 0 from the lowest address)
     of the memory a `__cuda_array_interface__` describes."""
     ptr = int(cai["data"][0] or 0)
     shape = tuple(int(n) for n in cai["shape"])
-    itemsize = numpy.dtype(cai["typestr"]).itemsize
     strides = cai.get("strides")
     if any(n == 0 for n in shape):
         return ptr, ptr, 0
     if strides is None:
-        return ptr, ptr + itemsize * int(numpy.prod(shape, dtype=numpy.int64)), 0
+        return ptr, ptr + interface_nbytes(cai), 0
+    itemsize = numpy.dtype(cai["typestr"]).itemsize
     low = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
     high = sum((n - 1) * s for n, s in zip(shape, strides) if s > 0)
     return ptr + low, ptr + high + itemsize, -low
@@ -197,12 +203,6 @@ def interface_extent(cai: dict[str, Any]) -> tuple[int, int, int]:
 def _interface_stream(cai: dict[str, Any]) -> tuple[int, ...]:
     stream = cai.get("stream")
     return (int(stream),) if stream else ()
-
-
-def interface_nbytes(cai: dict[str, Any]) -> int:
-    """Bytes of the elements a `__cuda_array_interface__` describes."""
-    itemsize = numpy.dtype(cai["typestr"]).itemsize
-    return itemsize * int(numpy.prod([int(n) for n in cai["shape"]], dtype=numpy.int64))
 
 
 class CudaArrayInterfaceHandler:

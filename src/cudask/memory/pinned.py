@@ -19,6 +19,13 @@ Two ways to grow:
   block (counted in `pageable-fallback-warmup-bytes`), since a pageable copy
   of one chunk (~25 ms per 256 MiB) beats waiting for a slab (~0.5 s per GiB).
 
+Giving memory back (`release_after` seconds): a slab that has been wholly
+free for that long returns to the driver, newest first, keeping what
+background growth was asked to hold ready (its start goal, and `headroom`
+beyond the bytes in use). Without it, slabs stay pinned until `close()`.
+The pool's thread ("cudask-pinned") does it; it runs in inline mode too when
+`release_after` is set.
+
 Does not cover: copying (`cudask.memory.transfer`) or deciding when memory is
 needed (`cudask.memory.store`).
 
@@ -65,14 +72,18 @@ class _Slab:
     # free ranges: sorted offsets and their sizes
     free_offsets: list[int] = field(default_factory=list)
     free_sizes: list[int] = field(default_factory=list)
+    # time.monotonic() since when the slab is wholly free; None while in use
+    idle_since: float | None = None
 
     def __post_init__(self) -> None:
         self.free_offsets = [0]
         self.free_sizes = [self.size]
+        self.idle_since = time.monotonic()
 
     def take(self, nbytes: int) -> int | None:
         for i, size in enumerate(self.free_sizes):
             if size >= nbytes:
+                self.idle_since = None
                 offset = self.free_offsets[i]
                 if size == nbytes:
                     del self.free_offsets[i], self.free_sizes[i]
@@ -94,6 +105,8 @@ class _Slab:
         else:
             self.free_offsets.insert(i, offset)
             self.free_sizes.insert(i, nbytes)
+        if self.free_sizes == [self.size]:
+            self.idle_since = time.monotonic()
 
     @property
     def free_bytes(self) -> int:
@@ -189,7 +202,8 @@ class PinnedPool:
     `allocate(n)` returns a block from a slab with room, else reserves a new slab
     (of `max(slab_size, n)` rounded to the slab size) if the capacity allows and
     the driver agrees, else returns pageable memory and warns once. Released
-    blocks return to their slab; slabs are kept until `close()`.
+    blocks return to their slab; a slab wholly free for `release_after` seconds
+    returns to the driver (None: slabs are kept until `close()`).
     """
 
     def __init__(
@@ -199,9 +213,12 @@ class PinnedPool:
         slab_size: int,
         *,
         alignment: int = ALIGNMENT,
+        release_after: float | None = None,
     ) -> None:
         if capacity < 0 or slab_size < 0:
             raise ValueError(f"capacity={capacity} and slab_size={slab_size} must be >= 0")
+        if release_after is not None and release_after < 0:
+            raise ValueError(f"release_after={release_after} must be >= 0 seconds or None")
         self.backend = backend
         self.capacity = capacity if backend is not None else 0
         self.slab_size = max(_round_up(slab_size or capacity or 1, alignment), alignment)
@@ -218,12 +235,16 @@ class PinnedPool:
         self.pageable_blocks = 0
         self.pageable_bytes = 0
         self.warmup_fallback_bytes = 0
-        # background growth
-        self._grower: threading.Thread | None = None
+        # the pool's thread: background growth and giving idle slabs back
+        self._thread: threading.Thread | None = None
+        self._grow_ahead = False  # background growth (start_background was called)
         self.goal = 0  # bytes the background thread reserves up to
+        self.keep = 0  # the start goal: never given back
         self.headroom = 0
         self.pin_seconds = 0.0
         self._big = 0  # a request larger than a slab, for the background thread
+        self.release_after = release_after
+        self.released_bytes = 0
 
     # -- introspection -------------------------------------------------------------
     @property
@@ -239,7 +260,7 @@ class PinnedPool:
     @property
     def background(self) -> bool:
         """Whether slabs are reserved by the background thread, never by `allocate`."""
-        return self._grower is not None
+        return self._grow_ahead
 
     def allocate(self, nbytes: int) -> HostBlock:
         """A block of at least `nbytes`; pinned when the pool can serve it."""
@@ -250,15 +271,15 @@ class PinnedPool:
         with self._lock:
             block = self._take(nbytes, size)
             if block is not None:
-                if self._grower is not None:
+                if self._grow_ahead:
                     self._ask_ahead(0)
                 return block
-            if self._grower is not None and self._can_grow(size):
+            if self._grow_ahead and self._can_grow(size):
                 # Never wait for cudaHostAlloc on the copy path: ask the background
                 # thread for more and use pageable memory for this block.
                 self._ask_ahead(size)
                 return self._pageable_locked(nbytes, "warmup")
-        if self._grower is None and self._grow(size):
+        if not self._grow_ahead and self._grow(size):
             with self._lock:
                 block = self._take(nbytes, size)
                 if block is not None:
@@ -289,12 +310,18 @@ class PinnedPool:
                 return
             self.headroom = 2 * self.slab_size if headroom is None else max(headroom, 0)
             self.goal = max(self.goal, min(goal, self.capacity))
-            if self._grower is None:
-                self._grower = threading.Thread(
-                    target=_grow_loop, args=(self,), name="cudask-pinned", daemon=True
-                )
-                self._grower.start()
+            self.keep = max(self.keep, min(goal, self.capacity))
+            self._grow_ahead = True
+            self._start_thread()
             self._wake.notify_all()
+
+    def _start_thread(self) -> None:
+        """Start the pool's thread unless it runs (lock held)."""
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(
+                target=_pool_loop, args=(self,), name="cudask-pinned", daemon=True
+            )
+            self._thread.start()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until the background goal is reserved (or pinning failed, or the
@@ -302,11 +329,11 @@ class PinnedPool:
         inline mode."""
         with self._lock:
             def done() -> bool:
-                return (self._grower is None or self._closed or self._pin_failed
+                return (not self._grow_ahead or self._closed or self._pin_failed
                         or self.reserved >= min(self.goal, self.capacity))
 
             self._wake.wait_for(done, timeout)
-            return self._grower is None or self.reserved >= min(self.goal, self.capacity)
+            return not self._grow_ahead or self.reserved >= min(self.goal, self.capacity)
 
     def _can_grow(self, size: int) -> bool:
         """Whether reserving `size` more bytes is allowed (lock held)."""
@@ -361,25 +388,72 @@ class PinnedPool:
                 self.backend.free_pinned(ptr)
                 return False
             self._slabs.append(_Slab(ptr, slab_bytes))
+            if self.release_after is not None:
+                self._start_thread()
             self._wake.notify_all()
         return True
 
-    def _grow_step(self) -> bool:
-        """One step of the background thread: reserve a slab if below the goal;
-        return False when closed. Waits while there is nothing to do."""
+    def _step(self) -> bool:
+        """One step of the pool's thread: reserve a slab if below the goal, or
+        give back the slabs idle for `release_after`; return False when closed.
+        Waits while there is nothing to do."""
+        idle: list[_Slab] = []
+        size = 0
         with self._lock:
-            while not self._closed:
+            while True:
+                if self._closed:
+                    return False
                 missing = min(self.goal, self.capacity) - self.reserved - self._reserving
                 if (missing >= self.alignment or self._big) and not self._pin_failed:
+                    size = min(self.slab_size, max(missing - missing % self.alignment, 0))
+                    if self._big:
+                        size, self._big = max(size, self._big), 0
                     break
-                self._wake.wait()
-            if self._closed:
-                return False
-            size = min(self.slab_size, max(missing - missing % self.alignment, 0))
-            if self._big:
-                size, self._big = max(size, self._big), 0
-        self._grow(size)
+                idle, wait = self._idle_slabs()
+                if idle:
+                    break
+                self._wake.wait(wait)
+        if idle:
+            self._give_back(idle)
+        else:
+            self._grow(size)
         return True
+
+    def _idle_slabs(self) -> tuple[list[_Slab], float | None]:
+        """Take out of the pool the slabs idle for `release_after`, newest first,
+        keeping `keep` bytes and, with background growth, `headroom` beyond the
+        bytes in use; also return how long until the next could go (None: until
+        woken). Lock held."""
+        if self.release_after is None:
+            return [], None
+        now = time.monotonic()
+        keep = max(self.keep, self.in_use + self.headroom) if self._grow_ahead else 0
+        reserved = self.reserved
+        idle: list[_Slab] = []
+        wait: float | None = None
+        for slab in reversed(self._slabs):
+            if slab.idle_since is None or reserved - slab.size < keep:
+                continue
+            due = slab.idle_since + self.release_after - now
+            if due <= 0:
+                idle.append(slab)
+                reserved -= slab.size
+            else:
+                wait = due if wait is None else min(wait, due)
+        if idle:
+            self._slabs = [slab for slab in self._slabs if all(slab is not i for i in idle)]
+            self.goal = min(self.goal, reserved)
+        return idle, wait
+
+    def _give_back(self, slabs: list[_Slab]) -> None:
+        """Return wholly free slabs, already out of the pool, to the driver."""
+        assert self.backend is not None
+        for slab in slabs:
+            self.backend.free_pinned(slab.ptr)
+        nbytes = sum(slab.size for slab in slabs)
+        with self._lock:
+            self.released_bytes += nbytes
+        logger.debug("cudask: gave %d bytes of idle pinned memory back", nbytes)
 
     _REASONS: ClassVar[dict[str, str]] = {
         "full": "the pinned pool is full (memory.pinned-pool-size={capacity} bytes)",
@@ -442,6 +516,8 @@ class PinnedPool:
             assert block._slab is not None
             block._slab.give(block._offset, block._size)
             self.in_use -= block._size
+            if block._slab.idle_since is not None and self.release_after is not None:
+                self._wake.notify_all()  # the pool's thread times its release
 
     def _collect(self, wait: bool = False) -> bool:
         """Return to the slabs the blocks whose copies completed (all of them when
@@ -472,9 +548,9 @@ class PinnedPool:
         with self._lock:
             self._closed = True
             self._wake.notify_all()
-            grower = self._grower
-        if grower is not None and grower is not threading.current_thread():
-            grower.join(timeout=30)  # at most one cudaHostAlloc in progress
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=30)  # at most one cudaHostAlloc in progress
         self._collect(wait=True)
         with self._lock:
             slabs, self._slabs = self._slabs, []
@@ -487,30 +563,32 @@ class PinnedPool:
         """Pool state for the store's metrics: capacity, reserved and in-use bytes,
         readiness (1.0 when the background goal is reserved, or in inline mode)
         and pageable fallbacks (all causes; `-warmup-` only those waiting for
-        the background thread)."""
+        the background thread) and the bytes given back to the driver while idle."""
         with self._lock:
             reserved = sum(s.size for s in self._slabs)
             goal = min(self.goal, self.capacity)
-            ready = 1.0 if self._grower is None or goal <= 0 else min(reserved / goal, 1.0)
+            ready = 1.0 if not self._grow_ahead or goal <= 0 else min(reserved / goal, 1.0)
             return {
                 "pinned-capacity-bytes": float(self.capacity),
                 "pinned-reserved-bytes": float(reserved),
                 "pinned-reserving-bytes": float(self._reserving),
-                "pinned-goal-bytes": float(goal if self._grower is not None else reserved),
+                "pinned-goal-bytes": float(goal if self._grow_ahead else reserved),
                 "pinned-ready": ready,
                 "pinned-in-use-bytes": float(self.in_use),
                 "pinned-slabs": float(len(self._slabs)),
                 "pinned-seconds": self.pin_seconds,
+                "pinned-released-bytes": float(self.released_bytes),
                 "pageable-fallback-count": float(self.pageable_blocks),
                 "pageable-fallback-bytes": float(self.pageable_bytes),
                 "pageable-fallback-warmup-bytes": float(self.warmup_fallback_bytes),
             }
 
 
-def _grow_loop(pool: PinnedPool) -> None:
-    """The background thread of a pool: reserve slabs as `goal` asks, until closed."""
+def _pool_loop(pool: PinnedPool) -> None:
+    """The pool's thread: reserve slabs as `goal` asks and give idle ones back,
+    until closed."""
     try:
-        while pool._grow_step():
+        while pool._step():
             pass
     except Exception:  # never kill the worker over pinning
         logger.exception("cudask: the pinned-memory thread stopped")

@@ -35,12 +35,14 @@ say), until it dies; a read of it returns it without a copy. The device limit
 is enforced on `committed_device_bytes`, which counts in-flight copies as
 released (they complete within milliseconds), so spilling never waits for them.
 
-Pinned memory: with `memory.pinned-preallocate` (default "auto"), a thread
+Pinned memory: with `memory.pinned-preallocate` (default off), a thread
 started with the store creates the copy backend and pins that much host memory
 in the background; afterwards the pool grows ahead of use in a background
 thread, and a spill that finds no pinned range ready copies into pageable
-memory instead of waiting (`cudask.memory.pinned`). With 0, the pool grows on
-the spill path.
+memory instead of waiting (`cudask.memory.pinned`). Off, the pool grows on
+the spill path. Slabs left wholly free for `memory.pinned-release-after`
+(default 60 s) go back to the operating system. The `cudask.memory.*` keys are
+parsed by `cudask.memory.settings`.
 
 For the JIT-unspill store (`cudask.memory.proxy_store`): `spill_device(n)`
 evicts until n bytes are free and waits for the copies; `peek_host_copy(key)`
@@ -85,14 +87,13 @@ from dask.utils import format_bytes
 from distributed.sizeof import safe_sizeof
 from distributed.spill import ManualEvictProto, SpillBuffer, SpilledSize
 
-from cudask import config
 from cudask.errors import OptionError
 from cudask.memory import dispatch
 from cudask.memory.accounting import AllocationLedger, union_bytes
 from cudask.memory.dispatch import AnyHostCopy, ContainerCopy, UnspillableError
 from cudask.memory.pinned import PinnedPool
+from cudask.memory.settings import store_settings
 from cudask.memory.transfer import Copy, CopyBackend, TransferEngine, default_backend
-from cudask.sizes import parse_size
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -107,7 +108,7 @@ moves = logging.getLogger("distributed.worker.memory")
 class _InFlight:
     """A device object whose copy to the host is under way."""
 
-    __slots__ = ("copy", "gen", "key", "nbytes", "ranges", "started", "value")
+    __slots__ = ("copy", "gen", "key", "nbytes", "ranges", "value")
 
     def __init__(
         self, key: Key, value: object, copy: AnyHostCopy, gen: int, ranges: list[tuple[int, int]]
@@ -118,7 +119,6 @@ class _InFlight:
         self.gen = gen
         self.nbytes = copy.nbytes
         self.ranges = ranges  # device memory held until the copy completes
-        self.started = time.perf_counter()
 
 
 def _copies(copy: AnyHostCopy) -> list[Copy]:
@@ -183,6 +183,7 @@ class TieredStore(MutableMapping[Key, object]):
         pinned_pool_size: float | str | None = None,
         pinned_slab_size: int | str | None = None,
         pinned_preallocate: bool | float | str | None = None,
+        pinned_release_after: float | str | bool | None = None,
         spill_target: float | None = None,
         background: bool | None = None,
     ) -> None:
@@ -190,14 +191,14 @@ class TieredStore(MutableMapping[Key, object]):
         self.memory_limit = _positive_or_none(memory_limit, "memory_limit")
         self.log_spilling = bool(log_spilling)
         self.max_spill = max_spill if max_spill else False
-        target = config.get("memory.spill-target") if spill_target is None else spill_target
-        if not 0 < float(target) <= 1:
-            raise OptionError(
-                f"cudask.memory.spill-target={target!r} must be a fraction in (0, 1], e.g. 0.9"
-            )
-        self.spill_target = float(target)
-        self.background = bool(config.get("memory.background-spill") if background is None
-                               else background)
+        self.settings = store_settings(
+            self.device_memory_limit, self.memory_limit,
+            spill_target=spill_target, background=background,
+            pinned_pool_size=pinned_pool_size, pinned_slab_size=pinned_slab_size,
+            pinned_preallocate=pinned_preallocate, pinned_release_after=pinned_release_after,
+        )
+        self.spill_target = self.settings.spill_target
+        self.background = self.settings.background
 
         self.lock = threading.RLock()
         self._cv = threading.Condition(self.lock)
@@ -206,20 +207,8 @@ class TieredStore(MutableMapping[Key, object]):
         # -- the CUDA boundary (created lazily: no context until a copy is needed)
         self._backend = backend
         self._engine: TransferEngine | None = None
-        self._pool_size_setting = (
-            config.get("memory.pinned-pool-size") if pinned_pool_size is None else pinned_pool_size
-        )
-        self._slab_setting = (
-            config.get("memory.pinned-slab-size") if pinned_slab_size is None else pinned_slab_size
-        )
-        self.pinned_pool_size = self._pinned_pool_bytes(self._pool_size_setting)
-        self.pinned_slab_size = parse_size(
-            self._slab_setting, total=None, name="cudask.memory.pinned-slab-size"
-        ) or (1 << 30)
-        self.pinned_preallocate = self._preallocate_bytes(
-            config.get("memory.pinned-preallocate") if pinned_preallocate is None
-            else pinned_preallocate
-        )
+        self.pinned_pool_size = self.settings.pinned_pool_size
+        self.pinned_preallocate = self.settings.pinned_preallocate
         self._engine_lock = threading.Lock()
         # No device limit: nothing is ever spilled, so device values skip the
         # ledger, the generations and the background thread (a dict's cost).
@@ -267,32 +256,6 @@ class TieredStore(MutableMapping[Key, object]):
             ).start()
 
     # ------------------------------------------------------------------ setup
-    def _pinned_pool_bytes(self, value: Any) -> int:
-        if isinstance(value, str) and value.strip().lower() == "auto":
-            if self.device_memory_limit is None:
-                return 0
-            # Spilled data stay in the pool while on the host: a cap below the host tier
-            # sends the rest through pageable memory, 5x slower (map_overlap at a 4 GB
-            # limit on an H100: 7.2 s with 16 GiB, 2.0 s with 48 GiB).
-            return (self.memory_limit or _system_memory()) // 2
-        total = self.memory_limit or _system_memory()
-        return parse_size(value, total=total, name="cudask.memory.pinned-pool-size") or 0
-
-    def _preallocate_bytes(self, value: Any) -> int:
-        """Bytes of pinned memory to reserve in the background when the store
-        starts (0: none, and the pool grows inline, on the spill path)."""
-        if self.device_memory_limit is None or self.pinned_pool_size == 0:
-            return 0
-        if value is True:
-            return self.pinned_pool_size
-        if value is False or value is None:
-            return 0
-        if isinstance(value, str) and value.strip().lower() == "auto":
-            return min(self.pinned_pool_size, self.device_memory_limit, _AUTO_PREALLOCATE_CAP)
-        nbytes = parse_size(value, total=self.pinned_pool_size,
-                            name="cudask.memory.pinned-preallocate") or 0
-        return min(nbytes, self.pinned_pool_size)
-
     @property
     def engine(self) -> TransferEngine:
         """The transfer engine (creates the backend, e.g. CuPy, on first use)."""
@@ -308,7 +271,8 @@ class TieredStore(MutableMapping[Key, object]):
             if self._engine is None:
                 backend = self._backend if self._backend is not None else default_backend()
                 self._backend = backend
-                pool = PinnedPool(backend, self.pinned_pool_size, self.pinned_slab_size)
+                pool = PinnedPool(backend, self.pinned_pool_size, self.settings.pinned_slab_size,
+                                  release_after=self.settings.pinned_release_after)
                 if self.pinned_preallocate and not self._closed:
                     pool.start_background(self.pinned_preallocate)
                 self._engine = TransferEngine(backend, pool)
@@ -424,11 +388,12 @@ class TieredStore(MutableMapping[Key, object]):
         waited = time.perf_counter() - started
         with self.lock:
             nbytes = sum(c.nbytes for c in copies)
-            for c in copies:
-                self.engine.account_completed(c, "h2d")
             self._metrics["host-to-device", "count"] += 1
             self._metrics["host-to-device", "bytes"] += nbytes
-            self._metrics["host-to-device", "seconds"] += waited
+            self._metrics["host-to-device", "seconds"] += sum(
+                self.engine.stream_seconds(c) for c in copies
+            )
+            self._metrics["host-to-device-wait", "seconds"] += waited
             if self._gen.get(key) == gen and key in self._spilled:
                 self._install(key, value, copied=nbytes)
             elif key in self._device:
@@ -664,10 +629,9 @@ class TieredStore(MutableMapping[Key, object]):
             inflight.popleft()
             engine = self._engine
             if engine is not None:
-                for c in _copies(head.copy):
-                    engine.account_completed(c, "d2h")
-            seconds = time.perf_counter() - head.started
-            self._metrics["device-to-host", "seconds"] += seconds
+                self._metrics["device-to-host", "seconds"] += sum(
+                    engine.stream_seconds(c) for c in _copies(head.copy)
+                )
             current = (
                 self._inflight_by_key.get(head.key) is head
                 and self._gen.get(head.key) == head.gen
@@ -784,7 +748,11 @@ class TieredStore(MutableMapping[Key, object]):
     @property
     def cumulative_metrics(self) -> defaultdict[tuple[str, str], float]:
         """(label, unit) -> cumulative value, unit in bytes/count/seconds: the host
-        tier's disk metrics plus device-to-host, host-to-device and device-read."""
+        tier's disk metrics plus device-to-host, host-to-device and device-read.
+
+        The seconds of device-to-host and host-to-device are the copies' time on
+        their streams (bytes / seconds is the bus rate); host-to-device-wait is
+        how long tasks waited for unspilled data."""
         out: defaultdict[tuple[str, str], float] = defaultdict(float)
         host = self._host
         if isinstance(host, SpillBuffer):
@@ -889,11 +857,10 @@ class TieredStore(MutableMapping[Key, object]):
             ):
                 for unit in ("count", "bytes", "seconds"):
                     out[f"{name}-{unit}"] = float(cm.get((label, unit), 0.0))
+            out["unspill-host-to-device-wait-seconds"] = float(cm.get(("host-to-device-wait", "seconds"), 0.0))
             engine = self._engine
             if engine is not None:
                 out.update(engine.pool.stats())
-                out["copy-device-to-host-seconds"] = engine.stats.d2h_seconds
-                out["copy-host-to-device-seconds"] = engine.stats.h2d_seconds
             return out
 
     # ------------------------------------------------------------------ logging
@@ -948,10 +915,6 @@ class TieredStore(MutableMapping[Key, object]):
 
 _MISSING: Any = object()
 
-# "auto" pinned-preallocate: at most this much is pinned before any spill.
-_AUTO_PREALLOCATE_CAP = 4 << 30
-
-
 def _warm_up(store_ref: weakref.ref[TieredStore]) -> None:
     """Create the copy engine and start its pinned pool's background growth, off
     the worker's start-up path. Failures only log: the first spill retries."""
@@ -999,12 +962,6 @@ def _positive_or_none(value: int | None, name: str) -> int | None:
 
 def _fmt(nbytes: int | None) -> str:
     return "None" if nbytes is None else format_bytes(nbytes)
-
-
-def _system_memory() -> int:
-    from distributed.system import MEMORY_LIMIT
-
-    return int(MEMORY_LIMIT)
 
 
 def worker_metrics(worker: Worker) -> dict[str, float]:

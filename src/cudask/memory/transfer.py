@@ -194,15 +194,13 @@ class Copy:
 
 @dataclass
 class TransferStats:
-    """Cumulative copies by direction: counts, bytes, seconds (of copy time on the
-    stream, measured with events)."""
+    """Cumulative copies by direction: counts and bytes (the store keeps their
+    seconds, see `TransferEngine.stream_seconds`)."""
 
     d2h_count: int = 0
     d2h_bytes: int = 0
-    d2h_seconds: float = 0.0
     h2d_count: int = 0
     h2d_bytes: int = 0
-    h2d_seconds: float = 0.0
     pageable_d2h_count: int = 0
 
 
@@ -276,17 +274,14 @@ class TransferEngine:
             self.stats.h2d_bytes += nbytes
         return Copy(nbytes, start, done, self.backend)
 
-    def account_completed(self, copy: Copy, direction: str) -> None:
-        """Add the stream time of a completed copy to the statistics."""
+    def stream_seconds(self, copy: Copy) -> float:
+        """Seconds a completed copy took on its stream, between its own events:
+        what the bus took, without the wait for producers or for copies queued
+        before it (wall time since it was enqueued where events carry no timing)."""
         try:
-            seconds = self.backend.elapsed(copy.start, copy.done)
-        except Exception:  # noqa: BLE001 - events without timing: use wall time
-            seconds = time.perf_counter() - copy.wall_start
-        with self._lock:
-            if direction == "d2h":
-                self.stats.d2h_seconds += seconds
-            else:
-                self.stats.h2d_seconds += seconds
+            return self.backend.elapsed(copy.start, copy.done)
+        except Exception:  # noqa: BLE001 - events without timing
+            return time.perf_counter() - copy.wall_start
 
 
 def address_of(buffer: Any) -> int:

@@ -150,18 +150,19 @@ register_handler(FakeDeviceArray, FakeHandler())
 # Backend
 # ----------------------------------------------------------------------------------
 @dataclass
+class FakeEvent:
+    stream: FakeStream
+    index: int
+    completed_at: float | None = None
+
+
+@dataclass
 class FakeStream:
     name: str
     ops: deque[tuple[Any, ...]] = field(default_factory=deque)
     enqueued: int = 0
     done: int = 0
-
-
-@dataclass
-class FakeEvent:
-    stream: FakeStream
-    index: int
-    completed_at: float | None = None
+    recorded: deque[FakeEvent] = field(default_factory=deque)  # not yet completed
 
 
 class FakeCopyBackend:
@@ -246,6 +247,8 @@ class FakeCopyBackend:
             event = FakeEvent(stream, stream.enqueued)
             if stream.done >= event.index:
                 event.completed_at = time.perf_counter()
+            else:
+                stream.recorded.append(event)
             return event
 
     def wait_event(self, stream: Any, event: Any) -> None:
@@ -254,8 +257,6 @@ class FakeCopyBackend:
     def query(self, event: Any) -> bool:
         with self.lock:
             if event.stream.done >= event.index:
-                if event.completed_at is None:
-                    event.completed_at = time.perf_counter()
                 return True
             seen = self._queries.get(id(event), 0) + 1
             self._queries[id(event)] = seen
@@ -264,15 +265,12 @@ class FakeCopyBackend:
             done = event.stream.done >= event.index
             if done:
                 self._queries.pop(id(event), None)
-                event.completed_at = time.perf_counter()
             return done
 
     def synchronize(self, event: Any) -> None:
         with self.lock:
             self._advance(event.stream, event.index)
             self._queries.pop(id(event), None)
-            if event.completed_at is None:
-                event.completed_at = time.perf_counter()
 
     def elapsed(self, start: Any, end: Any) -> float:
         if start.completed_at is None or end.completed_at is None:
@@ -303,6 +301,9 @@ class FakeCopyBackend:
                 ctypes.memmove(dst, src, nbytes)
                 self.copies.append((direction, nbytes))
             stream.done += 1
+            now = time.perf_counter()
+            while stream.recorded and stream.recorded[0].index <= stream.done:
+                stream.recorded.popleft().completed_at = now
 
     def drain(self) -> None:
         """Run everything still queued on every stream."""

@@ -23,6 +23,7 @@ from distributed.worker_memory import parse_memory_limit
 
 from cudask.devices import Device, cuda_visible_devices
 from cudask.errors import MissingDependencyError, OptionError
+from cudask.memory.settings import store_settings
 from cudask.options import UCX_PROTOCOLS, WorkerOptions, require_library
 from cudask.sizes import parse_size
 from cudask.worker.plugins import CPUAffinity, CUDAContext, CudfSpill, PreImport, StoreMetrics
@@ -119,6 +120,8 @@ def data_store(o: WorkerOptions, sizes: DeviceSizes, memory_limit: int | None) -
     if sizes.device_memory_limit is None and memory_limit is None and not o.jit_unspill:
         return dict
     host, max_spill = host_tier(memory_limit)
+    # The cudask.memory.* keys, checked here so a bad one fails before any worker starts.
+    store_settings(sizes.device_memory_limit, host)
     kwargs = {"device_memory_limit": sizes.device_memory_limit, "memory_limit": host,
               "max_spill": max_spill, "log_spilling": o.log_spilling}
     if o.jit_unspill:

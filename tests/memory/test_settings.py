@@ -1,0 +1,46 @@
+"""The cudask.memory.* settings: parsing, defaults and the errors for bad values."""
+
+from __future__ import annotations
+
+import dask
+import pytest
+
+from cudask.errors import OptionError
+from cudask.memory.settings import release_seconds, store_settings
+
+
+@pytest.mark.parametrize(
+    "value, seconds",
+    [("60s", 60.0), ("5 minutes", 300.0), (30, 30.0), (0.5, 0.5), ("250ms", 0.25),
+     (False, None), (None, None)],
+)
+def test_release_after_values(value, seconds):
+    assert release_seconds(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["soon", -1, 0, "0s", True, [1]])
+def test_release_after_refuses(value):
+    with pytest.raises(OptionError, match=r"pinned-release-after=.*(duration|positive)"):
+        release_seconds(value)
+
+
+def test_defaults_come_from_the_config():
+    s = store_settings(1 << 30, 10 << 30)
+    assert s.pinned_release_after == 60.0  # cudask.yaml
+    assert s.pinned_pool_size == 5 << 30 and s.pinned_slab_size == 1 << 30
+    assert s.spill_target == 0.9 and s.background and s.pinned_preallocate == 0
+    with dask.config.set({"cudask.memory.pinned-release-after": False}):
+        assert store_settings(1 << 30, 10 << 30).pinned_release_after is None
+    assert store_settings(None, 10 << 30).pinned_pool_size == 0  # "auto" without a device limit
+
+
+@pytest.mark.parametrize(
+    "key, value, match",
+    [("spill-target", 1.5, "spill-target=1.5"), ("spill-target", "high", "spill-target='high'"),
+     ("pinned-pool-size", "lots", "pinned-pool-size"), ("pinned-slab-size", "big", "pinned-slab-size"),
+     ("pinned-preallocate", "some", "pinned-preallocate"),
+     ("pinned-release-after", "later", "pinned-release-after")],
+)
+def test_bad_config_values_name_the_key(key, value, match):
+    with dask.config.set({f"cudask.memory.{key}": value}), pytest.raises(OptionError, match=match):
+        store_settings(1 << 30, 10 << 30)
