@@ -245,12 +245,13 @@ class PinnedPool:
         self._big = 0  # a request larger than a slab, for the background thread
         self.release_after = release_after
         self.released_bytes = 0
+        self._releasing = 0  # bytes out of the pool, being returned to the driver
 
     # -- introspection -------------------------------------------------------------
     @property
     def reserved(self) -> int:
-        """Bytes of pinned memory reserved from the driver."""
-        return sum(slab.size for slab in self._slabs)
+        """Bytes of pinned memory reserved from the driver (and not yet given back)."""
+        return sum(slab.size for slab in self._slabs) + self._releasing
 
     @property
     def slabs(self) -> int:
@@ -428,7 +429,7 @@ class PinnedPool:
             return [], None
         now = time.monotonic()
         keep = max(self.keep, self.in_use + self.headroom) if self._grow_ahead else 0
-        reserved = self.reserved
+        reserved = sum(slab.size for slab in self._slabs)
         idle: list[_Slab] = []
         wait: float | None = None
         for slab in reversed(self._slabs):
@@ -443,6 +444,7 @@ class PinnedPool:
         if idle:
             self._slabs = [slab for slab in self._slabs if all(slab is not i for i in idle)]
             self.goal = min(self.goal, reserved)
+            self._releasing += sum(slab.size for slab in idle)
         return idle, wait
 
     def _give_back(self, slabs: list[_Slab]) -> None:
@@ -452,6 +454,7 @@ class PinnedPool:
             self.backend.free_pinned(slab.ptr)
         nbytes = sum(slab.size for slab in slabs)
         with self._lock:
+            self._releasing -= nbytes
             self.released_bytes += nbytes
         logger.debug("cudask: gave %d bytes of idle pinned memory back", nbytes)
 
@@ -565,7 +568,7 @@ class PinnedPool:
         and pageable fallbacks (all causes; `-warmup-` only those waiting for
         the background thread) and the bytes given back to the driver while idle."""
         with self._lock:
-            reserved = sum(s.size for s in self._slabs)
+            reserved = self.reserved
             goal = min(self.goal, self.capacity)
             ready = 1.0 if not self._grow_ahead or goal <= 0 else min(reserved / goal, 1.0)
             return {
