@@ -61,6 +61,13 @@ def test_command_help(command: str) -> None:
         assert flag in out
 
 
+@pytest.mark.parametrize("command", ["spill", "cupy"])
+def test_processes_flag(command: str) -> None:
+    assert "--processes" in invoke(command, "--help")[1]
+    line = one_line_error(*invoke(command, *CPU, "--processes", "0"))
+    assert "--processes" in line and "0" in line
+
+
 def test_unknown_workload() -> None:
     code, out = invoke("nonsense")
     assert code != 0 and "nonsense" in out and "Traceback" not in out

@@ -520,3 +520,38 @@ def test_startup_rounds_go_through_the_variants_in_turn(monkeypatch: pytest.Monk
     assert order == ["dict:0", "cudask:0", "cudask:default"] + ["dict:0", "cudask:0"] * 2
     assert [v["runs"] for v in doc["variants"]] == [3, 3, 1]
     assert [v["status"] for v in doc["variants"]] == ["ok", "ok", "failed"]
+
+
+def test_processes_take_turns_and_pool_their_repetitions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--processes N: each variant runs in N fresh processes, alternating with the
+    other variants; the median is over all their repetitions."""
+    from cudask.bench import harness, spec
+
+    order: list[str] = []
+
+    def runner(target: object, argv: list[str], **kwargs: object) -> dict[str, Any]:
+        jit = "--jit-unspill" in argv
+        order.append("jit" if jit else "plain")
+        value = 2.0 if jit else 1.0
+        repeat = int(argv[argv.index("--repeat") + 1])
+        return {"status": "ok", "measurements": {"sum": {"times": [value + 0.01 * len(order)] * repeat,
+                                                         "warmup_times": [9.0]}},
+                "process_wall_s": 0.1}
+
+    monkeypatch.setattr(harness, "spawn_runner", runner)
+    monkeypatch.setattr(harness.environment, "machine", lambda: {})
+    target = harness.Target(sys.executable)
+    plan = harness.Plan(
+        workload="cupy", variants=[spec.Variant("cudask", 1 << 30), spec.Variant("cudask", 1 << 30, jit_unspill=True)],
+        targets={"cudask": target},
+        runner_options={"array_module": "numpy", "device": "0", "memory_limit": "auto",
+                        "rmm_pool_size": None, "protocol": "tcp", "operations": ["sum"]},
+        repeat=2, warmup=1, parameters={}, processes=3,
+    )
+    doc = harness.execute(plan, harness.ProgressLine(False))
+    assert order == ["plain", "jit"] * 3
+    plain, jit = doc["variants"]
+    assert plain["runs"] == 3 and len(plain["measurements"]["sum"]["times"]) == 6
+    assert len(plain["measurements"]["sum"]["warmup_times"]) == 3
+    assert jit["measurements"]["sum"]["median"] > 2 > plain["measurements"]["sum"]["median"]
+    assert doc["parameters"]["processes"] == 3

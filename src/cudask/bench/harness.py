@@ -474,6 +474,7 @@ class Plan:
     repeat: int
     warmup: int
     parameters: dict[str, Any]
+    processes: int = 1  # per variant, taking turns (startup: one per repetition)
     timeout: float = 3600.0
     argv: list[str] = dataclasses.field(default_factory=list)
 
@@ -516,24 +517,24 @@ def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
         status = "ok" if entry["status"] == "ok" else f"FAILED: {entry['error']}"
         progress.finish(f"[{index + 1}/{count}] {variant.name}: {status}")
 
+    # The rounds go through the variants in turn, so drift on the machine (caches
+    # warming up, clocks) falls on every variant alike rather than on whichever
+    # runs first. Every startup measurement is a fresh process.
+    if plan.workload == "startup":
+        rounds = [(1, 0)] * plan.warmup + [(0, 1)] * plan.repeat
+    else:
+        rounds = [(plan.warmup, plan.repeat)] * plan.processes
     try:
-        if plan.workload == "startup":
-            # Every startup measurement is a fresh process, and the rounds go through
-            # the variants in turn, so drift on the machine (caches warming up, clocks)
-            # falls on every variant alike rather than on whichever runs first.
-            rounds = [(1, 0)] * plan.warmup + [(0, 1)] * plan.repeat
-            runs: list[list[dict[str, Any]]] = [[] for _ in plan.variants]
-            for number, (warmup, repeat) in enumerate(rounds):
-                for index, variant in enumerate(plan.variants):
-                    if runs[index] and runs[index][-1].get("status") != "ok":
-                        continue  # a failing configuration fails the same way again
-                    label = f"{variant.name} process {number + 1}/{len(rounds)}"
-                    runs[index].append(run_once(index, label, warmup, repeat))
-            for index in range(count):
-                finish(index, runs[index])
-        else:
+        runs: list[list[dict[str, Any]]] = [[] for _ in plan.variants]
+        for number, (warmup, repeat) in enumerate(rounds):
             for index, variant in enumerate(plan.variants):
-                finish(index, [run_once(index, variant.name, plan.warmup, plan.repeat)])
+                if runs[index] and runs[index][-1].get("status") != "ok":
+                    continue  # a failing configuration fails the same way again
+                label = variant.name if len(rounds) == 1 else (
+                    f"{variant.name} process {number + 1}/{len(rounds)}")
+                runs[index].append(run_once(index, label, warmup, repeat))
+        for index in range(count):
+            finish(index, runs[index])
     finally:
         if shim is not None:
             try:
@@ -550,7 +551,8 @@ def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
         "wall_s": time.perf_counter() - t0,
         "machine": machine,
         "harness": {"python": sys.executable, "versions": environment.versions()},
-        "parameters": {**plan.parameters, "repeat": plan.repeat, "warmup": plan.warmup},
+        "parameters": {**plan.parameters, "repeat": plan.repeat, "warmup": plan.warmup,
+                       "processes": len(rounds) if plan.workload == "startup" else plan.processes},
         "variants": entries,
     }
     document["comparisons"] = comparisons(entries)

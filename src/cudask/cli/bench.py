@@ -317,6 +317,7 @@ def _plan(
         runner_options=runner_options,
         repeat=kw["repeat"],
         warmup=kw["warmup"],
+        processes=kw.get("processes", 1),
         timeout=kw["timeout"],
         parameters={
             **parameters,
@@ -361,6 +362,17 @@ def _run(plan: Any, kw: dict[str, Any]) -> None:
         )
 
 
+processes_option = click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Fresh processes per configuration, each with the warm-up and the repetitions. "
+    "The configurations take turns, so drift on the machine falls on all of them alike; "
+    "medians are over every process's repetitions.",
+)
+
+
 def _command(f: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(f)
     def wrapper(**kw: Any) -> None:
@@ -386,6 +398,7 @@ def _command(f: Callable[..., None]) -> Callable[..., None]:
     show_default=True,
     help="Bytes per chunk (one dask future each).",
 )
+@processes_option
 @_command
 def spill(ctx: click.Context, kw: dict[str, Any]) -> None:
     """Create device chunks beyond the device limit, then read all back and verify every value.
@@ -440,6 +453,7 @@ def spill(ctx: click.Context, kw: dict[str, Any]) -> None:
     default=None,
     help="svd: number of columns (default 1000).",
 )
+@processes_option
 @_command
 def cupy(ctx: click.Context, kw: dict[str, Any]) -> None:
     """Time dask.array CuPy operations on persisted random input (warm-up, repeats, median).
