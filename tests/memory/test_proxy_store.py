@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cudask.memory.dispatch import register_handler
 from cudask.memory.proxy import ProxyObject, asproxy, location, unproxy
 from cudask.memory.proxy_store import ProxyStore, SpillOnDemand
 from cudask.memory.store import TieredStore
-from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
+from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray, FakeHandler
 
 
 def dev(n: int, fill: int = 0) -> FakeDeviceArray:
@@ -330,3 +331,55 @@ def test_cluster_with_proxy_store_and_transfers_between_workers(tmp_path: Any) -
         stats = client.run(lambda dask_worker: dask_worker.data.metrics())
         assert stats[a]["spill-device-to-host-count"] >= 6
         assert stats[b]["proxies"] == 9 and stats[b]["device-bytes"] <= 3000
+
+
+class _Allocating(FakeDeviceArray):
+    """A fake device array whose compaction allocates through `allocate`."""
+
+    allocate: Any = None
+
+
+class _AllocatingHandler(FakeHandler):
+    name = "fake-allocating"
+
+    def compact(self, obj: Any) -> tuple[Any, tuple[int, ...]] | None:
+        try:
+            obj.allocate(obj.nbytes)
+        except FakeOOM:
+            return None  # as CupyHandler.compact: without memory, copy the extent
+        return FakeDeviceArray.from_numpy(obj._array), ()
+
+
+register_handler(_Allocating, _AllocatingHandler())
+
+
+def test_compaction_out_of_memory_spills_on_demand_inside_an_eviction(make: Any) -> None:
+    """Spilling a sparse view compacts it on the device first; when that allocation
+    finds the device full, spill on demand evicts other keys from inside the eviction
+    already under way (same thread, re-entrant lock), and both finish consistently."""
+    backend = FakeCopyBackend()
+    store = make(device_memory_limit=700, backend=backend)
+    base = dev(400, 0)
+    base._array[:] = np.arange(400) % 251
+    view = _Allocating(base._array[::4], base)  # 100 elements over a 400-byte extent
+    malloc = FakeAllocator(store, capacity=450)
+    _Allocating.allocate = staticmethod(store.on_demand.wrap_allocator(malloc, (FakeOOM,)))
+    try:
+        store["view"] = view
+        del view, base
+        store["a"] = dev(100, 1)
+        store["b"] = dev(100, 2)
+        # 600 B held; "c" takes the tier to 800 B: the eviction of "view" (least recently
+        # used) compacts it, and that allocation of 100 B fails until "a" is spilled.
+        store["c"] = dev(200, 3)
+        assert malloc.calls >= 2 and store.on_demand.count >= 1
+        assert store.where("view") == "host" and store.where("a") == "host"
+        assert store.device_bytes <= 700
+        # the view moved as its 100 elements, not as its 397-byte extent
+        assert ("d2h", 100) in backend.copies and ("d2h", 397) not in backend.copies
+        got = store["view"]
+        assert got.shape == (100,) and (got.get() == (np.arange(0, 400, 4) % 251)).all()
+        assert [(store[k].get() == v).all() for k, v in (("a", 1), ("b", 2), ("c", 3))] == [True] * 3
+        assert store.device_bytes <= 700
+    finally:
+        _Allocating.allocate = None
