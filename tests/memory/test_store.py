@@ -380,13 +380,13 @@ def test_pinned_pool_size_from_config(make_store: MakeStore) -> None:
 
     with dask.config.set({"cudask.memory.pinned-pool-size": "auto"}):
         store = make_store(device_memory_limit=1000, memory_limit=10_000, pinned_pool_size=None)
-    assert store.pinned_pool_size == 5000  # half the host tier, however small the device limit
+    assert store.settings.pinned_pool_size == 5000  # half the host tier, however small the device limit
     with dask.config.set({"cudask.memory.pinned-pool-size": "auto"}):
         store = make_store(device_memory_limit=None, memory_limit=10_000, pinned_pool_size=None)
-    assert store.pinned_pool_size == 0  # nothing to spill from the device
+    assert store.settings.pinned_pool_size == 0  # nothing to spill from the device
     with dask.config.set({"cudask.memory.pinned-pool-size": 0.5}):
         store = make_store(memory_limit=10_000, pinned_pool_size=None)
-    assert store.pinned_pool_size == 5000
+    assert store.settings.pinned_pool_size == 5000
 
 
 def test_idle_pinned_memory_goes_back_after_pinned_release_after(make_store: MakeStore) -> None:
@@ -547,11 +547,11 @@ def test_first_spill_does_not_wait_for_pinning(make_store: MakeStore) -> None:
 def test_preallocate_setting(make_store: MakeStore) -> None:
     kw = {"memory_limit": 1 << 30, "pinned_pool_size": 1 << 20}
     assert make_store(device_memory_limit=1 << 16, pinned_preallocate="auto",
-                      **kw).pinned_preallocate == 1 << 16  # min(pool, device limit, 4 GiB)
+                      **kw).settings.pinned_preallocate == 1 << 16  # min(pool, device limit, 4 GiB)
     assert make_store(device_memory_limit=1 << 16, pinned_preallocate=True,
-                      **kw).pinned_preallocate == 1 << 20  # the whole pool
+                      **kw).settings.pinned_preallocate == 1 << 20  # the whole pool
     assert make_store(device_memory_limit=1 << 16, pinned_preallocate=0.5,
-                      **kw).pinned_preallocate == 1 << 19  # a fraction of the pool
-    assert make_store(pinned_preallocate=True, **kw).pinned_preallocate == 0  # no device limit
+                      **kw).settings.pinned_preallocate == 1 << 19  # a fraction of the pool
+    assert make_store(pinned_preallocate=True, **kw).settings.pinned_preallocate == 0  # no device limit
     store = make_store(device_memory_limit=1 << 16, pinned_preallocate=False, **kw)
-    assert store.pinned_preallocate == 0 and store._engine is None  # nothing at start
+    assert store.settings.pinned_preallocate == 0 and store._engine is None  # nothing at start

@@ -197,7 +197,7 @@ class TieredStore(MutableMapping[Key, object]):
             pinned_pool_size=pinned_pool_size, pinned_slab_size=pinned_slab_size,
             pinned_preallocate=pinned_preallocate, pinned_release_after=pinned_release_after,
         )
-        self.spill_target = self.settings.spill_target
+        self.spill_target = self.settings.spill_target  # read on every write
         self.background = self.settings.background
 
         self.lock = threading.RLock()
@@ -207,8 +207,6 @@ class TieredStore(MutableMapping[Key, object]):
         # -- the CUDA boundary (created lazily: no context until a copy is needed)
         self._backend = backend
         self._engine: TransferEngine | None = None
-        self.pinned_pool_size = self.settings.pinned_pool_size
-        self.pinned_preallocate = self.settings.pinned_preallocate
         self._engine_lock = threading.Lock()
         # No device limit: nothing is ever spilled, so device values skip the
         # ledger, the generations and the background thread (a dict's cost).
@@ -249,7 +247,7 @@ class TieredStore(MutableMapping[Key, object]):
         self._metrics: defaultdict[tuple[str, str], float] = defaultdict(float)
         self._thread: threading.Thread | None = None
         self._finalizer = weakref.finalize(self, TieredStore._cleanup, self._tmpdir)
-        if self.pinned_preallocate:
+        if self.settings.pinned_preallocate:
             # Pin ahead of the first spill, without delaying the worker's start.
             threading.Thread(
                 target=_warm_up, args=(weakref.ref(self),), name="cudask-pinned-start", daemon=True
@@ -271,10 +269,10 @@ class TieredStore(MutableMapping[Key, object]):
             if self._engine is None:
                 backend = self._backend if self._backend is not None else default_backend()
                 self._backend = backend
-                pool = PinnedPool(backend, self.pinned_pool_size, self.settings.pinned_slab_size,
+                pool = PinnedPool(backend, self.settings.pinned_pool_size, self.settings.pinned_slab_size,
                                   release_after=self.settings.pinned_release_after)
-                if self.pinned_preallocate and not self._closed:
-                    pool.start_background(self.pinned_preallocate)
+                if self.settings.pinned_preallocate and not self._closed:
+                    pool.start_background(self.settings.pinned_preallocate)
                 self._engine = TransferEngine(backend, pool)
             return self._engine
 

@@ -192,18 +192,6 @@ class Copy:
         self.source = None
 
 
-@dataclass
-class TransferStats:
-    """Cumulative copies by direction: counts and bytes (the store keeps their
-    seconds, see `TransferEngine.stream_seconds`)."""
-
-    d2h_count: int = 0
-    d2h_bytes: int = 0
-    h2d_count: int = 0
-    h2d_bytes: int = 0
-    pageable_d2h_count: int = 0
-
-
 class TransferEngine:
     """Issue copies between device memory and host blocks of a `PinnedPool`.
 
@@ -217,7 +205,6 @@ class TransferEngine:
     def __init__(self, backend: CopyBackend, pool: PinnedPool) -> None:
         self.backend = backend
         self.pool = pool
-        self.stats = TransferStats()
         self._lock = threading.Lock()
         self._streams: dict[str, Any] = {}
 
@@ -248,11 +235,6 @@ class TransferEngine:
         if nbytes:
             self.backend.copy_d2h(block.ptr, src, nbytes, stream)
         done = self.backend.record(stream)
-        with self._lock:
-            self.stats.d2h_count += 1
-            self.stats.d2h_bytes += nbytes
-            if not block.pinned:
-                self.stats.pageable_d2h_count += 1
         return block, Copy(nbytes, start, done, self.backend)
 
     def to_device(self, dst: int, src_host: int, nbytes: int, after: Copy | None = None) -> Copy:
@@ -269,9 +251,6 @@ class TransferEngine:
         if nbytes:
             self.backend.copy_h2d(dst, src_host, nbytes, stream)
         done = self.backend.record(stream)
-        with self._lock:
-            self.stats.h2d_count += 1
-            self.stats.h2d_bytes += nbytes
         return Copy(nbytes, start, done, self.backend)
 
     def stream_seconds(self, copy: Copy) -> float:
@@ -306,7 +285,6 @@ __all__ = [
     "CopyBackend",
     "CupyBackend",
     "TransferEngine",
-    "TransferStats",
     "address_of",
     "default_backend",
     "memoryview_at",
