@@ -476,6 +476,14 @@ def test_spawn_runner_through_another_interpreter(tmp_path: Path) -> None:
     assert "-m cudask.bench.run" in result["command"]
 
 
+def test_runner_module_imports_no_workload_libraries() -> None:
+    """Each worker the runner's cluster spawns re-runs the runner's module (multiprocessing's
+    spawn re-imports the parent's main module), so its imports count in every start-up."""
+    code = "import sys, cudask.bench.run; print(sorted({'numpy', 'cupy'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_spawn_runner_timeout_kills_the_group(tmp_path: Path) -> None:
     """A runner past --timeout is killed with its workers and reported, not waited for."""
     argv = tiny_host_spill_argv(repeat=1000)

@@ -35,7 +35,12 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from cudask.bench import environment, spec, workloads
+from cudask.bench import environment, spec
+
+# Nothing heavier at module level (numpy comes with cudask.bench.workloads): with
+# multiprocessing's "spawn", every worker process the cluster starts first re-runs the
+# parent's main module, which is this one, so its imports would count in every
+# backend's start-up. `main` and `execute` import the workloads.
 
 #: cudask modules that must not be loaded when another backend runs.
 CLUSTER_MODULES = ("cudask.deploy", "cudask.memory", "cudask.worker")
@@ -184,6 +189,8 @@ def quiet_logs() -> Iterator[None]:
 
 def execute(args: argparse.Namespace, result: dict[str, Any]) -> None:
     """Run the workload and fill `result` in place (so a failure keeps what ran)."""
+    from cudask.bench import workloads
+
     progress = Progress(planned_steps(args))
     if not environment.has_module(args.array_module):
         raise RunnerError(
@@ -302,6 +309,8 @@ def check_honesty(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from cudask.bench import workloads
+
     args = parse_args(argv)
     result: dict[str, Any] = {
         "format": spec.RESULT_FORMAT,
