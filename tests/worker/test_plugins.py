@@ -159,16 +159,24 @@ def test_a_failing_driver_call_is_named(monkeypatch):
 
 
 def test_cuda_context_plugin_imports_cupy_in_the_background(monkeypatch):
-    """setup returns once the context exists; the import runs in a thread that
-    teardown waits for."""
+    """The import starts before the context is created (the driver call leaves the GIL
+    to it) and runs in a thread: setup returns once the context exists, teardown waits
+    for the import."""
     import importlib.util
     import threading
     import types
 
     from cudask.worker import plugins as P
 
-    _use_driver(monkeypatch, _FakeDriver(bytes(range(1, 17))))
     started, release = threading.Event(), threading.Event()
+    seen_by_cuinit: list[bool] = []
+
+    class ImportFirstDriver(_FakeDriver):
+        def cuInit(self, flags: int) -> tuple:
+            seen_by_cuinit.append(started.wait(10))
+            return super().cuInit(flags)
+
+    _use_driver(monkeypatch, ImportFirstDriver(bytes(range(1, 17))))
     imported: list[str] = []
 
     def slow_import(name: str) -> object:
@@ -183,7 +191,8 @@ def test_cuda_context_plugin_imports_cupy_in_the_background(monkeypatch):
     worker = types.SimpleNamespace(name="w")
     plugin.setup(worker)
     assert plugin.uuid == plugin.expected_uuid and plugin.seconds is not None
-    assert started.wait(10) and imported == []  # setup did not wait for the import
+    assert seen_by_cuinit == [True]  # the import was under way when the driver started
+    assert imported == []  # setup did not wait for the import
     release.set()
     plugin.teardown(worker)
     assert imported == ["cupy"] and plugin.importer is None
