@@ -289,5 +289,5 @@ def test_against_jit_unspill_off_passes_the_new_dask_cuda_check(
     path = fake_dask_cuda(tmp_path / "dc", "26.10.00", proxy_object=False)
     args = ("spill", *CPU, "--against", "dask-cuda", "--dask-cuda-path", str(path))
     assert "JIT-unspill" in one_line_error(*invoke(*args, "--against-jit-unspill", "on"))
-    code, out = invoke(*args, "--jit-unspill", "both", "--against-jit-unspill", "off")
+    _, out = invoke(*args, "--jit-unspill", "both", "--against-jit-unspill", "off")
     assert "JIT-unspill" not in out

@@ -513,7 +513,7 @@ def test_startup_rounds_go_through_the_variants_in_turn(monkeypatch: pytest.Monk
                 "process_wall_s": 0.1}
 
     monkeypatch.setattr(harness, "spawn_runner", runner)
-    monkeypatch.setattr(harness.environment, "machine", lambda: {})
+    monkeypatch.setattr(harness.environment, "machine", dict)
     variants = [spec.Variant("dict"), spec.Variant("cudask", None),
                 spec.Variant("cudask", limit_set=False)]
     target = harness.Target(sys.executable)
@@ -547,7 +547,7 @@ def test_processes_take_turns_and_pool_their_repetitions(monkeypatch: pytest.Mon
                 "process_wall_s": 0.1}
 
     monkeypatch.setattr(harness, "spawn_runner", runner)
-    monkeypatch.setattr(harness.environment, "machine", lambda: {})
+    monkeypatch.setattr(harness.environment, "machine", dict)
     target = harness.Target(sys.executable)
     plan = harness.Plan(
         workload="cupy", variants=[spec.Variant("cudask", 1 << 30), spec.Variant("cudask", 1 << 30, jit_unspill=True)],

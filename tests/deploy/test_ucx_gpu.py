@@ -16,7 +16,7 @@ def _device_sum(n: int) -> float:
     return float(cupy.arange(n, dtype="float64").sum())
 
 
-def _make(n: int):  # noqa: ANN202 - a CuPy array
+def _make(n: int):
     import cupy
 
     return cupy.arange(n, dtype="float64")

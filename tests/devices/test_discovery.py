@@ -2,7 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-from cudask.devices import cuda_visible_devices, discover, parse_visible_devices, require_gpus, rotate
+from cudask.devices import (
+    cuda_visible_devices,
+    discover,
+    parse_visible_devices,
+    require_gpus,
+    rotate,
+)
 from cudask.errors import DeviceError, NoGPUError
 from cudask.testing import FakeBackend, fake_gpu
 

@@ -55,8 +55,8 @@ def _render(reports: dict[str, dict[str, Any]]) -> str:
         context_text = f", context created in {context:.2f} s" if context is not None else ""
         lines += [
             f"worker {r['name']} at {address}",
-            f"  GPU              {r['gpu']} (CUDA_VISIBLE_DEVICES="
-            f"{r['cuda_visible_devices']}{context_text})",
+            (f"  GPU              {r['gpu']} (CUDA_VISIBLE_DEVICES="
+             f"{r['cuda_visible_devices']}{context_text})"),
             f"  CPU affinity     {format_cpus(r['cpu_affinity'])}",
             f"  threads          {r['nthreads']}",
             f"  memory limit     host {size(r['memory_limit'])}, device {size(r['device_memory_limit'])}",

@@ -89,7 +89,7 @@ def demo(device_memory_limit: str, size_factor: float, chunk: str, dashboard_add
         total_limit = sum(x or 0 for x in limits)
         n = len(cluster.worker_spec)
         target = int(total_limit * size_factor) if total_limit else 8 * n * chunk_bytes
-        side = int(math.isqrt(chunk_bytes // 8))
+        side = math.isqrt(chunk_bytes // 8)
         blocks = max(n, math.ceil(target / (side * side * 8)))
         rows = max(1, math.isqrt(blocks))
         cols = math.ceil(blocks / rows)

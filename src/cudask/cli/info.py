@@ -25,8 +25,8 @@ def render(machine: Machine) -> str:
         why = machine.nvml_error or "NVML lists no GPU"
         return f"No NVIDIA GPU found ({why}).\nCPUs this process may use: {format_cpus(machine.allowed_cpus)}"
     lines = [
-        f"NVIDIA driver {machine.driver_version}, CUDA {machine.cuda_version}, "
-        f"{len(machine.gpus)} GPU(s); CPUs this process may use: {format_cpus(machine.allowed_cpus)}",
+        (f"NVIDIA driver {machine.driver_version}, CUDA {machine.cuda_version}, "
+         f"{len(machine.gpus)} GPU(s); CPUs this process may use: {format_cpus(machine.allowed_cpus)}"),
     ]
     header = ("GPU", "Name", "Memory (free/total)", "PCI bus", "NUMA", "CPU affinity", "NICs", "UUID")
     rows = [header]

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import click
 
-from cudask.cli.errors import UserErrorGroup
 from cudask.cli.bench import bench
 from cudask.cli.config import config
 from cudask.cli.demo import demo
+from cudask.cli.errors import UserErrorGroup
 from cudask.cli.info import info
 from cudask.cli.worker import worker
 

@@ -70,7 +70,7 @@ class LocalCUDACluster(LocalCluster):
 
     def __init__(
         self,
-        CUDA_VISIBLE_DEVICES: str | int | Sequence[str | int] | None = None,  # noqa: N803
+        CUDA_VISIBLE_DEVICES: str | int | Sequence[str | int] | None = None,
         n_workers: int | None = None,
         **kwargs: Any,
     ) -> None:

@@ -16,7 +16,8 @@ import asyncio
 import inspect
 import os
 from collections.abc import Generator
-from typing import Any
+from pathlib import Path
+from typing import Any, Self
 
 import dask.config
 from distributed import Nanny, Worker
@@ -148,7 +149,7 @@ class CUDAWorker:
             os.environ.setdefault(var, value)
         return cls(scheduler, **opts)
 
-    async def _start(self) -> CUDAWorker:
+    async def _start(self) -> Self:
         method = self.options.multiprocessing_method
         if method == "forkserver":
             import multiprocessing.forkserver
@@ -157,14 +158,13 @@ class CUDAWorker:
         with dask.config.set({"distributed.worker.multiprocessing-method": method}):
             await asyncio.gather(*self.nannies)
         if self.options.pid_file:
-            with open(self.options.pid_file, "w") as f:
-                f.write(str(os.getpid()))
+            await asyncio.to_thread(Path(self.options.pid_file).write_text, str(os.getpid()))
         return self
 
-    def __await__(self) -> Generator[Any, None, CUDAWorker]:
+    def __await__(self) -> Generator[Any, None, Self]:
         return self._start().__await__()
 
-    async def __aenter__(self) -> CUDAWorker:
+    async def __aenter__(self) -> Self:
         return await self._start()
 
     async def __aexit__(self, *exc: object) -> None:

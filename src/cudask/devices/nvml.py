@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 from cudask.devices import topology
@@ -104,10 +105,10 @@ class NVMLBackend:
             return ()
         out = []
         for i in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
-            mh = self._maybe(lambda i=i: nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, i))
+            mh = self._maybe(partial(nv.nvmlDeviceGetMigDeviceHandleByIndex, handle, i))
             if mh is None:
                 continue
-            mem = self._maybe(lambda mh=mh: nv.nvmlDeviceGetMemoryInfo(mh))
+            mem = self._maybe(partial(nv.nvmlDeviceGetMemoryInfo, mh))
             out.append(
                 MIGInstance(
                     index=i,

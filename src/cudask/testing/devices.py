@@ -93,7 +93,7 @@ class FakeBackend:
                 i,
                 memory_total=memory,
                 numa_node=0 if i < n // 2 else 1,
-                cpus=range(0, per_node) if i < max(n // 2, 1) else range(per_node, cores),
+                cpus=range(per_node) if i < max(n // 2, 1) else range(per_node, cores),
             )
             for i in range(n)
         ]

@@ -126,7 +126,7 @@ def _import_all(modules: Sequence[str]) -> None:
     for module in modules:
         try:
             importlib.import_module(module)
-        except Exception as exc:  # the task that needs it will raise it
+        except Exception as exc:  # noqa: BLE001 - the task that needs it will raise it
             logger.debug("background import of %s failed: %s", module, exc)
 
 
