@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -71,3 +72,19 @@ def in_threads() -> Callable[[Callable[[int], None], int], list[BaseException]]:
     """`in_threads(work, count)`: run work(0) .. work(count - 1) at once, each in its own
     thread; returns what they raised."""
     return _in_threads
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+@pytest.fixture
+def wait_for() -> Callable[..., bool]:
+    """`wait_for(condition, timeout=10)`: poll until condition() holds or the time is up;
+    returns its last value (for work a background thread finishes)."""
+    return _wait_for

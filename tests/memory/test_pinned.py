@@ -13,6 +13,8 @@ from cudask.memory.pinned import HostBlock, PinnedMemoryWarning, PinnedPool
 from cudask.memory.transfer import TransferEngine
 from cudask.testing.fake_cuda import FakeCopyBackend
 
+WaitFor = Callable[..., bool]
+
 InThreads = Callable[[Callable[[int], None], int], list[BaseException]]
 
 KiB = 1024
@@ -181,16 +183,7 @@ def test_background_growth_stops_at_the_capacity() -> None:
     pool.close()
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
-
-
-def test_idle_slabs_go_back_to_the_driver_after_release_after() -> None:
+def test_idle_slabs_go_back_to_the_driver_after_release_after(wait_for: WaitFor) -> None:
     backend = FakeCopyBackend()
     pool = PinnedPool(backend, 256 * KiB, 16 * KiB, release_after=0.05)
     blocks = [pool.allocate(16 * KiB) for _ in range(3)]  # three slabs, pinned inline
@@ -199,12 +192,12 @@ def test_idle_slabs_go_back_to_the_driver_after_release_after() -> None:
     for b in blocks:
         b.release()
     # the two wholly free slabs go; the one holding `kept` stays
-    assert _wait_for(lambda: pool.reserved == 16 * KiB)
+    assert wait_for(lambda: pool.reserved == 16 * KiB)
     assert backend.pinned_bytes == 16 * KiB and pool.stats()["pinned-released-bytes"] == 32 * KiB
     kept.view[:4] = b"kept"
     assert bytes(kept.view[:4]) == b"kept"
     kept.release()
-    assert _wait_for(lambda: pool.reserved == 0) and backend.pinned == {}
+    assert wait_for(lambda: pool.reserved == 0) and backend.pinned == {}
     again = pool.allocate(8 * KiB)  # pinned again when needed
     assert again.pinned and pool.reserved == 16 * KiB
     pool.close()
@@ -220,7 +213,9 @@ def test_slabs_stay_pinned_without_release_after() -> None:
     pool.close()
 
 
-def test_background_growth_keeps_its_start_goal_and_headroom_when_releasing() -> None:
+def test_background_growth_keeps_its_start_goal_and_headroom_when_releasing(
+    wait_for: WaitFor,
+) -> None:
     backend = FakeCopyBackend()
     pool = PinnedPool(backend, 256 * KiB, 16 * KiB, release_after=0.05)
     pool.start_background(16 * KiB, headroom=16 * KiB)
@@ -238,7 +233,7 @@ def test_background_growth_keeps_its_start_goal_and_headroom_when_releasing() ->
     for b in held:
         b.release()
     # keeps max(start goal, in use + headroom) = one slab, and does not grow back
-    assert _wait_for(lambda: pool.reserved == 16 * KiB)
+    assert wait_for(lambda: pool.reserved == 16 * KiB)
     time.sleep(0.2)
     assert pool.reserved == 16 * KiB and pool.goal == 16 * KiB
     assert pool.allocate(16 * KiB).pinned

@@ -21,6 +21,7 @@ from cudask.memory.store import TieredStore, worker_metrics
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray, as_numpy
 
 MakeStore = Callable[..., TieredStore]
+WaitFor = Callable[..., bool]
 InThreads = Callable[[Callable[[int], None], int], list[BaseException]]
 
 
@@ -280,13 +281,13 @@ def test_spill_log_reaches_a_worker_log() -> None:
     assert store.moves.isEnabledFor(logging.INFO)
 
 
-def test_background_spilling_keeps_the_tier_below_target(make_store: MakeStore) -> None:
+def test_background_spilling_keeps_the_tier_below_target(
+    make_store: MakeStore, wait_for: WaitFor
+) -> None:
     store = make_store(device_memory_limit=1000, spill_target=0.5, background=True)
     for i in range(9):
         store[i] = dev(100, i)  # 900 bytes: below the limit, above the target
-    deadline = time.monotonic() + 5
-    while store.device_bytes > 500 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: store.device_bytes <= 500, timeout=5)
     assert store.device_bytes <= 500
     assert store._thread is not None and store._thread.name == "cudask-spill"
     for i in range(9):
@@ -389,7 +390,9 @@ def test_pinned_pool_size_from_config(make_store: MakeStore) -> None:
     assert store.settings.pinned_pool_size == 5000
 
 
-def test_idle_pinned_memory_goes_back_after_pinned_release_after(make_store: MakeStore) -> None:
+def test_idle_pinned_memory_goes_back_after_pinned_release_after(
+    make_store: MakeStore, wait_for: WaitFor
+) -> None:
     backend = FakeCopyBackend()
     store = make_store(device_memory_limit=1 << 16, backend=backend,
                        pinned_release_after="50ms")
@@ -399,9 +402,7 @@ def test_idle_pinned_memory_goes_back_after_pinned_release_after(make_store: Mak
     assert (store[1].get() == 1).all()  # read back while the pool holds it
     for i in range(4):
         del store[i]
-    deadline = time.monotonic() + 10
-    while store.metrics()["pinned-reserved-bytes"] and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: not store.metrics()["pinned-reserved-bytes"])
     m = store.metrics()
     assert m["pinned-reserved-bytes"] == 0 and m["pinned-released-bytes"] >= 3 << 16
     assert backend.pinned == {}

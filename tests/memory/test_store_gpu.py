@@ -8,7 +8,7 @@ Each library is skipped when it is not installed.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -287,10 +287,10 @@ def test_spill_device_and_peek_on_gpu(store: TieredStore) -> None:
     assert bool((store[0] == 0).all())
 
 
-def test_idle_pinned_slabs_go_back_and_copy_times_come_from_events(tmp_path: Any) -> None:
+def test_idle_pinned_slabs_go_back_and_copy_times_come_from_events(
+    tmp_path: Any, wait_for: Callable[..., bool]
+) -> None:
     cp = pytest.importorskip("cupy")
-    import time
-
     s = TieredStore(device_memory_limit=64 * MiB, memory_limit=512 * MiB, local_directory=str(tmp_path),
                     pinned_pool_size=256 * MiB, pinned_slab_size=32 * MiB, pinned_preallocate=False,
                     pinned_release_after=0.2)
@@ -305,9 +305,7 @@ def test_idle_pinned_slabs_go_back_and_copy_times_come_from_events(tmp_path: Any
         assert m["unspill-host-to-device-wait-seconds"] > 0
         for i in range(16):
             del s[i]
-        deadline = time.monotonic() + 10
-        while s.metrics()["pinned-reserved-bytes"] and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: not s.metrics()["pinned-reserved-bytes"])
         m = s.metrics()
         assert m["pinned-reserved-bytes"] == 0 and m["pinned-released-bytes"] >= 64 * MiB
         for i in range(8):  # pinned again on demand, values intact

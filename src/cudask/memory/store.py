@@ -161,8 +161,8 @@ class TieredStore(MutableMapping[Key, object]):
     backend:
         The CUDA boundary (`cudask.memory.transfer.CopyBackend`); default: CuPy,
         created when the first copy is needed. Tests inject a fake one.
-    pinned_pool_size, pinned_slab_size, pinned_preallocate, spill_target,
-    background:
+    pinned_pool_size, pinned_slab_size, pinned_preallocate, pinned_release_after,
+    spill_target, background:
         Override the `cudask.memory.*` config keys of the same names
         (`background` is `memory.background-spill`).
     """
