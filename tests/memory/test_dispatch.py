@@ -195,6 +195,7 @@ def test_host_copy_pickles_out_of_band_and_rebuilds(engine: TransferEngine) -> N
 def test_host_copy_returns_its_pinned_block_when_it_dies() -> None:
     backend = FakeCopyBackend(lag=1000)
     pool = PinnedPool(backend, 1 << 16, 1 << 16)
+    pool.preallocate()
     engine = TransferEngine(backend, pool)
     copy = dispatch.to_host(arange(100), engine)
     assert copy.pinned() and pool.in_use == 1024

@@ -32,6 +32,12 @@ def test_defaults_come_from_the_config():
     with dask.config.set({"cudask.memory.pinned-release-after": False}):
         assert store_settings(1 << 30, 10 << 30).pinned_release_after is None
     assert store_settings(None, 10 << 30).pinned_pool_size == 0  # "auto" without a device limit
+    assert s.pinned_method == "auto" and s.pinned_available_fraction == 0.5
+    assert s.pinned_headroom == 1 << 30  # "auto": the device limit, at most 8 GiB
+    assert store_settings(64 << 30, 200 << 30).pinned_headroom == 8 << 30
+    assert store_settings(None, 10 << 30).pinned_headroom == 0
+    assert s.populate_threads is None  # "auto"
+    assert store_settings(1 << 30, 10 << 30, populate_threads=4).populate_threads == 4
 
 
 @pytest.mark.parametrize(
@@ -39,7 +45,13 @@ def test_defaults_come_from_the_config():
     [("spill-target", 1.5, "spill-target=1.5"), ("spill-target", "high", "spill-target='high'"),
      ("pinned-pool-size", "lots", "pinned-pool-size"), ("pinned-slab-size", "big", "pinned-slab-size"),
      ("pinned-preallocate", "some", "pinned-preallocate"),
-     ("pinned-release-after", "later", "pinned-release-after")],
+     ("pinned-release-after", "later", "pinned-release-after"),
+     ("pinned-method", "mlock", "pinned-method='mlock'; accepted: auto, register, host-alloc"),
+     ("pinned-headroom", "plenty", "pinned-headroom"),
+     ("pinned-available-fraction", 0, "pinned-available-fraction=0 must be a fraction"),
+     ("pinned-available-fraction", "half", "pinned-available-fraction='half'"),
+     ("populate-threads", 0, "populate-threads=0; accepted: \"auto\" or an integer >= 1"),
+     ("populate-threads", "many", "populate-threads='many'")],
 )
 def test_bad_config_values_name_the_key(key, value, match):
     with dask.config.set({f"cudask.memory.{key}": value}), pytest.raises(OptionError, match=match):

@@ -37,7 +37,9 @@ def store(tmp_path: Any) -> Iterator[TieredStore]:
     s.close()
 
 
-def test_cupy_spill_beyond_limit_and_read_back(store: TieredStore) -> None:
+def test_cupy_spill_beyond_limit_and_read_back(
+    store: TieredStore, wait_for: Callable[..., bool]
+) -> None:
     cp = pytest.importorskip("cupy")
     n = 24  # 24 x 8 MiB = 192 MiB through a 64 MiB device tier and 96 MiB host tier
     for i in range(n):
@@ -51,7 +53,7 @@ def test_cupy_spill_beyond_limit_and_read_back(store: TieredStore) -> None:
     m = store.metrics()
     assert m["spill-device-to-host-count"] >= n - 8
     assert m["unspill-host-to-device-count"] > 0
-    assert m["pinned-reserved-bytes"] > 0
+    assert wait_for(lambda: store.metrics()["pinned-reserved-bytes"] > 0, timeout=60)
 
 
 def test_cupy_views_strides_and_dtypes(store: TieredStore) -> None:
@@ -106,14 +108,43 @@ def test_a_column_of_a_chunk_moves_only_the_column(store: TieredStore) -> None:
     np.testing.assert_array_equal(cp.asnumpy(got), cp.asnumpy(column))
 
 
-def test_copies_land_in_pinned_memory(store: TieredStore) -> None:
+def test_copies_land_in_memory_pinned_ahead(
+    store: TieredStore, wait_for: Callable[..., bool]
+) -> None:
     cp = pytest.importorskip("cupy")
     store["a"] = cp.ones(16 * MiB, dtype="u1")
-    store["b"] = cp.ones(60 * MiB, dtype="u1")  # evicts "a"
+    store["c"] = cp.ones(20 * MiB, dtype="u1")  # past half the limit: pinned ahead
+    assert wait_for(lambda: store.metrics().get("pinned-reserved-bytes", 0) >= 16 * MiB,
+                    timeout=60)
+    assert store.engine.pool.method == "register"  # registered anonymous memory
+    store["b"] = cp.ones(40 * MiB, dtype="u1")  # evicts "a"
     copy = store._host["a"]
     assert isinstance(copy, dispatch.HostCopy) and copy.pinned()
     assert store.engine.backend.is_pinned(copy.blocks[0].ptr)
     assert store.metrics()["pageable-fallback-count"] == 0
+    assert bool((store["a"] == 1).all())
+
+
+def test_fallback_blocks_are_registered_later(tmp_path: Any, wait_for: Callable[..., bool]) -> None:
+    cp = pytest.importorskip("cupy")
+    s = TieredStore(device_memory_limit=8 * MiB, memory_limit=None, pinned_pool_size=64 * MiB,
+                    pinned_slab_size=32 * MiB, pinned_preallocate=False,
+                    local_directory=str(tmp_path))
+    try:
+        s[0] = cp.full(MiB, 0.5, dtype="f8")
+        s[1] = cp.full(MiB, 1.5, dtype="f8")  # spills 0 at once: nothing pinned yet
+        copy = s.peek_host_copy(0)
+        assert isinstance(copy, dispatch.HostCopy)
+        copy.wait()
+        assert (np.frombuffer(copy.blocks[0].view, dtype="f8") == 0.5).all()
+        # the fallback block's own memory is registered by the pool's thread
+        assert wait_for(copy.pinned, timeout=60)
+        assert s.engine.backend.is_pinned(copy.blocks[0].ptr)
+        assert s.metrics()["pageable-registered-bytes"] >= 8 * MiB
+        del copy
+        assert bool((s[0] == 0.5).all()) and bool((s[1] == 1.5).all())
+    finally:
+        s.close()
 
 
 def test_pinned_pool_exhaustion_falls_back(tmp_path: Any) -> None:
@@ -121,9 +152,11 @@ def test_pinned_pool_exhaustion_falls_back(tmp_path: Any) -> None:
     from cudask.memory.pinned import PinnedMemoryWarning
 
     s = TieredStore(device_memory_limit=8 * MiB, memory_limit=None, pinned_pool_size=8 * MiB,
-                    pinned_slab_size=8 * MiB, pinned_preallocate=False,
+                    pinned_slab_size=8 * MiB, pinned_preallocate=True,
                     local_directory=str(tmp_path))
     try:
+        assert s.engine.pool.wait_ready(timeout=60)
+
         def fill() -> None:
             for i in range(4):
                 s[i] = cp.full(MiB, i, dtype="f8")
@@ -297,7 +330,7 @@ def test_idle_pinned_slabs_go_back_and_copy_times_come_from_events(
     try:
         for i in range(16):  # 16 x 16 MiB through a 64 MiB device tier
             s[i] = cp.full(2 * MiB, i, dtype="f8")
-        assert s.metrics()["pinned-reserved-bytes"] >= 64 * MiB
+        assert wait_for(lambda: s.metrics()["pinned-reserved-bytes"] >= 64 * MiB, timeout=60)
         assert all(bool((s[i] == i).all()) for i in range(16))
         m = s.metrics()
         # the copies' own time between their CUDA events
@@ -311,6 +344,6 @@ def test_idle_pinned_slabs_go_back_and_copy_times_come_from_events(
         for i in range(8):  # pinned again on demand, values intact
             s[i] = cp.full(2 * MiB, i, dtype="f8")
         assert all(bool((s[i] == i).all()) for i in range(8))
-        assert s.metrics()["pinned-reserved-bytes"] > 0
+        assert wait_for(lambda: s.metrics()["pinned-reserved-bytes"] > 0, timeout=60)
     finally:
         s.close()

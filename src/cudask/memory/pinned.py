@@ -1,38 +1,44 @@
 """A pool of pinned (page-locked) host memory for device -> host copies.
 
-Covers: `PinnedPool`, which reserves page-locked host memory from a
-`CopyBackend` in large slabs (cudaHostAlloc is slow: about 0.5 s per GiB on a
-VM, so it is done rarely), carves blocks out of the slabs first-fit,
-coalesces them on release, and falls back to ordinary (pageable) host memory -
-with one warning per cause - when the pool's capacity is reached, the driver
-refuses to pin more, or (in background mode) no pinned slab is ready yet; and
-`HostBlock`, one block of host memory with its address and a memoryview.
+Covers: `PinnedPool`, which keeps page-locked host memory in slabs, carves
+blocks out of them first-fit and coalesces them on release; `HostBlock`, one
+block of host memory with its address and a memoryview.
 
-Two ways to grow:
+How memory becomes pinned (`method`, measured on an H100 VM, issue 13):
 
-- inline (default): `allocate` reserves a new slab itself when none has room,
-  so the copy that needs it waits for the pinning;
-- background (`start_background(goal)`): a daemon thread ("cudask-pinned")
-  reserves slabs up to `goal`, then keeps `headroom` bytes free ahead of use,
-  up to the capacity. `allocate` never pins: a request that finds no free
-  pinned range asks the thread for more and gets pageable memory for this one
-  block (counted in `pageable-fallback-warmup-bytes`), since a pageable copy
-  of one chunk (~25 ms per 256 MiB) beats waiting for a slab (~0.5 s per GiB).
+- "register" (default where Linux allows): anonymous memory advised for huge
+  pages and faulted in by several threads (`cudask.memory.hostmem`), then
+  registered with the driver (cudaHostRegister, 33-37 GB/s for such memory).
+  The next slab is faulted in while the current one is registered. 6-7 GB/s
+  on memory the VM never touched, 26-28 GB/s on memory it had;
+- "host-alloc": cudaHostAlloc, which faults pages in one thread: 1.25 GB/s.
 
-Giving memory back (`release_after` seconds): a slab that has been wholly
-free for that long returns to the driver, newest first, keeping what
-background growth was asked to hold ready (its start goal, and `headroom`
-beyond the bytes in use). Without it, slabs stay pinned until `close()`.
-The pool's thread ("cudask-pinned") does it; it runs in inline mode too when
-`release_after` is set.
+If registration fails, the pool warns once naming the cause and goes on
+with "host-alloc".
 
-Does not cover: copying (`cudask.memory.transfer`) or deciding when memory is
+The copy path never waits for pinning. A daemon thread ("cudask-pinned")
+reserves slabs up to a goal: the start goal (`start_background`) and what
+the store asks to have free ahead of its spills (`ensure_free`). `allocate`
+only carves: a request that finds no free pinned range asks the thread for
+more and gets a fallback block for this one copy: memory faulted in by the
+same threads (a device -> host copy into it runs ~11 GB/s, against ~2.4 GB/s
+into fresh pageable memory), which the thread registers later, when it has
+nothing else to do, so the copy back to the device runs at pinned speed.
+
+Footprint: reserved slabs never exceed `capacity`, nor `available_fraction`
+of the memory that would be available without them (MemAvailable plus what
+the pool holds), checked before every slab. A slab wholly free for
+`release_after` seconds goes back to the operating system, newest first,
+keeping the start goal; without `release_after` slabs stay until `close()`.
+
+Does not cover: copying (`cudask.memory.transfer`) or deciding how much is
 needed (`cudask.memory.store`).
 
 Threading: every method of `PinnedPool` is thread-safe (one lock and a
-condition on it; the slow cudaHostAlloc of a new slab runs outside it). A block must not be released
-while a copy into or out of it is in flight: `HostBlock.release(after=copy)`
-defers the release until the copy has completed.
+condition on it; faulting in and registering run outside it). A block must
+not be released while a copy into or out of it is in flight:
+`HostBlock.release(after=copy)` defers the release until the copy has
+completed.
 """
 
 from __future__ import annotations
@@ -42,11 +48,16 @@ import logging
 import threading
 import time
 import warnings
+import weakref
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy
 
+from cudask.memory import hostmem
 from cudask.memory.transfer import CopyBackend, memoryview_at
 
 if TYPE_CHECKING:
@@ -55,6 +66,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ALIGNMENT = 256
+METHODS = ("auto", "register", "host-alloc")
+# fallback blocks from this size on are faulted-in mappings (registered later)
+MAPPED_FALLBACK_FROM = 1 << 20
 
 
 class PinnedMemoryWarning(RuntimeWarning):
@@ -65,10 +79,22 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or "out of memory" in text or "memoryallocation" in text
+
+
+def _available_memory() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
 @dataclass
 class _Slab:
     ptr: int
     size: int
+    registered: bool  # cudaHostRegister'ed mapping (else cudaHostAlloc)
     # free ranges: sorted offsets and their sizes
     free_offsets: list[int] = field(default_factory=list)
     free_sizes: list[int] = field(default_factory=list)
@@ -117,6 +143,37 @@ class _Slab:
         return max(self.free_sizes, default=0)
 
 
+class _Mapping:
+    """A faulted-in anonymous mapping behind one fallback block; registered with
+    the driver later by the pool's thread. Unregistered and unmapped when it dies."""
+
+    __slots__ = ("__weakref__", "_state", "ptr", "size")
+
+    def __init__(self, ptr: int, size: int) -> None:
+        self.ptr = ptr
+        self.size = size
+        # [backend that registered it, or None]: read by the finalizer
+        self._state: list[CopyBackend | None] = [None]
+        weakref.finalize(self, _Mapping._free, ptr, size, self._state)
+
+    @property
+    def registered(self) -> bool:
+        return self._state[0] is not None
+
+    def mark_registered(self, backend: CopyBackend) -> None:
+        self._state[0] = backend
+
+    @staticmethod
+    def _free(ptr: int, size: int, state: list[CopyBackend | None]) -> None:
+        backend = state[0]
+        if backend is not None:
+            try:
+                backend.unregister_host(ptr)
+            except Exception:
+                logger.debug("cudask: unregistering %#x failed", ptr, exc_info=True)
+        hostmem.unmap(ptr, size)
+
+
 class HostBlock:
     """`nbytes` of host memory at `ptr` (pinned or pageable), viewable as `view`."""
 
@@ -124,11 +181,11 @@ class HostBlock:
         "__weakref__",
         "_keepalive",
         "_offset",
+        "_pinned",
         "_pool",
         "_size",
         "_slab",
         "nbytes",
-        "pinned",
         "ptr",
         "released",
     )
@@ -147,7 +204,7 @@ class HostBlock:
     ) -> None:
         self.ptr = ptr
         self.nbytes = nbytes
-        self.pinned = pinned
+        self._pinned = pinned
         self.released = False
         self._pool = pool
         self._slab = slab
@@ -161,12 +218,31 @@ class HostBlock:
         return cls(int(array.ctypes.data), nbytes, pinned=False, keepalive=array)
 
     @classmethod
+    def mapped(cls, nbytes: int, threads: int | None = None) -> HostBlock:
+        """Pageable memory already faulted in by `threads` threads (falls back to
+        `pageable` where the kernel refuses or mappings are unavailable)."""
+        if not hostmem.available():
+            return cls.pageable(nbytes)
+        try:
+            ptr = hostmem.map_populated(nbytes, threads=threads)
+        except hostmem.HostMemoryError:
+            return cls.pageable(nbytes)
+        return cls(ptr, nbytes, pinned=False, keepalive=_Mapping(ptr, nbytes))
+
+    @classmethod
     def wrap(cls, buffer: Any) -> HostBlock:
         """A block over an existing host buffer (e.g. bytes read back from disk)."""
         from cudask.memory.transfer import address_of
 
         view = memoryview(buffer)
         return cls(address_of(view), view.nbytes, pinned=False, keepalive=view)
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the block is page-locked now: a fallback block becomes so once
+        the pool's thread has registered its mapping."""
+        mapping = self._keepalive
+        return self._pinned or (isinstance(mapping, _Mapping) and mapping.registered)
 
     @property
     def view(self) -> memoryview:
@@ -179,7 +255,7 @@ class HostBlock:
         return memoryview_at(self.ptr, self.nbytes)
 
     def release(self, after: Copy | None = None) -> None:
-        """Give the memory back (to the pool, or to Python's allocator), once
+        """Give the memory back (to the pool, or to the operating system), once
         `after` - a copy into or out of this block - has completed."""
         if self.released:
             return
@@ -197,13 +273,14 @@ class HostBlock:
 
 
 class PinnedPool:
-    """Pinned host memory up to `capacity` bytes, reserved `slab_size` at a time.
+    """Pinned host memory up to `capacity` bytes, reserved `slab_size` at a time
+    by a background thread; see the module docstring.
 
-    `allocate(n)` returns a block from a slab with room, else reserves a new slab
-    (of `max(slab_size, n)` rounded to the slab size) if the capacity allows and
-    the driver agrees, else returns pageable memory and warns once. Released
-    blocks return to their slab; a slab wholly free for `release_after` seconds
-    returns to the driver (None: slabs are kept until `close()`).
+    `method`: "auto" (register where possible), "register" or "host-alloc".
+    `available`: bytes of host memory available now (default: psutil's
+    MemAvailable); `available_fraction`: the most of it (plus what the pool
+    holds) the pool pins. `populate_threads`: threads faulting memory in
+    (None: `hostmem.default_threads()`).
     """
 
     def __init__(
@@ -214,15 +291,29 @@ class PinnedPool:
         *,
         alignment: int = ALIGNMENT,
         release_after: float | None = None,
+        method: str = "auto",
+        available: Callable[[], int] | None = None,
+        available_fraction: float = 0.5,
+        populate_threads: int | None = None,
     ) -> None:
         if capacity < 0 or slab_size < 0:
             raise ValueError(f"capacity={capacity} and slab_size={slab_size} must be >= 0")
         if release_after is not None and release_after < 0:
             raise ValueError(f"release_after={release_after} must be >= 0 seconds or None")
+        if method not in METHODS:
+            raise ValueError(f"method={method!r}; accepted: {', '.join(METHODS)}")
+        if not 0 < available_fraction <= 1:
+            raise ValueError(f"available_fraction={available_fraction} must be in (0, 1]")
         self.backend = backend
         self.capacity = capacity if backend is not None else 0
         self.slab_size = max(_round_up(slab_size or capacity or 1, alignment), alignment)
         self.alignment = alignment
+        if method == "auto":
+            method = "register" if hostmem.available() else "host-alloc"
+        self.method = method
+        self.available = available or _available_memory
+        self.available_fraction = available_fraction
+        self.populate_threads = populate_threads
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._slabs: list[_Slab] = []
@@ -235,67 +326,71 @@ class PinnedPool:
         self.pageable_blocks = 0
         self.pageable_bytes = 0
         self.warmup_fallback_bytes = 0
-        # the pool's thread: background growth and giving idle slabs back
+        # the pool's thread: growth, registering fallback blocks, giving idle slabs back
         self._thread: threading.Thread | None = None
-        self._grow_ahead = False  # background growth (start_background was called)
-        self.goal = 0  # bytes the background thread reserves up to
+        self._mapper: ThreadPoolExecutor | None = None  # faults the next slab in
+        self._premapped: Future[int] | None = None
+        self._premapped_size = 0
+        self.goal = 0  # bytes the thread reserves up to
         self.keep = 0  # the start goal: never given back
         self.headroom = 0
-        self.pin_seconds = 0.0
-        self._big = 0  # a request larger than a slab, for the background thread
+        self._big = 0  # a request larger than a slab, for the thread
         self.release_after = release_after
         self.released_bytes = 0
         self._releasing = 0  # bytes out of the pool, being returned to the driver
+        # fallback blocks waiting to be registered (weak: they may die first)
+        self._to_register: deque[weakref.ref[_Mapping]] = deque()
+        self.registered_fallback = 0  # bytes of fallback blocks registered, still alive
+        # provisioning figures: bytes made ready and the seconds it took
+        self.provisioned_bytes = 0
+        self.provision_seconds = 0.0
+        self.upgraded_bytes = 0
+        self.upgrade_seconds = 0.0
 
     # -- introspection -------------------------------------------------------------
     @property
     def reserved(self) -> int:
-        """Bytes of pinned memory reserved from the driver (and not yet given back)."""
+        """Bytes of pinned memory reserved in slabs (and not yet given back)."""
         return sum(slab.size for slab in self._slabs) + self._releasing
 
     @property
     def slabs(self) -> int:
         return len(self._slabs)
 
-    # -- allocation ----------------------------------------------------------------
     @property
     def background(self) -> bool:
-        """Whether slabs are reserved by the background thread, never by `allocate`."""
-        return self._grow_ahead
+        """Always true: slabs are reserved by the pool's thread, never by `allocate`."""
+        return True
 
+    # -- allocation ----------------------------------------------------------------
     def allocate(self, nbytes: int) -> HostBlock:
-        """A block of at least `nbytes`; pinned when the pool can serve it."""
+        """A block of at least `nbytes`: pinned when a free pinned range is ready,
+        else a fallback block (never waits for pinning)."""
         if nbytes == 0 or self.capacity == 0:
-            return self._pageable(nbytes, reason=None)
+            return HostBlock.pageable(nbytes)
         size = _round_up(nbytes, self.alignment)
         self._collect()
         with self._lock:
             block = self._take(nbytes, size)
             if block is not None:
-                if self._grow_ahead:
-                    self._ask_ahead(0)
+                self._ask_ahead(0)
                 return block
-            if self._grow_ahead and self._can_grow(size):
-                # Never wait for cudaHostAlloc on the copy path: ask the background
-                # thread for more and use pageable memory for this block.
-                self._ask_ahead(size)
-                return self._pageable_locked(nbytes, "warmup")
-        if not self._grow_ahead and self._grow(size):
-            with self._lock:
-                block = self._take(nbytes, size)
-                if block is not None:
-                    return block
-        # Copies still in flight may be holding blocks: wait for them and retry.
+        # Copies still in flight may be holding blocks (for milliseconds at bus
+        # speed): wait for them and retry before falling back.
         if self._collect(wait=True):
             with self._lock:
                 block = self._take(nbytes, size)
                 if block is not None:
                     return block
-        return self._pageable(nbytes, reason="refused" if self._pin_failed else "full")
+        with self._lock:
+            reason = self._why_not(size)
+            if reason == "warmup":
+                self._ask_ahead(size)
+        return self._fallback(nbytes, reason)
 
     def preallocate(self, nbytes: int | None = None) -> int:
-        """Reserve slabs up to `nbytes` (default: the capacity) ahead of need, in
-        the calling thread; return the bytes reserved."""
+        """Reserve slabs up to `nbytes` (default: the capacity) in the calling
+        thread; return the bytes reserved."""
         goal = self.capacity if nbytes is None else min(nbytes, self.capacity)
         while (remaining := goal - self.reserved - self._reserving) >= self.alignment:
             if not self._grow(min(self.slab_size, remaining - remaining % self.alignment)):
@@ -303,18 +398,30 @@ class PinnedPool:
         return self.reserved
 
     def start_background(self, goal: int, headroom: int | None = None) -> None:
-        """Switch to background growth: a daemon thread reserves slabs up to
-        `goal` bytes now, and later keeps `headroom` bytes (default: two slabs)
-        free ahead of use, up to the capacity. Returns at once; idempotent."""
+        """Reserve `goal` bytes in the background now and keep them (never given
+        back while idle); later keep `headroom` bytes (default: two slabs) free
+        ahead of use, up to the capacity. Returns at once; idempotent."""
         with self._lock:
             if self._closed or self.backend is None or self.capacity == 0:
                 return
             self.headroom = 2 * self.slab_size if headroom is None else max(headroom, 0)
             self.goal = max(self.goal, min(goal, self.capacity))
             self.keep = max(self.keep, min(goal, self.capacity))
-            self._grow_ahead = True
             self._start_thread()
             self._wake.notify_all()
+
+    def ensure_free(self, nbytes: int) -> None:
+        """Have `nbytes` of pinned memory free ahead of use (beyond the bytes in
+        use), reserved in the background up to the capacity. Cheap when already
+        asked: callable on every write."""
+        with self._lock:
+            if self._closed or self.backend is None or self.capacity == 0:
+                return
+            want = min(self.in_use + max(nbytes, 0), self.capacity)
+            if want - self.goal >= self.alignment:
+                self.goal = want
+                self._start_thread()
+                self._wake.notify_all()
 
     def _start_thread(self) -> None:
         """Start the pool's thread unless it runs (lock held)."""
@@ -325,29 +432,49 @@ class PinnedPool:
             self._thread.start()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
-        """Wait until the background goal is reserved (or pinning failed, or the
-        pool closed); return whether the goal is reserved. True at once in
-        inline mode."""
+        """Wait until the goal is reserved (or pinning failed, the footprint limit
+        was reached, or the pool closed); return whether the goal is reserved."""
         with self._lock:
             def done() -> bool:
-                return (not self._grow_ahead or self._closed or self._pin_failed
+                return (self._closed or self._pin_failed
+                        or (self._limited() and not self._reserving)
                         or self.reserved >= min(self.goal, self.capacity))
 
             self._wake.wait_for(done, timeout)
-            return not self._grow_ahead or self.reserved >= min(self.goal, self.capacity)
+            return self.reserved >= min(self.goal, self.capacity)
 
-    def _can_grow(self, size: int) -> bool:
-        """Whether reserving `size` more bytes is allowed (lock held)."""
-        return not self._pin_failed and self.reserved + self._reserving + size <= self.capacity
+    def _limited(self) -> bool:
+        """Whether one more slab would pass the available-memory limit (lock held)."""
+        return not self._fits(self.slab_size)
+
+    def _fits(self, size: int) -> bool:
+        """Whether `size` more pinned bytes stay within the capacity and the
+        available-memory limit (lock held)."""
+        held = self.reserved + self._reserving + self.registered_fallback
+        if held + size > self.capacity:
+            return False
+        return held + size <= self.available_fraction * (self.available() + held)
+
+    def _why_not(self, size: int) -> str:
+        """Why no pinned range serves `size` bytes now (lock held)."""
+        if self._pin_failed:
+            return "refused"
+        if self.reserved + self._reserving + size > self.capacity:
+            return "full"
+        if not self._fits(size):
+            return "available"
+        return "warmup"
 
     def _ask_ahead(self, size: int) -> None:
-        """Raise the background goal so `size` more bytes plus the headroom are
-        free ahead of use (lock held)."""
+        """Raise the goal so `size` more bytes plus the headroom are free ahead of
+        use (lock held)."""
         if size > self.slab_size:
             self._big = max(self._big, size)
         want = min(self.in_use + size + self.headroom, self.capacity)
-        if want > self.goal or self._big:
+        if want > self.goal or self._big or self.reserved + self._reserving < self.goal:
+            # (a goal not met may have waited for memory to become available)
             self.goal = max(self.goal, want)
+            self._start_thread()
             self._wake.notify_all()
 
     def _take(self, nbytes: int, size: int) -> HostBlock | None:
@@ -361,7 +488,11 @@ class PinnedPool:
                 )
         return None
 
-    def _grow(self, size: int) -> bool:
+    # -- growth --------------------------------------------------------------------
+    def _grow(self, size: int, premap: bool = False) -> bool:
+        """Reserve one slab of at least `size` bytes (outside the lock); with
+        `premap` (the pool's thread), fault the next slab in meanwhile when the
+        goal needs one."""
         slab_bytes = _round_up(max(size, self.slab_size), self.slab_size)
         with self._lock:
             if self._pin_failed or self.backend is None or self._closed:
@@ -371,33 +502,199 @@ class PinnedPool:
                 slab_bytes -= slab_bytes % self.alignment
                 if slab_bytes < size or slab_bytes <= 0:
                     return False
+            if not self._fits(slab_bytes):
+                return False
             self._reserving += slab_bytes
+            more = premap and (
+                min(self.goal, self.capacity) - self.reserved - self._reserving >= self.slab_size
+            )
         started = time.perf_counter()
         try:
-            ptr = self.backend.alloc_pinned(slab_bytes)
-        except Exception as exc:  # noqa: BLE001 - the driver refused: stop trying
-            logger.warning("cudask: pinning %d bytes of host memory failed: %s", slab_bytes, exc)
+            ptr, registered = self._pin(slab_bytes, premap_next=more)
+        except Exception as exc:  # noqa: BLE001 - the driver or kernel refused: stop trying
+            self._warn_once("refused", f"pinning {slab_bytes} bytes of host memory failed: {exc}")
             with self._lock:
                 self._reserving -= slab_bytes
                 self._pin_failed = True
                 self._wake.notify_all()
             return False
+        seconds = time.perf_counter() - started
         with self._lock:
             self._reserving -= slab_bytes
-            self.pin_seconds += time.perf_counter() - started
+            self.provisioned_bytes += slab_bytes
+            self.provision_seconds += seconds
             if self._closed:  # closed while pinning: give it straight back
-                self.backend.free_pinned(ptr)
+                self._free_slab(_Slab(ptr, slab_bytes, registered))
                 return False
-            self._slabs.append(_Slab(ptr, slab_bytes))
-            if self.release_after is not None:
-                self._start_thread()
+            self._slabs.append(_Slab(ptr, slab_bytes, registered))
             self._wake.notify_all()
         return True
 
+    def _pin(self, nbytes: int, *, premap_next: bool) -> tuple[int, bool]:
+        """Page-locked memory of `nbytes`: (address, registered). Registration
+        failures switch the pool to cudaHostAlloc (one warning)."""
+        assert self.backend is not None
+        if self.method == "register":
+            ptr = self._mapped_slab(nbytes)
+            if premap_next:
+                self._premap(self.slab_size)
+            try:
+                self.backend.register_host(ptr, nbytes)
+                return ptr, True
+            except Exception as exc:
+                hostmem.unmap(ptr, nbytes)
+                if _out_of_memory(exc):
+                    self._drop_premapped()
+                    raise  # the driver refuses to pin more: so would cudaHostAlloc
+                self.method = "host-alloc"
+                self._drop_premapped()
+                self._warn_once(
+                    "register",
+                    f"registering host memory with the driver failed ({exc}); pinning "
+                    "with cudaHostAlloc instead, which is several times slower",
+                )
+        return self.backend.alloc_pinned(nbytes), False
+
+    def _mapped_slab(self, nbytes: int) -> int:
+        """A faulted-in mapping of `nbytes`: the one faulted in ahead if it fits."""
+        future, size = self._premapped, self._premapped_size
+        self._premapped = None
+        if future is not None:
+            try:
+                ptr = future.result()
+            except hostmem.HostMemoryError:
+                ptr = 0
+            if ptr and size == nbytes:
+                return ptr
+            if ptr:
+                hostmem.unmap(ptr, size)
+        return hostmem.map_populated(nbytes, threads=self.populate_threads)
+
+    def _premap(self, nbytes: int) -> None:
+        """Fault the next slab in while this one is being registered."""
+        if self._mapper is None:
+            self._mapper = ThreadPoolExecutor(1, thread_name_prefix="cudask-pinned-map")
+        self._premapped = self._mapper.submit(
+            hostmem.map_populated, nbytes, threads=self.populate_threads
+        )
+        self._premapped_size = nbytes
+
+    def _drop_premapped(self) -> None:
+        future, self._premapped = self._premapped, None
+        if future is not None:
+            try:
+                ptr = future.result()
+            except hostmem.HostMemoryError:
+                return
+            hostmem.unmap(ptr, self._premapped_size)
+
+    def _free_slab(self, slab: _Slab) -> None:
+        assert self.backend is not None
+        if slab.registered:
+            self.backend.unregister_host(slab.ptr)
+            hostmem.unmap(slab.ptr, slab.size)
+        else:
+            self.backend.free_pinned(slab.ptr)
+
+    # -- fallback blocks -----------------------------------------------------------
+    _REASONS: ClassVar[dict[str, str]] = {
+        "full": "the pinned pool is full (memory.pinned-pool-size={capacity} bytes)",
+        "available": "pinning more would pass cudask.memory.pinned-available-fraction of "
+                     "the host memory available",
+        "refused": "the driver refused to pin more host memory",
+        "warmup": "pinned memory is still being made ready ({reserved} of {goal} bytes)",
+    }
+    _ADVICE: ClassVar[dict[str, str]] = {
+        "full": "Raise cudask.memory.pinned-pool-size (e.g. "
+                'dask.config.set({"cudask.memory.pinned-pool-size": "32GiB"})) to keep them pinned.',
+        "available": "Free host memory, or raise cudask.memory.pinned-available-fraction.",
+        "refused": "Lower cudask.memory.pinned-pool-size or free locked memory (ulimit -l).",
+        "warmup": "Copies go to pinned memory as it becomes ready; set "
+                  "cudask.memory.pinned-preallocate to pin some when the worker starts.",
+    }
+
+    def _fallback(self, nbytes: int, reason: str) -> HostBlock:
+        """Host memory for one copy that no pinned range serves: counted, warned
+        about once per cause, and (when large) registered later by the thread."""
+        with self._lock:
+            self.pageable_blocks += 1
+            self.pageable_bytes += nbytes
+            if reason == "warmup":
+                self.warmup_fallback_bytes += nbytes
+            warn = reason not in self._warned
+            self._warned.add(reason)
+            message = self._REASONS[reason].format(
+                capacity=self.capacity, reserved=self.reserved, goal=self.goal
+            )
+        if warn and reason != "warmup":
+            self._warn(
+                f"cudask: {message}; device -> host copies use pageable memory meanwhile, "
+                f"which is several times slower. {self._ADVICE[reason]} This warning is shown once."
+            )
+        elif warn:
+            logger.info("cudask: %s; this copy goes to memory faulted in for it", message)
+        if nbytes < MAPPED_FALLBACK_FROM:
+            return HostBlock.pageable(nbytes)
+        block = HostBlock.mapped(nbytes, threads=self.populate_threads)
+        mapping = block._keepalive
+        if isinstance(mapping, _Mapping) and self.method == "register" and reason != "refused":
+            with self._lock:
+                self._to_register.append(weakref.ref(mapping))
+                self._wake.notify_all()
+        return block
+
+    def _register_fallback(self) -> bool:
+        """Register one waiting fallback block's mapping, so copies back from it
+        run at pinned speed; return whether there was one to try."""
+        assert self.backend is not None
+        with self._lock:
+            mapping = None
+            while self._to_register and mapping is None:
+                mapping = self._to_register.popleft()()
+            if mapping is None:
+                return False
+            if not self._fits(mapping.size):
+                self._to_register.clear()
+                return True
+            self.registered_fallback += mapping.size
+        started = time.perf_counter()
+        try:
+            self.backend.register_host(mapping.ptr, mapping.size)
+        except Exception as exc:  # noqa: BLE001 - stays pageable, correct but slower
+            with self._lock:
+                self.registered_fallback -= mapping.size
+                self._to_register.clear()
+            logger.info("cudask: registering a fallback block failed: %s", exc)
+            return True
+        mapping.mark_registered(self.backend)
+        with self._lock:
+            self.upgraded_bytes += mapping.size
+            self.upgrade_seconds += time.perf_counter() - started
+            weakref.finalize(mapping, self._forget_fallback, mapping.size)
+        return True
+
+    def _forget_fallback(self, nbytes: int) -> None:
+        with self._lock:
+            self.registered_fallback -= nbytes
+
+    def _warn_once(self, reason: str, message: str) -> None:
+        with self._lock:
+            if reason in self._warned:
+                return
+            self._warned.add(reason)
+        self._warn(f"cudask: {message}")
+
+    @staticmethod
+    def _warn(message: str) -> None:
+        logger.warning(message)
+        warnings.warn(message, PinnedMemoryWarning, stacklevel=4)
+
+    # -- the pool's thread ---------------------------------------------------------
     def _step(self) -> bool:
-        """One step of the pool's thread: reserve a slab if below the goal, or
-        give back the slabs idle for `release_after`; return False when closed.
-        Waits while there is nothing to do."""
+        """One step of the pool's thread: reserve a slab if below the goal,
+        register a fallback block, or give back the slabs idle for
+        `release_after`; return False when closed. Waits while there is
+        nothing to do."""
         idle: list[_Slab] = []
         size = 0
         with self._lock:
@@ -405,10 +702,13 @@ class PinnedPool:
                 if self._closed:
                     return False
                 missing = min(self.goal, self.capacity) - self.reserved - self._reserving
-                if (missing >= self.alignment or self._big) and not self._pin_failed:
+                if ((missing >= self.alignment or self._big) and not self._pin_failed
+                        and self._fits(min(max(missing, self.alignment), self.slab_size))):
                     size = min(self.slab_size, max(missing - missing % self.alignment, 0))
                     if self._big:
                         size, self._big = max(size, self._big), 0
+                    break
+                if self._to_register:
                     break
                 idle, wait = self._idle_slabs()
                 if idle:
@@ -416,24 +716,24 @@ class PinnedPool:
                 self._wake.wait(wait)
         if idle:
             self._give_back(idle)
+        elif size:
+            self._grow(size, premap=True)
         else:
-            self._grow(size)
+            self._register_fallback()
         return True
 
     def _idle_slabs(self) -> tuple[list[_Slab], float | None]:
         """Take out of the pool the slabs idle for `release_after`, newest first,
-        keeping `keep` bytes and, with background growth, `headroom` beyond the
-        bytes in use; also return how long until the next could go (None: until
-        woken). Lock held."""
+        keeping the start goal; also return how long until the next could go
+        (None: until woken). Lock held."""
         if self.release_after is None:
             return [], None
         now = time.monotonic()
-        keep = max(self.keep, self.in_use + self.headroom) if self._grow_ahead else 0
         reserved = sum(slab.size for slab in self._slabs)
         idle: list[_Slab] = []
         wait: float | None = None
         for slab in reversed(self._slabs):
-            if slab.idle_since is None or reserved - slab.size < keep:
+            if slab.idle_since is None or reserved - slab.size < self.keep:
                 continue
             due = slab.idle_since + self.release_after - now
             if due <= 0:
@@ -449,59 +749,13 @@ class PinnedPool:
 
     def _give_back(self, slabs: list[_Slab]) -> None:
         """Return wholly free slabs, already out of the pool, to the driver."""
-        assert self.backend is not None
         for slab in slabs:
-            self.backend.free_pinned(slab.ptr)
+            self._free_slab(slab)
         nbytes = sum(slab.size for slab in slabs)
         with self._lock:
             self._releasing -= nbytes
             self.released_bytes += nbytes
         logger.debug("cudask: gave %d bytes of idle pinned memory back", nbytes)
-
-    _REASONS: ClassVar[dict[str, str]] = {
-        "full": "the pinned pool is full (memory.pinned-pool-size={capacity} bytes)",
-        "refused": "the driver refused to pin more host memory",
-        "warmup": "the pinned pool is still being reserved ({reserved} of {goal} bytes ready)",
-    }
-    _ADVICE: ClassVar[dict[str, str]] = {
-        "full": "Raise cudask.memory.pinned-pool-size (e.g. "
-                'dask.config.set({{"cudask.memory.pinned-pool-size": "32GiB"}})) to keep them pinned.',
-        "refused": "Lower cudask.memory.pinned-pool-size or free locked memory (ulimit -l).",
-        "warmup": "Copies go back to pinned memory as it becomes ready; raise "
-                  "cudask.memory.pinned-preallocate to pin more when the worker starts.",
-    }
-
-    def _pageable(self, nbytes: int, reason: str | None) -> HostBlock:
-        if reason is None:
-            return HostBlock.pageable(nbytes)
-        with self._lock:
-            return self._pageable_locked(nbytes, reason)
-
-    def _pageable_locked(self, nbytes: int, reason: str) -> HostBlock:
-        """Pageable memory for one block, counted and warned about once per cause
-        (lock held; the warning is emitted without it)."""
-        self.pageable_blocks += 1
-        self.pageable_bytes += nbytes
-        if reason == "warmup":
-            self.warmup_fallback_bytes += nbytes
-        warn = reason not in self._warned
-        self._warned.add(reason)
-        if warn:
-            why = self._REASONS[reason].format(
-                capacity=self.capacity, reserved=self.reserved, goal=self.goal
-            )
-            message = (
-                f"cudask: {why}; device -> host copies use pageable memory meanwhile, "
-                f"which is several times slower. {self._ADVICE[reason]} "
-                "This warning is shown once."
-            )
-            self._lock.release()
-            try:
-                logger.warning(message)
-                warnings.warn(message, PinnedMemoryWarning, stacklevel=4)
-            finally:
-                self._lock.acquire()
-        return HostBlock.pageable(nbytes)
 
     # -- release -------------------------------------------------------------------
     def _release(self, block: HostBlock, after: Copy | None) -> None:
@@ -546,54 +800,64 @@ class PinnedPool:
         return bool(done)
 
     def close(self) -> None:
-        """Stop the background thread, wait for pending copies and return every
-        slab to the driver. Blocks still in use must not be touched afterwards."""
+        """Stop the thread, wait for pending copies and return every slab to the
+        driver. Blocks still in use must not be touched afterwards."""
         with self._lock:
             self._closed = True
             self._wake.notify_all()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=30)  # at most one cudaHostAlloc in progress
+            thread.join(timeout=60)  # at most one slab being pinned
+        self._drop_premapped()
+        if self._mapper is not None:
+            self._mapper.shutdown(wait=True)
         self._collect(wait=True)
         with self._lock:
             slabs, self._slabs = self._slabs, []
             self.in_use = 0
         for slab in slabs:
-            assert self.backend is not None
-            self.backend.free_pinned(slab.ptr)
+            self._free_slab(slab)
 
     def stats(self) -> dict[str, float]:
         """Pool state for the store's metrics: capacity, reserved and in-use bytes,
-        readiness (1.0 when the background goal is reserved, or in inline mode)
-        and pageable fallbacks (all causes; `-warmup-` only those waiting for
-        the background thread) and the bytes given back to the driver while idle."""
+        readiness (1.0 when the goal is reserved), how fast memory was made ready
+        (`pinned-provision-*`, and fallback blocks registered later:
+        `pageable-registered-*`), pageable fallbacks (all causes; `-warmup-`
+        those waiting for the thread) and bytes given back while idle."""
         with self._lock:
             reserved = self.reserved
             goal = min(self.goal, self.capacity)
-            ready = 1.0 if not self._grow_ahead or goal <= 0 else min(reserved / goal, 1.0)
+            ready = 1.0 if goal <= 0 else min(reserved / goal, 1.0)
+            rate = self.provisioned_bytes / self.provision_seconds if self.provision_seconds else 0.0
             return {
                 "pinned-capacity-bytes": float(self.capacity),
                 "pinned-reserved-bytes": float(reserved),
                 "pinned-reserving-bytes": float(self._reserving),
-                "pinned-goal-bytes": float(goal if self._grow_ahead else reserved),
+                "pinned-goal-bytes": float(goal),
                 "pinned-ready": ready,
                 "pinned-in-use-bytes": float(self.in_use),
                 "pinned-slabs": float(len(self._slabs)),
-                "pinned-seconds": self.pin_seconds,
+                "pinned-provision-bytes": float(self.provisioned_bytes),
+                "pinned-provision-seconds": self.provision_seconds,
+                "pinned-provision-gbps": rate / 1e9,
+                "pinned-registered": 1.0 if self.method == "register" else 0.0,
                 "pinned-released-bytes": float(self.released_bytes),
                 "pageable-fallback-count": float(self.pageable_blocks),
                 "pageable-fallback-bytes": float(self.pageable_bytes),
                 "pageable-fallback-warmup-bytes": float(self.warmup_fallback_bytes),
+                "pageable-registered-bytes": float(self.upgraded_bytes),
+                "pageable-registered-seconds": self.upgrade_seconds,
             }
 
 
 def _pool_loop(pool: PinnedPool) -> None:
-    """The pool's thread: reserve slabs as `goal` asks and give idle ones back,
-    until closed."""
+    """The pool's thread: reserve slabs as `goal` asks, register fallback
+    blocks, give idle slabs back, until closed."""
     try:
         while pool._step():
             pass
     except Exception:  # never kill the worker over pinning
         logger.exception("cudask: the pinned-memory thread stopped")
 
-__all__ = ["ALIGNMENT", "HostBlock", "PinnedMemoryWarning", "PinnedPool"]
+
+__all__ = ["ALIGNMENT", "METHODS", "HostBlock", "PinnedMemoryWarning", "PinnedPool"]

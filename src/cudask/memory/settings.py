@@ -2,8 +2,10 @@
 
 Covers: `StoreSettings` and `store_settings`, which turn the config keys (or a
 store's keyword overrides) into numbers for given device and host limits:
-spill target, background spilling, pinned pool size, slab size, preallocation
-and idle release. The worker's store calls it when it starts; the cluster and
+spill target, background spilling, pinned pool size, slab size, preallocation,
+idle release, how memory is pinned, how much is made ready ahead of spills,
+the share of available memory the pool may pin and the threads faulting
+memory in. The worker's store calls it when it starts; the cluster and
 the CLI call it before any worker process starts, so a bad value fails there
 with an `OptionError` that names the key and what it accepts.
 
@@ -24,6 +26,8 @@ from cudask.sizes import parse_size
 
 # "auto" pinned-preallocate: at most this much is pinned before any spill.
 AUTO_PREALLOCATE_CAP = 4 << 30
+# "auto" pinned-headroom: the device limit, at most this much.
+AUTO_HEADROOM_CAP = 8 << 30
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,10 @@ class StoreSettings:
     pinned_slab_size: int
     pinned_preallocate: int
     pinned_release_after: float | None
+    pinned_method: str = "auto"
+    pinned_headroom: int = 0
+    pinned_available_fraction: float = 0.5
+    populate_threads: int | None = None
 
 
 def store_settings(
@@ -48,6 +56,10 @@ def store_settings(
     pinned_slab_size: int | str | None = None,
     pinned_preallocate: bool | float | str | None = None,
     pinned_release_after: float | str | bool | None = None,
+    pinned_method: str | None = None,
+    pinned_headroom: int | str | None = None,
+    pinned_available_fraction: float | None = None,
+    populate_threads: int | str | None = None,
 ) -> StoreSettings:
     """The settings of a store with these limits (`memory_limit`: its host tier);
     a keyword left None takes the config key of the same name."""
@@ -82,7 +94,63 @@ def store_settings(
             config.get("memory.pinned-release-after") if pinned_release_after is None
             else pinned_release_after
         ),
+        pinned_method=_method(
+            config.get("memory.pinned-method") if pinned_method is None else pinned_method
+        ),
+        pinned_headroom=_headroom_bytes(
+            config.get("memory.pinned-headroom") if pinned_headroom is None else pinned_headroom,
+            pool, device_memory_limit,
+        ),
+        pinned_available_fraction=_fraction(
+            config.get("memory.pinned-available-fraction") if pinned_available_fraction is None
+            else pinned_available_fraction,
+            "cudask.memory.pinned-available-fraction",
+        ),
+        populate_threads=_threads(
+            config.get("memory.populate-threads") if populate_threads is None else populate_threads
+        ),
     )
+
+
+def _method(value: Any) -> str:
+    from cudask.memory.pinned import METHODS
+
+    if value not in METHODS:
+        raise OptionError(
+            f"cudask.memory.pinned-method={value!r}; accepted: {', '.join(METHODS)}"
+        )
+    return str(value)
+
+
+def _headroom_bytes(value: Any, pool: int, device_memory_limit: int | None) -> int:
+    """Pinned bytes kept free ahead of spills once the device tier nears its limit."""
+    if device_memory_limit is None or pool == 0:
+        return 0
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return min(device_memory_limit, AUTO_HEADROOM_CAP, pool)
+    nbytes = parse_size(value, total=device_memory_limit, name="cudask.memory.pinned-headroom") or 0
+    return min(nbytes, pool)
+
+
+def _fraction(value: Any, name: str) -> float:
+    try:
+        fraction = float(value)
+    except (TypeError, ValueError):
+        fraction = float("nan")
+    if not 0 < fraction <= 1:
+        raise OptionError(f"{name}={value!r} must be a fraction in (0, 1], e.g. 0.5")
+    return fraction
+
+
+def _threads(value: Any) -> int | None:
+    """`memory.populate-threads`: None for "auto" (hostmem.default_threads)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise OptionError(
+            f"cudask.memory.populate-threads={value!r}; accepted: \"auto\" or an integer >= 1, e.g. 8"
+        )
+    return value
 
 
 def release_seconds(value: Any) -> float | None:
@@ -135,4 +203,4 @@ def system_memory() -> int:
     return int(MEMORY_LIMIT)
 
 
-__all__ = ["AUTO_PREALLOCATE_CAP", "StoreSettings", "release_seconds", "store_settings", "system_memory"]
+__all__ = ["AUTO_HEADROOM_CAP", "AUTO_PREALLOCATE_CAP", "StoreSettings", "release_seconds", "store_settings", "system_memory"]

@@ -35,14 +35,18 @@ say), until it dies; a read of it returns it without a copy. The device limit
 is enforced on `committed_device_bytes`, which counts in-flight copies as
 released (they complete within milliseconds), so spilling never waits for them.
 
-Pinned memory: with `memory.pinned-preallocate` (default off), a thread
-started with the store creates the copy backend and pins that much host memory
-in the background; afterwards the pool grows ahead of use in a background
-thread, and a spill that finds no pinned range ready copies into pageable
-memory instead of waiting (`cudask.memory.pinned`). Off, the pool grows on
-the spill path. Slabs left wholly free for `memory.pinned-release-after`
-(default 60 s) go back to the operating system. The `cudask.memory.*` keys are
-parsed by `cudask.memory.settings`.
+Pinned memory is made ready ahead of the spills, never on their path: once
+the device tier passes half its limit (`PROVISION_START`), the store asks the
+pool (`cudask.memory.pinned`) to keep free pinned memory ahead of use, ramping
+up to `memory.pinned-headroom` as the tier reaches its limit; the pool's
+thread faults memory in and registers it at memory speed. The first such
+request creates the copy backend in a thread of its own, off the task's path.
+Work that keeps the tier below half its limit pins nothing. A spill that
+finds no pinned range ready copies into memory faulted in for it, which the
+pool registers later. With `memory.pinned-preallocate` (default off) that
+much is pinned when the store starts. Slabs left wholly free for
+`memory.pinned-release-after` (default 60 s) go back to the operating
+system. The `cudask.memory.*` keys are parsed by `cudask.memory.settings`.
 
 For the JIT-unspill store (`cudask.memory.proxy_store`): `spill_device(n)`
 evicts until n bytes are free and waits for the copies; `peek_host_copy(key)`
@@ -99,6 +103,8 @@ if TYPE_CHECKING:
     from distributed import Worker
 
 logger = logging.getLogger("cudask.memory")
+#: Fraction of the device limit past which pinned memory is made ready ahead of spills.
+PROVISION_START = 0.5
 # log_spilling's lines go where distributed logs its own spilling: a worker process
 # shows them at INFO, and Client.get_worker_logs() returns them ("cudask.memory" has
 # no handler in a worker, so its INFO lines would be dropped).
@@ -162,6 +168,7 @@ class TieredStore(MutableMapping[Key, object]):
         The CUDA boundary (`cudask.memory.transfer.CopyBackend`); default: CuPy,
         created when the first copy is needed. Tests inject a fake one.
     pinned_pool_size, pinned_slab_size, pinned_preallocate, pinned_release_after,
+    pinned_method, pinned_headroom, pinned_available_fraction, populate_threads,
     spill_target, background:
         Override the `cudask.memory.*` config keys of the same names
         (`background` is `memory.background-spill`).
@@ -184,6 +191,10 @@ class TieredStore(MutableMapping[Key, object]):
         pinned_slab_size: int | str | None = None,
         pinned_preallocate: bool | float | str | None = None,
         pinned_release_after: float | str | bool | None = None,
+        pinned_method: str | None = None,
+        pinned_headroom: int | str | None = None,
+        pinned_available_fraction: float | None = None,
+        populate_threads: int | str | None = None,
         spill_target: float | None = None,
         background: bool | None = None,
     ) -> None:
@@ -196,6 +207,9 @@ class TieredStore(MutableMapping[Key, object]):
             spill_target=spill_target, background=background,
             pinned_pool_size=pinned_pool_size, pinned_slab_size=pinned_slab_size,
             pinned_preallocate=pinned_preallocate, pinned_release_after=pinned_release_after,
+            pinned_method=pinned_method, pinned_headroom=pinned_headroom,
+            pinned_available_fraction=pinned_available_fraction,
+            populate_threads=populate_threads,
         )
         self.spill_target = self.settings.spill_target  # read on every write
         self.background = self.settings.background
@@ -208,6 +222,12 @@ class TieredStore(MutableMapping[Key, object]):
         self._backend = backend
         self._engine: TransferEngine | None = None
         self._engine_lock = threading.Lock()
+        self._warming = False  # a thread is creating the engine ahead of spills
+        self._provision_from = (
+            PROVISION_START * self.device_memory_limit
+            if self.device_memory_limit is not None and self.settings.pinned_headroom
+            else math.inf
+        )
         # No device limit: nothing is ever spilled, so device values skip the
         # ledger, the generations and the background thread (a dict's cost).
         self._unlimited = self.device_memory_limit is None
@@ -249,9 +269,7 @@ class TieredStore(MutableMapping[Key, object]):
         self._finalizer = weakref.finalize(self, TieredStore._cleanup, self._tmpdir)
         if self.settings.pinned_preallocate:
             # Pin ahead of the first spill, without delaying the worker's start.
-            threading.Thread(
-                target=_warm_up, args=(weakref.ref(self),), name="cudask-pinned-start", daemon=True
-            ).start()
+            self._start_warm_up()
 
     # ------------------------------------------------------------------ setup
     @property
@@ -269,12 +287,44 @@ class TieredStore(MutableMapping[Key, object]):
             if self._engine is None:
                 backend = self._backend if self._backend is not None else default_backend()
                 self._backend = backend
-                pool = PinnedPool(backend, self.settings.pinned_pool_size, self.settings.pinned_slab_size,
-                                  release_after=self.settings.pinned_release_after)
-                if self.settings.pinned_preallocate and not self._closed:
-                    pool.start_background(self.settings.pinned_preallocate)
+                settings = self.settings
+                pool = PinnedPool(
+                    backend, settings.pinned_pool_size, settings.pinned_slab_size,
+                    release_after=settings.pinned_release_after, method=settings.pinned_method,
+                    available_fraction=settings.pinned_available_fraction,
+                    populate_threads=settings.populate_threads,
+                )
+                if not self._closed:
+                    pool.start_background(settings.pinned_preallocate, headroom=settings.pinned_headroom)
                 self._engine = TransferEngine(backend, pool)
             return self._engine
+
+    def _start_warm_up(self) -> None:
+        """Create the engine (and start its pool) in a thread of its own, once."""
+        if self._warming or self._engine is not None:
+            return
+        self._warming = True
+        threading.Thread(
+            target=_warm_up, args=(weakref.ref(self),), name="cudask-pinned-start", daemon=True
+        ).start()
+
+    def _provide_ahead(self) -> None:
+        """Have free pinned memory made ready for the spills the device tier is
+        about to make: nothing below `PROVISION_START` of the limit, ramping up
+        to the headroom at the limit (lock held; cheap, called on writes)."""
+        limit = self.device_memory_limit
+        assert limit is not None
+        want = min(
+            self.settings.pinned_headroom,
+            int((self._ledger.total - self._provision_from) / (1 - PROVISION_START)),
+        )
+        if want <= 0:
+            return
+        engine = self._engine
+        if engine is None:
+            self._start_warm_up()
+        else:
+            engine.pool.ensure_free(want)
 
     def _start_background(self) -> None:
         if self._thread is None and self.background and self.device_memory_limit is not None:
@@ -302,6 +352,8 @@ class TieredStore(MutableMapping[Key, object]):
             self._ledger.add(("d", key), ranges or ())
             if self.device_memory_limit is not None:
                 self._start_background()
+                if self._ledger.total > self._provision_from:
+                    self._provide_ahead()
                 if union_bytes(ranges or ()) > self.device_memory_limit:
                     # Larger than the whole tier: straight to host, sparing the rest.
                     self._evict_key(key)
@@ -914,15 +966,20 @@ class TieredStore(MutableMapping[Key, object]):
 _MISSING: Any = object()
 
 def _warm_up(store_ref: weakref.ref[TieredStore]) -> None:
-    """Create the copy engine and start its pinned pool's background growth, off
-    the worker's start-up path. Failures only log: the first spill retries."""
+    """Create the copy engine and start its pinned pool (the start goal, then
+    the headroom the device tier asks for), off the task's path. Failures
+    only log: the first spill retries."""
     store = store_ref()
     if store is None or store._closed:
         return
     try:
         store._make_engine()
     except Exception as exc:  # noqa: BLE001 - e.g. no CuPy / no GPU: spills will say
-        logger.debug("cudask: pinned memory not prepared at start: %s", exc)
+        logger.debug("cudask: pinned memory not prepared ahead: %s", exc)
+    else:
+        with store.lock:
+            if store._ledger.total > store._provision_from and not store._closed:
+                store._provide_ahead()
     del store
 
 

@@ -1,7 +1,7 @@
 """Copies between device and host memory on dedicated CUDA streams.
 
-Covers: the `CopyBackend` protocol (the boundary to CUDA: host allocations,
-streams, events, raw-pointer copies), its real implementation over
+Covers: the `CopyBackend` protocol (the boundary to CUDA: host allocations
+and registrations, streams, events, raw-pointer copies), its real implementation over
 `cupy.cuda.runtime` (`CupyBackend`), and `TransferEngine`, which issues
 device -> host copies into pinned host blocks on a non-blocking stream without
 waiting for them, and host -> device copies on a second stream. Each copy is
@@ -48,6 +48,13 @@ class CopyBackend(Protocol):
 
     def free_pinned(self, ptr: int) -> None:
         """Free memory from `alloc_pinned`."""
+
+    def register_host(self, ptr: int, nbytes: int) -> None:
+        """Page-lock existing host memory for copies from every context
+        (cudaHostRegister); raise when the driver refuses."""
+
+    def unregister_host(self, ptr: int) -> None:
+        """Undo `register_host` (the memory itself stays the caller's)."""
 
     def new_stream(self) -> Any:
         """A new non-blocking stream for copies."""
@@ -106,6 +113,13 @@ class CupyBackend:
 
     def free_pinned(self, ptr: int) -> None:
         self._rt.freeHost(ptr)
+
+    def register_host(self, ptr: int, nbytes: int) -> None:
+        # cudaHostRegisterPortable: usable from every context in the process.
+        self._rt.hostRegister(ptr, nbytes, 1)
+
+    def unregister_host(self, ptr: int) -> None:
+        self._rt.hostUnregister(ptr)
 
     def new_stream(self) -> Any:
         return self._cp.cuda.Stream(non_blocking=True)

@@ -171,14 +171,21 @@ class FakeCopyBackend:
     lag: 0 runs every copy when it is enqueued; n > 0 leaves copies queued and
     advances a stream by one operation per `query` after the first n queries of
     an event, and fully on `synchronize` - so copies are observably in flight.
-    pin_limit: bytes of pinned memory the "driver" grants before refusing.
+    pin_limit: bytes of pinned memory the "driver" grants before refusing
+    (allocated and registered alike).
+    refuse_register: cause given when `register_host` is called (None: it works).
     """
 
     name = "fake"
 
-    def __init__(self, *, lag: int = 0, pin_limit: int | None = None) -> None:
+    def __init__(
+        self, *, lag: int = 0, pin_limit: int | None = None, refuse_register: str | None = None
+    ) -> None:
         self.lag = lag
         self.pin_limit = pin_limit
+        self.refuse_register = refuse_register
+        self.registered: dict[int, int] = {}  # address -> bytes
+        self.register_calls = 0
         self.lock = threading.RLock()
         self.pinned: dict[int, numpy.ndarray] = {}
         self.device: dict[int, numpy.ndarray] = {}
@@ -209,9 +216,28 @@ class FakeCopyBackend:
             buf = self.pinned.pop(ptr)
             self.pinned_bytes -= buf.nbytes
 
+    def register_host(self, ptr: int, nbytes: int) -> None:
+        with self.lock:
+            self.register_calls += 1
+            if self.refuse_register is not None:
+                raise RuntimeError(self.refuse_register)
+            if self.pin_limit is not None and self.pinned_bytes + nbytes > self.pin_limit:
+                self.pin_refusals += 1
+                raise MemoryError(f"fake cudaHostRegister refused {nbytes} bytes")
+            if ptr in self.registered:
+                raise RuntimeError(f"fake cudaHostRegister: {ptr:#x} is already registered")
+            self.registered[ptr] = nbytes
+            self.pinned_bytes += nbytes
+
+    def unregister_host(self, ptr: int) -> None:
+        with self.lock:
+            self.pinned_bytes -= self.registered.pop(ptr)
+
     def is_pinned(self, ptr: int) -> bool:
         with self.lock:
-            return any(p <= ptr < p + b.nbytes for p, b in self.pinned.items())
+            return any(p <= ptr < p + b.nbytes for p, b in self.pinned.items()) or any(
+                p <= ptr < p + n for p, n in self.registered.items()
+            )
 
     # -- device memory ---------------------------------------------------------
     def alloc_device(self, nbytes: int, device: int) -> tuple[int, Any]:
