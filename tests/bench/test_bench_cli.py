@@ -68,6 +68,33 @@ def test_processes_flag(command: str) -> None:
     assert "--processes" in line and "0" in line
 
 
+@pytest.mark.parametrize("command", ["spill", "cupy"])
+def test_mode_help(command: str) -> None:
+    code, out = invoke(command, "--help")
+    assert code == 0
+    assert "--mode [cold|warm]" in out and "[default: cold]" in out and "--warm-runs" in out
+    flat = " ".join(out.split())  # the option help is wrapped
+    assert "first run on a fresh cluster, timed from the first submit" in flat
+    assert "--mode cold (default)" in out and "_warm" in out
+    if command == "cupy":
+        assert "OP_input" in out and "OP_total" in out
+
+
+@pytest.mark.parametrize("command", ["spill", "cupy"])
+def test_mode_usage_errors(command: str) -> None:
+    """--processes belongs to warm mode, --warm-runs to cold mode: one line each."""
+    message = "--processes applies to --mode warm; in cold mode every repetition is its own process"
+    assert one_line_error(*invoke(command, *CPU, "--processes", "2")) == f"Error: {message}"
+    line = one_line_error(*invoke(command, *CPU, "--mode", "cold", "--processes", "1"))
+    assert line == f"Error: {message}"
+    line = one_line_error(*invoke(command, *CPU, "--mode", "warm", "--warm-runs", "1"))
+    assert line.startswith("Error: --warm-runs applies to --mode cold")
+    code, out = invoke(command, *CPU, "--mode", "hot")
+    assert code == 2 and "'hot'" in out and "cold" in out and "warm" in out
+    code, out = invoke(command, *CPU, "--warm-runs", "-1")
+    assert code == 2 and "--warm-runs" in out
+
+
 def test_unknown_workload() -> None:
     code, out = invoke("nonsense")
     assert code != 0 and "nonsense" in out and "Traceback" not in out
@@ -184,8 +211,10 @@ def test_no_gpu_for_cudask_backend() -> None:
     assert "GPU" in line and "--backend dict --array-module numpy" in line
 
 
+@pytest.mark.timeout(600)
 def test_whole_run_on_dict_backend(tmp_path: Path) -> None:
-    """The harness end to end on CPU: a runner process, JSON, chart, table."""
+    """The harness end to end on CPU, cold mode (the default): a warm-up process, then a
+    fresh runner process per measured repetition; JSON, chart, table."""
     pytest.importorskip("matplotlib")
     out, png = tmp_path / "r" / "spill.json", tmp_path / "r" / "spill.png"
     code, text = invoke(
@@ -205,20 +234,81 @@ def test_whole_run_on_dict_backend(tmp_path: Path) -> None:
     )
     assert code == 0, text
     assert "dict store" in text and "create" in text and "read_verify" in text
+    assert "cold: first run on a fresh cluster, timed from the first submit" in text
     doc = json.loads(out.read_text())
     assert doc["format"] == "cudask-bench/1" and doc["status"] == "ok"
     assert doc["parameters"]["total"] == 4 * 2**20 and doc["parameters"]["chunks"] == 4
+    assert doc["parameters"]["mode"] == "cold" and doc["parameters"]["warm_runs"] == 2
+    assert doc["parameters"]["warmup"] == 1 and doc["parameters"]["processes"] == 3
     [variant] = doc["variants"]
     assert variant["backend"] == "dict" and variant["status"] == "ok"
     assert variant["store"]["data_type"] == "builtins.dict"
-    create = variant["measurements"]["create"]
+    # one warm-up process, then one process per measured repetition: three runners
+    assert variant["runs"] == 3 and len(set(variant["pids"])) == 3 and None not in variant["pids"]
+    m = variant["measurements"]
+    assert list(m) == ["create", "read_verify", "create_warm", "read_verify_warm"]
+    create = m["create"]
     assert len(create["times"]) == 2 and create["bytes"] == 4 * 2**20
+    assert len(create["warmup_times"]) == 1  # the warm-up process: kept, never in a median
     assert create["median"] > 0 and create["gbps"] > 0
     assert "every run" in create["check"]
+    # --warm-runs 2 in each of the two measured processes (and two in the warm-up one)
+    assert len(m["read_verify_warm"]["times"]) == 4
+    assert len(m["read_verify_warm"]["warmup_times"]) == 2
     assert doc["machine"]["hostname"] and doc["harness"]["versions"]["dask"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.timeout(600)
+def test_warm_mode_on_dict_backend(tmp_path: Path) -> None:
+    """--mode warm: today's steady state in one process, every metric named *_warm."""
+    out = tmp_path / "warm.json"
+    code, text = invoke(
+        "spill", *CPU, "--mode", "warm", "--total", "2MiB", "--chunk-size", "1MiB",
+        "--repeat", "2", "--warmup", "1", "--output", str(out),
+    )
+    assert code == 0, text
+    assert "warm: steady state after warm-ups" in text
+    doc = json.loads(out.read_text())
+    assert doc["parameters"]["mode"] == "warm" and doc["parameters"]["warm_runs"] is None
+    assert doc["parameters"]["processes"] == 1
+    [variant] = doc["variants"]
+    assert variant["runs"] == 1
+    m = variant["measurements"]
+    assert list(m) == ["create_warm", "read_verify_warm"]
+    assert len(m["create_warm"]["times"]) == 2 and len(m["create_warm"]["warmup_times"]) == 1
+
+
+@pytest.mark.timeout(600)
+def test_cupy_cold_on_dict_backend(tmp_path: Path) -> None:
+    """Cold cupy: a process per repetition, and in it a fresh cluster per operation."""
+    out = tmp_path / "cupy.json"
+    code, text = invoke(
+        "cupy", *CPU, "--operation", "sum,dot", "--size", "200", "--chunk-size", "50",
+        "--repeat", "1", "--warmup", "1", "--warm-runs", "1", "--output", str(out),
+    )
+    assert code == 0, text
+    assert "*_input: creating the input, *_total: input + operation" in text
+    doc = json.loads(out.read_text())
+    [variant] = doc["variants"]
+    assert variant["runs"] == 2 and len(set(variant["pids"])) == 2
+    m = variant["measurements"]
+    assert list(m) == ["sum_input", "sum", "sum_total", "sum_warm",
+                       "dot_input", "dot", "dot_total", "dot_warm"]
+    for op in ("sum", "dot"):
+        assert all(len(m[op + s]["times"]) == 1 for s in ("_input", "", "_total", "_warm"))
+        assert all(len(m[op + s]["warmup_times"]) == 1 for s in ("_input", "", "_total", "_warm"))
+        assert m[op + "_total"]["median"] == pytest.approx(
+            m[op + "_input"]["median"] + m[op]["median"])
+        assert m[op]["check"]
+    assert set(variant["stores"]) == {"sum", "dot"}  # a cluster each
+    # the table lists the cold figures first
+    rows = [line.split()[0] for line in text.splitlines() if line.startswith(("sum", "dot"))]
+    assert rows[:8] == ["sum_input", "sum", "sum_total", "dot_input", "dot", "dot_total",
+                        "sum_warm", "dot_warm"]
+
+
+@pytest.mark.timeout(600)
 def test_startup_runs_fresh_processes(tmp_path: Path) -> None:
     out = tmp_path / "startup.json"
     code, text = invoke("startup", *CPU, "--repeat", "2", "--warmup", "1", "--output", str(out))
@@ -230,7 +320,7 @@ def test_startup_runs_fresh_processes(tmp_path: Path) -> None:
     assert {"import", "cluster", "first_roundtrip", "first_array_task", "close"} <= set(m)
     ready = m["ready_for_arrays"]["times"]
     assert all(r > s for r, s in zip(ready, m["startup"]["times"], strict=True))
-    assert len(variant["process_wall_s"]) == 3
+    assert len(variant["process_wall_s"]) == 3 and len(set(variant["pids"])) == 3
 
 
 def test_failing_variant_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,10 +48,34 @@ def test_spill_tiny_with_baselines(tmp_path: Path) -> None:
     )
     names = [v["name"] for v in doc["variants"]]
     assert names == ["dict store", "cudask no limit", "cudask 128 MiB"]
+    assert doc["parameters"]["mode"] == "cold"
     for v in doc["variants"]:
         m = v["measurements"]
         assert len(m["create"]["times"]) == 2 and m["read_verify"]["bytes"] == 512 * 2**20
+        assert v["runs"] == 3 and len(set(v["pids"])) == 3  # a warm-up + 2 cold processes
+        assert len(m["read_verify_warm"]["times"]) == 2 * 2  # --warm-runs 2 per process
     assert {c["kind"] for c in doc["comparisons"]} == {"vs dict store"}
+
+
+def test_spill_tiny_warm_mode(tmp_path: Path) -> None:
+    doc = run(
+        tmp_path,
+        "spill",
+        "--mode",
+        "warm",
+        "--total",
+        "256MiB",
+        "--chunk-size",
+        "16MiB",
+        "--device-memory-limit",
+        "64MiB",
+        "--repeat",
+        "2",
+        "--no-baseline",
+    )
+    [v] = doc["variants"]
+    assert set(v["measurements"]) == {"create_warm", "read_verify_warm"}
+    assert len(v["measurements"]["create_warm"]["times"]) == 2
 
 
 def test_spill_tiny_jit_both(tmp_path: Path) -> None:
@@ -90,6 +114,8 @@ def test_cupy_tiny_all_operations(tmp_path: Path, jit: str) -> None:
         "--repeat",
         "1",
         "--warmup",
+        "0",
+        "--warm-runs",
         "1",
         "--jit-unspill",
         jit,
@@ -97,8 +123,11 @@ def test_cupy_tiny_all_operations(tmp_path: Path, jit: str) -> None:
     )
     [v] = doc["variants"]
     for op in ("transpose_sum", "dot", "svd", "sum", "mean", "slice", "map_overlap"):
-        assert v["measurements"][op]["status"] == "ok", v["measurements"][op]["error"]
+        for name in (f"{op}_input", op, f"{op}_total", f"{op}_warm"):
+            m = v["measurements"][name]
+            assert m["status"] == "ok" and len(m["times"]) == 1, (name, m["error"])
         assert v["measurements"][op]["check"]
+    assert len(v["stores"]) == 7  # a fresh cluster per operation
 
 
 def test_startup_tiny(tmp_path: Path) -> None:

@@ -109,11 +109,14 @@ def test_runner_argv() -> None:
         protocol="tcp",
         repeat=3,
         warmup=1,
+        mode="cold",
+        warm_runs=1,
         total=2**34,
         chunk_size=2**28,
     )
     joined = " ".join(argv)
     assert "--backend dask-cuda" in joined and "--workload spill" in joined
+    assert "--mode cold --warm-runs 1" in joined
     assert f"--device-memory-limit {GIB4}" in joined and "--jit-unspill" in argv
     assert f"--total {2**34} --chunk-size {2**28}" in joined
     assert f"--rmm-pool-size {2**30}" in joined and "--json" not in argv
@@ -127,9 +130,12 @@ def test_runner_argv() -> None:
         protocol="tcp",
         repeat=1,
         warmup=0,
+        mode="warm",
+        warm_runs=3,
         operations=["sum", "dot"],
         size=100,
     )
+    assert "--mode warm" in " ".join(no_limit) and "--warm-runs" not in no_limit
     assert "--device-memory-limit" in no_limit
     assert no_limit[no_limit.index("--device-memory-limit") + 1] == "0"
     assert no_limit.count("--operation") == 2 and "--jit-unspill" not in no_limit
@@ -144,7 +150,15 @@ def test_runner_argv() -> None:
         repeat=1,
         warmup=0,
     )
-    assert "--device-memory-limit" not in default
+    assert "--device-memory-limit" not in default and "--mode" not in default
+    with pytest.raises(OptionError, match="needs a mode; accepted: cold, warm"):
+        spec.runner_argv(spec.Variant("dict"), "spill", array_module="numpy", device="0",
+                         memory_limit="auto", rmm_pool_size=None, protocol="tcp", repeat=1,
+                         warmup=0, total=8, chunk_size=8)
+    with pytest.raises(OptionError, match="--mode='hot'"):
+        spec.runner_argv(spec.Variant("dict"), "cupy", array_module="numpy", device="0",
+                         memory_limit="auto", rmm_pool_size=None, protocol="tcp", repeat=1,
+                         warmup=0, mode="hot")
 
 
 def test_runner_parses_what_the_harness_writes() -> None:
@@ -160,6 +174,8 @@ def test_runner_parses_what_the_harness_writes() -> None:
         protocol="tcp",
         repeat=2,
         warmup=1,
+        mode="cold",
+        warm_runs=0,
         operations=["svd"],
         size=1000,
         array_chunk=100,
@@ -170,6 +186,47 @@ def test_runner_parses_what_the_harness_writes() -> None:
     assert args.backend == "cudask" and args.device_memory_limit == GIB4 and args.jit_unspill
     assert args.operation == ["svd"] and args.second_size == 10 and args.array_chunk == 100
     assert args.memory_limit == "8GB" and args.repeat == 2 and args.warmup == 1
+    assert args.mode == "cold" and args.warm_runs == 0
+
+
+def _runner_args(*extra: str) -> Any:
+    from cudask.bench.run import parse_args
+
+    return parse_args(["--backend", "dict", "--json", "x.json", *extra])
+
+
+def test_planned_steps() -> None:
+    """The progress total each runner announces: one per cluster start and per run."""
+    from cudask.bench.run import cluster_groups, planned_steps
+
+    spill = ("--workload", "spill", "--total", "8", "--chunk-size", "8")
+    # warm: cluster up + (create, read) x (warm-ups + repetitions)
+    assert planned_steps(_runner_args(*spill, "--mode", "warm", "--repeat", "3",
+                                      "--warmup", "1")) == 1 + 2 * 4
+    # cold: cluster up + (create, read) x (the cold run + warm runs)
+    assert planned_steps(_runner_args(*spill, "--mode", "cold", "--warm-runs", "2")) == 1 + 2 * 3
+    cupy = ("--workload", "cupy", "--operation", "sum", "--operation", "dot")
+    warm = _runner_args(*cupy, "--mode", "warm", "--repeat", "2", "--warmup", "1")
+    assert planned_steps(warm) == 1 + 2 * 3 and cluster_groups(warm) == [["sum", "dot"]]
+    # cold: per operation, its cluster up + input + the cold run + warm runs
+    cold = _runner_args(*cupy, "--mode", "cold", "--warm-runs", "1")
+    assert planned_steps(cold) == 2 * (1 + 1 + 2) and cluster_groups(cold) == [["sum"], ["dot"]]
+    assert planned_steps(_runner_args("--workload", "startup")) == 1
+    defaults = _runner_args("--workload", "cupy")
+    assert defaults.mode == spec.DEFAULT_MODE == "cold"
+    assert defaults.warm_runs == spec.DEFAULT_WARM_RUNS
+    assert len(cluster_groups(defaults)) == len(spec.CUPY_OPERATIONS)
+
+
+def test_modes_and_defaults() -> None:
+    assert spec.MODES == ("cold", "warm") and spec.DEFAULT_MODE in spec.MODES
+    assert spec.default_warmup("spill", "cold") == spec.default_warmup("cupy", "cold") == 1
+    assert spec.default_warmup("spill", "warm") == 0 and spec.default_warmup("cupy", "warm") == 1
+    with pytest.raises(OptionError, match="--mode='hot'"):
+        spec.default_warmup("spill", "hot")
+    assert spec.process_per_repetition("startup", None)
+    assert spec.process_per_repetition("spill", "cold")
+    assert not spec.process_per_repetition("cupy", "warm")
 
 
 # --------------------------------------------------------------------------- ratios
@@ -228,6 +285,7 @@ def test_merge_runs_for_startup() -> None:
     assert m["times"] == [1.5, 1.2] and m["warmup_times"] == [2.0]
     assert m["median"] == pytest.approx(1.35) and m["min"] == 1.2 and m["max"] == 1.5
     assert entry["status"] == "ok" and entry["runs"] == 3 and entry["versions"] == {"dask": "1"}
+    assert entry["pids"] == [None, None, None]
 
 
 def test_merge_runs_failure() -> None:
@@ -245,6 +303,46 @@ def test_table_and_json_roundtrip(tmp_path: Path, synthetic_document: dict[str, 
     assert "0.157 (6.39x)" in table
     assert "FAILED dask-cuda 4 GiB +jit" in table
     assert "5.750 s (3.0 GB/s)" in table
+
+
+def test_table_says_the_mode_and_puts_cold_before_warm(
+    synthetic_document: dict[str, Any],
+) -> None:
+    for v in synthetic_document["variants"]:
+        m = v["measurements"]
+        v["measurements"] = {
+            **{k + "_warm": dict(x, median=x["median"] / 2) for k, x in m.items()}, **m
+        }
+    synthetic_document["parameters"].update(mode="cold", warm_runs=2)
+    table = harness.format_table(synthetic_document)
+    lines = table.splitlines()
+    assert lines[1] == (
+        "cold: first run on a fresh cluster, timed from the first submit; "
+        "*_warm: the next 2 runs in the same cluster"
+    )
+    rows = [line.split()[0] for line in lines[2:] if line.split()
+            and line.split()[0] in {"create", "read_verify", "create_warm", "read_verify_warm"}]
+    assert rows[:4] == ["create", "read_verify", "create_warm", "read_verify_warm"]
+    pairs = harness.comparisons(synthetic_document["variants"])
+    assert {c["metric"] for c in pairs} == {"create", "read_verify", "create_warm",
+                                            "read_verify_warm"}
+    synthetic_document["parameters"]["mode"] = "warm"
+    assert harness.format_table(synthetic_document).splitlines()[1] == (
+        "warm: steady state after warm-ups"
+    )
+    synthetic_document["parameters"] = {}  # startup, or a file from before --mode
+    assert harness.format_table(synthetic_document).splitlines()[1].startswith("metric")
+
+
+def test_comparisons_cover_cupy_cold_metrics(synthetic_document: dict[str, Any]) -> None:
+    for v in synthetic_document["variants"]:
+        v["measurements"] = {
+            f"sum{suffix}": dict(x) for x in v["measurements"].values()
+            for suffix in ("_input", "", "_total", "_warm")
+        }
+    pairs = harness.comparisons(synthetic_document["variants"])
+    vs_dask_cuda = {c["metric"] for c in pairs if c["kind"] == "vs dask-cuda"}
+    assert vs_dask_cuda == {"sum_input", "sum", "sum_total", "sum_warm"}
 
 
 def test_progress_line() -> None:
@@ -425,13 +523,20 @@ def test_honesty_check() -> None:
     check_honesty("cudask", result, runner)
     with pytest.raises(RunnerError, match="cudask.deploy.local"):
         check_honesty("dict", {}, [*runner, "cudask.deploy.local"])
+    several: dict[str, Any] = {  # cold cupy: a cluster per operation
+        "store": {"cudask_modules": ["cudask"]},
+        "stores": {"sum": {"cudask_modules": ["cudask"]},
+                   "dot": {"cudask_modules": ["cudask.worker.plugins"]}},
+    }
+    with pytest.raises(RunnerError, match="cudask.worker.plugins"):
+        check_honesty("dask-cuda", several, runner)
     clean: dict[str, Any] = {"store": {"cudask_modules": ["cudask", "cudask.bench.workloads"]}}
     check_honesty("dask-cuda", clean, runner)
     assert clean["cudask_modules"] == ["cudask", "cudask.bench.run"]
 
 
 def tiny_host_spill_argv(repeat: int) -> list[str]:
-    """Runner arguments for 1 MiB of host-memory spill chunks on the dict store."""
+    """Runner arguments for 1 MiB of host-memory spill chunks on the dict store, warm mode."""
     return spec.runner_argv(
         spec.Variant("dict"),
         "spill",
@@ -442,6 +547,7 @@ def tiny_host_spill_argv(repeat: int) -> list[str]:
         protocol="tcp",
         repeat=repeat,
         warmup=0,
+        mode="warm",
         total=2**20,
         chunk_size=2**19,
     )
@@ -472,7 +578,7 @@ def test_spawn_runner_through_another_interpreter(tmp_path: Path) -> None:
     assert result["status"] == "ok", result
     assert result["cudask_path"] == os.path.join(shim, "cudask")
     assert events[-1][0] == events[-1][1] == 3 and events[0][2] == "cluster up"
-    assert result["measurements"]["read_verify"]["times"]
+    assert result["measurements"]["read_verify_warm"]["times"]
     assert "-m cudask.bench.run" in result["command"]
 
 
@@ -553,7 +659,8 @@ def test_processes_take_turns_and_pool_their_repetitions(monkeypatch: pytest.Mon
         workload="cupy", variants=[spec.Variant("cudask", 1 << 30), spec.Variant("cudask", 1 << 30, jit_unspill=True)],
         targets={"cudask": target},
         runner_options={"array_module": "numpy", "device": "0", "memory_limit": "auto",
-                        "rmm_pool_size": None, "protocol": "tcp", "operations": ["sum"]},
+                        "rmm_pool_size": None, "protocol": "tcp", "operations": ["sum"],
+                        "mode": "warm"},
         repeat=2, warmup=1, parameters={}, processes=3,
     )
     doc = harness.execute(plan, harness.ProgressLine(False))
@@ -562,4 +669,48 @@ def test_processes_take_turns_and_pool_their_repetitions(monkeypatch: pytest.Mon
     assert plain["runs"] == 3 and len(plain["measurements"]["sum"]["times"]) == 6
     assert len(plain["measurements"]["sum"]["warmup_times"]) == 3
     assert jit["measurements"]["sum"]["median"] > 2 > plain["measurements"]["sum"]["median"]
+    assert doc["parameters"]["processes"] == 3
+
+
+def test_cold_rounds_take_turns_one_process_per_repetition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--mode cold: startup's rounds: the warm-up processes first, then one process per
+    measured repetition, the variants alternating; --processes plays no part."""
+    from cudask.bench import harness, spec
+
+    calls: list[tuple[str, str, str, str]] = []
+
+    def runner(target: object, argv: list[str], **kwargs: object) -> dict[str, Any]:
+        def value(flag: str) -> str:
+            return argv[argv.index(flag) + 1]
+
+        jit = "jit" if "--jit-unspill" in argv else "plain"
+        calls.append((jit, value("--warmup"), value("--repeat"), value("--mode")))
+        measured = value("--warmup") == "0"
+        times = {"times": [1.0], "warmup_times": []} if measured else {
+            "times": [], "warmup_times": [5.0]}
+        return {"status": "ok", "pid": len(calls), "process_wall_s": 0.1,
+                "measurements": {"create": times, "create_warm": times}}
+
+    monkeypatch.setattr(harness, "spawn_runner", runner)
+    monkeypatch.setattr(harness.environment, "machine", dict)
+    target = harness.Target(sys.executable)
+    plan = harness.Plan(
+        workload="spill",
+        variants=[spec.Variant("cudask", 1 << 30), spec.Variant("cudask", 1 << 30, True)],
+        targets={"cudask": target},
+        runner_options={"array_module": "numpy", "device": "0", "memory_limit": "auto",
+                        "rmm_pool_size": None, "protocol": "tcp", "total": 8,
+                        "chunk_size": 8, "mode": "cold", "warm_runs": 2},
+        repeat=2, warmup=1, parameters={}, processes=5,
+    )
+    assert harness.plan_rounds(plan) == [(1, 0), (0, 1), (0, 1)]
+    doc = harness.execute(plan, harness.ProgressLine(False))
+    assert calls == [("plain", "1", "0", "cold"), ("jit", "1", "0", "cold")] + [
+        ("plain", "0", "1", "cold"), ("jit", "0", "1", "cold")] * 2
+    plain, jit = doc["variants"]
+    assert plain["runs"] == 3 and plain["pids"] == [1, 3, 5] and jit["pids"] == [2, 4, 6]
+    assert plain["measurements"]["create"]["times"] == [1.0, 1.0]
+    assert plain["measurements"]["create"]["warmup_times"] == [5.0]
     assert doc["parameters"]["processes"] == 3

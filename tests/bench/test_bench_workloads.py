@@ -71,6 +71,22 @@ def client() -> Any:
         yield c
 
 
+def test_schedules() -> None:
+    warm = workloads.schedule("warm", warmup=1, repeat=2, warm_runs=5)
+    assert [(s.suffix, s.warmup, s.label) for s in warm] == [
+        ("_warm", True, "warm-up 1/1"),
+        ("_warm", False, "run 1/2"),
+        ("_warm", False, "run 2/2"),
+    ]
+    cold = workloads.schedule("cold", warmup=0, repeat=7, warm_runs=2)
+    assert [(s.suffix, s.warmup) for s in cold] == [("", False), ("_warm", False), ("_warm", False)]
+    # a cold warm-up process runs the same steps, none of them measured
+    assert all(s.warmup for s in workloads.schedule("cold", warmup=1, repeat=0, warm_runs=2))
+    assert len(workloads.schedule("cold", warmup=0, repeat=1, warm_runs=0)) == 1
+    with pytest.raises(workloads.BenchFailure, match="accepted: cold, warm"):
+        workloads.schedule("hot", warmup=0, repeat=1, warm_runs=0)
+
+
 def test_cupy_operations_on_numpy(client: Any) -> None:
     ops = list(spec.CUPY_OPERATIONS)
     shapes = {op: spec.operation_shape(op, 200, 50, 20) for op in ops}
@@ -80,15 +96,65 @@ def test_cupy_operations_on_numpy(client: Any) -> None:
         module="numpy",
         operations=ops,
         shapes=shapes,
-        repeat=2,
-        warmup=1,
+        steps=workloads.schedule("warm", warmup=1, repeat=2, warm_runs=0),
         progress=events.append,
     )
+    assert list(result) == [op + "_warm" for op in ops]
     for op in ops:
-        m = result[op]
+        m = result[op + "_warm"]
         assert m.status == "ok", (op, m.error)
         assert len(m.times) == 2 and len(m.warmup_times) == 1 and m.check
     assert len(events) == 3 * len(ops)
+
+
+def test_cold_operation_times_input_and_total(client: Any) -> None:
+    """Cold: the input from its first submit, the operation's first run, their sum, and the
+    warm runs on the same input; the check covers every figure."""
+    events: list[str] = []
+    result = workloads.run_operation(
+        client,
+        module="numpy",
+        op="dot",
+        shape=spec.operation_shape("dot", 200, 50, None),
+        steps=workloads.schedule("cold", warmup=0, repeat=1, warm_runs=2),
+        progress=events.append,
+        time_input=True,
+    )
+    assert list(result) == ["dot_input", "dot", "dot_total", "dot_warm"]
+    assert all(m.status == "ok" and m.check for m in result.values()), result
+    assert len(result["dot_input"].times) == len(result["dot"].times) == 1
+    assert result["dot_total"].times == [result["dot_input"].times[0] + result["dot"].times[0]]
+    assert len(result["dot_warm"].times) == 2
+    assert events == ["dot input", "dot cold", "dot warm 1/2", "dot warm 2/2"]
+
+
+def test_cold_warmup_process_measures_nothing(client: Any) -> None:
+    result = workloads.run_operation(
+        client,
+        module="numpy",
+        op="sum",
+        shape=spec.operation_shape("sum", 200, 50, None),
+        steps=workloads.schedule("cold", warmup=1, repeat=0, warm_runs=1),
+        progress=lambda s: None,
+        time_input=True,
+    )
+    assert all(not m.times and m.warmup_times for m in result.values()), result
+    total = result["sum_total"].warmup_times[0]
+    assert total == result["sum_input"].warmup_times[0] + result["sum"].warmup_times[0]
+
+
+def test_failing_operation_fails_every_figure(client: Any) -> None:
+    result = workloads.run_operation(
+        client,
+        module="numpy",
+        op="fft",
+        shape={"size": 100, "chunk": 50, "second": None},
+        steps=workloads.schedule("cold", warmup=0, repeat=1, warm_runs=1),
+        progress=lambda s: None,
+        time_input=True,
+    )
+    assert set(result) == {"fft_input", "fft", "fft_total", "fft_warm"}
+    assert all(m.status == "failed" and "fft" in (m.error or "") for m in result.values())
 
 
 def test_every_repetition_computes_its_result(client: Any) -> None:
@@ -97,9 +163,10 @@ def test_every_repetition_computes_its_result(client: Any) -> None:
 
     shapes = {"transpose_sum": spec.operation_shape("transpose_sum", 200, 50, None)}
     with get_task_stream(client) as stream:
+        steps = workloads.schedule("warm", warmup=1, repeat=4, warm_runs=0)
         result = workloads.run_cupy(client, module="numpy", operations=["transpose_sum"],
-                                    shapes=shapes, repeat=4, warmup=1, progress=lambda s: None)
-    assert result["transpose_sum"].status == "ok"
+                                    shapes=shapes, steps=steps, progress=lambda s: None)
+    assert result["transpose_sum_warm"].status == "ok"
     final = [t["key"] for t in stream.data
              if isinstance(t["key"], tuple) and t["key"][0].startswith("sum-aggregate")]
     assert len(final) == 5 and len(set(final)) == 1  # the same key, computed every time
@@ -127,15 +194,30 @@ def test_spill_on_numpy(client: Any) -> None:
         module="numpy",
         total=2**20,
         chunk_size=2**18,
-        repeat=2,
-        warmup=0,
+        steps=workloads.schedule("warm", warmup=0, repeat=2, warm_runs=0),
         progress=events.append,
     )
-    assert result["create"].parameters["chunks"] == 4
-    assert len(result["read_verify"].times) == 2
+    assert list(result) == ["create_warm", "read_verify_warm"]
+    assert result["create_warm"].parameters["chunks"] == 4
+    assert len(result["read_verify_warm"].times) == 2
     assert events == [
         "create run 1/2",
         "read+verify run 1/2",
         "create run 2/2",
         "read+verify run 2/2",
     ]
+
+
+def test_cold_spill_on_numpy(client: Any) -> None:
+    events: list[str] = []
+    result = workloads.run_spill(
+        client,
+        module="numpy",
+        total=2**20,
+        chunk_size=2**18,
+        steps=workloads.schedule("cold", warmup=0, repeat=1, warm_runs=1),
+        progress=events.append,
+    )
+    assert list(result) == ["create", "read_verify", "create_warm", "read_verify_warm"]
+    assert all(len(m.times) == 1 and m.check for m in result.values())
+    assert events == ["create cold", "read+verify cold", "create warm 1/1", "read+verify warm 1/1"]

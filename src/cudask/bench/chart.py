@@ -1,10 +1,12 @@
 """PNG charts of `cudask bench` results.
 
 Covers: one grouped bar chart per result document: a group per metric (spill:
-create, read_verify; cupy: each operation; startup: its phases), a bar per
-variant at its median seconds with min-max whiskers, the value printed on each
-bar, "failed" where a variant did not produce the metric, and a log axis when
-the values span more than 30x. matplotlib is imported lazily (`cudask[bench]`)
+create, read_verify and their `_warm` figures; cupy: each operation with its
+`_input`, `_total` and `_warm` figures; startup: its phases), cold metrics
+before warm ones, a bar per variant at its median seconds with min-max
+whiskers, the value printed on each bar, "failed" where a variant did not
+produce the metric, slanted labels when there are many or long metric names,
+and a log axis when the values span more than 30x. matplotlib is imported lazily (`cudask[bench]`)
 and drawn with the Agg backend, so no display is needed.
 
 Does not cover: running benchmarks or computing ratios (cudask.bench.harness).
@@ -16,7 +18,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from cudask.bench.spec import ordered_metrics
 from cudask.errors import MissingDependencyError
+
+#: Widest chart, inches (a cold cupy run has four metrics per operation).
+MAX_WIDTH = 40.0
 
 
 def _pyplot() -> Any:
@@ -41,11 +47,7 @@ def write_chart(document: Mapping[str, Any], path: str | os.PathLike[str]) -> No
     """Draw `document` (a result file's content) as a PNG at `path`."""
     plt = _pyplot()
     variants = list(document.get("variants") or [])
-    metrics: list[str] = []
-    for v in variants:
-        for m in v.get("measurements") or {}:
-            if m not in metrics:
-                metrics.append(m)
+    metrics = ordered_metrics(variants)
     if not variants or not metrics:
         raise ValueError("the result holds no measurements to chart")
 
@@ -59,7 +61,8 @@ def write_chart(document: Mapping[str, Any], path: str | os.PathLike[str]) -> No
     log = bool(positive) and max(positive) / min(positive) > 30
 
     width = 0.8 / len(variants)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(metrics) * max(1, len(variants)) / 2), 4.8))
+    wide = 1.4 * len(metrics) * max(1, len(variants)) / 2
+    fig, ax = plt.subplots(figsize=(min(MAX_WIDTH, max(6.0, wide)), 4.8))
     for i, v in enumerate(variants):
         xs, heights, low, high, labels = [], [], [], [], []
         for j, metric in enumerate(metrics):
@@ -105,12 +108,19 @@ def write_chart(document: Mapping[str, Any], path: str | os.PathLike[str]) -> No
                 textcoords="offset points",
             )
     ax.set_xticks(range(len(metrics)))
-    ax.set_xticklabels(metrics, rotation=20 if len(metrics) > 4 else 0)
+    slanted = len(metrics) > 4 or max(len(m) for m in metrics) > 12
+    ax.set_xticklabels(
+        metrics, rotation=35 if slanted else 0, ha="right" if slanted else "center",
+        rotation_mode="anchor",
+    )
     ax.set_ylabel("seconds (median, lower is better)")
     if log:
         ax.set_yscale("log")
     gpu = (document.get("machine") or {}).get("gpu_used") or {}
     title = f"cudask bench {document.get('workload', '')}"
+    mode = (document.get("parameters") or {}).get("mode")
+    if mode:
+        title += f" ({mode})"
     if gpu.get("name"):
         title += f" - {gpu['name']}"
     ax.set_title(title)

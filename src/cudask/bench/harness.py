@@ -3,8 +3,9 @@
 Covers: where each backend runs (this interpreter for cudask and the dict
 baseline; this or another interpreter, or this one with an extra PYTHONPATH
 directory, for dask-cuda), checking those environments before any benchmark
-process starts, spawning `python -m cudask.bench.run` per variant (per repeat
-for `startup`, whose every measurement is a fresh process), a progress line on
+process starts, spawning `python -m cudask.bench.run` per variant (per
+repetition for `startup` and cold-mode `spill`/`cupy`, whose every measurement
+is a fresh process; the variants take turns either way), a progress line on
 stderr, merging runner results into one JSON document with machine facts and
 versions, the ratios cudask / reference measured in the same run, and a text
 table.
@@ -306,6 +307,7 @@ def merge_runs(
         "error": None,
         "runs": len(runs),
         "process_wall_s": [r.get("process_wall_s") for r in runs],
+        "pids": [r.get("pid") for r in runs],
         "commands": sorted({str(r.get("command")) for r in runs if r.get("command")}),
     }
     failed = [r for r in runs if r.get("status") != "ok"]
@@ -316,7 +318,9 @@ def merge_runs(
             if failed[0].get(key):
                 entry[key] = failed[0][key]
     first = next((r for r in runs if r.get("status") == "ok"), runs[0] if runs else {})
-    for key in ("versions", "worker_versions", "worker", "cluster", "store", "cudask_modules"):
+    for key in (
+        "versions", "worker_versions", "worker", "cluster", "store", "stores", "cudask_modules"
+    ):
         if key in first:
             entry[key] = first[key]
     merged: dict[str, dict[str, Any]] = {}
@@ -407,14 +411,26 @@ def fmt_seconds(value: float | None) -> str:
     return f"{value:.3f} s"
 
 
+def _mode_lines(parameters: Mapping[str, Any]) -> list[str]:
+    """What the figures are, for a spill or cupy document (none for startup)."""
+    mode = parameters.get("mode")
+    if mode not in spec.MODE_DESCRIPTIONS:
+        return []
+    line = f"{mode}: {spec.MODE_DESCRIPTIONS[mode]}"
+    if mode == "cold":
+        runs = parameters.get("warm_runs")
+        line += (f"; *{spec.WARM_SUFFIX}: the next {runs} run{'' if runs == 1 else 's'} "
+                 "in the same cluster")
+        if parameters.get("operations"):
+            line += (f"; *{spec.INPUT_SUFFIX}: creating the input, *{spec.TOTAL_SUFFIX}: "
+                     "input + operation")
+    return [line]
+
+
 def format_table(document: Mapping[str, Any]) -> str:
     """A plain-text report: medians per metric and variant, then ratios, then failures."""
     variants = document["variants"]
-    metrics: list[str] = []
-    for v in variants:
-        for m in v.get("measurements") or {}:
-            if m not in metrics:
-                metrics.append(m)
+    metrics = spec.ordered_metrics(variants)
     names = [v["name"] for v in variants]
     rows = [["metric (median)", *names]]
     for metric in metrics:
@@ -440,7 +456,7 @@ def format_table(document: Mapping[str, Any]) -> str:
     header = f"cudask bench {document['workload']}"
     if gpu.get("name"):
         header += f" on {gpu['name']}"
-    lines.insert(0, header)
+    lines[:0] = [header, *_mode_lines(document.get("parameters") or {})]
     found = document.get("comparisons")
     pairs = comparisons(variants) if found is None else found
     if pairs:
@@ -474,7 +490,7 @@ class Plan:
     repeat: int
     warmup: int
     parameters: dict[str, Any]
-    processes: int = 1  # per variant, taking turns (startup: one per repetition)
+    processes: int = 1  # warm mode: per variant, taking turns (see plan_rounds)
     timeout: float = 3600.0
     argv: list[str] = dataclasses.field(default_factory=list)
 
@@ -484,6 +500,20 @@ def _gpu_used(machine: Mapping[str, Any], device: str) -> dict[str, Any] | None:
         if str(entry.get("index")) == device or entry.get("uuid") == device:
             return dict(entry)
     return None
+
+
+def plan_rounds(plan: Plan) -> list[tuple[int, int]]:
+    """(warm-ups, measured repetitions) of each process a variant runs, in order.
+
+    The rounds go through the variants in turn, so drift on the machine (caches
+    warming up, clocks) falls on every variant alike rather than on whichever
+    runs first. In startup and cold mode every repetition is a fresh process,
+    the warm-ups included; in warm mode each of the `processes` makes the
+    warm-ups and repetitions itself.
+    """
+    if spec.process_per_repetition(plan.workload, plan.runner_options.get("mode")):
+        return [(1, 0)] * plan.warmup + [(0, 1)] * plan.repeat
+    return [(plan.warmup, plan.repeat)] * plan.processes
 
 
 def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
@@ -517,13 +547,7 @@ def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
         status = "ok" if entry["status"] == "ok" else f"FAILED: {entry['error']}"
         progress.finish(f"[{index + 1}/{count}] {variant.name}: {status}")
 
-    # The rounds go through the variants in turn, so drift on the machine (caches
-    # warming up, clocks) falls on every variant alike rather than on whichever
-    # runs first. Every startup measurement is a fresh process.
-    if plan.workload == "startup":
-        rounds = [(1, 0)] * plan.warmup + [(0, 1)] * plan.repeat
-    else:
-        rounds = [(plan.warmup, plan.repeat)] * plan.processes
+    rounds = plan_rounds(plan)
     try:
         runs: list[list[dict[str, Any]]] = [[] for _ in plan.variants]
         for number, (warmup, repeat) in enumerate(rounds):
@@ -552,7 +576,7 @@ def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
         "machine": machine,
         "harness": {"python": sys.executable, "versions": environment.versions()},
         "parameters": {**plan.parameters, "repeat": plan.repeat, "warmup": plan.warmup,
-                       "processes": len(rounds) if plan.workload == "startup" else plan.processes},
+                       "processes": len(rounds)},
         "variants": entries,
     }
     document["comparisons"] = comparisons(entries)
@@ -578,6 +602,7 @@ __all__ = [
     "make_shim",
     "merge_runs",
     "package_root",
+    "plan_rounds",
     "resolve_dask_cuda",
     "spawn_runner",
     "write_json",

@@ -1,16 +1,22 @@
 """The benchmark runner: one process, one backend, one variant, one JSON result.
 
     python -m cudask.bench.run --backend cudask|dask-cuda|dict --workload spill|cupy|startup \
-        [--device-memory-limit BYTES] [--jit-unspill] ... --json result.json
+        [--mode cold|warm] [--device-memory-limit BYTES] [--jit-unspill] ... --json result.json
 
 Covers: importing the backend's cluster class (cudask.LocalCUDACluster,
 dask_cuda.LocalCUDACluster, or distributed.LocalCluster with `data=dict` as the
 plain-dict-store baseline), starting a one-worker cluster on one GPU with the
-given options, running one workload (cudask.bench.workloads), and writing a
+given options (in cold mode `cupy` starts one per operation, each closed
+before the next), running one workload (cudask.bench.workloads), and writing a
 JSON result: status, error, measurements, versions seen by this process and
 by the worker, the worker's store facts. Progress events go to stderr as
 lines starting with PROGRESS_PREFIX. Exit status 0 when the run succeeded,
 1 when it failed (the JSON then says why), 2 for bad arguments.
+
+Cold mode keeps the worker cold until the timed run: after the cluster starts,
+only a ping round trip (`_ping`) precedes the workload's first submit; the
+worker's device facts are asked for afterwards. One process makes one cold
+run (a warm-up when --warmup > 0, as for startup).
 
 Honesty: with --backend dask-cuda this process never imports cudask's cluster,
 store or worker code; the result lists the cudask modules loaded here and on
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import inspect
 import json
 import logging
@@ -33,9 +40,12 @@ import tempfile
 import time
 import traceback
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cudask.bench import environment, spec
+
+if TYPE_CHECKING:
+    from cudask.bench.workloads import Measurement, Step
 
 # Nothing heavier at module level (numpy comes with cudask.bench.workloads): with
 # multiprocessing's "spawn", every worker process the cluster starts first re-runs the
@@ -71,8 +81,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--memory-limit", default="auto", help="host memory limit per worker")
     p.add_argument("--rmm-pool-size", type=int, default=None, help="bytes")
     p.add_argument("--protocol", default="tcp")
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=0)
+    p.add_argument(
+        "--mode",
+        default=spec.DEFAULT_MODE,
+        choices=spec.MODES,
+        help="spill, cupy: cold (%(default)s) times the first run on this process's fresh "
+        "cluster from the first submit, then --warm-runs more; warm times --repeat "
+        "repetitions after --warmup ones",
+    )
+    p.add_argument(
+        "--warm-runs",
+        type=int,
+        default=spec.DEFAULT_WARM_RUNS,
+        help="cold mode: runs after the first in the same cluster (the _warm figures)",
+    )
+    p.add_argument("--repeat", type=int, default=3, help="warm mode: measured repetitions")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="warm mode: unmeasured repetitions first; cold mode and startup: > 0 makes "
+        "this process's run a warm-up",
+    )
     p.add_argument("--total", type=int, default=None, help="spill: bytes in all chunks")
     p.add_argument("--chunk-size", type=int, default=None, help="spill: bytes per chunk")
     p.add_argument(
@@ -102,13 +132,28 @@ class Progress:
         sys.stderr.flush()
 
 
+def steps_of(args: argparse.Namespace) -> list[Step]:
+    """The runs of a spill or cupy workload in this process."""
+    from cudask.bench.workloads import schedule
+
+    return schedule(args.mode, warmup=args.warmup, repeat=args.repeat, warm_runs=args.warm_runs)
+
+
+def operations_of(args: argparse.Namespace) -> list[str]:
+    return args.operation or list(spec.CUPY_OPERATIONS)
+
+
 def planned_steps(args: argparse.Namespace) -> int:
-    runs = args.warmup + args.repeat
+    """Progress events this process will write ("cluster up" is one per cluster)."""
+    if args.workload == "startup":
+        return 1
+    runs = len(steps_of(args))
     if args.workload == "spill":
         return 1 + 2 * runs
-    if args.workload == "cupy":
-        return 1 + len(args.operation or spec.CUPY_OPERATIONS) * runs
-    return 1
+    operations = len(operations_of(args))
+    if args.mode == "cold":  # a cluster per operation, the input timed
+        return operations * (2 + runs)
+    return 1 + operations * runs
 
 
 def load_backend(backend: str, jit_unspill: bool) -> tuple[Any, dict[str, Any]]:
@@ -187,101 +232,179 @@ def quiet_logs() -> Iterator[None]:
         logger.setLevel(old)
 
 
-def execute(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    """Run the workload and fill `result` in place (so a failure keeps what ran)."""
+@dataclasses.dataclass
+class ClusterTimes:
+    """perf_counter instants of one cluster's start, and how long closing it took."""
+
+    start: float = 0.0
+    constructed: float = 0.0
+    ready: float = 0.0
+    close_s: float = 0.0
+
+
+@contextlib.contextmanager
+def fresh_cluster(
+    args: argparse.Namespace,
+    cluster_class: Any,
+    result: dict[str, Any],
+    progress: Progress,
+    times: ClusterTimes,
+) -> Iterator[Any]:
+    """A new one-worker cluster in its own local directory, and a client that has seen
+    the worker answer one task (`_ping`); closed on exit, `times.close_s` then set."""
+    from distributed import Client
+
+    with tempfile.TemporaryDirectory(prefix="cudask-bench-") as local_directory:
+        kwargs = cluster_kwargs(args, cluster_class, local_directory)
+        result["cluster"].setdefault("kwargs", {
+            k: (v if isinstance(v, (int, float, str, bool, type(None))) else repr(v))
+            for k, v in kwargs.items()
+        })
+        times.start = time.perf_counter()
+        cluster = cluster_class(**kwargs)
+        times.constructed = time.perf_counter()
+        try:
+            with Client(cluster) as client:
+                client.wait_for_workers(1)
+                client.submit(_ping, pure=False).result()
+                times.ready = time.perf_counter()
+                progress("cluster up")
+                yield client
+        finally:
+            closing = time.perf_counter()
+            cluster.close()
+            times.close_s = time.perf_counter() - closing
+
+
+def record_device(client: Any, args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """The device the worker computes on (the first cluster's, where a process starts several)."""
     from cudask.bench import workloads
 
+    if "worker" not in result:
+        facts = client.run(workloads.device_facts, args.array_module)
+        result["worker"] = next(iter(facts.values()), {})
+
+
+def record_store(client: Any, result: dict[str, Any]) -> dict[str, Any]:
+    """Record the worker's store facts and versions (the first cluster's, where a process
+    starts several); return this cluster's store facts."""
+    from cudask.bench import workloads
+
+    store: dict[str, Any] = next(iter(client.run(workloads.store_facts).values()), {})
+    result.setdefault("store", store)
+    result.setdefault("worker_versions", next(iter(client.run(environment.versions).values())))
+    return store
+
+
+def run_startup(
+    args: argparse.Namespace, cluster_class: Any, import_s: float, result: dict[str, Any],
+    progress: Progress,
+) -> dict[str, Measurement]:
+    """Time the import, the cluster, the first round trip, the first array task, closing."""
+    from cudask.bench import workloads
+
+    times = ClusterTimes()
+    with fresh_cluster(args, cluster_class, result, progress, times) as client:
+        total = client.submit(workloads.first_array_task, args.array_module, pure=False).result()
+        t_array = time.perf_counter()
+        expected = 1023 * 1024 // 2  # sum(0..1023)
+        if total != expected:
+            raise RunnerError(f"the first array task returned {total}, not {expected}")
+        record_device(client, args, result)
+        record_store(client, result)
+    measured: dict[str, Measurement] = {}
+    for name, seconds in (
+        ("startup", import_s + (times.ready - times.start)),
+        ("import", import_s),
+        ("cluster", times.constructed - times.start),
+        ("first_roundtrip", times.ready - times.constructed),
+        ("first_array_task", t_array - times.ready),
+        ("ready_for_arrays", import_s + (t_array - times.start)),
+        ("close", times.close_s),
+    ):
+        m = workloads.Measurement()
+        m.record(seconds, args.warmup > 0)
+        measured[name] = m
+    return measured
+
+
+def cluster_groups(args: argparse.Namespace) -> list[list[str]]:
+    """The cupy operations of each cluster the process starts, in order: one cluster
+    for all of them, or in cold mode one per operation (spill: one cluster)."""
+    if args.workload != "cupy":
+        return [[]]
+    operations = operations_of(args)
+    return [[op] for op in operations] if args.mode == "cold" else [operations]
+
+
+def run_in_cluster(
+    client: Any, args: argparse.Namespace, operations: list[str], progress: Progress
+) -> dict[str, Measurement]:
+    from cudask.bench import workloads
+
+    steps = steps_of(args)
+    if args.workload == "spill":
+        return workloads.run_spill(client, module=args.array_module, total=args.total,
+                                   chunk_size=args.chunk_size, steps=steps, progress=progress)
+    shapes = {op: spec.operation_shape(op, args.size, args.array_chunk, args.second_size)
+              for op in operations}
+    return workloads.run_cupy(client, module=args.array_module, operations=operations,
+                              shapes=shapes, steps=steps, progress=progress,
+                              time_input=args.mode == "cold")
+
+
+def run_workload(
+    args: argparse.Namespace, cluster_class: Any, result: dict[str, Any], progress: Progress,
+    measured: dict[str, Measurement],
+) -> None:
+    """spill or cupy into `measured`, cluster by cluster (`cluster_groups`).
+
+    Warm mode asks the worker for its device facts before the workload, as it always
+    did; cold mode after, so that nothing but the ping precedes the first submit.
+    Where a process starts several clusters, `result["stores"]` holds each one's store.
+    """
+    groups = cluster_groups(args)
+    for operations in groups:
+        with fresh_cluster(args, cluster_class, result, progress, ClusterTimes()) as client:
+            if args.mode == "warm":
+                record_device(client, args, result)
+            measured.update(run_in_cluster(client, args, operations, progress))
+            record_device(client, args, result)
+            store = record_store(client, result)
+            if len(groups) > 1:
+                result.setdefault("stores", {})[",".join(operations)] = store
+
+
+def preload() -> None:
+    """Import what every backend shares before the backend's own import is timed."""
+    import distributed  # noqa: F401
+
+    from cudask.bench import workloads  # noqa: F401
+
+
+def execute(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Run the workload and fill `result` in place (so a failure keeps what ran)."""
     progress = Progress(planned_steps(args))
     if not environment.has_module(args.array_module):
         raise RunnerError(
             f"--array-module {args.array_module}: {args.array_module} is not installed in "
             f"{sys.executable}; install it (for CUDA 13: pip install cupy-cuda13x)"
         )
-    from distributed import Client
-
-    measured: dict[str, workloads.Measurement] = {}
+    preload()
+    measured: dict[str, Measurement] = {}
     result["measurements"] = {}
     start = time.perf_counter()
     cluster_class, facts = load_backend(args.backend, args.jit_unspill)
     import_s = time.perf_counter() - start
     result["cluster"] = facts
-    with tempfile.TemporaryDirectory(prefix="cudask-bench-") as local_directory, quiet_logs():
-        kwargs = cluster_kwargs(args, cluster_class, local_directory)
-        result["cluster"]["kwargs"] = {
-            k: (v if isinstance(v, (int, float, str, bool, type(None))) else repr(v))
-            for k, v in kwargs.items()
-        }
-        t0 = time.perf_counter()
-        cluster = cluster_class(**kwargs)
-        t1 = time.perf_counter()
-        try:
-            with Client(cluster) as client:
-                client.wait_for_workers(1)
-                client.submit(_ping, pure=False).result()
-                t2 = time.perf_counter()
-                progress("cluster up")
-                if args.workload == "startup":
-                    total = client.submit(workloads.first_array_task, args.array_module,
-                                          pure=False).result()
-                    t_array = time.perf_counter()
-                    expected = 1023 * 1024 // 2  # sum(0..1023)
-                    if total != expected:
-                        raise RunnerError(f"the first array task returned {total}, not {expected}")
-                worker = client.run(workloads.device_facts, args.array_module)
-                result["worker"] = next(iter(worker.values()), {})
-                if args.workload == "startup":
-                    for name, seconds in (
-                        ("startup", import_s + (t2 - t0)),
-                        ("import", import_s),
-                        ("cluster", t1 - t0),
-                        ("first_roundtrip", t2 - t1),
-                        ("first_array_task", t_array - t2),
-                        ("ready_for_arrays", import_s + (t_array - t0)),
-                    ):
-                        m = workloads.Measurement()
-                        m.record(seconds, args.warmup > 0)
-                        measured[name] = m
-                elif args.workload == "spill":
-                    measured.update(
-                        workloads.run_spill(
-                            client,
-                            module=args.array_module,
-                            total=args.total,
-                            chunk_size=args.chunk_size,
-                            repeat=args.repeat,
-                            warmup=args.warmup,
-                            progress=progress,
-                        )
-                    )
-                else:
-                    ops = args.operation or list(spec.CUPY_OPERATIONS)
-                    shapes = {
-                        op: spec.operation_shape(op, args.size, args.array_chunk, args.second_size)
-                        for op in ops
-                    }
-                    measured.update(
-                        workloads.run_cupy(
-                            client,
-                            module=args.array_module,
-                            operations=ops,
-                            shapes=shapes,
-                            repeat=args.repeat,
-                            warmup=args.warmup,
-                            progress=progress,
-                        )
-                    )
-                store = client.run(workloads.store_facts)
-                result["store"] = next(iter(store.values()), {})
-                result["worker_versions"] = next(iter(client.run(environment.versions).values()))
-        finally:
-            t3 = time.perf_counter()
-            cluster.close()
-            close_s = time.perf_counter() - t3
-            result["measurements"] = {k: v.to_json() for k, v in measured.items()}
-        if args.workload == "startup":
-            m = workloads.Measurement()
-            m.record(close_s, args.warmup > 0)
-            result["measurements"]["close"] = m.to_json()
+    try:
+        with quiet_logs():
+            if args.workload == "startup":
+                measured.update(run_startup(args, cluster_class, import_s, result, progress))
+            else:
+                run_workload(args, cluster_class, result, progress, measured)
+    finally:
+        result["measurements"] = {k: v.to_json() for k, v in measured.items()}
     failed = [k for k, v in measured.items() if v.status != "ok"]
     if failed:
         raise RunnerError("; ".join(f"{k}: {measured[k].error}" for k in failed))
@@ -299,7 +422,8 @@ def check_honesty(
     result["cudask_path"] = os.path.dirname(cudask.__file__)
     if backend == "cudask":
         return
-    worker = result.get("store", {}).get("cudask_modules", [])
+    stores = [result.get("store", {}), *result.get("stores", {}).values()]
+    worker = [m for store in stores for m in store.get("cudask_modules", [])]
     leaked = [m for m in here + list(worker) if m.startswith(CLUSTER_MODULES)]
     if leaked:
         raise RunnerError(

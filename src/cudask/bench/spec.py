@@ -1,10 +1,11 @@
 """What a benchmark run is made of: workloads, operations, variants, parameters.
 
 Covers: the names the harness accepts (workloads, backends, cupy operations
-and their default shapes), the `Variant` a runner process executes (backend x
-device limit x JIT-unspill), building the variant matrix a command asks for,
-and turning one variant plus its parameters into the runner's argv. Pure data
-and validation: nothing here imports dask, CuPy or any cluster.
+and their default shapes, the cold/warm measuring modes and their defaults,
+the metric suffixes each mode writes), the `Variant` a runner process executes
+(backend x device limit x JIT-unspill), building the variant matrix a command
+asks for, and turning one variant plus its parameters into the runner's argv.
+Pure data and validation: nothing here imports dask, CuPy or any cluster.
 
 Does not cover: running anything (cudask.bench.harness spawns runners,
 cudask.bench.run is the runner, cudask.bench.workloads holds the work).
@@ -13,7 +14,7 @@ cudask.bench.run is the runner, cudask.bench.workloads holds the work).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dask.utils import format_bytes
@@ -24,6 +25,29 @@ WORKLOADS: tuple[str, ...] = ("spill", "cupy", "startup")
 BACKENDS: tuple[str, ...] = ("cudask", "dask-cuda", "dict")
 ARRAY_MODULES: tuple[str, ...] = ("cupy", "numpy")
 JIT_MODES: tuple[str, ...] = ("off", "on", "both")
+
+#: How `spill` and `cupy` measure. cold: every measured repetition is its own fresh
+#: runner process and cluster, its first run timed from the first submit (the figure a
+#: user who starts a cluster and runs once sees), followed by warm runs in the same
+#: cluster. warm: repetitions after warm-ups in one cluster (steady state).
+MODES: tuple[str, ...] = ("cold", "warm")
+DEFAULT_MODE = "cold"
+MODE_DESCRIPTIONS: dict[str, str] = {
+    "cold": "first run on a fresh cluster, timed from the first submit",
+    "warm": "steady state after warm-ups",
+}
+#: Cold mode: runs after the first one, in the same cluster, that give the `_warm` figures.
+DEFAULT_WARM_RUNS = 2
+#: Unmeasured warm-ups when --warmup is not given: cold mode's are whole processes per
+#: variant; warm mode's are repetitions inside each process, per workload.
+COLD_WARMUP = 1
+WARM_WARMUP: dict[str, int] = {"spill": 0, "cupy": 1}
+
+#: Metric name suffixes: `_warm` (steady state, both modes), and in cold cupy runs
+#: `_input` (creating and persisting the input) and `_total` (`_input` + the operation).
+WARM_SUFFIX = "_warm"
+INPUT_SUFFIX = "_input"
+TOTAL_SUFFIX = "_total"
 
 #: Line prefix a runner uses on stderr for machine-readable progress events.
 PROGRESS_PREFIX = "##cudask-bench## "
@@ -108,6 +132,27 @@ def operation_shape(
             "size of at most the array size, e.g. --size 40000 --chunk-size 5000"
         )
     return shape
+
+
+def process_per_repetition(workload: str, mode: str | None) -> bool:
+    """Whether every repetition runs in a fresh runner process (startup, cold mode)."""
+    return workload == "startup" or mode == "cold"
+
+
+def default_warmup(workload: str, mode: str) -> int:
+    """Unmeasured warm-ups of `workload` in `mode` when --warmup is not given."""
+    check_choice("--mode", mode, MODES)
+    return COLD_WARMUP if mode == "cold" else WARM_WARMUP[workload]
+
+
+def ordered_metrics(variants: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Every metric of `variants` in first-seen order, `_warm` metrics after the others."""
+    metrics: list[str] = []
+    for variant in variants:
+        for name in variant.get("measurements") or {}:
+            if name not in metrics:
+                metrics.append(name)
+    return sorted(metrics, key=lambda name: name.endswith(WARM_SUFFIX))
 
 
 def check_positive(name: str, value: int | None, minimum: int = 1) -> None:
@@ -229,6 +274,8 @@ def runner_argv(
     protocol: str,
     repeat: int,
     warmup: int,
+    mode: str | None = None,
+    warm_runs: int | None = None,
     total: int | None = None,
     chunk_size: int | None = None,
     operations: Sequence[str] = (),
@@ -239,7 +286,8 @@ def runner_argv(
 ) -> list[str]:
     """Arguments (after `python -m cudask.bench.run`) that run `variant` once.
 
-    The harness appends `--json PATH` itself unless `json_path` is given.
+    `mode` (one of MODES) is required for spill and cupy; `warm_runs` applies to
+    cold mode. The harness appends `--json PATH` itself unless `json_path` is given.
     """
     check_choice("workload", workload, WORKLOADS)
     argv = [
@@ -261,6 +309,12 @@ def runner_argv(
         argv.append("--jit-unspill")
     if rmm_pool_size is not None and variant.backend != "dict":
         argv += ["--rmm-pool-size", str(rmm_pool_size)]
+    if workload in ("spill", "cupy"):
+        if mode is None:
+            raise OptionError(f"the {workload} workload needs a mode; accepted: {accepted(MODES)}")
+        argv += ["--mode", check_choice("--mode", mode, MODES)]
+        if mode == "cold":
+            argv += ["--warm-runs", str(DEFAULT_WARM_RUNS if warm_runs is None else warm_runs)]
     if workload == "spill":
         if total is None or chunk_size is None:
             raise OptionError("the spill workload needs --total and --chunk-size")
@@ -280,11 +334,20 @@ def runner_argv(
 __all__ = [
     "ARRAY_MODULES",
     "BACKENDS",
+    "COLD_WARMUP",
     "CUPY_OPERATIONS",
+    "DEFAULT_MODE",
+    "DEFAULT_WARM_RUNS",
+    "INPUT_SUFFIX",
     "JIT_MODES",
     "MAX_SPILL_CHUNK",
+    "MODES",
+    "MODE_DESCRIPTIONS",
     "PROGRESS_PREFIX",
     "RESULT_FORMAT",
+    "TOTAL_SUFFIX",
+    "WARM_SUFFIX",
+    "WARM_WARMUP",
     "WORKLOADS",
     "OperationShape",
     "Variant",
@@ -293,7 +356,10 @@ __all__ = [
     "check_operations",
     "check_positive",
     "check_spill_sizes",
+    "default_warmup",
     "jit_flags",
     "operation_shape",
+    "ordered_metrics",
+    "process_per_repetition",
     "runner_argv",
 ]

@@ -13,7 +13,14 @@ Timing rule: a timed region is submit -> every result done -> device
 synchronized; building graphs before it and checking results after it are
 not timed. Progress is reported only between timed regions.
 
-Does not cover: starting clusters or writing results (cudask.bench.run).
+A runner process runs a workload as a list of `Step`s (`schedule`): in warm
+mode its warm-ups and measured repetitions, all recorded as `<metric>_warm`; in
+cold mode the first run on its fresh cluster (`<metric>`), then the warm runs
+in the same cluster (`<metric>_warm`). Cold cupy runs also time the input
+(`<op>_input`) and report `<op>_total` = `<op>_input` + `<op>`.
+
+Does not cover: starting clusters (one per cold cupy operation) or writing
+results (cudask.bench.run).
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from cudask.bench.spec import INPUT_SUFFIX, MODES, TOTAL_SUFFIX, WARM_SUFFIX
 
 ProgressFn = Callable[[str], None]
 
@@ -183,6 +192,43 @@ def summarize(entry: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One run of a workload in a runner process.
+
+    `suffix` is added to the workload's metric names ("" for a cold run, `_warm`
+    for a steady-state one); `warmup` keeps the time out of every median;
+    `label` is the progress text.
+    """
+
+    suffix: str
+    warmup: bool
+    label: str
+
+
+def schedule(mode: str, *, warmup: int, repeat: int, warm_runs: int) -> list[Step]:
+    """The runs one runner process makes of a spill or cupy workload.
+
+    warm: `warmup` unmeasured then `repeat` measured repetitions, all `_warm`.
+    cold: the first run of a fresh cluster, then `warm_runs` runs (`_warm`) in the
+    same cluster; `repeat` is not used (the harness starts a process per
+    repetition) and the whole process is a warm-up when `warmup` > 0, as for
+    startup.
+    """
+    if mode == "warm":
+        return [Step(WARM_SUFFIX, True, f"warm-up {i + 1}/{warmup}") for i in range(warmup)] + [
+            Step(WARM_SUFFIX, False, f"run {i + 1}/{repeat}") for i in range(repeat)
+        ]
+    if mode == "cold":
+        unmeasured = warmup > 0
+        prefix = "warm-up process, " if unmeasured else ""
+        return [Step("", unmeasured, f"{prefix}cold")] + [
+            Step(WARM_SUFFIX, unmeasured, f"{prefix}warm {i + 1}/{warm_runs}")
+            for i in range(warm_runs)
+        ]
+    raise BenchFailure(f"mode {mode!r} is not known; accepted: {', '.join(MODES)}")
+
+
 def _wait_device(client: Any, module: str) -> None:
     client.run(synchronize, module)
 
@@ -229,23 +275,23 @@ def run_spill(
     module: str,
     total: int,
     chunk_size: int,
-    repeat: int,
-    warmup: int,
+    steps: Sequence[Step],
     progress: ProgressFn,
 ) -> dict[str, Measurement]:
-    """Create total/chunk_size chunks, then read them all back and verify every element."""
+    """Per step, create total/chunk_size chunks, then read them all back and verify
+    every element; `create<suffix>` and `read_verify<suffix>` per step's suffix."""
     from distributed import wait
 
     chunks = total // chunk_size
     elements = chunk_size // 8
     nbytes = chunks * elements * 8
     params = {"chunks": chunks, "chunk_size": elements * 8, "total": nbytes, "dtype": "uint64"}
-    create = Measurement(nbytes=nbytes, parameters=dict(params))
-    read = Measurement(nbytes=nbytes, parameters=dict(params))
-    runs = warmup + repeat
-    for rep in range(runs):
-        is_warmup = rep < warmup
-        tag = f"warm-up {rep + 1}/{warmup}" if is_warmup else f"run {rep - warmup + 1}/{repeat}"
+    measured: dict[str, Measurement] = {}
+
+    def metric(name: str) -> Measurement:
+        return measured.setdefault(name, Measurement(nbytes=nbytes, parameters=dict(params)))
+
+    for rep, step in enumerate(steps):
         bases = [spill_base(rep, i, chunks) for i in range(chunks)]
 
         start = time.perf_counter()
@@ -255,8 +301,8 @@ def run_spill(
         ]
         wait(futures)
         _wait_device(client, module)
-        create.record(time.perf_counter() - start, is_warmup)
-        progress(f"create {tag}")
+        metric("create" + step.suffix).record(time.perf_counter() - start, step.warmup)
+        progress(f"create {step.label}")
 
         start = time.perf_counter()
         checks = [
@@ -264,8 +310,8 @@ def run_spill(
             for i, (fut, base) in enumerate(zip(futures, bases))
         ]
         mismatches = client.gather(checks)
-        read.record(time.perf_counter() - start, is_warmup)
-        progress(f"read+verify {tag}")
+        metric("read_verify" + step.suffix).record(time.perf_counter() - start, step.warmup)
+        progress(f"read+verify {step.label}")
 
         bad = [(i, n) for i, n in enumerate(mismatches) if n != 0]
         if bad:
@@ -278,9 +324,9 @@ def run_spill(
             )
         del futures, checks
         _drain(client)
-    check = f"all {chunks} chunks x {elements} elements equal base+index in every run"
-    create.check = read.check = check
-    return {"create": create, "read_verify": read}
+    for m in measured.values():
+        m.check = f"all {chunks} chunks x {elements} elements equal base+index in every run"
+    return measured
 
 
 # --------------------------------------------------------------------------- cupy
@@ -393,74 +439,138 @@ def run_cupy(
     module: str,
     operations: Sequence[str],
     shapes: dict[str, dict[str, Any]],
-    repeat: int,
-    warmup: int,
+    steps: Sequence[Step],
     progress: ProgressFn,
+    time_input: bool = False,
 ) -> dict[str, Measurement]:
-    """Time each dask.array operation on persisted random input; check each result once."""
-    import dask
-    import dask.array as da
-    from distributed import futures_of, wait
-
-    xp = _xp(module)
+    """The operations one after the other in one cluster (`run_operation` each)."""
     results: dict[str, Measurement] = {}
     for op in operations:
-        shape = shapes[op]
-        m = Measurement(parameters={"expression": op, **shape, "dtype": "float64"})
-        results[op] = m
-        inputs: list[Any] = []
-        case: _Case | None = None
-        try:
-            rs = da.random.RandomState(seed=1234, RandomState=xp.random.RandomState)
-            if shape.get("second"):
-                dims = (shape["size"], shape["second"])
-                chunks: Any = (shape["chunk"], shape["second"])
-            else:
-                dims = (shape["size"], shape["size"])
-                chunks = shape["chunk"]
-            count = 2 if op == "dot" else 1
-            inputs = [rs.random(dims, chunks=chunks).persist() for _ in range(count)]
-            wait(inputs)
-            _wait_device(client, module)
-            case = _cupy_case(op, inputs, shape)
-            for rep in range(warmup + repeat):
-                expr = case.build()
-                start = time.perf_counter()
-                persisted = dask.persist(*expr) if isinstance(expr, tuple) else (expr.persist(),)
-                wait([f for p in persisted for f in futures_of(p)])
-                _wait_device(client, module)
-                m.record(time.perf_counter() - start, rep < warmup)
-                if rep == warmup + repeat - 1:
-                    m.check = case.check(persisted if isinstance(expr, tuple) else persisted[0])
-                keys = [f.key for p in persisted for f in futures_of(p)]
-                persisted, expr = (), None
-                _await_forgotten(client, keys)
-                progress(
-                    f"{op} warm-up {rep + 1}/{warmup}"
-                    if rep < warmup
-                    else f"{op} run {rep - warmup + 1}/{repeat}"
-                )
-        except Exception as exc:  # noqa: BLE001 - one failing operation must not hide the rest
-            m.fail(f"{type(exc).__name__}: {exc}")
-            progress(f"{op} failed")
-        finally:
-            # drop every reference to futures before waiting for the worker to empty
-            inputs, case, persisted, expr = [], None, (), None
-            try:
-                _drain(client)
-            except Exception as exc:  # noqa: BLE001
-                if m.status == "ok":
-                    m.fail(f"{type(exc).__name__}: {exc}")
+        results.update(
+            run_operation(client, module=module, op=op, shape=shapes[op], steps=steps,
+                          progress=progress, time_input=time_input)
+        )
     return results
+
+
+def _metric_names(op: str, steps: Sequence[Step], time_input: bool) -> list[str]:
+    names = list(dict.fromkeys(op + step.suffix for step in steps))
+    if time_input and names:
+        names[1:1] = [op + TOTAL_SUFFIX]
+        names.insert(0, op + INPUT_SUFFIX)
+    return names
+
+
+def _random_input(module: str, op: str, shape: dict[str, Any]) -> list[Any]:
+    """The operation's random input arrays, as graphs (nothing submitted yet)."""
+    import dask.array as da
+
+    xp = _xp(module)
+    rs = da.random.RandomState(seed=1234, RandomState=xp.random.RandomState)
+    if shape.get("second"):
+        dims = (shape["size"], shape["second"])
+        chunks: Any = (shape["chunk"], shape["second"])
+    else:
+        dims = (shape["size"], shape["size"])
+        chunks = shape["chunk"]
+    return [rs.random(dims, chunks=chunks) for _ in range(2 if op == "dot" else 1)]
+
+
+def run_operation(
+    client: Any,
+    *,
+    module: str,
+    op: str,
+    shape: dict[str, Any],
+    steps: Sequence[Step],
+    progress: ProgressFn,
+    time_input: bool = False,
+) -> dict[str, Measurement]:
+    """Time one dask.array operation on persisted random input, once per step; check
+    the last result once, untimed.
+
+    The input is created and persisted first, untimed, or with `time_input` timed
+    from its first submit as `<op>_input` (counted as the first step's warm-up or
+    not), with `<op>_total` = `<op>_input` + the first step's time. A failure
+    fails every metric of the operation and is not raised: the next operation runs.
+    """
+    import dask
+    from distributed import futures_of, wait
+
+    results = {
+        name: Measurement(parameters={"expression": op, **shape, "dtype": "float64"})
+        for name in _metric_names(op, steps, time_input)
+    }
+    inputs: list[Any] = []
+    case: _Case | None = None
+    persisted: tuple[Any, ...] = ()
+    expr: Any = None
+    try:
+        arrays = _random_input(module, op, shape)
+        start = time.perf_counter()
+        inputs = [array.persist() for array in arrays]
+        wait(inputs)
+        _wait_device(client, module)
+        if time_input:
+            results[op + INPUT_SUFFIX].record(time.perf_counter() - start, steps[0].warmup)
+            progress(f"{op} input")
+        case = _cupy_case(op, inputs, shape)
+        check = ""
+        for rep, step in enumerate(steps):
+            expr = case.build()
+            start = time.perf_counter()
+            persisted = dask.persist(*expr) if isinstance(expr, tuple) else (expr.persist(),)
+            wait([f for p in persisted for f in futures_of(p)])
+            _wait_device(client, module)
+            results[op + step.suffix].record(time.perf_counter() - start, step.warmup)
+            if rep == len(steps) - 1:
+                check = case.check(persisted if isinstance(expr, tuple) else persisted[0])
+            keys = [f.key for p in persisted for f in futures_of(p)]
+            persisted, expr = (), None
+            _await_forgotten(client, keys)
+            progress(f"{op} {step.label}")
+        for m in results.values():
+            m.check = check
+        if time_input:
+            _add_total(results, op, op + steps[0].suffix)
+    except Exception as exc:  # noqa: BLE001 - one failing operation must not hide the rest
+        _fail_all(results, f"{type(exc).__name__}: {exc}")
+        progress(f"{op} failed")
+    finally:
+        # drop every reference to futures before waiting for the worker to empty
+        inputs, case, persisted, expr = [], None, (), None
+        try:
+            _drain(client)
+        except Exception as exc:  # noqa: BLE001
+            _fail_all(results, f"{type(exc).__name__}: {exc}")
+    return results
+
+
+def _add_total(results: dict[str, Measurement], op: str, first: str) -> None:
+    """`<op>_total`: each process's input time plus its first run's time."""
+    total, parts = results[op + TOTAL_SUFFIX], (results[op + INPUT_SUFFIX], results[first])
+    total.times = [a + b for a, b in zip(parts[0].times, parts[1].times, strict=True)]
+    total.warmup_times = [
+        a + b for a, b in zip(parts[0].warmup_times, parts[1].warmup_times, strict=True)
+    ]
+
+
+def _fail_all(results: dict[str, Measurement], error: str) -> None:
+    for m in results.values():
+        if m.status == "ok":
+            m.fail(error)
 
 
 __all__ = [
     "BenchFailure",
     "Measurement",
+    "Step",
     "device_facts",
     "make_chunk",
     "run_cupy",
+    "run_operation",
     "run_spill",
+    "schedule",
     "spill_base",
     "stencil",
     "store_facts",

@@ -1,9 +1,10 @@
 """`cudask bench`: the spill, cupy and startup benchmarks, side by side with dask-cuda.
 
 Covers: the click commands `bench spill`, `bench cupy`, `bench startup` and
-`bench chart`, their options, and every check that can be made before a
-process starts (sizes, names, the GPU, CuPy, matplotlib, the dask-cuda
-environment and whether it has JIT-unspill). Bad input ends in one line
+`bench chart`, their options (spill and cupy measure in --mode cold, the
+default, or warm), and every check that can be made before a process starts
+(sizes, names, the GPU, CuPy, matplotlib, the dask-cuda environment and
+whether it has JIT-unspill). Bad input ends in one line
 naming the value and what is accepted, never a traceback. Each variant then
 runs in its own process (cudask.bench.harness), and the command prints a
 table, and writes JSON and a PNG chart when asked.
@@ -41,9 +42,13 @@ def bench() -> None:
 
 
 def common_options(
-    default_limit: str | None, default_repeat: int, default_warmup: int
+    default_limit: str | None,
+    default_repeat: int,
+    default_warmup: int | None,
+    warmup_help: str = "Unmeasured repetitions first.",
 ) -> Callable[[F], F]:
-    """The options every workload command takes."""
+    """The options every workload command takes (a None warm-up default is resolved by
+    the command, per --mode)."""
 
     def decorate(f: F) -> F:
         options = [
@@ -123,14 +128,15 @@ def common_options(
                 type=click.IntRange(min=1),
                 default=default_repeat,
                 show_default=True,
-                help="Measured repetitions (median reported).",
+                help="Measured repetitions (median reported); for startup and --mode cold "
+                "each is a fresh process, the configurations taking turns.",
             ),
             click.option(
                 "--warmup",
                 type=click.IntRange(min=0),
                 default=default_warmup,
-                show_default=True,
-                help="Unmeasured repetitions first.",
+                show_default=default_warmup is not None,
+                help=warmup_help,
             ),
             click.option(
                 "--device",
@@ -362,15 +368,76 @@ def _run(plan: Any, kw: dict[str, Any]) -> None:
         )
 
 
-processes_option = click.option(
-    "--processes",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Fresh processes per configuration, each with the warm-up and the repetitions. "
-    "The configurations take turns, so drift on the machine falls on all of them alike; "
-    "medians are over every process's repetitions.",
-)
+def mode_options() -> Callable[[F], F]:
+    """--mode, --warm-runs and --processes of `spill` and `cupy`."""
+
+    def decorate(f: F) -> F:
+        options = [
+            click.option(
+                "--mode",
+                type=click.Choice(list(spec.MODES)),
+                default=spec.DEFAULT_MODE,
+                show_default=True,
+                help=f"cold: {spec.MODE_DESCRIPTIONS['cold']}, every measured repetition a "
+                "fresh process and cluster (the headline figure), with --warm-runs more runs "
+                f"in that cluster beside it (*{spec.WARM_SUFFIX}). "
+                f"warm: {spec.MODE_DESCRIPTIONS['warm']} in one cluster "
+                f"(*{spec.WARM_SUFFIX} only).",
+            ),
+            click.option(
+                "--warm-runs",
+                type=click.IntRange(min=0),
+                default=spec.DEFAULT_WARM_RUNS,
+                show_default=True,
+                help=f"--mode cold: runs after the first one, in the same cluster, reported as "
+                f"*{spec.WARM_SUFFIX}.",
+            ),
+            click.option(
+                "--processes",
+                type=click.IntRange(min=1),
+                default=1,
+                show_default=True,
+                help="--mode warm: fresh processes per configuration, each with the warm-up "
+                "and the repetitions. The configurations take turns, so drift on the machine "
+                "falls on all of them alike; medians are over every process's repetitions.",
+            ),
+        ]
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return decorate
+
+
+def _warmup_help(workload: str) -> str:
+    return (
+        f"Unmeasured warm-ups first. --mode cold: whole processes per configuration, taking "
+        f"turns, that warm the disk cache of the libraries and CuPy's kernel cache "
+        f"(default {spec.COLD_WARMUP}); --mode warm: repetitions in each process before the "
+        f"measured ones (default {spec.WARM_WARMUP[workload]})."
+    )
+
+
+def _mode_settings(ctx: click.Context, kw: dict[str, Any], workload: str) -> dict[str, Any]:
+    """Check --mode against --processes/--warm-runs, resolve --warmup; the runner's
+    mode options (also recorded in the result's parameters)."""
+
+    def given(name: str) -> bool:
+        return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+
+    mode = kw["mode"]
+    if mode == "cold" and given("processes"):
+        raise OptionError(
+            "--processes applies to --mode warm; in cold mode every repetition is its own process"
+        )
+    if mode == "warm" and given("warm_runs"):
+        raise OptionError(
+            "--warm-runs applies to --mode cold; in warm mode every measured repetition "
+            "is a warm run"
+        )
+    if kw["warmup"] is None:
+        kw["warmup"] = spec.default_warmup(workload, mode)
+    return {"mode": mode, "warm_runs": kw["warm_runs"] if mode == "cold" else None}
 
 
 def _command(f: Callable[..., None]) -> Callable[..., None]:
@@ -385,7 +452,9 @@ def _command(f: Callable[..., None]) -> Callable[..., None]:
 
 
 @bench.command("spill")
-@common_options(default_limit="4GB", default_repeat=3, default_warmup=0)
+@common_options(
+    default_limit="4GB", default_repeat=3, default_warmup=None, warmup_help=_warmup_help("spill")
+)
 @click.option(
     "--total",
     default="16GiB",
@@ -398,15 +467,24 @@ def _command(f: Callable[..., None]) -> Callable[..., None]:
     show_default=True,
     help="Bytes per chunk (one dask future each).",
 )
-@processes_option
+@mode_options()
 @_command
 def spill(ctx: click.Context, kw: dict[str, Any]) -> None:
     """Create device chunks beyond the device limit, then read all back and verify every value.
 
     Chunk i holds uint64 values base_i + j; reading back compares every
-    element on the device against that formula. Reports create and
-    read+verify seconds and GB/s.
+    element on the device against that formula. Reports seconds and GB/s.
+
+    \b
+    --mode cold (default): every measured repetition is a fresh process
+    with a fresh one-worker cluster, the configurations taking turns.
+      create, read_verify: the first run, timed from the first submit
+      create_warm, read_verify_warm: the --warm-runs runs after it,
+        in the same cluster
+    --mode warm: --warmup, then --repeat runs in one cluster (steady state).
+      create_warm, read_verify_warm
     """
+    modes = _mode_settings(ctx, kw, "spill")
     total, chunk = spec.check_spill_sizes(
         _size(kw["total"], "--total"), _size(kw["chunk_size"], "--chunk-size")
     )
@@ -414,14 +492,16 @@ def spill(ctx: click.Context, kw: dict[str, Any]) -> None:
         "spill",
         ctx,
         kw,
-        {"total": total, "chunk_size": chunk},
-        {"total": total, "chunk_size": chunk, "chunks": total // chunk},
+        {"total": total, "chunk_size": chunk, **modes},
+        {"total": total, "chunk_size": chunk, "chunks": total // chunk, **modes},
     )
     _run(plan, kw)
 
 
 @bench.command("cupy")
-@common_options(default_limit="4GB", default_repeat=3, default_warmup=1)
+@common_options(
+    default_limit="4GB", default_repeat=3, default_warmup=None, warmup_help=_warmup_help("cupy")
+)
 @click.option(
     "--operation",
     "operations",
@@ -453,10 +533,10 @@ def spill(ctx: click.Context, kw: dict[str, Any]) -> None:
     default=None,
     help="svd: number of columns (default 1000).",
 )
-@processes_option
+@mode_options()
 @_command
 def cupy(ctx: click.Context, kw: dict[str, Any]) -> None:
-    """Time dask.array CuPy operations on persisted random input (warm-up, repeats, median).
+    """Time dask.array CuPy operations on persisted random input.
 
     \b
     transpose_sum: (x + x.T).sum()
@@ -467,8 +547,22 @@ def cupy(ctx: click.Context, kw: dict[str, Any]) -> None:
     slice: x[::3, ::2], strided views persisted
     map_overlap: 5-point stencil through x.map_overlap(depth=1, boundary='reflect')
 
+    \b
+    --mode cold (default): every measured repetition is a fresh process,
+    the configurations taking turns, and each operation gets a fresh
+    one-worker cluster in it.
+      OP_input: creating and persisting the random input, timed from the
+        first submit (where the input exceeds the device limit, it spills here)
+      OP: the operation on that input, its first run in the cluster
+      OP_total: OP_input + OP, the time from the first submit to the result
+      OP_warm: the --warm-runs runs after it, on the same input
+    --mode warm: --warmup, then --repeat runs of each operation on input
+    persisted beforehand, in one cluster (steady state).
+      OP_warm
+
     Each result is checked once after the timed runs (not timed).
     """
+    modes = _mode_settings(ctx, kw, "cupy")
     operations = spec.check_operations(kw["operations"])
     shapes = {
         op: spec.operation_shape(op, kw["size"], kw["array_chunk"], kw["second_size"])
@@ -489,8 +583,9 @@ def cupy(ctx: click.Context, kw: dict[str, Any]) -> None:
             "size": kw["size"],
             "array_chunk": kw["array_chunk"],
             "second_size": kw["second_size"],
+            **modes,
         },
-        {"operations": operations, "shapes": shapes},
+        {"operations": operations, "shapes": shapes, **modes},
     )
     _run(plan, kw)
 
