@@ -103,3 +103,33 @@ def test_rotate():
     assert rotate(["0", "1", "2", "3"], 2) == ["2", "3", "0", "1"]
     assert rotate(["5", "7"], 3) == ["7", "5"]
     assert rotate([], 1) == []
+
+
+def test_transfer_counters_read_nvml_fields_and_leave_the_missing_ones_none() -> None:
+    import types
+
+    from cudask.devices.nvml import NVMLBackend, transfer_counters
+
+    def field(ret: int, value: int) -> object:
+        return types.SimpleNamespace(nvmlReturn=ret, value=types.SimpleNamespace(ullVal=value))
+
+    asked: list[object] = []
+
+    class FakeNV:
+        def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+            asked.append(uuid)
+            return "h"
+
+        def nvmlDeviceGetFieldValues(self, handle: str, ids: list[object]) -> list[object]:
+            asked.append(ids)
+            return [field(0, 100), field(0, 200), field(0, 3), field(3, 0)]  # RX NVLink: not supported
+
+    backend = NVMLBackend()
+    backend._init = lambda: FakeNV()  # type: ignore[method-assign]
+    got = transfer_counters("GPU-1", backend)
+    assert got == {"pcie-tx-bytes": 100, "pcie-rx-bytes": 200, "nvlink-tx-bytes": 3 * 1024,
+                   "nvlink-rx-bytes": None}
+    assert asked[0] == "GPU-1"
+    broken = NVMLBackend()
+    broken._init = lambda: (_ for _ in ()).throw(RuntimeError("no NVML"))  # type: ignore[method-assign]
+    assert set(transfer_counters("GPU-1", broken).values()) == {None}

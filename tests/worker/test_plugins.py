@@ -27,30 +27,42 @@ def test_pre_import_missing_module_fails():
         p.setup(worker=types.SimpleNamespace(name="w0"))
 
 
+class _Worker:
+    """What the metrics plugin touches on a worker (weak-referenceable, as Worker is)."""
+
+    def __init__(self, metrics: dict[str, float], name: str = "w0") -> None:
+        self.name = name
+        self.metrics: dict[str, object] = {}
+        self.data = types.SimpleNamespace(metrics=lambda: metrics)
+        self.plugins: dict[str, object] = {}
+
+
 def test_store_metrics_registered_and_removed():
-    data = types.SimpleNamespace(metrics=lambda: {"device_bytes": 5.0})
-    w = types.SimpleNamespace(metrics={}, data=data)
+    w = _Worker({"device_bytes": 5.0})
     p = StoreMetrics()
     p.setup(w)
     assert w.metrics["cudask"](w) == {"device_bytes": 5.0}
+    assert w.metrics["cudask-gpu"](w) == {"uuid": None}  # no CUDA context plugin here
     p.teardown(w)
-    assert "cudask" not in w.metrics
+    assert "cudask" not in w.metrics and "cudask-gpu" not in w.metrics
 
 
 def test_store_metrics_on_the_prometheus_page():
     prometheus_client = pytest.importorskip("prometheus_client")
-    data = types.SimpleNamespace(metrics=lambda: {"device-bytes": 5.0, "host-keys": 2.0})
-    w = types.SimpleNamespace(metrics={}, data=data)
+    a, b = _Worker({"device-bytes": 5.0, "host-keys": 2.0}), _Worker({"device-bytes": 7.0}, "w1")
     p = StoreMetrics()
-    p.setup(w)
-    p.setup(w)  # idempotent: one collector
+    p.setup(a)
+    p.setup(a)  # idempotent: one collector
+    p.setup(b)  # two in-process workers share the registry
     try:
         page = prometheus_client.generate_latest().decode()
-        assert "cudask_store_device_bytes 5.0" in page
-        assert "cudask_store_host_keys 2.0" in page
+        assert 'cudask_store_device_bytes{worker="w0"} 5.0' in page
+        assert 'cudask_store_device_bytes{worker="w1"} 7.0' in page
+        assert 'cudask_store_host_keys{worker="w0"} 2.0' in page
     finally:
-        p.teardown(w)
-    assert "cudask_store_device_bytes" not in prometheus_client.generate_latest().decode()
+        p.teardown(a)
+        p.teardown(b)
+    assert "cudask_store_device_bytes{" not in prometheus_client.generate_latest().decode()
 
 
 class _FakeCupy:

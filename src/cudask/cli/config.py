@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from cudask.cli.connect import SchedulerTarget, connect, scheduler_options
+
 
 def worker_report(dask_worker: Any) -> dict[str, Any]:
     """Runs on each worker (through Client.run)."""
@@ -69,34 +71,10 @@ def _render(reports: dict[str, dict[str, Any]]) -> str:
 
 
 @click.command("config", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("scheduler", required=False, envvar="DASK_SCHEDULER_ADDRESS")
-@click.option("--scheduler-file", default=None, help="JSON file the scheduler wrote its address to.")
+@scheduler_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("--timeout", default=10.0, show_default=True, help="Seconds to wait for the scheduler.")
-@click.option("--tls-ca-file", default=None, help="CA certificate file, for a TLS scheduler.")
-@click.option("--tls-cert", default=None, help="Client certificate file, for a TLS scheduler.")
-@click.option("--tls-key", default=None, help="Client private key file, for a TLS scheduler.")
-def config(scheduler: str | None, scheduler_file: str | None, as_json: bool, timeout: float,
-           tls_ca_file: str | None, tls_cert: str | None, tls_key: str | None) -> None:
+def config(target: SchedulerTarget, as_json: bool) -> None:
     """Print each GPU worker's set-up: GPU, limits, RMM, protocol, plugins."""
-    from distributed import Client
-    from distributed.security import Security
-
-    from cudask.errors import OptionError
-
-    if scheduler is None and scheduler_file is None:
-        raise OptionError("no scheduler: give its address, --scheduler-file, or "
-                          "DASK_SCHEDULER_ADDRESS")
-    tls = (tls_ca_file, tls_cert, tls_key)
-    if any(tls) and not all(tls):
-        raise OptionError("TLS needs all of --tls-ca-file, --tls-cert and --tls-key")
-    security = Security(tls_ca_file=tls_ca_file, tls_client_cert=tls_cert,
-                        tls_client_key=tls_key, require_encryption=True) if all(tls) else None
-    try:
-        client = Client(scheduler, scheduler_file=scheduler_file, timeout=timeout,
-                        security=security)
-    except OSError as exc:
-        raise OptionError(f"cannot reach the scheduler {scheduler or scheduler_file}: {exc}") from None
-    with client:
+    with connect(target) as client:
         reports = client.run(worker_report)
     click.echo(json.dumps(reports, indent=2) if as_json else _render(reports))

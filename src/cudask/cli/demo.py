@@ -73,6 +73,7 @@ def demo(device_memory_limit: str, size_factor: float, chunk: str, dashboard_add
     from distributed import Client, progress
 
     from cudask import LocalCUDACluster
+    from cudask.monitor.page import page_link
 
     limit_value: Any = device_memory_limit
     try:
@@ -95,6 +96,8 @@ def demo(device_memory_limit: str, size_factor: float, chunk: str, dashboard_add
         cols = math.ceil(blocks / rows)
         click.echo(f"cudask demo: {n} GPU worker(s), device limit {format_bytes(total_limit // max(n, 1))}"
                    f" each; dashboard {cluster.dashboard_link}")
+        click.echo(f"GPU workers live (device, host and disk tiers, spill rates): "
+                   f"{page_link(cluster.dashboard_link)}")
         click.echo(f"workload: {rows}x{cols} CuPy chunks of {side}x{side} float64 = "
                    f"{format_bytes(rows * cols * side * side * 8)} (x2 with its transpose sum)")
         x = da.map_blocks(_random_block, dtype="float64", chunks=((side,) * rows, (side,) * cols),
@@ -119,4 +122,5 @@ def demo(device_memory_limit: str, size_factor: float, chunk: str, dashboard_add
         rates = " ".join(f"{_rate(f, direction):>10}" for direction in
                          ("spill-device-to-host", "unspill-host-to-device"))
         click.echo(f"{f['name']!s:>6}  {f['gpu']:<40} {sizes} {rates}")
-    click.echo(f"dashboard (while the cluster ran): {cluster.dashboard_link}")
+    click.echo(f"dashboard (while the cluster ran): {cluster.dashboard_link}, "
+               f"GPU workers: {page_link(cluster.dashboard_link)}")

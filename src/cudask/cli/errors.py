@@ -1,12 +1,13 @@
 """How the CLI reports user errors: one line, no traceback, non-zero exit.
 
 Covers: a click Group whose commands turn cudask's user-facing errors into a
-click error message. Does not cover: the commands themselves.
+click error message, and CommandError, a failure printed as `<command>: <message>`.
+Does not cover: the commands themselves.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import IO, Any
 
 import click
 
@@ -21,3 +22,18 @@ class UserErrorGroup(click.Group):
             return super().invoke(ctx)
         except CudaskError as exc:
             raise click.ClickException(str(exc)) from None
+
+
+class CommandError(click.ClickException):
+    """A command that could not do its job for a reason outside its arguments (a
+    scheduler that does not answer, an unreadable file): printed on one line as
+    `<command>: <message>` (e.g. `cudask top: cannot reach ...`), exit status 1.
+    Bad arguments are click.UsageError instead (exit status 2)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        ctx = click.get_current_context(silent=True)
+        self.command = ctx.command_path if ctx is not None else "cudask"
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"{self.command}: {self.format_message()}", file=file, err=True)

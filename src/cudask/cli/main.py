@@ -1,9 +1,9 @@
 """The `cudask` command and the `dask cuda` command group.
 
-Covers: wiring subcommands together. `cudask worker`/`cudask config` and
-`dask cuda worker`/`dask cuda config` (through dask's `dask_cli` entry point)
-are the same commands; `python -m cudask.cli worker` works too. Does not
-cover: the commands (one module each).
+Covers: wiring subcommands together. `cudask worker`/`cudask config`/`cudask top`
+and `dask cuda worker`/`dask cuda config`/`dask cuda top` (through dask's
+`dask_cli` entry point) are the same commands; `python -m cudask.cli worker`
+works too. Does not cover: the commands (one module each).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from cudask.cli.config import config
 from cudask.cli.demo import demo
 from cudask.cli.errors import UserErrorGroup
 from cudask.cli.info import info
+from cudask.cli.top import top
 from cudask.cli.worker import worker
 
 
@@ -42,7 +43,7 @@ def options_command() -> None:
     click.echo(reference(), nl=False)
 
 
-for command in (worker, config):
+for command in (worker, config, top):
     cli.add_command(command)
     cuda.add_command(command)
 

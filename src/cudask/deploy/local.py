@@ -20,6 +20,8 @@ from distributed import LocalCluster, Nanny, Worker
 
 from cudask.devices import Device, Machine, discover, parse_visible_devices, require_gpus
 from cudask.errors import DeviceError, OptionError
+from cudask.monitor.state import NAME as MONITOR
+from cudask.monitor.state import MonitorPlugin
 from cudask.options import BY_CLUSTER_KEYWORD, WorkerOptions, options_for, resolve
 from cudask.worker.spec import (
     check_devices,
@@ -103,10 +105,17 @@ class LocalCUDACluster(LocalCluster):
         ucx = ucx_config(options)
         if ucx:  # the scheduler and nannies of this process speak UCX too
             dask.config.set(ucx)
+        # the scheduler watches its GPU workers: dashboard page, Prometheus, `cudask top`
+        scheduler_kwargs = dict(kwargs.pop("scheduler_kwargs", None) or {})
+        plugins = list(scheduler_kwargs.get("plugins") or [])
+        if not any(getattr(p, "name", None) == MONITOR for p in plugins):
+            plugins.append(MonitorPlugin())
+        scheduler_kwargs["plugins"] = plugins
         super().__init__(
             n_workers=0,
             threads_per_worker=options.nthreads,
             processes=True,
+            scheduler_kwargs=scheduler_kwargs,
             **kwargs,
         )
         self.scale(n_workers if n_workers is not None else len(devices))

@@ -124,3 +124,37 @@ class NVMLBackend:
 
     def nics_near(self, pci_bus_id: str) -> tuple[str, ...]:
         return topology.nearest_nics(pci_bus_id, self._sysfs)
+
+
+# NVML field ids of cumulative transfer counters (nvml.h): PCIe bytes, NVLink KiB.
+_PCIE_TX, _PCIE_RX = 197, 198
+_NVLINK_TX, _NVLINK_RX = 138, 139
+_ALL_LINKS = 0xFFFFFFFF
+
+
+def transfer_counters(uuid: str, backend: NVMLBackend | None = None) -> dict[str, int | None]:
+    """Cumulative bytes the GPU `uuid` sent and received over PCIe and NVLink, as
+    NVML counts them (None for each counter NVML does not expose here; all None
+    without NVML). Cheap: one field-value query, no sampling window."""
+    names = ("pcie-tx-bytes", "pcie-rx-bytes", "nvlink-tx-bytes", "nvlink-rx-bytes")
+    out: dict[str, int | None] = dict.fromkeys(names)
+    if backend is None:
+        from cudask.devices.discovery import default_backend
+
+        found = default_backend()
+        if not isinstance(found, NVMLBackend):  # a fake machine: no counters
+            return out
+        backend = found
+    try:
+        nv = backend._init()
+        handle = nv.nvmlDeviceGetHandleByUUID(uuid)
+        values = nv.nvmlDeviceGetFieldValues(
+            handle, [_PCIE_TX, _PCIE_RX, (_NVLINK_TX, _ALL_LINKS), (_NVLINK_RX, _ALL_LINKS)]
+        )
+    except Exception:  # noqa: BLE001 - no NVML, unknown UUID, old driver: nothing to show
+        return out
+    for name, value, scale in zip(names, values, (1, 1, 1024, 1024)):
+        if getattr(value, "nvmlReturn", 1) == 0:
+            out[name] = int(value.value.ullVal) * scale
+    return out
+

@@ -27,11 +27,13 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from distributed import WorkerPlugin
 
+from cudask.devices.nvml import transfer_counters
 from cudask.memory.store import worker_metrics
 from cudask.worker.context import device0_uuid
 
@@ -182,46 +184,72 @@ class CudfSpill(WorkerPlugin):
 
 
 class StoreCollector:
-    """A Prometheus collector of the store's metrics: every key of `metrics()` as a
-    gauge `cudask_store_<key>` on the worker's /metrics page."""
+    """A Prometheus collector of the stores' metrics: every key of `metrics()` as a
+    gauge `cudask_store_<key>{worker=...}` on the worker's /metrics page. One per
+    process (workers started in-process share prometheus_client's registry)."""
 
-    def __init__(self, worker: Any) -> None:
-        self.worker = worker
+    workers: ClassVar[weakref.WeakSet[Any]] = weakref.WeakSet()
+    _registered: ClassVar[bool] = False
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    @classmethod
+    def add(cls, worker: Any) -> None:
+        """Collect `worker`'s store metrics (registers the collector once)."""
+        cls.workers.add(worker)
+        with cls._lock:
+            if cls._registered:
+                return
+            try:
+                import prometheus_client
+            except ImportError:
+                return
+            prometheus_client.REGISTRY.register(cls())
+            cls._registered = True
 
     def collect(self) -> Any:
         from prometheus_client.core import GaugeMetricFamily
 
-        for key, value in sorted(worker_metrics(self.worker).items()):
-            name = "cudask_store_" + key.replace("-", "_")
-            yield GaugeMetricFamily(name, f"cudask data store: {key}", value=float(value))
+        families: dict[str, Any] = {}
+        for worker in list(self.workers):
+            for key, value in sorted(worker_metrics(worker).items()):
+                name = "cudask_store_" + key.replace("-", "_")
+                family = families.get(name)
+                if family is None:
+                    family = families[name] = GaugeMetricFamily(
+                        name, f"cudask data store: {key}", labels=["worker"]
+                    )
+                family.add_metric([str(worker.name)], float(value))
+        yield from families.values()
+
+
+def gpu_identity(worker: Any) -> dict[str, Any]:
+    """`cudask-gpu` worker metric: the worker's GPU (UUID from the CUDA context
+    plugin) and its cumulative PCIe and NVLink byte counters from NVML (None
+    where NVML does not count them)."""
+    context = worker.plugins.get(CUDAContext.name)
+    uuid = getattr(context, "uuid", None)
+    if uuid is None:
+        return {"uuid": None}
+    return {"uuid": uuid, **transfer_counters(uuid)}
 
 
 class StoreMetrics(WorkerPlugin):
     """Publish the data store's tier sizes and spill counters as `cudask` worker
-    metrics (heartbeats to the scheduler) and, where prometheus_client is installed,
-    on the worker's Prometheus page."""
+    metrics, and the worker's GPU with its PCIe/NVLink counters as `cudask-gpu`
+    (heartbeats to the scheduler, whose cudask-monitor plugin turns them into the
+    dashboard page, Prometheus series and `cudask top`), and the store's metrics
+    on the worker's own Prometheus page."""
 
     name = "cudask-metrics"
     key = "cudask"
-
-    def __init__(self) -> None:
-        self.collector: StoreCollector | None = None
+    gpu_key = "cudask-gpu"
 
     def setup(self, worker: Any) -> None:
         worker.metrics[self.key] = worker_metrics
-        if self.collector is not None:
-            return
-        try:
-            import prometheus_client
-        except ImportError:
-            return
-        self.collector = StoreCollector(worker)
-        prometheus_client.REGISTRY.register(self.collector)
+        worker.metrics[self.gpu_key] = gpu_identity
+        StoreCollector.add(worker)
 
     def teardown(self, worker: Any) -> None:
         worker.metrics.pop(self.key, None)
-        if self.collector is not None:
-            import prometheus_client
-
-            prometheus_client.REGISTRY.unregister(self.collector)
-            self.collector = None
+        worker.metrics.pop(self.gpu_key, None)
+        StoreCollector.workers.discard(worker)
