@@ -105,11 +105,12 @@ def worker_row(ws: Any) -> dict[str, Any]:
     sources = {"cudask": store, "cudask-gpu": gpu}
     for field, source, key in _COUNTERS:
         row[field] = _number(sources[source].get(key))
-    utilization = _number(nvml.get("utilization"))
-    row["gpu_utilization"] = utilization
-    row["gpu_memory_used_bytes"] = _number(nvml.get("memory-used"))
+    # distributed's NVML figures: flattened into the heartbeat's metrics by its
+    # system monitor (gpu_utilization, gpu_memory_used, gpu-memory-total), or nested
+    row["gpu_utilization"] = _number(metrics.get("gpu_utilization", nvml.get("utilization")))
+    row["gpu_memory_used_bytes"] = _number(metrics.get("gpu_memory_used", nvml.get("memory-used")))
     total = static.get("memory-total") if isinstance(static, Mapping) else None
-    row["gpu_memory_total_bytes"] = _number(total)
+    row["gpu_memory_total_bytes"] = _number(metrics.get("gpu-memory-total", total))
     for field in _RATES:
         row[field] = None
     return row
