@@ -206,7 +206,9 @@ _STATE_JS = r"""
   const visit = (root) => {
     for (const el of root.querySelectorAll("*")) {
       if (el.classList && el.classList.contains("slick-row")) {
-        rows.push(Array.from(el.querySelectorAll(".slick-cell")).map((c) => c.textContent));
+        // on screen order: SlickGrid places rendered rows by their "top"
+        rows.push([el.getBoundingClientRect().top,
+                   Array.from(el.querySelectorAll(".slick-cell")).map((c) => c.textContent)]);
       }
       if (el.shadowRoot) { visit(el.shadowRoot); }
     }
@@ -214,7 +216,8 @@ _STATE_JS = r"""
   visit(document);
   const viewport = find(document, "slick-viewport");
   const page = document.documentElement;
-  const out = {rows: rows, bokeh: typeof Bokeh !== "undefined", title: document.title,
+  rows.sort((a, b) => a[0] - b[0]);
+  const out = {rows: rows.map((r) => r[1]), bokeh: typeof Bokeh !== "undefined", title: document.title,
                overflow_x: page.scrollWidth - page.clientWidth,
                table_scroll: viewport == null ? 0 : viewport.scrollTop};
   if (out.bokeh && Bokeh.documents.length) {
@@ -633,7 +636,7 @@ def running() -> Iterator[Running]:
         store = TieredStore(device_memory_limit=DEVICE_LIMIT, memory_limit=16 * MiB,
                             worker_local_directory=worker_local_directory,
                             backend=FakeCopyBackend(), pinned_preallocate=False,
-                            pinned_pool_size=64 * MiB)
+                            pinned_pool_size=128 * MiB, pinned_slab_size=8 * MiB)
         stores.append(store)
         return store
 
