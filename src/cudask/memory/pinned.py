@@ -357,11 +357,6 @@ class PinnedPool:
     def slabs(self) -> int:
         return len(self._slabs)
 
-    @property
-    def background(self) -> bool:
-        """Always true: slabs are reserved by the pool's thread, never by `allocate`."""
-        return True
-
     # -- allocation ----------------------------------------------------------------
     def allocate(self, nbytes: int) -> HostBlock:
         """A block of at least `nbytes`: pinned when a free pinned range is ready,
