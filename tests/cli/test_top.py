@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from click.testing import CliRunner
 
 from cudask.cli.main import cli
 from cudask.cli.top import COLUMNS, fit, render_text, short_uuid, total_cells
+from cudask.testing import wait_for
 
 # ------------------------------------------------------------------ synthetic snapshots
 GPU_FIELDS = ("gpu_utilization", "gpu_memory_used_bytes", "gpu_memory_total_bytes",
@@ -209,15 +210,6 @@ def test_unreachable_scheduler_one_line() -> None:
 
 
 # ------------------------------------------------------------------ a live scheduler
-def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
-
-
 @pytest.fixture(scope="module")
 def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, list[Any]]]:
     """Two in-process workers (tcp, so a subprocess can connect) whose data are

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import pytest
 
 from cudask.memory.store import TieredStore
+from cudask.testing import wait_for as poll_until
 from cudask.testing.fake_cuda import FakeCopyBackend
 
 
@@ -74,17 +75,8 @@ def in_threads() -> Callable[[Callable[[int], None], int], list[BaseException]]:
     return _in_threads
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
-
-
 @pytest.fixture
 def wait_for() -> Callable[..., bool]:
     """`wait_for(condition, timeout=10)`: poll until condition() holds or the time is up;
     returns its last value (for work a background thread finishes)."""
-    return _wait_for
+    return partial(poll_until, timeout=10.0, interval=0.01)

@@ -4,10 +4,9 @@ the plugin's installation, and what it says when there is nothing to show."""
 from __future__ import annotations
 
 import json
-import time
 import types
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ from distributed import Client, LocalCluster
 from cudask.memory.store import TieredStore
 from cudask.monitor import dask_setup
 from cudask.monitor.state import MonitorPlugin, install, snapshot, worker_row
+from cudask.testing import wait_for
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
 from cudask.worker.plugins import StoreMetrics
 
@@ -93,15 +93,6 @@ def cluster() -> Iterator[LocalCluster]:
         yield c
 
 
-def _wait(condition: Callable[[], bool], timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return condition()
-
-
 def test_snapshot_and_prometheus_show_what_the_stores_hold(cluster: LocalCluster) -> None:
     with Client(cluster) as client:
         client.register_plugin(StoreMetrics())
@@ -119,7 +110,7 @@ def test_snapshot_and_prometheus_show_what_the_stores_hold(cluster: LocalCluster
                 for r in rows
             )
 
-        assert _wait(settled)
+        assert wait_for(settled, interval=0.2)
         snap = client.run_on_scheduler(snapshot)
         assert snap["plugin"] and snap["cudask_workers"] == 2 and snap["reason"] is None
         assert all(r["spilled_bytes_total"] > 0 and r["device_limit_bytes"] == MiB

@@ -3,12 +3,17 @@
 - FakeBackend / fake_gpu: describe any machine to discovery (cudask.devices).
 - real_gpu_count(): how many GPUs NVML really sees (0 without NVML); the
   pytest markers `gpu` and `multigpu` skip on it.
+- wait_for(condition, timeout): poll until background work (a heartbeat, a
+  pool's thread) has made `condition()` true, with a generous bound.
 Fake device objects for the store live in cudask.testing.fake_cuda; a Worker
 subclass for `worker_class` checks in cudask.testing.workers, and a preload
 for `--preload` checks in cudask.testing.preload.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 from cudask.testing.devices import FakeBackend, fake_gpu
 
@@ -20,7 +25,19 @@ def real_gpu_count() -> int:
     return len(discover().gpus)
 
 
-__all__ = ["FakeBackend", "cpu_affinity", "current_gpu_uuid", "fake_gpu", "real_gpu_count"]
+__all__ = ["FakeBackend", "cpu_affinity", "current_gpu_uuid", "fake_gpu", "real_gpu_count",
+           "wait_for"]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60.0, interval: float = 0.05) -> bool:
+    """Poll `condition()` until it holds or `timeout` seconds pass; return its last
+    value. For tests waiting on threads or heartbeats on a busy machine."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return condition()
 
 
 def current_gpu_uuid() -> str:
