@@ -16,7 +16,11 @@ class CudaskError(Exception):
 
 
 class OptionError(CudaskError, ValueError):
-    """An option, flag or config value that cannot be accepted."""
+    """An option, flag or config value that cannot be accepted. `option` names the
+    declared option (cudask.options) when one value alone is at fault, so the CLI
+    can name its flag."""
+
+    option: str | None = None
 
 
 class DeviceError(CudaskError, ValueError):

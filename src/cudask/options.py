@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from cudask import config
 from cudask.errors import MissingDependencyError, OptionError
+from cudask.sizes import check_size
 
 Kind = Literal["int", "str", "path", "size", "bool", "tristate", "list", "choice", "any"]
 Surface = Literal["cluster", "worker", "cli"]
@@ -215,7 +216,8 @@ def _split_list(opt: Option, value: Any) -> list[str] | None:
         items = []
         for v in value:
             if not isinstance(v, str):
-                raise OptionError(f"{opt.name}={value!r}: every entry must be a string")
+                raise OptionError(f"{opt.name}={value!r}: every entry must be a string; accepted: "
+                                  "a comma-separated string or a list of strings, e.g. 'json,numpy'")
             items.extend(s.strip() for s in v.split(",") if s.strip())
     else:
         raise OptionError(
@@ -232,6 +234,19 @@ def _split_list(opt: Option, value: Any) -> list[str] | None:
     return items or None
 
 
+def _at_least(opt: Option) -> str:
+    return f" of at least {opt.minimum}" if opt.minimum is not None else ""
+
+
+_EXAMPLES = {"protocol": "tcp", "interface": "eth0", "host": "10.0.0.1",
+             "worker_port": "9000:9003", "listen_address": "tcp://0.0.0.0:9000",
+             "contact_address": "tcp://node1:9000", "dashboard_address": ":8787"}
+
+
+def _example(opt: Option) -> str:
+    return _EXAMPLES.get(opt.name, "value")
+
+
 def coerce(opt: Option, value: Any) -> Any:
     """Check one value's type and turn it into its canonical form (sizes stay
     unparsed: they are parsed per device)."""
@@ -241,38 +256,84 @@ def coerce(opt: Option, value: Any) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
             return value.lower() in ("true", "1", "yes")
         if not isinstance(value, bool):
-            raise OptionError(f"{opt.name}={value!r} is not accepted; accepted: True or False")
+            raise OptionError(f"{opt.name}={value!r} is not accepted; accepted: True or False "
+                              f"(or 'true'/'false'), e.g. {opt.name}=True")
         return value
     if opt.kind == "int":
         if isinstance(value, str) and value.strip().lstrip("-").isdigit():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise OptionError(f"{opt.name}={value!r} is not an integer")
+            raise OptionError(f"{opt.name}={value!r} is not an integer; accepted: a whole number"
+                              f"{_at_least(opt)}, e.g. {opt.name}={max(opt.minimum or 0, 1)}")
         if opt.minimum is not None and value < opt.minimum:
-            raise OptionError(f"{opt.name}={value!r} must be at least {opt.minimum}")
+            raise OptionError(f"{opt.name}={value!r} must be at least {opt.minimum}; accepted: a "
+                              f"whole number{_at_least(opt)}, e.g. {opt.name}={max(opt.minimum, 1)}")
         return value
     if opt.kind == "list":
         return _split_list(opt, value)
     if opt.kind == "choice":
         if value not in opt.choices:
             raise OptionError(
-                f"{opt.name}={value!r} is not accepted; accepted: {', '.join(opt.choices)}"
+                f"{opt.name}={value!r} is not accepted; accepted: {', '.join(opt.choices)}, "
+                f"e.g. {opt.name}={opt.choices[0]!r}"
             )
         return value
     if opt.kind == "path" and value is not None:
         if not isinstance(value, (str, os.PathLike)):
-            raise OptionError(f"{opt.name}={value!r} is not a path")
+            raise OptionError(f"{opt.name}={value!r} is not a path; accepted: a string or "
+                              f"os.PathLike, e.g. {opt.name}='/tmp/dask'")
         return os.fspath(value) or None  # "" (dask-mpi's default): not given
     if opt.kind == "str" and value is not None and not isinstance(value, str):
-        raise OptionError(f"{opt.name}={value!r} is not a string")
+        raise OptionError(f"{opt.name}={value!r} is not a string; accepted: a string, e.g. "
+                          f"{opt.name}={_example(opt)!r}")
+    if opt.kind == "size" and value is not None:
+        _check_size(opt, value)
+    if opt.name == "protocol" and value is not None:
+        return _protocol(value)
     return value
 
 
-def resolve(values: Mapping[str, Any], surface: Surface) -> WorkerOptions:
+def _check_size(opt: Option, value: Any) -> None:
+    """The form of a size ("banana", -1, 1.5 are refused); what a fraction or "auto"
+    comes to is worked out per device (device sizes) or per host (memory_limit) later."""
+    if opt.name == "memory_limit":
+        if isinstance(value, str) and value.strip().lower() == "default":
+            raise OptionError(f"memory_limit={value!r} is not accepted; accepted: bytes, a byte "
+                              "string such as '40GB', a fraction of system memory such as 0.5, "
+                              "'auto' or 0/None for no limit")
+        if isinstance(value, float) and value > 1 and value.is_integer():
+            return  # a byte count given as a float (1e9), as distributed accepts
+    check_size(value, name=opt.name)
+
+
+def known_protocols() -> list[str]:
+    """Comm backends distributed knows (tcp, tls, inproc, ws, wss, ucx, ...) and UCX's."""
+    from importlib.metadata import entry_points
+
+    from distributed.comm.registry import backends
+
+    names = set(backends) | set(UCX_PROTOCOLS)
+    names |= {e.name for e in entry_points(group="distributed.comm.backends")}
+    return sorted(names)
+
+
+def _protocol(value: str) -> str:
+    name = value.removesuffix("://")
+    accepted = known_protocols()
+    if name not in accepted:
+        raise OptionError(f"protocol={value!r} is not a known protocol; accepted: "
+                          f"{', '.join(accepted)} (e.g. protocol='tcp')")
+    return name
+
+
+def resolve(values: Mapping[str, Any], surface: Surface, *,
+            libraries: bool = True) -> WorkerOptions:
     """Every option of `surface`, from `values` (keyed by the surface's keyword
     names) or, for options not given, the config default; coerced and validated.
     An explicit None keeps its meaning (e.g. device_memory_limit=None: no spilling),
-    except for booleans, counts and choices, where it means the default."""
+    except for booleans, counts and choices, where it means the default.
+    `libraries=False` leaves the optional libraries to a later check_libraries()
+    (cudask.deploy.checks.check_input checks every syntax first)."""
     table = BY_CLUSTER_KEYWORD if surface == "cluster" else {o.name: o for o in options_for(surface)}
     unknown = sorted(set(values) - set(table))
     if unknown:
@@ -286,9 +347,15 @@ def resolve(values: Mapping[str, Any], surface: Surface) -> WorkerOptions:
             # no "off" for None to mean here (False, a count, a method): None is the
             # default, as dask-mpi's nthreads=None expects
             value = opt.default_value()
-        out[opt.name] = coerce(opt, value) if value is not None else None
+        try:
+            out[opt.name] = coerce(opt, value) if value is not None else None
+        except OptionError as exc:
+            exc.option = opt.name
+            raise
     resolved = WorkerOptions(out)
     check_rules(resolved)
+    if libraries:
+        check_libraries(resolved)
     return resolved
 
 
@@ -352,7 +419,12 @@ def check_rules(o: WorkerOptions) -> None:
     tls = [v.get(k) for k in ("tls_ca_file", "tls_cert", "tls_key")]
     if any(tls) and not all(tls):
         raise OptionError("TLS needs all of tls_ca_file, tls_cert and tls_key")
-    # optional libraries, before any process starts
+
+
+def check_libraries(o: WorkerOptions) -> None:
+    """The optional libraries the options need (rmm, cuDF, UCX, pre_import
+    modules), before any process starts."""
+    v = o.settings
     if v.get("rmm_pool_size") is not None or v.get("rmm_managed_memory") or v.get("rmm_async") \
             or v.get("rmm_track_allocations") or v.get("rmm_log_directory") \
             or v.get("rmm_allocator_external_lib_list"):

@@ -62,7 +62,16 @@ def parse_size(
                 nbytes = parse_bytes(value)
             except (ValueError, TypeError):
                 raise OptionError(f"{name}={value!r} is not a size; accepted: {ACCEPTED}") from None
+            if nbytes < 0:
+                raise OptionError(f"{name}={value!r} is negative; accepted: {ACCEPTED}")
         else:
+            if number < 0:
+                raise OptionError(f"{name}={value!r} is negative; accepted: {ACCEPTED}")
+            if number > 1 and not number.is_integer():
+                raise OptionError(
+                    f"{name}={value!r}: a fraction must lie in (0, 1]; for a byte count give "
+                    'a whole number or a string such as "40GB"'
+                )
             return parse_size(
                 int(number) if number.is_integer() and number > 1 else number,
                 total=total,
@@ -77,6 +86,8 @@ def parse_size(
     elif isinstance(value, float):
         if value == 0:
             return None
+        if value < 0:
+            raise OptionError(f"{name}={value!r} is negative; accepted: {ACCEPTED}")
         if not 0 < value <= 1:
             raise OptionError(
                 f"{name}={value!r}: a fraction must lie in (0, 1]; for a byte count "
@@ -110,4 +121,11 @@ def parse_size(
     return nbytes
 
 
-__all__ = ["ACCEPTED", "SizeValue", "format_bytes", "parse_size"]
+def check_size(value: SizeValue, *, name: str) -> None:
+    """Check the form of a size without knowing the total it refers to: "banana",
+    negative numbers and fractions above 1 are refused here; whether the size fits
+    a given device is parse_size's business once the device is known."""
+    parse_size(value, total=1 << 60, name=name)
+
+
+__all__ = ["ACCEPTED", "SizeValue", "check_size", "format_bytes", "parse_size"]

@@ -1,7 +1,9 @@
 """`cudask info`: one row per GPU with what discovery found, as text or JSON.
 
 Covers: formatting a Machine for people and for programs. With no GPU or no
-NVML library it says so and exits 0. Does not cover: discovery itself.
+NVML library it says so and exits 0. Its last line says which package `dask cuda`
+runs (cudask, or dask-cuda where that is installed; cudask.cli.dask_cli). Does not cover:
+discovery itself.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import json
 
 import click
 
+from cudask.cli.dask_cli import dask_cuda_runs, which_line
 from cudask.devices import Machine, discover
 from cudask.devices.topology import format_cpus
 from cudask.sizes import format_bytes
@@ -57,9 +60,13 @@ def render(machine: Machine) -> str:
 @click.command("info")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def info(as_json: bool) -> None:
-    """List every GPU: memory, PCI bus, NUMA node, CPU affinity, NICs, UUID."""
+    """List every GPU: memory, PCI bus, NUMA node, CPU affinity, NICs, UUID; and which package
+    `dask cuda` runs."""
     machine = discover()
     if as_json:
-        click.echo(json.dumps(machine.to_dict(), indent=2))
+        data = machine.to_dict()
+        data["dask_cuda_runs"] = dask_cuda_runs()
+        click.echo(json.dumps(data, indent=2))
     else:
         click.echo(render(machine))
+        click.echo(which_line())

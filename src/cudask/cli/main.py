@@ -1,9 +1,10 @@
-"""The `cudask` command and the `dask cuda` command group.
+"""The `cudask` command and the `dask cudask` / `dask cuda` command groups.
 
-Covers: wiring subcommands together. `cudask worker`/`cudask config`/`cudask top`
-and `dask cuda worker`/`dask cuda config`/`dask cuda top` (through dask's
-`dask_cli` entry point) are the same commands; `python -m cudask.cli worker`
-works too. Does not cover: the commands (one module each).
+Covers: wiring subcommands together. `cudask worker`/`cudask config`/`cudask top`,
+`dask cudask worker|config|top` and `dask cuda worker|config|top` (through dask's
+`dask_cli` entry points) are the same commands; `python -m cudask.cli worker`
+works too. Does not cover: the commands (one module each), nor when `dask cuda` is
+cudask's rather than dask-cuda's (cudask.cli.dask_cli decides).
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ def cli() -> None:
 
 @click.group(cls=UserErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def cuda() -> None:
-    """GPU workers for dask (cudask)."""
+    """GPU workers for dask (cudask; the same as `dask cudask`)."""
+
+
+@click.group("cudask", cls=UserErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
+def dask_cudask() -> None:
+    """GPU workers for dask (cudask), also beside dask-cuda."""
 
 
 cli.add_command(info)
@@ -46,6 +52,7 @@ def options_command() -> None:
 for command in (worker, config, top):
     cli.add_command(command)
     cuda.add_command(command)
+    dask_cudask.add_command(command)
 
 
 def main() -> None:

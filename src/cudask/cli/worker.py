@@ -9,13 +9,14 @@ any process starts. Does not cover: the workers (cudask.deploy.node).
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import Callable
 from typing import Any
 
 import click
 
-from cudask.options import Option, options_for
+from cudask.options import BY_NAME, Option, options_for
 
 SCHEDULER_HELP = (
     "Address of the scheduler, e.g. tcp://10.0.0.1:8786; or use --scheduler-file or "
@@ -76,5 +77,21 @@ def worker(scheduler: str | None, **values: Any) -> None:
     """
     given = {k: (list(v) if isinstance(v, tuple) else v) for k, v in values.items()
              if v is not None and v != ()}
-    # CUDAWorker validates everything when it is built, before any process starts.
+    check_flags(given)
+    # CUDAWorker validates the rest (devices, sizes per GPU) before any process starts.
     asyncio.run(_run(scheduler, given))
+
+
+def check_flags(given: dict[str, Any]) -> None:
+    """Every check that needs no GPU (cudask.deploy.checks), before any GPU is looked
+    for: a bad flag, config value or CUDA_VISIBLE_DEVICES is a usage error (exit 2)."""
+    from cudask.deploy.checks import check_input
+    from cudask.errors import OptionError
+
+    try:
+        check_input(given, "cli", visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    except OptionError as exc:
+        opt = BY_NAME.get(exc.option or "")
+        if opt is not None and opt.name in given:
+            raise click.BadParameter(str(exc), param_hint=f"'{opt.cli_flag}'") from None
+        raise click.UsageError(str(exc)) from None

@@ -18,11 +18,12 @@ from typing import Any
 import dask.config
 from distributed import LocalCluster, Nanny, Worker
 
+from cudask.deploy.checks import check_input
 from cudask.devices import Device, Machine, discover, parse_visible_devices, require_gpus
 from cudask.errors import DeviceError, OptionError
 from cudask.monitor.state import NAME as MONITOR
 from cudask.monitor.state import MonitorPlugin
-from cudask.options import BY_CLUSTER_KEYWORD, WorkerOptions, options_for, resolve
+from cudask.options import BY_CLUSTER_KEYWORD, WorkerOptions, options_for
 from cudask.worker.spec import (
     check_devices,
     gpu_name,
@@ -86,7 +87,9 @@ class LocalCUDACluster(LocalCluster):
                 f"LocalCUDACluster got unknown keyword(s) {', '.join(unknown)}; accepted: "
                 f"{', '.join(sorted(BY_CLUSTER_KEYWORD))} and distributed.LocalCluster's keywords"
             )
-        options = resolve(worker_values, "cluster")
+        # every check that needs no GPU, before any GPU is looked for
+        options = check_input(worker_values, "cluster", visible_devices=CUDA_VISIBLE_DEVICES,
+                              n_workers=n_workers)
         machine = discover()
         devices = select_devices(machine, CUDA_VISIBLE_DEVICES, n_workers)
         check_devices(options, devices)  # sizes and libraries, before any process

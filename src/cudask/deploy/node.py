@@ -23,9 +23,10 @@ import dask.config
 from distributed import Nanny, Worker
 from distributed.security import Security
 
+from cudask.deploy.checks import check_input
 from cudask.devices import Device, discover, parse_visible_devices, require_gpus
 from cudask.errors import DeviceError, OptionError
-from cudask.options import BY_NAME, WorkerOptions, options_for, resolve
+from cudask.options import BY_NAME, WorkerOptions, options_for
 from cudask.worker.spec import (
     check_devices,
     nanny_class,
@@ -75,7 +76,9 @@ class CUDAWorker:
         if isinstance(scheduler, str) and scheduler.startswith("-"):
             raise OptionError(f"scheduler address {scheduler!r} looks like a flag; is an option "
                               "misspelt? See `dask cuda worker --help`")
-        options = resolve(values, "worker")
+        # every check that needs no GPU, before any GPU is looked for
+        options = check_input(values, "worker",
+                              visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
         if scheduler is None and options.scheduler_file is None:
             scheduler = dask.config.get("scheduler-address", None)
             if scheduler is None:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from cudask.devices.model import GPU, DeviceBackend, Machine, MIGInstance, NVMLUnavailable
 from cudask.devices.topology import format_cpus
-from cudask.errors import DeviceError, NoGPUError
+from cudask.errors import DeviceError, NoGPUError, OptionError
 
 _default_backend: DeviceBackend | None = None
 
@@ -166,6 +166,61 @@ def parse_visible_devices(
             )
         seen.append(device)
     return seen
+
+
+VISIBLE_ACCEPTED = (
+    "comma-separated GPU indices or GPU-/MIG- UUIDs (or unique prefixes of them), "
+    "each once, e.g. '0,1' or 'GPU-5e4a'"
+)
+
+
+def _form_error(message: str) -> OptionError:
+    exc = OptionError(message)
+    exc.option = "CUDA_VISIBLE_DEVICES"
+    return exc
+
+
+def check_visible_devices(value: object) -> None:
+    """Check the form of a CUDA_VISIBLE_DEVICES value without looking at any GPU:
+    empty entries ('0,,1'), words that are neither an index nor a UUID ('x'),
+    negative indices and repeated entries are refused here; whether an entry names
+    a GPU of this machine is parse_visible_devices' business."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, str, list, tuple)):
+        raise _form_error(f"CUDA_VISIBLE_DEVICES={value!r} is not accepted; accepted: "
+                          f"{VISIBLE_ACCEPTED}")
+    if isinstance(value, int):
+        entries = [str(value)]
+    elif isinstance(value, str):
+        if not value.strip():
+            raise _form_error(f"CUDA_VISIBLE_DEVICES={value!r} is empty: no GPU to start a "
+                              f"worker on; accepted: {VISIBLE_ACCEPTED}")
+        entries = [e.strip() for e in value.split(",")]
+    else:
+        if not value:
+            raise _form_error(f"CUDA_VISIBLE_DEVICES={value!r} is empty: no GPU to start a "
+                              f"worker on; accepted: {VISIBLE_ACCEPTED}")
+        for e in value:
+            if isinstance(e, bool) or not isinstance(e, (int, str)):
+                raise _form_error(f"CUDA_VISIBLE_DEVICES={value!r}: entry {e!r} is not an index "
+                                  f"or a UUID; accepted: {VISIBLE_ACCEPTED}")
+        entries = [str(e).strip() for e in value]
+    seen: set[str] = set()
+    for entry in entries:
+        if not entry:
+            problem = "has an empty entry"
+        elif entry.isdigit() or entry.lower().startswith(("gpu-", "mig-")):
+            key = str(int(entry)) if entry.isdigit() else entry.lower()
+            if key not in seen:
+                seen.add(key)
+                continue
+            problem = f"names {entry!r} twice"
+        elif entry.lstrip("-").isdigit():
+            problem = f"has a negative index {entry!r}"
+        else:
+            problem = f"has an entry {entry!r} that is neither an index nor a UUID"
+        raise _form_error(f"CUDA_VISIBLE_DEVICES={value!r} {problem}; accepted: {VISIBLE_ACCEPTED}")
 
 
 def _parse_entry(entry: str, machine: Machine) -> Device:

@@ -82,7 +82,8 @@ def store_settings(
     ) or (1 << 30)
     return StoreSettings(
         spill_target=target,
-        background=bool(config.get("memory.background-spill") if background is None else background),
+        background=_flag(config.get("memory.background-spill") if background is None else background,
+                         "cudask.memory.background-spill"),
         pinned_pool_size=pool,
         pinned_slab_size=slab,
         pinned_preallocate=_preallocate_bytes(
@@ -110,6 +111,20 @@ def store_settings(
             config.get("memory.populate-threads") if populate_threads is None else populate_threads
         ),
     )
+
+
+def _flag(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.strip().lower() in ("true", "1", "yes")
+    raise OptionError(f"{name}={value!r}; accepted: true or false, e.g. false")
+
+
+def check_memory_config() -> None:
+    """Check every `cudask.memory.*` key without knowing the GPU: the settings are
+    parsed against stand-in limits, so a malformed value fails before discovery."""
+    store_settings(1 << 30, 1 << 34)
 
 
 def _method(value: Any) -> str:
@@ -203,4 +218,4 @@ def system_memory() -> int:
     return int(MEMORY_LIMIT)
 
 
-__all__ = ["AUTO_HEADROOM_CAP", "AUTO_PREALLOCATE_CAP", "StoreSettings", "release_seconds", "store_settings", "system_memory"]
+__all__ = ["AUTO_HEADROOM_CAP", "AUTO_PREALLOCATE_CAP", "StoreSettings", "check_memory_config", "release_seconds", "store_settings", "system_memory"]
