@@ -63,15 +63,10 @@ def store_settings(
 ) -> StoreSettings:
     """The settings of a store with these limits (`memory_limit`: its host tier);
     a keyword left None takes the config key of the same name."""
-    raw_target = config.get("memory.spill-target") if spill_target is None else spill_target
-    try:
-        target = float(raw_target)
-    except (TypeError, ValueError):
-        target = float("nan")
-    if not 0 < target <= 1:
-        raise OptionError(
-            f"cudask.memory.spill-target={raw_target!r} must be a fraction in (0, 1], e.g. 0.9"
-        )
+    target = _fraction(
+        config.get("memory.spill-target") if spill_target is None else spill_target,
+        "cudask.memory.spill-target", example="0.9",
+    )
     pool = _pool_bytes(
         config.get("memory.pinned-pool-size") if pinned_pool_size is None else pinned_pool_size,
         device_memory_limit, memory_limit,
@@ -147,13 +142,13 @@ def _headroom_bytes(value: Any, pool: int, device_memory_limit: int | None) -> i
     return min(nbytes, pool)
 
 
-def _fraction(value: Any, name: str) -> float:
+def _fraction(value: Any, name: str, example: str = "0.5") -> float:
     try:
         fraction = float(value)
     except (TypeError, ValueError):
         fraction = float("nan")
     if not 0 < fraction <= 1:
-        raise OptionError(f"{name}={value!r} must be a fraction in (0, 1], e.g. 0.5")
+        raise OptionError(f"{name}={value!r} must be a fraction in (0, 1], e.g. {example}")
     return fraction
 
 

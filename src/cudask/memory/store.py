@@ -312,8 +312,6 @@ class TieredStore(MutableMapping[Key, object]):
         """Have free pinned memory made ready for the spills the device tier is
         about to make: nothing below `PROVISION_START` of the limit, ramping up
         to the headroom at the limit (lock held; cheap, called on writes)."""
-        limit = self.device_memory_limit
-        assert limit is not None
         want = min(
             self.settings.pinned_headroom,
             int((self._ledger.total - self._provision_from) / (1 - PROVISION_START)),

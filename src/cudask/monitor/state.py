@@ -221,15 +221,8 @@ class MonitorPlugin(SchedulerPlugin):
 
     def snapshot(self) -> dict[str, Any]:
         """{"time", "workers": rows, "cudask_workers", "reason", "plugin": True}."""
-        rows = self.rows()
         workers = len(self.scheduler.workers) if self.scheduler is not None else 0
-        return {
-            "time": time.time(),
-            "workers": rows,
-            "cudask_workers": sum(1 for r in rows if r["cudask"]),
-            "reason": _reason(rows, workers),
-            "plugin": True,
-        }
+        return _snapshot(self.rows(), workers, plugin=True)
 
     def history(self) -> dict[str, Any]:
         """The last `keep` seconds: {"time": [...], "workers": {name: {field: [...]}}},
@@ -260,12 +253,17 @@ def snapshot(dask_scheduler: Scheduler) -> dict[str, Any]:
         return plugin.snapshot()
     rows = sorted((worker_row(ws) for ws in dask_scheduler.workers.values()),
                   key=lambda r: (r["host"], r["name"]))
+    return _snapshot(rows, len(dask_scheduler.workers), plugin=False)
+
+
+def _snapshot(rows: list[dict[str, Any]], workers: int, *, plugin: bool) -> dict[str, Any]:
+    """The JSON view of `rows` out of `workers` connected workers."""
     return {
         "time": time.time(),
         "workers": rows,
         "cudask_workers": sum(1 for r in rows if r["cudask"]),
-        "reason": _reason(rows, len(dask_scheduler.workers)),
-        "plugin": False,
+        "reason": _reason(rows, workers),
+        "plugin": plugin,
     }
 
 
