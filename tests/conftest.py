@@ -1,6 +1,7 @@
 """Test-suite wiring: the `gpu` and `multigpu` markers skip themselves where
 NVML finds too few GPUs (see cudask.testing.real_gpu_count); the `tls_files`
-fixture makes a self-signed certificate for TLS tests."""
+fixture makes a self-signed certificate for TLS tests; `--fault-table PATH` writes
+the fault matrix's rows (tests/faults) as JSON."""
 
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ NEEDED = {"gpu": 1, "multigpu": 2}
 @functools.cache
 def _gpus() -> int:
     return real_gpu_count()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fault-table", default=None, metavar="PATH",
+                     help="write the rows recorded by tests/faults (case, outcome, keys checked, "
+                          "keys lost, time to recover) to PATH as JSON, with the machine")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -330,3 +330,19 @@ def test_slabs_stay_pinned_without_release_after() -> None:
     time.sleep(0.2)
     assert pool.reserved == 256 * KiB
     pool.close()
+
+
+def test_trim_gives_free_slabs_back_at_once(wait_for: WaitFor) -> None:
+    backend = FakeCopyBackend()
+    pool = ready_pool(backend, 128 * KiB, 16 * KiB)  # no release_after: kept while idle
+    pool.keep = 16 * KiB
+    held = pool.allocate(16 * KiB)
+    assert held.pinned
+    pool.allocate(16 * KiB).release()
+    pool.trim()
+    # every wholly free slab goes, beyond the start goal; the one in use stays
+    assert wait_for(lambda: pool.reserved == 16 * KiB)
+    assert pool.stats()["pinned-released-bytes"] == 112 * KiB
+    held.release()
+    pool.close()
+    assert backend.pinned == {} and backend.registered == {}

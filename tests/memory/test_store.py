@@ -567,3 +567,32 @@ def test_preallocate_setting(make_store: MakeStore) -> None:
     assert make_store(pinned_preallocate=True, **kw).settings.pinned_preallocate == 0  # no device limit
     store = make_store(device_memory_limit=1 << 16, pinned_preallocate=False, **kw)
     assert store.settings.pinned_preallocate == 0 and store._engine is None  # nothing at start
+
+
+class _OutOfMemory(Exception):
+    pass
+
+
+def test_spill_on_demand_in_the_tiered_store(make_store: MakeStore) -> None:
+    """With a device limit the plain store spills its idle keys when an allocation
+    fails, and the allocation is tried again; without one, or with the key off, no hook."""
+    store = make_store(device_memory_limit=1000)
+    assert store.on_demand is not None
+    for i in range(8):
+        store[i] = dev(100, i)
+    held = store[7]  # a running task's input: spilling it releases nothing
+
+    def malloc(nbytes: int) -> str:
+        if store.device_bytes + nbytes > 1000:
+            raise _OutOfMemory(f"out of memory allocating {nbytes}")
+        return f"ptr-{nbytes}"
+
+    allocate = store.on_demand.wrap_allocator(malloc, (_OutOfMemory,))
+    assert allocate(450) == "ptr-450" and store.device_bytes <= 550
+    assert store.metrics()["spill-on-demand-count"] >= 1
+    with pytest.raises(_OutOfMemory) as info:
+        allocate(950)  # more than the store can release while `held` is used
+    assert "could not free 950 bytes" in str(info.value.__notes__)
+    assert all((as_numpy(store[i]) == i).all() for i in range(8)) and held is not None
+    assert make_store(device_memory_limit=None).on_demand is None
+    assert make_store(device_memory_limit=1000, spill_on_demand=False).on_demand is None

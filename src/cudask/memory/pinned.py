@@ -29,7 +29,9 @@ Footprint: reserved slabs never exceed `capacity`, nor `available_fraction`
 of the memory that would be available without them (MemAvailable plus what
 the pool holds), checked before every slab. A slab wholly free for
 `release_after` seconds goes back to the operating system, newest first,
-keeping the start goal; without `release_after` slabs stay until `close()`.
+keeping the start goal; without `release_after` slabs stay until `close()`,
+or until `trim()` (the store calls it when the worker's memory manager moves
+data to disk) gives every free one back at once.
 
 Does not cover: copying (`cudask.memory.transfer`) or deciding how much is
 needed (`cudask.memory.store`).
@@ -336,6 +338,7 @@ class PinnedPool:
         self.headroom = 0
         self._big = 0  # a request larger than a slab, for the thread
         self.release_after = release_after
+        self._trim = False  # give every wholly free slab back now (trim())
         self.released_bytes = 0
         self._releasing = 0  # bytes out of the pool, being returned to the driver
         # fallback blocks waiting to be registered (weak: they may die first)
@@ -719,9 +722,10 @@ class PinnedPool:
 
     def _idle_slabs(self) -> tuple[list[_Slab], float | None]:
         """Take out of the pool the slabs idle for `release_after`, newest first,
-        keeping the start goal; also return how long until the next could go
-        (None: until woken). Lock held."""
-        if self.release_after is None:
+        keeping the start goal (all the free ones after `trim()`); also return how
+        long until the next could go (None: until woken). Lock held."""
+        trim, self._trim = self._trim, False
+        if self.release_after is None and not trim:
             return [], None
         now = time.monotonic()
         reserved = sum(slab.size for slab in self._slabs)
@@ -730,7 +734,8 @@ class PinnedPool:
         for slab in reversed(self._slabs):
             if slab.idle_since is None or reserved - slab.size < self.keep:
                 continue
-            due = slab.idle_since + self.release_after - now
+            due = 0.0 if trim or self.release_after is None else (
+                slab.idle_since + self.release_after - now)
             if due <= 0:
                 idle.append(slab)
                 reserved -= slab.size
@@ -741,6 +746,17 @@ class PinnedPool:
             self.goal = min(self.goal, reserved)
             self._releasing += sum(slab.size for slab in idle)
         return idle, wait
+
+    def trim(self) -> None:
+        """Give every wholly free slab beyond the start goal back to the operating
+        system now, without waiting for `release_after` (host memory is short:
+        the worker's memory manager is moving data to disk). Done by the pool's
+        thread; returns at once."""
+        with self._lock:
+            if self._slabs and not self._closed:
+                self._trim = True
+                self._start_thread()
+                self._wake.notify_all()
 
     def _give_back(self, slabs: list[_Slab]) -> None:
         """Return wholly free slabs, already out of the pool, to the driver."""

@@ -4,8 +4,8 @@ Covers: `StoreSettings` and `store_settings`, which turn the config keys (or a
 store's keyword overrides) into numbers for given device and host limits:
 spill target, background spilling, pinned pool size, slab size, preallocation,
 idle release, how memory is pinned, how much is made ready ahead of spills,
-the share of available memory the pool may pin and the threads faulting
-memory in. The worker's store calls it when it starts; the cluster and
+the share of available memory the pool may pin, the threads faulting
+memory in and spilling on an allocator's out-of-memory. The worker's store calls it when it starts; the cluster and
 the CLI call it before any worker process starts, so a bad value fails there
 with an `OptionError` that names the key and what it accepts.
 
@@ -44,6 +44,7 @@ class StoreSettings:
     pinned_headroom: int = 0
     pinned_available_fraction: float = 0.5
     populate_threads: int | None = None
+    spill_on_demand: bool = True
 
 
 def store_settings(
@@ -60,6 +61,7 @@ def store_settings(
     pinned_headroom: int | str | None = None,
     pinned_available_fraction: float | None = None,
     populate_threads: int | str | None = None,
+    spill_on_demand: bool | None = None,
 ) -> StoreSettings:
     """The settings of a store with these limits (`memory_limit`: its host tier);
     a keyword left None takes the config key of the same name."""
@@ -105,7 +107,14 @@ def store_settings(
         populate_threads=_threads(
             config.get("memory.populate-threads") if populate_threads is None else populate_threads
         ),
+        spill_on_demand=spill_on_demand_setting(spill_on_demand),
     )
+
+
+def spill_on_demand_setting(value: bool | None = None) -> bool:
+    """`value`, or the `cudask.memory.spill-on-demand` key when None."""
+    return _flag(config.get("memory.spill-on-demand") if value is None else value,
+                 "cudask.memory.spill-on-demand")
 
 
 def _flag(value: Any, name: str) -> bool:

@@ -35,6 +35,11 @@ say), until it dies; a read of it returns it without a copy. The device limit
 is enforced on `committed_device_bytes`, which counts in-flight copies as
 released (they complete within milliseconds), so spilling never waits for them.
 
+With a device limit, an allocation that fails for want of device memory (CuPy's
+allocator, the RMM resource) first spills least recently used keys and is
+tried again (`cudask.memory.ondemand`, `memory.spill-on-demand`), so a task
+that needs memory the store's idle keys hold runs instead of failing.
+
 Pinned memory is made ready ahead of the spills, never on their path: once
 the device tier passes half its limit (`PROVISION_START`), the store asks the
 pool (`cudask.memory.pinned`) to keep free pinned memory ahead of use, ramping
@@ -95,6 +100,7 @@ from cudask.errors import OptionError
 from cudask.memory import dispatch
 from cudask.memory.accounting import AllocationLedger, union_bytes
 from cudask.memory.dispatch import AnyHostCopy, ContainerCopy, UnspillableError
+from cudask.memory.ondemand import SpillOnDemand
 from cudask.memory.pinned import PinnedPool
 from cudask.memory.settings import store_settings
 from cudask.memory.transfer import Copy, CopyBackend, TransferEngine, default_backend
@@ -169,9 +175,10 @@ class TieredStore(MutableMapping[Key, object]):
         created when the first copy is needed. Tests inject a fake one.
     pinned_pool_size, pinned_slab_size, pinned_preallocate, pinned_release_after,
     pinned_method, pinned_headroom, pinned_available_fraction, populate_threads,
-    spill_target, background:
+    spill_target, background, spill_on_demand:
         Override the `cudask.memory.*` config keys of the same names
-        (`background` is `memory.background-spill`).
+        (`background` is `memory.background-spill`). Spill on demand acts only
+        with a device limit.
     """
 
     # ManualEvictProto: distributed checks `fast` and `evict`; checked statically
@@ -197,6 +204,7 @@ class TieredStore(MutableMapping[Key, object]):
         populate_threads: int | str | None = None,
         spill_target: float | None = None,
         background: bool | None = None,
+        spill_on_demand: bool | None = None,
     ) -> None:
         self.device_memory_limit = _positive_or_none(device_memory_limit, "device_memory_limit")
         self.memory_limit = _positive_or_none(memory_limit, "memory_limit")
@@ -209,7 +217,7 @@ class TieredStore(MutableMapping[Key, object]):
             pinned_preallocate=pinned_preallocate, pinned_release_after=pinned_release_after,
             pinned_method=pinned_method, pinned_headroom=pinned_headroom,
             pinned_available_fraction=pinned_available_fraction,
-            populate_threads=populate_threads,
+            populate_threads=populate_threads, spill_on_demand=spill_on_demand,
         )
         self.spill_target = self.settings.spill_target  # read on every write
         self.background = self.settings.background
@@ -266,6 +274,14 @@ class TieredStore(MutableMapping[Key, object]):
         # -- statistics
         self._metrics: defaultdict[tuple[str, str], float] = defaultdict(float)
         self._thread: threading.Thread | None = None
+        # Spill on demand, hooked at the first device object (after the worker's RMM
+        # plugin has set its resource); a weak reference, so the hook never keeps the
+        # store alive.
+        self.on_demand = (
+            SpillOnDemand(_weak_spill(weakref.ref(self)))
+            if self.settings.spill_on_demand and self.device_memory_limit is not None else None
+        )
+        self._hooked = False
         self._finalizer = weakref.finalize(self, TieredStore._cleanup, self._tmpdir)
         if self.settings.pinned_preallocate:
             # Pin ahead of the first spill, without delaying the worker's start.
@@ -350,6 +366,9 @@ class TieredStore(MutableMapping[Key, object]):
             self._ledger.add(("d", key), ranges or ())
             if self.device_memory_limit is not None:
                 self._start_background()
+                if not self._hooked and self.on_demand is not None:
+                    self._hooked = True
+                    self.on_demand.install()
                 if self._ledger.total > self._provision_from:
                     self._provide_ahead()
                 if union_bytes(ranges or ()) > self.device_memory_limit:
@@ -777,8 +796,14 @@ class TieredStore(MutableMapping[Key, object]):
     def evict(self) -> int:
         """Move the least recently used host-memory value to disk; return its size
         or -1 (nothing to move, no disk tier, or the move failed: the value then
-        stays in host memory). Never raises."""
+        stays in host memory). Also asks the pinned pool to give its free slabs
+        back now (`PinnedPool.trim`). Never raises."""
         host = self._host
+        engine = self._engine
+        if engine is not None:
+            # Process memory is high: free pinned slabs go back too, or the memory
+            # moved to disk would stay resident in them.
+            engine.pool.trim()
         if not isinstance(host, SpillBuffer) or not host.fast:
             return -1
         try:
@@ -906,6 +931,9 @@ class TieredStore(MutableMapping[Key, object]):
                 for unit in ("count", "bytes", "seconds"):
                     out[f"{name}-{unit}"] = float(cm.get((label, unit), 0.0))
             out["unspill-host-to-device-wait-seconds"] = float(cm.get(("host-to-device-wait", "seconds"), 0.0))
+            if self.on_demand is not None:
+                out["spill-on-demand-count"] = float(self.on_demand.count)
+                out["spill-on-demand-bytes"] = float(self.on_demand.freed)
             engine = self._engine
             if engine is not None:
                 out.update(engine.pool.stats())
@@ -929,6 +957,8 @@ class TieredStore(MutableMapping[Key, object]):
                 return
             self._closed = True
             self._cv.notify_all()
+            if self.on_demand is not None:
+                self.on_demand.uninstall()
             self._drain()
             for key in list(self._device) + list(self._host):
                 self._discard(key)
@@ -979,6 +1009,14 @@ def _warm_up(store_ref: weakref.ref[TieredStore]) -> None:
             if store._ledger.total > store._provision_from and not store._closed:
                 store._provide_ahead()
     del store
+
+
+def _weak_spill(store_ref: weakref.ref[TieredStore]) -> Any:
+    def spill(nbytes: int) -> int:
+        store = store_ref()
+        return 0 if store is None or store._closed else store.spill_device(nbytes)
+
+    return spill
 
 
 def _ghost_callback(store_ref: weakref.ref[TieredStore], key: Key, gen: int) -> Any:

@@ -1,0 +1,128 @@
+"""Byte-for-byte checks of the data a cluster holds, for fault tests and soaks.
+
+Covers: `make_value(seed, nbytes, kind)`, a deterministic value of one of
+`KINDS` (a device array, a transposed device view, an int8 device array, a dict
+mixing device and host arrays, a host array), so a value lost with its worker
+and recomputed by the scheduler is the same bytes again; `digest(value)`, a
+SHA-256 over dtype, shape and the values in C order of every array in a value
+(proxies are looked through); and `check_keys(client, expected)`, which digests
+every held future *on the worker holding it* (nothing crosses to the client)
+and sorts the keys into identical, lost and changed.
+
+Does not cover: creating the cluster or the faults; timings.
+
+The functions run on workers: they import CuPy only when a device kind is asked
+for, and `digest` needs it only for device arrays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: Kinds of value `make_value` builds; all but "host" live on the device.
+KINDS = ("f8", "i1", "view", "dict", "host")
+
+
+def make_value(seed: int, nbytes: int, kind: str = "f8") -> Any:
+    """A deterministic value of about `nbytes` bytes (same seed, same bytes)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r} is not one of {', '.join(KINDS)}")
+    if kind == "host":
+        return np.random.default_rng(seed).integers(0, 256, size=max(nbytes, 1), dtype=np.uint8)
+    import cupy
+
+    rng = cupy.random.RandomState(seed)  # made on the device: gigabytes in milliseconds
+    if kind == "i1":
+        return rng.randint(-128, 128, size=max(nbytes, 1), dtype=cupy.int8)
+    n = max(nbytes // 8, 1)
+    values = rng.standard_normal(n)
+    if kind == "f8":
+        return values
+    if kind == "view":  # a non-contiguous view keeping its whole base alive
+        side = max(int(n**0.5), 1)
+        return values[: side * side].reshape(side, side).T
+    host = np.random.default_rng(seed).integers(0, 1000, size=max(n // 16, 1))
+    return {"device": values[: n // 2], "host": host, "seed": seed}
+
+
+def digest(value: Any) -> str:
+    """SHA-256 of every array in `value` (dtype, shape, values in C order),
+    through dicts, lists and tuples; other leaves by their repr."""
+    h = hashlib.sha256()
+    _feed(h, value)
+    return h.hexdigest()
+
+
+def _feed(h: Any, value: Any) -> None:
+    from cudask.memory.proxy import unproxy
+
+    value = unproxy(value)
+    if isinstance(value, Mapping):
+        h.update(b"{")
+        for k in sorted(value, key=repr):
+            h.update(repr(k).encode())
+            _feed(h, value[k])
+        h.update(b"}")
+    elif isinstance(value, list | tuple):
+        h.update(b"[")
+        for v in value:
+            _feed(h, v)
+        h.update(b"]")
+    elif hasattr(value, "__cuda_array_interface__"):
+        import cupy
+
+        _feed_array(h, cupy.asnumpy(cupy.ascontiguousarray(cupy.asarray(value))))
+    elif isinstance(value, np.ndarray):
+        _feed_array(h, np.ascontiguousarray(value))
+    else:
+        h.update(repr(value).encode())
+
+
+def _feed_array(h: Any, a: np.ndarray) -> None:
+    h.update(f"{a.dtype.str}{a.shape}".encode())
+    h.update(a.data if a.size else b"")
+
+
+@dataclass
+class Check:
+    """What `check_keys` found: keys whose bytes are identical, lost (the future
+    erred or was cancelled) or changed (different bytes)."""
+
+    identical: list[str] = field(default_factory=list)
+    lost: dict[str, str] = field(default_factory=dict)
+    changed: list[str] = field(default_factory=list)
+
+    @property
+    def checked(self) -> int:
+        return len(self.identical) + len(self.lost) + len(self.changed)
+
+    @property
+    def ok(self) -> bool:
+        return not self.lost and not self.changed
+
+
+def check_keys(client: Any, expected: Mapping[Any, str], timeout: float = 600) -> Check:
+    """Digest every future of `expected` (future -> digest at creation) where it is
+    held and compare. A future whose value cannot be had any more counts as lost,
+    with the error's first line."""
+    from distributed import wait
+
+    futures = list(expected)
+    digests = [client.submit(digest, f, pure=False) for f in futures]
+    wait(digests, timeout=timeout)
+    out = Check()
+    for f, d in zip(futures, digests, strict=True):
+        name = str(f.key)
+        if d.status != "finished":
+            exc = d.exception()
+            out.lost[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        elif d.result() == expected[f]:
+            out.identical.append(name)
+        else:
+            out.changed.append(name)
+    return out

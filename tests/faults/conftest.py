@@ -1,0 +1,46 @@
+"""The fault matrix's table: every case records one row through `fault_row`;
+with `--fault-table PATH` the rows, the machine and the versions are written to
+PATH (JSON) and PATH with .md (a Markdown table) when the session ends."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROWS: list[dict[str, Any]] = []
+COLUMNS = ("case", "outcome", "keys_checked", "keys_lost", "keys_changed", "recover_s")
+
+
+@pytest.fixture
+def fault_row(request: pytest.FixtureRequest) -> Callable[..., dict[str, Any]]:
+    """record(case=..., outcome=..., check=cudask.testing.integrity.Check, recover_s=...,
+    **details): one row of the table (also kept when the test then fails)."""
+
+    def record(case: str, outcome: str, check: Any, recover_s: float | None,
+               **details: Any) -> dict[str, Any]:
+        row = {"test": request.node.nodeid, "case": case, "outcome": outcome,
+               "keys_checked": check.checked, "keys_lost": len(check.lost),
+               "keys_changed": len(check.changed), "lost": check.lost,
+               "recover_s": None if recover_s is None else round(recover_s, 2), **details}
+        ROWS.append(row)
+        return row
+
+    return record
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = session.config.getoption("--fault-table")
+    if not path or not ROWS:
+        return
+    from cudask.bench import environment
+
+    document = {"rows": ROWS, "machine": environment.machine(),
+                "versions": environment.versions()}
+    Path(path).write_text(json.dumps(document, indent=1, default=str) + "\n")
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(str(r.get(c, "")) for c in COLUMNS) + " |" for r in ROWS]
+    Path(path).with_suffix(".md").write_text("\n".join(lines) + "\n")
