@@ -120,6 +120,8 @@ CONFIG = [
     ({"cudask.worker.protocol": "tcpx"}, "protocol='tcpx'", "accepted: inproc, tcp"),
     ({"cudask.worker.memory-limit": "lots"}, "memory_limit='lots'", '"40GB"'),
     ({"cudask.memory.spill-target": 2}, "cudask.memory.spill-target=2", "e.g. 0.9"),
+    ({"cudask.memory.spill-on-demand": "often"}, "cudask.memory.spill-on-demand='often'",
+     "true or false"),
     ({"cudask.memory.pinned-pool-size": "lots"}, "cudask.memory.pinned-pool-size='lots'",
      '"40GB"'),
     ({"cudask.memory.pinned-slab-size": -1}, "cudask.memory.pinned-slab-size=-1", "accepted"),

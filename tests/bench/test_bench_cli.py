@@ -381,3 +381,18 @@ def test_against_jit_unspill_off_passes_the_new_dask_cuda_check(
     assert "JIT-unspill" in one_line_error(*invoke(*args, "--against-jit-unspill", "on"))
     _, out = invoke(*args, "--jit-unspill", "both", "--against-jit-unspill", "off")
     assert "JIT-unspill" not in out
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--duration", "banana"], "'banana' is not a time"),
+    (["--duration", "0"], "'0' must be more than 0 seconds"),
+    (["--kill-every", "soon"], "'soon' is not a time"),
+    (["--device-memory-limit", "0"], "--device-memory-limit: '0'"),
+    (["--max-held", "lots"], "--max-held='lots'"),
+    (["--host-fraction", "1.5"], "1.5; accepted: a fraction"),
+    (["--n-workers", "0"], "0 is not in the range"),
+])
+def test_soak_bad_input(args: list[str], named: str) -> None:
+    code, out = invoke("soak", *args)
+    assert code == 2, out
+    assert named in one_line_error(code, out)

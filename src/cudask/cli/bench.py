@@ -604,6 +604,98 @@ def startup(ctx: click.Context, kw: dict[str, Any]) -> None:
     _run(plan, kw)
 
 
+@bench.command("soak")
+@click.option("--duration", default="120s", show_default=True,
+              help="How long to draw steps: seconds or a time such as '5 minutes'.")
+@click.option("--device-memory-limit", default="1GiB", show_default=True,
+              help="Device limit of each worker (small, so data keep moving).")
+@click.option("--memory-limit", default="4GiB", show_default=True,
+              help="Host memory limit of each worker.")
+@click.option("--host-fraction", default=0.25, show_default=True, type=float,
+              help="distributed.worker.memory.target for the run: the host tier's share of "
+              "--memory-limit before data go to disk.")
+@click.option("--max-held", default="3GiB", show_default=True,
+              help="Most bytes held by the client at once (creates turn into deletes above).")
+@click.option("--kill-every", default="20s", show_default=True,
+              help="Least time between two worker kills (SIGKILL); 0: no kills.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the steps drawn.")
+@click.option("--n-workers", default=None, type=click.IntRange(min=1),
+              help="Workers (one per GPU); default: every visible GPU.")
+@click.option("--jit-unspill/--no-jit-unspill", default=False, show_default=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
+              help="JSON file to write the report to, with the machine and versions.")
+@_command
+def soak(ctx: click.Context, kw: dict[str, Any]) -> None:
+    """Random create / read / combine / spill / delete / worker-kill steps for a bounded
+    time at a small device limit; then every held key is checked byte for byte.
+
+    Reports steps, bytes created and moved between tiers, kills, and keys
+    checked, lost and changed. Exit status 1 when any key was lost or changed.
+    """
+    from dask.utils import parse_timedelta
+
+    from cudask.bench import harness
+    from cudask.bench import soak as soak_run
+
+    seconds: dict[str, float] = {}
+    for name in ("duration", "kill_every"):
+        try:
+            seconds[name] = float(parse_timedelta(kw[name], default="seconds") or 0)
+        except (ValueError, KeyError, TypeError):
+            raise click.BadParameter(f"{kw[name]!r} is not a time; accepted: seconds or a "
+                                     "time such as '90s', '5m', '5 minutes'",
+                                     param_hint=f"--{name.replace('_', '-')}") from None
+    if seconds["duration"] <= 0:
+        raise click.BadParameter(f"{kw['duration']!r} must be more than 0 seconds",
+                                 param_hint="--duration")
+    if not 0 < kw["host_fraction"] <= 1:
+        raise click.BadParameter(f"{kw['host_fraction']!r}; accepted: a fraction in (0, 1]",
+                                 param_hint="--host-fraction")
+    sizes: dict[str, int | None] = {}
+    for name in ("device_memory_limit", "memory_limit", "max_held"):
+        try:
+            sizes[name] = value = _size(kw[name], "--" + name.replace("_", "-"))
+        except OptionError as exc:
+            raise click.UsageError(str(exc)) from None
+        if not value:
+            raise click.BadParameter(f"{kw[name]!r}; accepted: a size above 0 such as '1GiB'",
+                                     param_hint="--" + name.replace("_", "-"))
+    gpus = environment.gpus()
+    if not gpus.get("available"):
+        raise NoGPUError(f"cudask bench soak needs an NVIDIA GPU and NVML finds none "
+                         f"({gpus.get('reason')})")
+    if not environment.has_module("cupy"):
+        raise click.ClickException("cudask bench soak needs CuPy: pip install 'cudask[cuda]'")
+    plan = soak_run.SoakPlan(
+        duration=seconds["duration"], device_memory_limit=int(sizes["device_memory_limit"] or 0),
+        memory_limit=int(sizes["memory_limit"] or 0), host_fraction=kw["host_fraction"],
+        max_held=int(sizes["max_held"] or 0), kill_every=seconds["kill_every"], seed=kw["seed"],
+        n_workers=kw["n_workers"], jit_unspill=kw["jit_unspill"],
+    )
+    progress = harness.ProgressLine(enabled=sys.stderr.isatty())
+
+    def show(elapsed: float, counts: Any) -> None:
+        progress.update("soak", f"{counts['kill'] - counts['kill-missed']} kills",
+                        int(elapsed), int(plan.duration), f"s, {sum(counts.values())} steps")
+
+    report = soak_run.run_soak(plan, progress=show)
+    progress.finish("soak: done")
+    document = {"workload": "soak", "report": report, "machine": environment.machine(),
+                "versions": environment.versions()}
+    if kw["output"]:
+        harness.write_json(document, kw["output"])
+    moved = sum(report["bytes_moved"].values())
+    click.echo(f"soak: {report['cycles']} steps in {report['seconds']} s, {report['kills']} kills, "
+               f"{report['bytes_created'] / 2**30:.1f} GiB created, {moved / 2**30:.1f} GiB moved "
+               f"between tiers; keys checked {report['keys_checked']}, lost "
+               f"{report['keys_lost']}, changed {report['keys_changed']}; reads "
+               f"{report['reads_checked']}, differing {report['reads_differing']}")
+    for line in report["errors"][:5]:
+        click.echo(f"  {line}")
+    if not report["ok"]:
+        ctx.exit(1)
+
+
 @bench.command("chart")
 @click.argument("results", type=click.Path(exists=True, dir_okay=False))
 @click.option(

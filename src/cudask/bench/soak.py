@@ -1,0 +1,202 @@
+"""The soak: minutes of random work and worker kills at a small device limit,
+then every held key checked byte for byte.
+
+Covers: `SoakPlan` and `run_soak(plan)`, which start a LocalCUDACluster
+(one worker per GPU, `plan.device_memory_limit`, `plan.memory_limit` with a
+host tier of `plan.host_fraction` of it, so data reach disk) and, for
+`plan.duration` seconds, draw one step at a time from a seeded generator:
+
+- create: a task makes a deterministic value (`cudask.testing.integrity`:
+  device arrays, transposed views, dicts of device and host arrays, host
+  arrays) of 1-64 MiB, held by the client;
+- read: a held key is digested where it lives (bringing it back from host or
+  disk) and compared with the digest of a fresh computation;
+- combine: a task joins the bytes of two created device values into a new one;
+- spill: a worker is asked to move device data to the host (`spill_device`);
+- delete: the client drops a held key;
+- kill: a worker process gets SIGKILL (at most once per `plan.kill_every`
+  seconds); its nanny restarts it and the scheduler recomputes what was lost.
+
+Held data stay under `plan.max_held` bytes. At the end every held key is
+digested and compared (`check_keys`). The report counts steps by kind, bytes
+created, bytes moved between tiers (summed over worker lifetimes: metrics are
+read before each kill), kills, keys checked, lost and changed, and reads that
+differed.
+
+Does not cover: timing (`cudask bench spill|cupy`), the fault cases one by one
+(tests/faults).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cudask.testing.integrity import check_keys, digest, make_value
+
+MiB = 1 << 20
+DEVICE_KINDS = ("f8", "i1", "view", "dict")
+KINDS = (*DEVICE_KINDS, "host")
+SIZES = (1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB)
+STEPS = {"create": 34, "read": 25, "combine": 10, "spill": 8, "delete": 18, "kill": 5}
+MOVED = ("spill-device-to-host-bytes", "unspill-host-to-device-bytes",
+         "spill-host-to-disk-bytes", "unspill-disk-to-host-bytes")
+
+
+@dataclass(frozen=True)
+class SoakPlan:
+    duration: float = 120.0
+    device_memory_limit: int = 1 << 30
+    memory_limit: int = 4 << 30
+    host_fraction: float = 0.25
+    max_held: int = 3 << 30
+    kill_every: float = 20.0
+    seed: int = 0
+    n_workers: int | None = None
+    jit_unspill: bool = False
+
+
+def _fresh(spec: tuple[Any, ...]) -> str:
+    """Digest of a fresh computation of a created ("make") or combined value."""
+    if spec[0] == "make":
+        return digest(make_value(*spec[1:]))
+    return digest(_combine(make_value(*spec[1]), make_value(*spec[2])))
+
+
+def _combine(x: Any, y: Any) -> Any:
+    import cupy
+
+    from cudask.memory.proxy import unproxy
+
+    parts = []
+    for v in (unproxy(x), unproxy(y)):
+        v = v["device"] if isinstance(v, dict) else v
+        parts.append(cupy.ascontiguousarray(v).reshape(-1).view(cupy.uint8))
+    return cupy.concatenate(parts)
+
+
+def _spill(dask_worker: Any, nbytes: int) -> int:
+    return int(dask_worker.data.spill_device(nbytes))
+
+
+def _moved(dask_worker: Any) -> dict[str, float]:
+    m = dask_worker.data.metrics()
+    return {k: float(m.get(k, 0.0)) for k in MOVED}
+
+
+def run_soak(plan: SoakPlan, progress: Any = None) -> dict[str, Any]:
+    """Run the soak; return the report (see the module docstring)."""
+    from distributed import Client, wait
+
+    from cudask import LocalCUDACluster
+
+    rng = random.Random(plan.seed)
+    counts: Counter[str] = Counter()
+    moved: Counter[str] = Counter()
+    held: dict[Any, tuple[tuple[Any, ...], int]] = {}  # future -> (spec, bytes)
+    expected: dict[Any, Any] = {}  # future -> future of its fresh digest
+    reads: list[tuple[Any, Any]] = []  # (digest future, fresh-digest future)
+    created = 0
+    next_id = 0
+    last_kill = time.monotonic()
+    errors: list[str] = []
+    import dask
+
+    with dask.config.set({"distributed.worker.memory.target": plan.host_fraction}), \
+            LocalCUDACluster(n_workers=plan.n_workers, threads_per_worker=2,
+                             device_memory_limit=plan.device_memory_limit,
+                             memory_limit=plan.memory_limit, jit_unspill=plan.jit_unspill,
+                             dashboard_address=":0") as cluster, Client(cluster) as client:
+        start = time.monotonic()
+        while time.monotonic() - start < plan.duration:
+            step = rng.choices(list(STEPS), weights=list(STEPS.values()))[0]
+            made = [f for f, (s, _) in held.items() if s[0] == "make" and s[3] != "host"]
+            if step == "create" and sum(n for _, n in held.values()) > plan.max_held:
+                step = "delete"
+            if step in ("read", "delete", "combine") and len(held) < 2:
+                step = "create"
+            if step == "combine" and len(made) < 2:
+                step = "create"
+            if step == "kill" and (not plan.kill_every
+                                   or time.monotonic() - last_kill < plan.kill_every):
+                step = "read" if held else "create"
+            counts[step] += 1
+            if step == "create":
+                spec: tuple[Any, ...] = ("make", next_id, rng.choice(SIZES), rng.choice(KINDS))
+                f = client.submit(make_value, *spec[1:], key=f"soak-{next_id}")
+                next_id += 1
+                held[f] = (spec, spec[2])
+                expected[f] = client.submit(_fresh, spec, pure=False)
+                created += spec[2]
+            elif step == "read":
+                f = rng.choice(list(held))
+                reads.append((client.submit(digest, f, pure=False), expected[f]))
+            elif step == "combine":
+                a, b = rng.sample(made, 2)
+                spec = ("combine", held[a][0][1:], held[b][0][1:])
+                f = client.submit(_combine, a, b, key=f"soak-{next_id}")
+                next_id += 1
+                size = held[a][1] + held[b][1]
+                held[f] = (spec, size)
+                expected[f] = client.submit(_fresh, spec, pure=False)
+                created += size
+            elif step == "spill":
+                workers = list(client.scheduler_info()["workers"])
+                try:  # a worker being restarted does not answer
+                    client.run(_spill, rng.choice(SIZES) * 4, workers=[rng.choice(workers)])
+                except OSError:
+                    counts["spill-missed"] += 1
+            elif step == "delete":
+                f = rng.choice(list(held))
+                del held[f]
+                expected.pop(f)
+            elif step == "kill":
+                try:
+                    pids = client.run(os.getpid)
+                    address = rng.choice(sorted(pids))
+                    moved.update(client.run(_moved, workers=[address])[address])
+                except OSError:  # a worker being restarted: kill later
+                    counts["kill-missed"] += 1
+                else:
+                    os.kill(pids[address], signal.SIGKILL)
+                last_kill = time.monotonic()
+            if sum(counts.values()) % 40 == 0:  # keep the scheduler's queue short
+                wait([e for _, e in reads[-40:]] + list(expected.values())[-40:], timeout=600)
+            if progress is not None:
+                progress(time.monotonic() - start, counts)
+        wait(list(expected.values()) + [d for pair in reads for d in pair], timeout=600)
+        differing = 0
+        for got, want in reads:
+            if got.status != "finished" or want.status != "finished":
+                errors.append(f"read of {got.key}: {got.status}/{want.status}")
+            elif got.result() != want.result():
+                differing += 1
+        fresh = {f: e.result() for f, e in expected.items() if e.status == "finished"}
+        check = check_keys(client, fresh)
+        for moves in client.run(_moved).values():
+            moved.update(moves)
+        alive = len(client.scheduler_info()["workers"])
+    return {
+        "plan": asdict(plan),
+        "seconds": round(time.monotonic() - start, 1),
+        "workers": alive,
+        "steps": dict(counts),
+        "cycles": sum(counts.values()),
+        "kills": counts["kill"] - counts["kill-missed"],
+        "bytes_created": created,
+        "bytes_moved": {k.removesuffix("-bytes"): int(v) for k, v in moved.items()},
+        "keys_checked": check.checked,
+        "keys_lost": len(check.lost),
+        "keys_changed": len(check.changed),
+        "lost": check.lost,
+        "reads_checked": len(reads),
+        "reads_differing": differing,
+        "errors": errors,
+        "ok": check.ok and not differing and not errors,
+    }
+

@@ -1,0 +1,466 @@
+"""The fault matrix, on a real GPU: each case ends with the right result or one
+clear error, and then every key the client still holds is digested where it
+lives and compared with a fresh computation of the same value
+(`cudask.testing.integrity`). Each case records a row (case, outcome, keys
+checked, keys lost, time to recover) for `--fault-table PATH`.
+
+Cases: a task exhausting device memory (CuPy on the real GPU, and a fixed RMM
+pool; with and without JIT-unspill); the worker process killed mid-compute
+while it holds spilled data on host and disk; the local directory on a small
+filesystem that fills while spilling (a tmpfs: needs root, skipped otherwise);
+the host memory limit reached while device data spill (distributed's pause and
+terminate thresholds); pinning refused and the pinned pool exhausted
+mid-spill; another process taking most of the GPU's memory.
+
+Run on a GPU machine:
+  python -m pytest tests/faults -m gpu -v --fault-table faults.json
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import pytest
+
+from cudask.testing.integrity import KINDS, check_keys, digest, make_value
+
+pytestmark = pytest.mark.gpu
+
+# Functions below run on the workers: send them by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+MiB = 1 << 20
+GiB = 1 << 30
+Row = Callable[..., dict[str, Any]]
+
+
+# ---------------------------------------------------------------- helpers
+def _cluster(**kwargs: Any) -> Any:
+    from cudask import LocalCUDACluster
+
+    kwargs.setdefault("threads_per_worker", 1)
+    return LocalCUDACluster(n_workers=1, dashboard_address=":0", **kwargs)
+
+
+def _fresh_digest(seed: int, nbytes: int, kind: str) -> str:
+    return digest(make_value(seed, nbytes, kind))
+
+
+def _hold(client: Any, n: int, nbytes: int, prefix: str = "held",
+          kinds: tuple[str, ...] = KINDS) -> dict[Any, str]:
+    """n values made by tasks (so the scheduler can recompute them), each with the
+    digest of a fresh computation of the same value."""
+    from distributed import wait
+
+    specs = [(i, nbytes, kinds[i % len(kinds)]) for i in range(n)]
+    futures = [client.submit(make_value, *s, key=f"{prefix}-{s[0]}") for s in specs]
+    wait(futures)
+    fresh = client.gather([client.submit(_fresh_digest, *s, pure=False) for s in specs])
+    return dict(zip(futures, fresh, strict=True))
+
+
+def _metrics(dask_worker: Any) -> dict[str, float]:
+    return dict(dask_worker.data.metrics())
+
+
+def _worker_metrics(client: Any) -> dict[str, float]:
+    (m,) = client.run(_metrics).values()
+    return m
+
+
+def _pid(client: Any) -> int:
+    (pid,) = client.run(os.getpid).values()
+    return int(pid)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _allocate_and_sum(nbytes: int) -> int:
+    import cupy
+
+    x = cupy.ones(nbytes, dtype=cupy.uint8)
+    return int(x.sum(dtype=cupy.uint64))
+
+
+def _slow_digest(x: Any, delay: float) -> str:
+    time.sleep(delay)
+    return digest(x)
+
+
+def _gpu_total() -> int:
+    from cudask.devices import discover
+
+    return int(discover().gpus[0].memory_total)
+
+
+def _worker_logs(client: Any) -> str:
+    return "\n".join(line for logs in client.get_worker_logs().values() for _, line in logs)
+
+
+# ---------------------------------------------------------------- device memory
+@pytest.mark.parametrize("jit", [False, True], ids=["plain", "jit"])
+def test_task_exhausts_cupy_device_memory(jit: bool, fault_row: Row) -> None:
+    """The whole GPU: the store holds about half of it on the device, a task asks
+    for 60%; a second task asks for twice the GPU."""
+    pytest.importorskip("cupy")
+    from distributed import Client
+
+    total = _gpu_total()
+    chunk = 1 * GiB
+    with _cluster(jit_unspill=jit, device_memory_limit=int(total * 0.5),
+                  memory_limit=int(total * 0.5)) as cluster, Client(cluster) as client:
+        held = _hold(client, int(total * 0.55) // chunk, chunk, kinds=("f8", "i1", "view"))
+        want = int(total * 0.6)
+        start = time.perf_counter()
+        assert client.submit(_allocate_and_sum, want, pure=False).result() == want
+        fits_s = time.perf_counter() - start
+        with pytest.raises(Exception, match="(?i)out of memory") as info:
+            client.submit(_allocate_and_sum, 2 * total, pure=False).result()
+        error = _first_line(info.value)
+        m = _worker_metrics(client)
+        assert m["spill-on-demand-count"] >= 1
+        check = check_keys(client, held)
+        fault_row(case=f"task exhausts device memory: CuPy, {'JIT' if jit else 'plain'}",
+                  outcome=f"60% of the GPU: ran after {m['spill-on-demand-count']:.0f} spill(s) "
+                          f"on demand ({m['spill-on-demand-bytes'] / GiB:.1f} GiB); 2x the GPU: "
+                          f"one error",
+                  check=check, recover_s=fits_s, error=error)
+        assert check.ok, check
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["plain", "jit"])
+def test_task_exhausts_rmm_pool(jit: bool, fault_row: Row) -> None:
+    """A fixed 2 GiB RMM pool (CuPy allocating through it) with 1.5 GiB held: a task
+    asking for 1.25 GiB, then one asking for 4 GiB."""
+    pytest.importorskip("cupy")
+    pytest.importorskip("rmm")
+    from distributed import Client
+
+    with _cluster(jit_unspill=jit, device_memory_limit="1GiB", memory_limit="8GiB",
+                  rmm_pool_size="2GiB", rmm_maximum_pool_size="2GiB",
+                  rmm_allocator_external_lib_list="cupy") as cluster, Client(cluster) as client:
+        held = _hold(client, 12, 128 * MiB)
+        start = time.perf_counter()
+        want = 1280 * MiB
+        assert client.submit(_allocate_and_sum, want, pure=False).result() == want
+        fits_s = time.perf_counter() - start
+        with pytest.raises(Exception, match="(?i)out.of.memory|bad_alloc") as info:
+            client.submit(_allocate_and_sum, 4 * GiB, pure=False).result()
+        error = _first_line(info.value)
+        m = _worker_metrics(client)
+        assert m["spill-on-demand-count"] >= 1
+        check = check_keys(client, held)
+        fault_row(case=f"task exhausts device memory: RMM pool, {'JIT' if jit else 'plain'}",
+                  outcome=f"1.25 of 2 GiB pool: ran after {m['spill-on-demand-count']:.0f} "
+                          f"spill(s) on demand; 4 GiB: one error",
+                  check=check, recover_s=fits_s, error=error)
+        assert check.ok, check
+
+
+# ---------------------------------------------------------------- worker killed
+@pytest.mark.parametrize("jit", [False, True], ids=["plain", "jit"])
+def test_worker_killed_mid_compute_with_spilled_data(jit: bool, fault_row: Row) -> None:
+    """1.5 GiB through a 512 MiB device tier and a 410 MiB host tier (the rest on
+    disk); SIGKILL while tasks read them; the nanny restarts the worker and the
+    scheduler recomputes what was lost."""
+    pytest.importorskip("cupy")
+    import dask
+    from distributed import Client, as_completed
+
+    with dask.config.set({"distributed.worker.memory.target": 0.05}), \
+            _cluster(jit_unspill=jit, device_memory_limit="512MiB",
+                     memory_limit="8GiB") as cluster, Client(cluster) as client:
+        held = _hold(client, 24, 64 * MiB)
+        m = _worker_metrics(client)
+        assert m["host-keys"] > 0 and m["disk-keys"] > 0, m
+        reads = {client.submit(_slow_digest, f, 0.3, pure=False): d for f, d in held.items()}
+        pid = _pid(client)
+        done = as_completed(reads)
+        for _ in range(4):
+            next(done)
+        os.kill(pid, signal.SIGKILL)
+        killed = time.perf_counter()
+        results = client.gather(list(reads))
+        recover_s = time.perf_counter() - killed
+        client.wait_for_workers(1, timeout=120)
+        new_pid = _pid(client)
+        assert new_pid != pid
+        wrong = [f.key for f, r in zip(reads, results, strict=True) if r != reads[f]]
+        check = check_keys(client, held)
+        fault_row(case=f"worker SIGKILLed mid-compute, data on host and disk "
+                       f"({'JIT' if jit else 'plain'})",
+                  outcome="nanny restarted it; lost keys recomputed; right answer"
+                  if not wrong else f"{len(wrong)} wrong results",
+                  check=check, recover_s=recover_s)
+        assert not wrong
+        assert check.ok, check
+
+
+# ---------------------------------------------------------------- scratch disk
+@contextlib.contextmanager
+def _small_filesystem(path: Path, size: str) -> Iterator[Path]:
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          check=False, capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a {size} tmpfs (needs root): {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
+
+
+def test_local_directory_fills_while_spilling(tmp_path: Path, fault_row: Row) -> None:
+    """The local directory on a 256 MiB filesystem; 1.5 GiB through a 256 MiB device
+    tier and a 410 MiB host tier: the disk fills, the rest stays in host memory."""
+    pytest.importorskip("cupy")
+    import dask
+    from distributed import Client
+
+    with _small_filesystem(tmp_path / "small", "256m") as small, \
+            dask.config.set({"distributed.worker.memory.target": 0.05}), \
+            _cluster(device_memory_limit="256MiB", memory_limit="8GiB",
+                     local_directory=str(small)) as cluster, Client(cluster) as client:
+        start = time.perf_counter()
+        held = _hold(client, 24, 64 * MiB)
+        create_s = time.perf_counter() - start
+        m = _worker_metrics(client)
+        logs = _worker_logs(client)
+        check = check_keys(client, held)
+        full = "Spill to disk failed" in logs or "No space left" in logs
+        fault_row(case="local directory on a 256 MiB filesystem fills while spilling",
+                  outcome=f"disk full ({m['disk-bytes'] / MiB:.0f} MiB on it): "
+                          f"{m['host-keys']:.0f} keys kept in host memory; all tasks ran",
+                  check=check, recover_s=create_s, disk_full_logged=full)
+        assert m["disk-keys"] > 0 and full, (m, logs[-2000:])
+        assert check.ok, check
+
+
+# ---------------------------------------------------------------- host memory limit
+def test_host_memory_limit_reached_while_spilling(fault_row: Row) -> None:
+    """3 GiB through a 512 MiB device tier into a 3 GiB worker: host memory passes
+    distributed's spill and pause thresholds while device data spill."""
+    pytest.importorskip("cupy")
+    from distributed import Client
+
+    with _cluster(device_memory_limit="512MiB", memory_limit="3GiB") as cluster, \
+            Client(cluster) as client:
+        pid = _pid(client)
+        start = time.perf_counter()
+        held = _hold(client, 48, 64 * MiB)
+        create_s = time.perf_counter() - start
+        total = sum(client.gather([client.submit(_allocate_and_sum, MiB, pure=False)]))
+        assert total == MiB
+        m = _worker_metrics(client)
+        logs = _worker_logs(client)
+        restarted = _pid(client) != pid
+        check = check_keys(client, held)
+        paused = "Pausing worker" in logs
+        fault_row(case="host memory limit (3 GiB) reached while device data spill",
+                  outcome=("worker paused, spilled to disk, resumed" if paused else
+                           "host tier spilled to disk before the pause threshold")
+                  + ("; restarted by the nanny" if restarted else "")
+                  + f"; {m['disk-keys']:.0f} keys on disk",
+                  check=check, recover_s=create_s, paused=paused, restarted=restarted)
+        assert check.ok, check
+
+
+def _host_bomb(nbytes: int) -> int:
+    import numpy as np
+
+    x = np.ones(nbytes, dtype=np.uint8)
+    time.sleep(30)  # the nanny terminates the process before this ends
+    return int(x[0])
+
+
+def test_task_past_the_host_memory_limit_is_terminated(fault_row: Row) -> None:
+    """A task allocating more host memory than the worker may use, while spilled
+    device data sit on host and disk: the nanny terminates the worker at
+    distributed's terminate threshold, the task ends in one KilledWorker error,
+    and the held keys are recomputed."""
+    pytest.importorskip("cupy")
+    import dask
+    from distributed import Client, KilledWorker
+
+    with dask.config.set({"distributed.scheduler.allowed-failures": 1}), \
+            _cluster(device_memory_limit="256MiB", memory_limit="4GiB") as cluster, \
+            Client(cluster) as client:
+        held = _hold(client, 24, 64 * MiB)
+        bomb = client.submit(_host_bomb, 5 * GiB, pure=False)
+        with pytest.raises(KilledWorker) as info:
+            bomb.result(timeout=300)
+        failed = time.perf_counter()
+        check = check_keys(client, held)
+        recover_s = time.perf_counter() - failed
+        fault_row(case="task past the host memory limit (4 GiB worker, 5 GiB task)",
+                  outcome="nanny terminated the worker twice; one KilledWorker error; "
+                          "held keys recomputed",
+                  check=check, recover_s=recover_s, error=_first_line(info.value))
+        assert check.ok, check
+
+
+# ---------------------------------------------------------------- pinned memory
+class _RefusingBackend:
+    """CuPy's copy backend with the driver's pinning calls refused the way the
+    driver refuses them (cudaErrorMemoryAllocation); every copy is real."""
+
+    def __init__(self) -> None:
+        from cudask.memory.transfer import CupyBackend
+
+        self._real = CupyBackend()
+        self.name = "cupy-refusing-pinning"
+        self.refused = 0
+
+    def _refuse(self, *args: Any) -> Any:
+        import cupy
+
+        self.refused += 1
+        rt = cupy.cuda.runtime
+        raise rt.CUDARuntimeError(getattr(rt, "errorMemoryAllocation", 2))
+
+    alloc_pinned = register_host = _refuse
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def test_pinning_refused_by_the_driver(tmp_path: Path, fault_row: Row) -> None:
+    """Every cudaHostRegister and cudaHostAlloc refused: one warning, spills go to
+    pageable memory, and 2 GiB through a 256 MiB device tier come back identical."""
+    pytest.importorskip("cupy")
+    from cudask.memory.pinned import PinnedMemoryWarning
+    from cudask.memory.store import TieredStore
+
+    backend = _RefusingBackend()
+    store = TieredStore(device_memory_limit=256 * MiB, memory_limit=None, backend=backend,
+                        local_directory=str(tmp_path), pinned_preallocate=True)
+    try:
+        specs = [(i, 128 * MiB, KINDS[i % 4]) for i in range(16)]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", PinnedMemoryWarning)
+            start = time.perf_counter()
+            for s in specs:
+                store[s] = make_value(*s)
+            digests = {s: digest(store[s]) for s in specs}
+            spill_s = time.perf_counter() - start
+        warned = [w for w in caught if issubclass(w.category, PinnedMemoryWarning)]
+        fresh = {s: _fresh_digest(*s) for s in specs}
+        m = store.metrics()
+        from cudask.testing.integrity import Check
+
+        check = Check(identical=[str(s) for s in specs if digests[s] == fresh[s]],
+                      changed=[str(s) for s in specs if digests[s] != fresh[s]])
+        fault_row(case="pinning refused by the driver (register and host-alloc)",
+                  outcome=f"{len(warned)} warning(s); {m['pageable-fallback-count']:.0f} spills "
+                          "to pageable memory; all read back",
+                  check=check, recover_s=spill_s, refused_calls=backend.refused)
+        assert backend.refused >= 2 and m["pinned-reserved-bytes"] == 0
+        assert m["pageable-fallback-count"] > 0 and 1 <= len(warned) <= 2, warned
+        assert check.ok, check
+    finally:
+        store.close()
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+
+
+def test_pinned_pool_exhausted_mid_spill(fault_row: Row) -> None:
+    """A 64 MiB pinned pool and 1.5 GiB through a 256 MiB device tier: the pool is
+    full after the first spills and the rest go to memory faulted in for them."""
+    pytest.importorskip("cupy")
+    import dask
+    from distributed import Client
+
+    with dask.config.set({"cudask.memory.pinned-pool-size": "64MiB",
+                          "cudask.memory.pinned-slab-size": "32MiB"}), \
+            _cluster(device_memory_limit="256MiB", memory_limit="16GiB") as cluster, \
+            Client(cluster) as client:
+        start = time.perf_counter()
+        held = _hold(client, 24, 64 * MiB)
+        create_s = time.perf_counter() - start
+        m = _worker_metrics(client)
+        check = check_keys(client, held)
+        fault_row(case="pinned pool (64 MiB) exhausted mid-spill",
+                  outcome=f"{m['pageable-fallback-count']:.0f} spills to memory faulted in for "
+                          f"them; pool at {m['pinned-reserved-bytes'] / MiB:.0f} MiB",
+                  check=check, recover_s=create_s)
+        assert m["pageable-fallback-count"] > 0 and m["pinned-reserved-bytes"] <= 64 * MiB
+        assert check.ok, check
+
+
+# ---------------------------------------------------------------- another process
+@contextlib.contextmanager
+def _gpu_hog(leave_free: int) -> Iterator[int]:
+    """Another process holding all but `leave_free` bytes of the GPU's free memory."""
+    code = ("import sys, cupy\n"
+            "free, _ = cupy.cuda.runtime.memGetInfo()\n"
+            f"x = cupy.empty(max(free - {leave_free}, 0), dtype=cupy.uint8)\n"
+            "print(x.nbytes, flush=True)\n"
+            "sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        yield int(proc.stdout.readline())
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(timeout=60)
+
+
+@pytest.mark.parametrize("mode", ["plain", "plain-no-on-demand", "jit"])
+def test_another_process_takes_the_gpu(mode: str, fault_row: Row) -> None:
+    """The worker's device limit (16 GiB) assumes the GPU is its own; with 8 GiB held,
+    another process takes all but 3 GiB of what is free, then 8 more GiB are made."""
+    pytest.importorskip("cupy")
+    import dask
+    from distributed import Client, wait
+
+    on_demand = mode != "plain-no-on-demand"
+    with dask.config.set({"cudask.memory.spill-on-demand": on_demand}), \
+            _cluster(jit_unspill=mode == "jit", device_memory_limit="16GiB",
+                     memory_limit="32GiB") as cluster, Client(cluster) as client:
+        held = _hold(client, 8, GiB, prefix="before", kinds=("f8", "i1"))
+        with _gpu_hog(3 * GiB) as taken:
+            more = [client.submit(make_value, 100 + i, GiB, "f8", key=f"after-{i}")
+                    for i in range(8)]
+            wait(more)
+            erred = [f for f in more if f.status == "error"]
+            error = _first_line(erred[0].exception()) if erred else None
+            check_during = check_keys(client, held)
+        hog_gone = time.perf_counter()
+        if erred:  # the other process has gone: the same tasks again
+            client.retry(erred)
+            wait(more)
+        recover_s = time.perf_counter() - hog_gone if erred else 0.0
+        fresh = client.gather([client.submit(_fresh_digest, 100 + i, GiB, "f8", pure=False)
+                               for i in range(8)])
+        held.update(dict(zip(more, fresh, strict=True)))
+        m = _worker_metrics(client)
+        check = check_keys(client, held)
+        fault_row(case=f"another process takes the GPU ({taken / GiB:.0f} GiB), {mode}",
+                  outcome=(f"{len(erred)} of 8 tasks failed with one error each, ran again "
+                           "once the memory was back" if erred else
+                           f"all 8 ran: {m.get('spill-on-demand-count', 0):.0f} spill(s) on "
+                           "demand"),
+                  check=check, recover_s=recover_s, error=error,
+                  held_during=check_during.checked - len(check_during.lost))
+        assert check_during.ok, check_during
+        assert check.ok, check
+        if on_demand:
+            assert not erred, error
+        else:
+            assert erred and "out of memory" in (error or "").lower()
