@@ -1,6 +1,6 @@
 """The fault matrix's table: every case records one row through `fault_row`;
 with `--fault-table PATH` the rows, the machine and the versions are written to
-PATH (JSON) and PATH with .md (a Markdown table) when the session ends."""
+PATH (JSON) and PATH with .md (a Markdown table) as each row comes."""
 
 from __future__ import annotations
 
@@ -27,13 +27,18 @@ def fault_row(request: pytest.FixtureRequest) -> Callable[..., dict[str, Any]]:
                "keys_changed": len(check.changed), "lost": check.lost,
                "recover_s": None if recover_s is None else round(recover_s, 2), **details}
         ROWS.append(row)
+        _write(request.config)  # each row at once: a run cut short keeps what it had
         return row
 
     return record
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    path = session.config.getoption("--fault-table")
+    _write(session.config)
+
+
+def _write(config: pytest.Config) -> None:
+    path = config.getoption("--fault-table")
     if not path or not ROWS:
         return
     from cudask.bench import environment

@@ -106,6 +106,19 @@ def _gpu_total() -> int:
     return int(discover().gpus[0].memory_total)
 
 
+def _wait(client: Any, futures: list[Any], timeout: float = 180) -> None:
+    """Wait for `futures`; past `timeout`, fail with the running tasks' stacks and the
+    workers' last log lines (a hang is a failure with its evidence)."""
+    from distributed import wait
+
+    try:
+        wait(futures, timeout=timeout)
+    except TimeoutError:
+        stacks = client.call_stack()
+        pytest.fail(f"not done after {timeout} s: {[f.status for f in futures]}\n"
+                    f"stacks: {stacks}\nlogs: {_worker_logs(client)[-3000:]}")
+
+
 def _worker_logs(client: Any) -> str:
     return "\n".join(line for logs in client.get_worker_logs().values() for _, line in logs)
 
@@ -341,40 +354,39 @@ def test_pinning_refused_by_the_driver(tmp_path: Path, fault_row: Row) -> None:
     """Every cudaHostRegister and cudaHostAlloc refused: one warning, spills go to
     pageable memory, and 2 GiB through a 256 MiB device tier come back identical."""
     pytest.importorskip("cupy")
+    import cupy
+
     from cudask.memory.pinned import PinnedMemoryWarning
     from cudask.memory.store import TieredStore
+    from cudask.testing.integrity import Check
 
     backend = _RefusingBackend()
-    store = TieredStore(device_memory_limit=256 * MiB, memory_limit=None, backend=backend,
-                        local_directory=str(tmp_path), pinned_preallocate=True)
-    try:
-        specs = [(i, 128 * MiB, KINDS[i % 4]) for i in range(16)]
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", PinnedMemoryWarning)
+    specs = [(i, 128 * MiB, KINDS[i % 4]) for i in range(16)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", PinnedMemoryWarning)
+        store = TieredStore(device_memory_limit=256 * MiB, memory_limit=None, backend=backend,
+                            local_directory=str(tmp_path), pinned_preallocate=True)
+        try:
             start = time.perf_counter()
-            for s in specs:
-                store[s] = make_value(*s)
-            digests = {s: digest(store[s]) for s in specs}
+            for spec in specs:
+                store[spec] = make_value(*spec)
+            digests = {spec: digest(store[spec]) for spec in specs}
             spill_s = time.perf_counter() - start
-        warned = [w for w in caught if issubclass(w.category, PinnedMemoryWarning)]
-        fresh = {s: _fresh_digest(*s) for s in specs}
-        m = store.metrics()
-        from cudask.testing.integrity import Check
-
-        check = Check(identical=[str(s) for s in specs if digests[s] == fresh[s]],
-                      changed=[str(s) for s in specs if digests[s] != fresh[s]])
-        fault_row(case="pinning refused by the driver (register and host-alloc)",
-                  outcome=f"{len(warned)} warning(s); {m['pageable-fallback-count']:.0f} spills "
-                          "to pageable memory; all read back",
-                  check=check, recover_s=spill_s, refused_calls=backend.refused)
-        assert backend.refused >= 2 and m["pinned-reserved-bytes"] == 0
-        assert m["pageable-fallback-count"] > 0 and 1 <= len(warned) <= 2, warned
-        assert check.ok, check
-    finally:
-        store.close()
-        import cupy
-
-        cupy.get_default_memory_pool().free_all_blocks()
+            m = store.metrics()
+        finally:
+            store.close()
+    cupy.get_default_memory_pool().free_all_blocks()
+    warned = [str(w.message) for w in caught if issubclass(w.category, PinnedMemoryWarning)]
+    fresh = {spec: _fresh_digest(*spec) for spec in specs}
+    check = Check(identical=[str(k) for k in specs if digests[k] == fresh[k]],
+                  changed=[str(k) for k in specs if digests[k] != fresh[k]])
+    fault_row(case="pinning refused by the driver (register and host-alloc)",
+              outcome=f"{len(warned)} warning(s); {m['pageable-fallback-count']:.0f} spills "
+                      "to pageable memory; all read back",
+              check=check, recover_s=spill_s, refused_calls=backend.refused, warnings=warned)
+    assert check.ok, check
+    assert backend.refused >= 2 and m.get("pinned-reserved-bytes", 0) == 0, (backend.refused, m)
+    assert m["pageable-fallback-count"] > 0 and 1 <= len(warned) <= 2, (warned, m)
 
 
 def test_pinned_pool_exhausted_mid_spill(fault_row: Row) -> None:
@@ -427,7 +439,7 @@ def test_another_process_takes_the_gpu(mode: str, fault_row: Row) -> None:
     another process takes all but 3 GiB of what is free, then 8 more GiB are made."""
     pytest.importorskip("cupy")
     import dask
-    from distributed import Client, wait
+    from distributed import Client
 
     on_demand = mode != "plain-no-on-demand"
     with dask.config.set({"cudask.memory.spill-on-demand": on_demand}), \
@@ -437,14 +449,14 @@ def test_another_process_takes_the_gpu(mode: str, fault_row: Row) -> None:
         with _gpu_hog(3 * GiB) as taken:
             more = [client.submit(make_value, 100 + i, GiB, "f8", key=f"after-{i}")
                     for i in range(8)]
-            wait(more)
+            _wait(client, more)
             erred = [f for f in more if f.status == "error"]
             error = _first_line(erred[0].exception()) if erred else None
             check_during = check_keys(client, held)
         hog_gone = time.perf_counter()
         if erred:  # the other process has gone: the same tasks again
             client.retry(erred)
-            wait(more)
+            _wait(client, more)
         recover_s = time.perf_counter() - hog_gone if erred else 0.0
         fresh = client.gather([client.submit(_fresh_digest, 100 + i, GiB, "f8", pure=False)
                                for i in range(8)])

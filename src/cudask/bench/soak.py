@@ -80,7 +80,7 @@ def _combine(x: Any, y: Any) -> Any:
     return cupy.concatenate(parts)
 
 
-def _spill(dask_worker: Any, nbytes: int) -> int:
+def _spill(nbytes: int, dask_worker: Any = None) -> int:
     return int(dask_worker.data.spill_device(nbytes))
 
 
