@@ -385,7 +385,7 @@ def test_pinning_refused_by_the_driver(tmp_path: Path, fault_row: Row) -> None:
                       "to pageable memory; all read back",
               check=check, recover_s=spill_s, refused_calls=backend.refused, warnings=warned)
     assert check.ok, check
-    assert backend.refused >= 2 and m.get("pinned-reserved-bytes", 0) == 0, (backend.refused, m)
+    assert backend.refused >= 1 and m.get("pinned-reserved-bytes", 0) == 0, (backend.refused, m)
     assert m["pageable-fallback-count"] > 0 and 1 <= len(warned) <= 2, (warned, m)
 
 
@@ -414,6 +414,12 @@ def test_pinned_pool_exhausted_mid_spill(fault_row: Row) -> None:
 
 
 # ---------------------------------------------------------------- another process
+def _free_cached_blocks() -> None:
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()
+
+
 @contextlib.contextmanager
 def _gpu_hog(leave_free: int) -> Iterator[int]:
     """Another process holding all but `leave_free` bytes of the GPU's free memory."""
@@ -446,6 +452,7 @@ def test_another_process_takes_the_gpu(mode: str, fault_row: Row) -> None:
             _cluster(jit_unspill=mode == "jit", device_memory_limit="16GiB",
                      memory_limit="32GiB") as cluster, Client(cluster) as client:
         held = _hold(client, 8, GiB, prefix="before", kinds=("f8", "i1"))
+        client.run(_free_cached_blocks)  # what the worker's CuPy pool keeps is the hog's to take
         with _gpu_hog(3 * GiB) as taken:
             more = [client.submit(make_value, 100 + i, GiB, "f8", key=f"after-{i}")
                     for i in range(8)]

@@ -596,3 +596,17 @@ def test_spill_on_demand_in_the_tiered_store(make_store: MakeStore) -> None:
     assert all((as_numpy(store[i]) == i).all() for i in range(8)) and held is not None
     assert make_store(device_memory_limit=None).on_demand is None
     assert make_store(device_memory_limit=1000, spill_on_demand=False).on_demand is None
+
+
+def test_reads_go_on_when_the_disk_tier_is_full(make_store: MakeStore,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    """Reading a key back from disk moves older keys to disk; when max-spill (or a
+    full disk) refuses them, the read still returns the key, from host memory."""
+    store = make_store(device_memory_limit=4000, memory_limit=6000, max_spill=4000)
+    for i in range(30):
+        store[i] = dev(1000, i)
+    assert store.keys_on("disk") and store.keys_on("host")
+    with caplog.at_level(logging.WARNING, logger="cudask.memory"):
+        for i in range(30):
+            assert (as_numpy(store[i]) == i).all(), i
+    assert "disk tier is full" in caplog.text

@@ -146,8 +146,10 @@ def run_soak(plan: SoakPlan, progress: Any = None) -> dict[str, Any]:
                 expected[f] = client.submit(_fresh, spec, pure=False)
                 created += size
             elif step == "spill":
-                workers = list(client.scheduler_info()["workers"])
+                workers = sorted(client.scheduler_info()["workers"])
                 try:  # a worker being restarted does not answer
+                    if not workers:
+                        raise OSError("no worker")
                     client.run(_spill, rng.choice(SIZES) * 4, workers=[rng.choice(workers)])
                 except OSError:
                     counts["spill-missed"] += 1
@@ -158,6 +160,8 @@ def run_soak(plan: SoakPlan, progress: Any = None) -> dict[str, Any]:
             elif step == "kill":
                 try:
                     pids = client.run(os.getpid)
+                    if not pids:
+                        raise OSError("no worker")
                     address = rng.choice(sorted(pids))
                     moved.update(client.run(_moved, workers=[address])[address])
                 except OSError:  # a worker being restarted: kill later

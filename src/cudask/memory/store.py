@@ -94,7 +94,7 @@ import zict
 from dask.typing import Key
 from dask.utils import format_bytes
 from distributed.sizeof import safe_sizeof
-from distributed.spill import ManualEvictProto, SpillBuffer, SpilledSize
+from distributed.spill import ManualEvictProto, MaxSpillExceeded, SpillBuffer, SpilledSize
 
 from cudask.errors import OptionError
 from cudask.memory import dispatch
@@ -256,6 +256,7 @@ class TieredStore(MutableMapping[Key, object]):
         self._host_used = False  # whether a host value was ever stored (unlimited path)
         self._unspillable: set[Key] = set()
         self._warned_over_limit = False
+        self._warned_disk = False
 
         self._tmpdir: str | None = None
         self._host: MutableMapping[Key, object]
@@ -425,7 +426,7 @@ class TieredStore(MutableMapping[Key, object]):
         with self.lock:
             if self._unlimited:
                 value = self._device.get(key, _MISSING)
-                return self._host[key] if value is _MISSING else value
+                return self._host_read(key) if value is _MISSING else value
             self._reap()
             value = self._device.get(key, _MISSING)
             if value is not _MISSING:
@@ -435,7 +436,7 @@ class TieredStore(MutableMapping[Key, object]):
                 self._metrics["device-read", "count"] += 1
                 return value
             if key not in self._spilled:
-                return self._host[key]
+                return self._host_read(key)
             gen = self._gen[key]
             prefetched = self._prefetched.pop(key, None)
             if prefetched is not None:
@@ -446,7 +447,7 @@ class TieredStore(MutableMapping[Key, object]):
                 if shortcut is not _MISSING:
                     self._install(key, shortcut, copied=0)
                     return shortcut
-                host_copy = cast(AnyHostCopy, self._host[key])
+                host_copy = cast(AnyHostCopy, self._host_read(key))
                 value, copies = self._start_unspill(key, host_copy)
         # Wait for the host -> device copies without holding the lock.
         started = time.perf_counter()
@@ -466,6 +467,24 @@ class TieredStore(MutableMapping[Key, object]):
             elif key in self._device:
                 return self._device[key]
         return value
+
+    def _host_read(self, key: Key) -> object:
+        """`key` from the host tier. Reading a key back from disk makes room for it
+        by moving older keys to disk; when that fails (disk full, max-spill
+        reached) zict has already put the key in host memory, and distributed's
+        SpillBuffer lets the error out of the read: take the key from host memory
+        and leave the failed move to a later eviction."""
+        host = self._host
+        try:
+            return host[key]
+        except (OSError, MaxSpillExceeded):
+            if not isinstance(host, SpillBuffer) or key not in host.fast:
+                raise
+            if not self._warned_disk:
+                self._warned_disk = True
+                logger.warning("cudask: the disk tier is full (no space left, or max-spill "
+                               "reached); keys read back from disk stay in host memory")
+            return host.fast[key]
 
     def __delitem__(self, key: Key) -> None:
         with self.lock:
@@ -753,7 +772,7 @@ class TieredStore(MutableMapping[Key, object]):
                     continue
                 if self._alive_copy_source(key) is not _MISSING:
                     continue
-                host_copy = cast(AnyHostCopy, self._host[key])
+                host_copy = cast(AnyHostCopy, self._host_read(key))
                 limit = self.device_memory_limit
                 if limit is not None and self._ledger.total + host_copy.nbytes > limit:
                     break
@@ -891,7 +910,7 @@ class TieredStore(MutableMapping[Key, object]):
         with self.lock:
             if key not in self._spilled:
                 return None
-            return cast(AnyHostCopy, self._host[key])
+            return cast(AnyHostCopy, self._host_read(key))
 
     def metrics(self) -> dict[str, float]:
         """Per-tier sizes, moves and pinned-pool state, for Worker.metrics."""
