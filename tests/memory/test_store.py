@@ -610,3 +610,49 @@ def test_reads_go_on_when_the_disk_tier_is_full(make_store: MakeStore,
         for i in range(30):
             assert (as_numpy(store[i]) == i).all(), i
     assert "disk tier is full" in caplog.text
+
+
+def test_pickled_host_copies_hand_out_numpy_buffers(make_store: MakeStore) -> None:
+    """Out-of-band pickle buffers of a host copy are NumPy arrays, never memoryviews:
+    a memoryview exported to a PickleBuffer and caught in a reference cycle (the
+    traceback of a failed disk write) crashes Python 3.12's garbage collector."""
+    store = make_store(device_memory_limit=1000)
+    store["a"] = dev(800, 3)
+    store["b"] = dev(800, 4)  # spills "a"
+    copy = store.peek_host_copy("a")
+    assert copy is not None
+    buffers: list[pickle.PickleBuffer] = []
+    pickle.dumps(copy, protocol=5, buffer_callback=buffers.append)
+    assert buffers and all(isinstance(b.raw().obj, np.ndarray) for b in buffers)
+    back = pickle.loads(pickle.dumps(copy, protocol=5))
+    assert bytes(back.blocks[0].view) == bytes(copy.blocks[0].view)
+
+
+def test_full_disk_tier_with_garbage_collection_in_a_fresh_process(tmp_path: Any) -> None:
+    """Spills refused by max-spill, reads and deletes, with the garbage collector run
+    after every step: the process neither crashes nor loses a key."""
+    script = f"""
+import gc, numpy as np
+from cudask.memory.store import TieredStore
+from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray, as_numpy
+s = TieredStore(device_memory_limit=4000, memory_limit=6000, max_spill=4000,
+                backend=FakeCopyBackend(), local_directory={str(tmp_path)!r},
+                pinned_pool_size=2000, pinned_slab_size=1000)
+for i in range(40):
+    s[i] = FakeDeviceArray.from_numpy(np.full(1000, i, dtype="u1"))
+    gc.collect()
+    if i % 3 == 0:
+        del s[i // 2]
+        gc.collect()
+for i in range(40):
+    if i in s:
+        assert (as_numpy(s[i]) == i).all(), i
+    gc.collect()
+print("ok")
+"""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", script], check=False,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

@@ -33,7 +33,7 @@ import logging
 import pickle
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy
 
@@ -97,7 +97,9 @@ class HostCopy:
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         self.wait()
         if isinstance(protocol, int) and protocol >= 5:
-            frames: list[Any] = [pickle.PickleBuffer(block.view) for block in self.blocks]
+            # over NumPy arrays, not memoryviews: see HostBlock.array
+            frames: list[Any] = [pickle.PickleBuffer(cast(Any, block.array))
+                                 for block in self.blocks]
         else:
             frames = [bytes(block.view) for block in self.blocks]
         return (_rebuild_host_copy, (self.handler, self.meta, frames))

@@ -46,6 +46,7 @@ completed.
 from __future__ import annotations
 
 import bisect
+import ctypes
 import logging
 import threading
 import time
@@ -55,7 +56,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy
 
@@ -255,6 +256,24 @@ class HostBlock:
         if isinstance(self._keepalive, memoryview):
             return self._keepalive.cast("B") if self._keepalive.format != "B" else self._keepalive
         return memoryview_at(self.ptr, self.nbytes)
+
+    @property
+    def array(self) -> numpy.ndarray:
+        """The block as a uint8 NumPy array (no copy) that keeps the block alive:
+        the buffer to hand to pickle and files. A NumPy array never takes part in
+        a reference cycle, unlike a memoryview: a memoryview exported to a
+        PickleBuffer and caught in a cycle (an exception's traceback holding the
+        frames of a failed disk write) cannot be cleared by the garbage collector,
+        and on Python 3.12 collecting such a cycle crashes the process."""
+        if self.released:
+            raise ValueError("host block already released")
+        if self.nbytes == 0:
+            return numpy.empty(0, dtype=numpy.uint8)
+        if isinstance(self._keepalive, memoryview):
+            return numpy.frombuffer(self._keepalive, dtype=numpy.uint8)
+        raw = (ctypes.c_uint8 * self.nbytes).from_address(self.ptr)
+        raw.owner = self  # type: ignore[attr-defined]
+        return numpy.frombuffer(cast(Any, raw), dtype=numpy.uint8)
 
     def release(self, after: Copy | None = None) -> None:
         """Give the memory back (to the pool, or to the operating system), once
