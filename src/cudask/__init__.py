@@ -16,9 +16,13 @@ __version__ = "0.1.0"
 _LAZY = {
     "LocalCUDACluster": "cudask.deploy.local",
     "CUDAWorker": "cudask.deploy.node",
+    "KubeCUDACluster": "cudask.deploy.kubernetes",  # needs cudask[kubernetes]
+    "DaskCudaCluster": "cudask.deploy.kubernetes",
 }
 
 if TYPE_CHECKING:
+    from cudask.deploy.kubernetes import DaskCudaCluster as DaskCudaCluster
+    from cudask.deploy.kubernetes import KubeCUDACluster as KubeCUDACluster
     from cudask.deploy.local import LocalCUDACluster as LocalCUDACluster
     from cudask.deploy.node import CUDAWorker as CUDAWorker
 
@@ -32,4 +36,5 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+# KubeCUDACluster and DaskCudaCluster (cudask[kubernetes]) are left out of `import *`
 __all__ = ["CUDAWorker", "LocalCUDACluster", "__version__", "config"]

@@ -52,3 +52,8 @@ def require(module: str, *, needed_for: str, install: str) -> object:
         return importlib.import_module(module)
     except ImportError as exc:
         raise MissingDependencyError(module, needed_for, install) from exc
+
+
+class TLSRefusedError(CudaskError, ConnectionError):
+    """A TLS handshake with the scheduler failed on a certificate: this node's is not
+    accepted there, or the scheduler's is not trusted here."""

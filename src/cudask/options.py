@@ -443,6 +443,27 @@ def check_libraries(o: WorkerOptions) -> None:
                                          f"install {module} where the workers run")
 
 
+def flag_args(opt: Option, value: Any) -> list[str]:
+    """The `cudask worker` arguments that give `opt` its canonical `value` (as resolve()
+    makes it): the CLI's parsing in reverse, for launchers that write a worker's
+    command line (cudask.deploy.kube_spec). No shell quoting."""
+    if opt.kind in ("bool", "tristate"):
+        if value is None:
+            return []
+        return [opt.cli_flag if value else str(opt.secondary)]
+    if value is None:
+        return [opt.cli_flag, "0"] if opt.kind == "size" else []  # "0": off
+    if opt.kind == "list":
+        if opt.name == "preload":  # a repeatable flag
+            return [arg for item in value for arg in (opt.cli_flag, item)]
+        return [opt.cli_flag, ",".join(value)]
+    if opt.name == "resources" and isinstance(value, Mapping):
+        value = ",".join(f"{k}={v}" for k, v in value.items())
+    elif opt.name == "worker_class" and isinstance(value, type):
+        value = f"{value.__module__}.{value.__qualname__}"
+    return [opt.cli_flag, str(value)]
+
+
 def reference() -> str:
     """The options reference (docs/options.md), generated from OPTIONS."""
     lines = [

@@ -74,3 +74,38 @@ def test_a_nanny_class_is_started_per_gpu(one_gpu: None) -> None:
 
     w = _build("tcp://10.0.0.1:8786", worker_class="cudask.testing.workers.TaggedNanny")
     assert [type(n) for n in w.nannies] == [TaggedNanny]
+
+
+def test_a_refused_certificate_is_one_error_before_any_worker_starts(
+        one_gpu: None, tmp_path: Any) -> None:
+    """A TLS scheduler that does not accept the node's certificate: CUDAWorker says so
+    (cudask.deploy.preflight) instead of starting nannies that retry until
+    --death-timeout."""
+    import shutil
+
+    from distributed import Scheduler
+    from distributed.security import Security
+    from netns import make_pki
+
+    from cudask.errors import TLSRefusedError
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs openssl")
+    pki = make_pki(tmp_path, "127.0.0.1")
+
+    async def main() -> None:
+        security = Security(tls_ca_file=pki["ca"], tls_scheduler_cert=pki["sched"],
+                            tls_scheduler_key=pki["sched-key"], require_encryption=True)
+        async with Scheduler(protocol="tls", host="127.0.0.1", port=0, security=security,
+                             dashboard_address=":0") as s:
+            for cert, key, ca, said in (
+                    (pki["bad"], pki["bad-key"], pki["ca"], "refused this worker's certificate"),
+                    (pki["worker"], pki["worker-key"], pki["rogue"], "does not trust")):
+                w = node.CUDAWorker(s.address, tls_ca_file=ca, tls_cert=cert, tls_key=key,
+                                    device_memory_limit=None)
+                with pytest.raises(TLSRefusedError, match=said):
+                    await w
+                assert all(n.status.name == "init" for n in w.nannies)
+                assert not s.workers
+
+    asyncio.run(main())

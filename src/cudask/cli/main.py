@@ -1,7 +1,8 @@
 """The `cudask` command and the `dask cudask` / `dask cuda` command groups.
 
-Covers: wiring subcommands together. `cudask worker`/`cudask config`/`cudask top`,
-`dask cudask worker|config|top` and `dask cuda worker|config|top` (through dask's
+Covers: wiring subcommands together. `cudask worker`/`cudask config`/`cudask top`/
+`cudask kubernetes`, `dask cudask worker|config|top|kubernetes` and `dask cuda
+worker|config|top|kubernetes` (through dask's
 `dask_cli` entry points) are the same commands; `python -m cudask.cli worker`
 works too. Does not cover: the commands (one module each), nor when `dask cuda` is
 cudask's rather than dask-cuda's (cudask.cli.dask_cli decides).
@@ -16,6 +17,7 @@ from cudask.cli.config import config
 from cudask.cli.demo import demo
 from cudask.cli.errors import UserErrorGroup
 from cudask.cli.info import info
+from cudask.cli.kubernetes import kubernetes
 from cudask.cli.top import top
 from cudask.cli.worker import worker
 
@@ -49,7 +51,7 @@ def options_command() -> None:
     click.echo(reference(), nl=False)
 
 
-for command in (worker, config, top):
+for command in (worker, config, top, kubernetes):
     cli.add_command(command)
     cuda.add_command(command)
     dask_cudask.add_command(command)

@@ -67,6 +67,7 @@ def check_input(
     *,
     visible_devices: Any = None,
     n_workers: Any = None,
+    libraries: bool = True,
 ) -> WorkerOptions:
     """The resolved options, once every check that needs no GPU has passed.
 
@@ -74,6 +75,8 @@ def check_input(
     CLI's); `visible_devices` is CUDA_VISIBLE_DEVICES (the keyword, or the
     environment variable for a node). Raises OptionError (with `option` set
     where one value is at fault) or MissingDependencyError; never looks at a GPU.
+    `libraries=False` leaves out the optional libraries, for options checked on one
+    machine for workers that run on another (cudask.deploy.jobqueue).
     """
     options = resolve(values, surface, libraries=False)
     for name, check in _NODE_CHECKS.items():
@@ -88,5 +91,6 @@ def check_input(
     check_visible_devices(visible_devices)
     check_n_workers(n_workers)
     check_memory_config()
-    check_libraries(options)
+    if libraries:
+        check_libraries(options)
     return options

@@ -2,11 +2,15 @@
 
 Covers: what `dask cuda worker` runs and what dask-mpi, dask-jobqueue runners,
 SSHCluster and `dask spec` use as a worker class — one Nanny per GPU named
-NAME (one GPU) or NAME-0, NAME-1, ... (several), awaitable, an async context
+NAME (one GPU) or NAME-0, NAME-1, ... (several), each telling the scheduler NAME
+(WorkerState.extra["cudask_node"], so a Kubernetes pod's workers map back to
+it), awaitable, an async context
 manager, finished() and close(); and a no-nanny mode (one GPU per process)
 for sites that forbid forking. GPUs are those of the process's
 CUDA_VISIBLE_DEVICES (all when unset), so `mpirun ... CUDA_VISIBLE_DEVICES=
-$LOCAL_RANK dask cuda worker` gives one worker per rank.
+$LOCAL_RANK dask cuda worker` gives one worker per rank; in a process that has
+initialized MPI (dask-mpi), one worker on the GPU of its local rank
+(cudask.deploy.mpi), its CUDA_VISIBLE_DEVICES rotated to start with that GPU.
 Does not cover: the specs themselves (cudask.worker.spec).
 """
 
@@ -23,14 +27,17 @@ import dask.config
 from distributed import Nanny, Worker
 from distributed.security import Security
 
+from cudask.deploy import mpi
 from cudask.deploy.checks import check_input
+from cudask.deploy.preflight import check_tls, scheduler_address
 from cudask.devices import Device, discover, parse_visible_devices, require_gpus
-from cudask.errors import DeviceError, OptionError
+from cudask.errors import CudaskError, DeviceError, OptionError
 from cudask.options import BY_NAME, WorkerOptions, options_for
 from cudask.worker.spec import (
     check_devices,
     nanny_class,
     nanny_options,
+    node_information,
     parse_ports,
     parse_resources,
     ucx_config,
@@ -48,6 +55,13 @@ def _passthrough() -> set[str]:
     return names - set(BY_NAME)
 
 
+def _did_you_mean(unknown: list[str]) -> str:
+    """A hint for option names written as flags (dask-mpi's --worker-options JSON)."""
+    hints = [f"{k!r} -> {k.lstrip('-').replace('-', '_')!r}" for k in unknown
+             if k.lstrip("-").replace("-", "_") in BY_NAME]
+    return f" (did you mean {', '.join(hints)}?)" if hints else ""
+
+
 class CUDAWorker:
     """One worker per local GPU, as dask-cuda's CUDAWorker.
 
@@ -56,9 +70,22 @@ class CUDAWorker:
     --scheduler-file, then the `scheduler-address` config that dask-mpi sets).
     Other keywords are the worker options of docs/options.md; any remaining
     keyword goes to the Nanny/Worker (e.g. security, preload_argv).
+
+    In an MPI rank (dask-mpi's `--worker-class cudask.CUDAWorker` or
+    `initialize(worker_class="cudask.CUDAWorker")`), it starts one worker, on the GPU
+    of the rank's local rank, in the rank's process unless nanny=True is given
+    (docs/mpi.md, cudask.deploy.mpi). `visible` are the GPUs of CUDA_VISIBLE_DEVICES,
+    `devices` those this process starts workers on.
     """
 
     def __init__(self, scheduler: str | None = None, **kwargs: Any) -> None:
+        try:
+            self._init(scheduler, kwargs)
+        except CudaskError as exc:
+            mpi.abort_job(exc)  # an MPI rank: say why and end the job rather than hang
+            raise
+
+    def _init(self, scheduler: str | None, kwargs: dict[str, Any]) -> None:
         if "scheduler_ip" in kwargs:  # distributed.Worker's name for it (dask-jobqueue runners)
             scheduler_ip = kwargs.pop("scheduler_ip")
             if scheduler is not None and scheduler_ip is not None and scheduler_ip != scheduler:
@@ -66,11 +93,14 @@ class CUDAWorker:
                                   f"scheduler_ip={scheduler_ip!r}; give one")
             scheduler = scheduler or scheduler_ip
         values = {k: kwargs.pop(k) for k in list(kwargs) if k in BY_NAME}
+        world = mpi.mpi_world_size()
+        if world is not None and world > 1:
+            values.setdefault("nanny", False)  # an MPI rank is its worker: see cudask.deploy.mpi
         unknown = sorted(set(kwargs) - _passthrough())
         if unknown:
             raise OptionError(
-                f"CUDAWorker got unknown keyword(s) {', '.join(unknown)}; accepted: "
-                f"{', '.join(sorted(o.name for o in options_for('worker')))} and "
+                f"CUDAWorker got unknown keyword(s) {', '.join(unknown)}{_did_you_mean(unknown)}; "
+                f"accepted: {', '.join(sorted(o.name for o in options_for('worker')))} and "
                 "distributed.Nanny's keywords"
             )
         if isinstance(scheduler, str) and scheduler.startswith("-"):
@@ -84,10 +114,15 @@ class CUDAWorker:
             if scheduler is None:
                 raise OptionError("no scheduler: give its address (e.g. tcp://10.0.0.1:8786), "
                                   "--scheduler-file, or DASK_SCHEDULER_ADDRESS")
+        rank = mpi.check_rank(os.environ)  # dask-mpi: the launcher's local rank, checked here
         machine = require_gpus(discover())
-        devices = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), machine)
-        if not devices:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        self.visible: list[Device] = parse_visible_devices(visible, machine)
+        if not self.visible:
             raise DeviceError("CUDA_VISIBLE_DEVICES is empty: no GPU to start a worker on")
+        self.indices: list[int] = mpi.devices_for_rank(self.visible, rank,
+                                                       narrowed=visible is not None)
+        devices = [self.visible[i] for i in self.indices]
         if not options.nanny and len(devices) > 1:
             raise OptionError(
                 f"--no-nanny runs one worker in this process, so it needs exactly one GPU; "
@@ -112,9 +147,8 @@ class CUDAWorker:
         self.scheduler = scheduler
         self.nannies: list[Nanny | Worker] = [
             self._make(scheduler, i, name, port, kwargs)
-            for i, (name, port) in enumerate(
-                zip(worker_names(options.name, devices), parse_ports(options.worker_port, len(devices)))
-            )
+            for i, name, port in zip(self.indices, worker_names(options.name, devices),
+                                     parse_ports(options.worker_port, len(devices)))
         ]
 
     def _node_kwargs(self, port: int | None) -> dict[str, Any]:
@@ -133,23 +167,37 @@ class CUDAWorker:
         if port is not None:
             kw["worker_port" if o.nanny else "port"] = port
         if o.tls_ca_file:
-            kw["security"] = Security(tls_ca_file=o.tls_ca_file, tls_worker_cert=o.tls_cert,
-                                      tls_worker_key=o.tls_key, require_encryption=True)
+            kw["security"] = self._security()
         if o.dashboard_prefix:
             kw["http_prefix"] = o.dashboard_prefix
+        if o.name is not None:  # which node (pod) each worker is of, for the scheduler
+            kw["startup_information"] = node_information(o.name, len(self.devices))
         return {k: v for k, v in kw.items() if v is not None}
+
+    def _security(self) -> Security | None:
+        o = self.options
+        if not o.tls_ca_file:
+            return None
+        return Security(tls_ca_file=o.tls_ca_file, tls_worker_cert=o.tls_cert,
+                        tls_worker_key=o.tls_key, require_encryption=True)
 
     def _make(self, scheduler: str | None, i: int, name: Any, port: int | None,
               extra: dict[str, Any]) -> Nanny | Worker:
-        opts = nanny_options(self.options, self.devices, i, n_workers=len(self.devices),
+        # i indexes the visible GPUs: the worker's CUDA_VISIBLE_DEVICES lists them all,
+        # its own first; 'auto' memory is a share per visible GPU
+        opts = nanny_options(self.options, self.visible, i, n_workers=len(self.visible),
                              name=name, extra={**self._node_kwargs(port), **extra})
         if self.options.nanny:
             return nanny_class(self.options)(scheduler, **opts)
         cls, opts, env = worker_options(opts)
         # The one GPU was read from this process's CUDA_VISIBLE_DEVICES (by index, UUID
         # or prefix); when that is unset, pin the process to it before any CUDA call.
+        # When it lists several (an MPI rank took one of them), put that one first.
         for var, value in env.items():
-            os.environ.setdefault(var, value)
+            if var == "CUDA_VISIBLE_DEVICES" and len(self.visible) > 1:
+                os.environ[var] = value
+            else:
+                os.environ.setdefault(var, value)
         return cls(scheduler, **opts)
 
     async def _start(self) -> Self:
@@ -158,6 +206,9 @@ class CUDAWorker:
             import multiprocessing.forkserver
 
             multiprocessing.forkserver.ensure_running()
+        if self.options.tls_ca_file:  # a certificate refused: one clear error, now
+            await check_tls(scheduler_address(self.scheduler, self.options.scheduler_file),
+                            self._security())
         with dask.config.set({"distributed.worker.multiprocessing-method": method}):
             await asyncio.gather(*self.nannies)
         if self.options.pid_file:

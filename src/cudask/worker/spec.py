@@ -227,6 +227,33 @@ def worker_names(name: str | None, devices: Sequence[Device]) -> list[Any]:
     return [f"{name}-{i}" for i in range(len(devices))]
 
 
+#: What each worker of a named CUDAWorker tells the scheduler when it registers
+#: (distributed.Worker's `startup_information`; the scheduler keeps it in
+#: WorkerState.extra and shows it in scheduler_info()["workers"]): the name the node
+#: was started with, and how many GPU workers it started.
+NODE_KEY = "cudask_node"
+NODE_WORKERS_KEY = "cudask_node_workers"
+
+
+@dataclass(frozen=True)
+class Constant:
+    """A picklable `startup_information` entry: `value`, whichever worker asks."""
+
+    value: Any
+
+    def __call__(self, worker: Any) -> Any:
+        return self.value
+
+
+def node_information(name: Any, n_workers: int) -> dict[str, Constant]:
+    """`startup_information` of the workers of one CUDAWorker named `name`.
+
+    Their names are NAME or NAME-0, NAME-1, ... (worker_names); this says, without
+    parsing names, which workers came from one node (a Kubernetes pod, whose
+    deployment is NAME) and how many it started (cudask.deploy.operator_api)."""
+    return {NODE_KEY: Constant(name), NODE_WORKERS_KEY: Constant(n_workers)}
+
+
 def gpu_name(device: Device) -> int | str:
     """LocalCUDACluster names each worker after its GPU (as dask-cuda does)."""
     return device.uuid if device.mig else device.gpu.index
@@ -317,6 +344,9 @@ def worker_options(nanny_opts: dict[str, Any]) -> tuple[type, dict[str, Any], di
 
 
 __all__ = [
+    "NODE_KEY",
+    "NODE_WORKERS_KEY",
+    "Constant",
     "DeviceSizes",
     "Nanny",
     "Worker",
@@ -327,6 +357,7 @@ __all__ = [
     "host_memory_limit",
     "nanny_class",
     "nanny_options",
+    "node_information",
     "parse_ports",
     "parse_resources",
     "plugins",

@@ -1,0 +1,659 @@
+"""Kubernetes GPU clusters without a cluster and without a GPU (cudask.deploy.kube_spec,
+.kubernetes, .operator_api; `cudask kubernetes`).
+
+- The DaskCluster validates against the operator's CRD schema (shipped in
+  dask-kubernetes), the objects the operator's controller builds from it validate
+  against Kubernetes' own schemas (kubernetes-validate), and it has the structure of
+  the operator's make_cluster_spec; a broken one fails both (the validators bite).
+- Each pod's command parses with the real commands (`cudask worker`, `dask scheduler`
+  with its preloads) to what was meant: GPUs, CPU, memory-limit = pod / GPUs, no GPU
+  on the scheduler. The Helm values, put through the chart's worker command line, too.
+- Scaling down by pod: a real scheduler with cudask's /api/v1 and workers named and
+  tagged as CUDAWorker names them, asked by the operator controller's own
+  `retire_workers`, retires whole pods and answers their Deployment names.
+- KubeCUDACluster / DaskCudaCluster over a fake KubeCluster: built from the checked
+  spec, scale() in pods, close(), a bounded wait for a scheduler that never comes up.
+- Bad input: one-line errors naming the value and what is accepted, before anything
+  is created; CLI usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from click.testing import CliRunner
+
+try:
+    import kubernetes_validate
+    from dask_kubernetes.operator import KubeCluster, make_cluster_spec
+except ImportError:  # both come with cudask[test-deploy]
+    pytest.skip("needs dask-kubernetes and kubernetes-validate (pip install -e '.[test,test-deploy]')",
+                allow_module_level=True)
+from distributed import Client, Scheduler, Worker
+from kube_pods import container, container_argv, container_env, crd_schema, operator_objects
+
+from cudask.cli.main import cli, dask_cudask
+from cudask.cli.worker import worker
+from cudask.deploy import kubernetes as kube
+from cudask.deploy import operator_api
+from cudask.deploy.checks import check_input
+from cudask.deploy.kube_spec import check_pods, cluster_spec, helm_values
+from cudask.errors import CudaskError, OptionError
+from cudask.worker.spec import node_information
+
+K8S_VERSION = "1.30"
+GiB = 2**30
+DOCS = Path(__file__).parents[2] / "docs" / "kubernetes"
+# The platform wrapper's call (memory in GiB), with the image and namespace it implies
+PLATFORM: dict[str, Any] = {
+    "num_workers": 2, "worker_cpu": 4, "nvidia_gpu": 2, "worker_memory": 12, "scheduler_cpu": 4,
+    "scheduler_memory": 12, "image": "registry.example.com/cudask:0.1.0",
+    "namespace": "dask-gpu", "name": "gpu-cluster"}
+
+
+def _spec(**kwargs: Any) -> dict[str, Any]:
+    return cluster_spec(check_pods(**{**PLATFORM, **kwargs}))
+
+
+def _worker_values(argv: list[str]) -> dict[str, Any]:
+    """What `cudask worker` makes of a command line (click's parsing, then the CLI's own
+    checks): the given values, by option name."""
+    assert argv[:2] == ["cudask", "worker"], argv
+    ctx = worker.make_context("worker", argv[2:])
+    given = {k: v for k, v in ctx.params.items() if v is not None and v != ()}
+    # the CLI's checks (cudask.cli.worker.check_flags), but for the optional libraries:
+    # those are the image's, not this machine's
+    check_input({k: (list(v) if isinstance(v, tuple) else v) for k, v in given.items()
+                 if k != "scheduler"}, "cli", libraries=False)
+    return given
+
+
+# ------------------------------------------------------------------ schemas and shape
+def test_daskcluster_validates_against_the_operators_crd() -> None:
+    schema = crd_schema("daskcluster")
+    spec = _spec(env={"EXTRA": "1"}, resources={"limits": {"ephemeral-storage": "100Gi"}},
+                 device_memory_limit="20GB", rmm_pool_size=0.5)
+    jsonschema.validate(spec, schema)
+    bad = copy.deepcopy(spec)
+    bad["spec"]["worker"]["spec"]["containers"][0]["resources"]["limits"] = ["nvidia.com/gpu"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+    group = operator_objects(spec)["workergroup"]
+    jsonschema.validate(group, crd_schema("daskworkergroup"))
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 8])
+def test_operator_objects_validate_against_kubernetes(gpus: int) -> None:
+    objects = operator_objects(_spec(nvidia_gpu=gpus, env={"EXTRA": "1"}))
+    assert len(objects["workers"]) == 2
+    for obj in [objects["scheduler"], objects["service"], *objects["workers"]]:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    broken = copy.deepcopy(objects["workers"][0])
+    broken["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"] = 1
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+def _paths(obj: Any, prefix: str = "") -> set[str]:
+    """Every key path, not into what holds values of our choosing (resources, env)."""
+    if isinstance(obj, dict) and prefix.rsplit(".", 1)[-1] not in ("resources", "env"):
+        return {prefix} | {p for k, v in obj.items() for p in _paths(v, f"{prefix}.{k}")}
+    if isinstance(obj, list):
+        return {prefix} | {p for v in obj for p in _paths(v, prefix + "[]")}
+    return {prefix}
+
+
+def test_same_structure_as_the_operators_make_cluster_spec() -> None:
+    ours = _spec(env={"EXTRA": "1"})
+    theirs = make_cluster_spec(name="gpu-cluster", image=PLATFORM["image"], n_workers=2,
+                               resources={"limits": {"cpu": "1"}}, env={"EXTRA": "1"})
+    assert _paths(ours) - _paths(theirs) <= {".metadata.namespace"}
+    assert _paths(theirs) <= _paths(ours)
+    assert ours["spec"]["scheduler"]["service"] == theirs["spec"]["scheduler"]["service"]
+
+
+def test_worker_pods_ask_for_gpus_and_split_their_memory() -> None:
+    spec = _spec()
+    c = spec["spec"]["worker"]["spec"]["containers"][0]
+    assert spec["spec"]["worker"]["replicas"] == 2
+    assert c["resources"] == {"limits": {"cpu": "4", "memory": "12Gi", "nvidia.com/gpu": "2"},
+                              "requests": {"cpu": "4", "memory": "12Gi"}}
+    assert "CUDA_VISIBLE_DEVICES" not in container_env(c)  # the device plugin's business
+    deployment = operator_objects(spec)["workers"][0]
+    values = _worker_values(container_argv(container(deployment)))
+    # one worker per GPU of the pod, each with half of the pod's 12 GiB
+    assert values["memory_limit"] == "6GiB"
+    assert values["name"] == deployment["metadata"]["name"]  # $(DASK_WORKER_NAME), expanded
+    assert values["dashboard"] is True and values["dashboard_address"] == "8788"
+    env = container_env(container(deployment))
+    assert env["DASK_SCHEDULER_ADDRESS"] == \
+        "tcp://gpu-cluster-scheduler.dask-gpu.svc.cluster.local:8786"
+
+
+def test_worker_options_reach_the_worker_command() -> None:
+    spec = _spec(device_memory_limit="20GB", rmm_pool_size=0.5, enable_cudf_spill=False,
+                 pre_import=["cupy", "numpy"], nthreads=2, memory_limit="5GiB",
+                 worker_resources={"GPU": 1}, protocol="tcp", preload=["a.b", "c"])
+    c = spec["spec"]["worker"]["spec"]["containers"][0]
+    values = _worker_values(container_argv(c))
+    assert values["device_memory_limit"] == "20GB" and values["rmm_pool_size"] == "0.5"
+    assert values["enable_cudf_spill"] is False and values["pre_import"] == "cupy,numpy"
+    assert values["nthreads"] == 2 and values["memory_limit"] == "5GiB"
+    assert values["resources"] == "GPU=1" and values["preload"] == ("a.b", "c")
+
+
+def test_scheduler_pod_has_no_gpu_and_serves_the_pod_api() -> None:
+    from distributed.cli.dask_scheduler import main as dask_scheduler
+
+    spec = _spec()
+    c = spec["spec"]["scheduler"]["spec"]["containers"][0]
+    assert c["resources"] == {"limits": {"cpu": "4", "memory": "12Gi"},
+                              "requests": {"cpu": "4", "memory": "12Gi"}}
+    env = container_env(c)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void" and env["CUDA_VISIBLE_DEVICES"] == ""
+    argv = container_argv(c)
+    assert argv[:2] == ["dask", "scheduler"]
+    # distributed's own parsing, which imports the preloads and checks their flags
+    ctx = dask_scheduler.make_context("scheduler", argv[2:])
+    assert ctx.params["preload"] == ("cudask.monitor", "cudask.deploy.operator_api")
+    assert ctx.params["preload_argv"] == ("--gpus-per-pod", "2")
+    assert ctx.params["host"] == "0.0.0.0"
+
+
+def test_mig_resource_name() -> None:
+    c = _spec(gpu_resource="nvidia.com/mig-1g.10gb", nvidia_gpu=3)["spec"]["worker"]["spec"][
+        "containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/mig-1g.10gb"] == "3"
+    assert "nvidia.com/gpu" not in c["resources"]["limits"]
+    assert _worker_values(container_argv(c))["memory_limit"] == "4GiB"  # 12 GiB / 3
+
+
+# ----------------------------------------------------------------------------- Helm
+def chart_worker_argv(values: dict[str, Any], pod_name: str) -> list[str]:
+    """The worker container's command line as the dask Helm chart writes it
+    (dask/helm-chart, dask/templates/dask-worker-deployment.yaml, 2026-06), with the
+    downward API's POD_NAME expanded."""
+    w = values["worker"]
+    fullname = values["fullnameOverride"]
+    url = w.get("custom_scheduler_url") or f"{fullname}-scheduler:8786"
+    argv = [w["image"]["dask_worker"], url]
+    limits = w["resources"].get("limits")
+    if limits:
+        argv += ["--nthreads", str(w.get("threads_per_worker") or limits["cpu"]),
+                 "--memory-limit", str(limits["memory"])]
+    argv += ["--no-dashboard", "--dashboard-address", str(w.get("portDashboard", 8790))]
+    argv += list(w["extraArgs"])
+    return [a.replace("$(POD_NAME)", pod_name) for a in argv]
+
+
+def chart_worker_deployment(values: dict[str, Any]) -> dict[str, Any]:
+    """The chart's worker Deployment for these values (the parts it fills from them)."""
+    w = values["worker"]
+    labels = {"app": "dask", "component": "worker"}
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": f"{values['fullnameOverride']}-worker", "labels": labels},
+            "spec": {"replicas": w["replicas"], "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": {"containers": [{
+                         "name": f"{values['fullnameOverride']}-worker",
+                         "image": f"{w['image']['repository']}:{w['image']['tag']}",
+                         "args": chart_worker_argv(values, "$(POD_NAME)"),
+                         "ports": [{"containerPort": 8790, "name": "dashboard"}],
+                         "resources": w["resources"], "env": w["env"]}]}}}}
+
+
+def test_helm_values_run_cudask_workers_with_their_memory_share() -> None:
+    values = helm_values(check_pods(**{**PLATFORM, "namespace": None}, require_namespace=False,
+                                    device_memory_limit=0.8))
+    argv = chart_worker_argv(values, "gpu-cluster-worker-5d8f9c-abcde")
+    given = _worker_values(argv)
+    assert given["scheduler"] == "tcp://gpu-cluster-scheduler:8786"
+    assert given["memory_limit"] == "6GiB"  # the last --memory-limit wins over the pod's 12Gi
+    assert given["nthreads"] == 1 and given["device_memory_limit"] == "0.8"
+    assert given["name"] == "gpu-cluster-worker-5d8f9c-abcde"
+    assert values["worker"]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    scheduler_env = {e["name"]: e["value"] for e in values["scheduler"]["env"]}
+    assert scheduler_env == {"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""}
+    assert values["scheduler"]["image"] == {"repository": "registry.example.com/cudask",
+                                            "tag": "0.1.0"}
+    kubernetes_validate.validate(chart_worker_deployment(values), K8S_VERSION, strict=True)
+
+
+# --------------------------------------------------------------- committed examples
+EXAMPLE = ["--name", "gpu-cluster", "--image", "registry.example.com/cudask:0.1.0",
+           "--num-workers", "2", "--nvidia-gpu", "2", "--worker-cpu", "4", "--worker-memory",
+           "12", "--scheduler-cpu", "4", "--scheduler-memory", "12"]
+
+
+@pytest.mark.parametrize("command, extra, path", [
+    ("manifest", ["--namespace", "dask-gpu"], "daskcluster.yaml"),
+    ("helm-values", [], "helm-values.yaml"),
+])
+def test_committed_examples_are_current(command: str, extra: list[str], path: str) -> None:
+    result = CliRunner().invoke(cli, ["kubernetes", command, *EXAMPLE, *extra])
+    assert result.exit_code == 0, result.output
+    assert (DOCS / path).read_text() == result.output, (
+        f"docs/kubernetes/{path} is stale: regenerate it with `cudask kubernetes {command} "
+        f"{' '.join(EXAMPLE + extra)} > docs/kubernetes/{path}`")
+    assert yaml.safe_load(result.output)
+
+
+def test_manifest_is_what_the_class_creates() -> None:
+    result = CliRunner().invoke(dask_cudask, ["kubernetes", "manifest", *EXAMPLE,
+                                              "--namespace", "dask-gpu"])
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(result.output) == _spec()
+
+
+def test_dask_cudask_kubernetes_runs_through_dask() -> None:
+    out = subprocess.run([sys.executable, "-m", "dask", "cudask", "kubernetes", "manifest",
+                          *EXAMPLE, "--namespace", "dask-gpu"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert yaml.safe_load(out.stdout)["kind"] == "DaskCluster"
+
+
+# ------------------------------------------------------------ naming and scaling down
+def test_cuda_worker_tells_the_scheduler_its_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cudask.deploy import node
+    from cudask.devices import discover
+    from cudask.testing import FakeBackend, fake_gpu
+
+    machine = discover(FakeBackend([fake_gpu(0, cpus=range(2)), fake_gpu(1, cpus=range(2))]))
+    monkeypatch.setattr(node, "discover", lambda: machine)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    async def build(**kwargs: Any) -> node.CUDAWorker:
+        return node.CUDAWorker("tcp://10.0.0.1:8786", device_memory_limit=None, **kwargs)
+
+    w = asyncio.run(build(name="gpu-cluster-default-worker-0123456789"))
+    assert [n.name for n in w.nannies] == ["gpu-cluster-default-worker-0123456789-0",
+                                           "gpu-cluster-default-worker-0123456789-1"]
+    for n in w.nannies:
+        info = {k: f(None) for k, f in n.worker_kwargs["startup_information"].items()}
+        assert info == {"cudask_node": "gpu-cluster-default-worker-0123456789",
+                        "cudask_node_workers": 2}
+    unnamed = asyncio.run(build())
+    assert all("startup_information" not in n.worker_kwargs for n in unnamed.nannies)
+
+
+async def _pods(scheduler: Scheduler, names: list[str], gpus: int) -> list[Worker]:
+    """In-process workers as `cudask worker --name POD` starts them in each pod."""
+    workers = []
+    for pod in names:
+        for i in range(gpus):
+            worker_name = pod if gpus == 1 else f"{pod}-{i}"
+            workers.append(await Worker(scheduler.address, name=worker_name, nthreads=1,
+                                        startup_information=node_information(pod, gpus)))
+    return workers
+
+
+def _fake_addresses(monkeypatch: pytest.MonkeyPatch, scheduler: Scheduler) -> Any:
+    """The controller, pointed at this scheduler instead of a Kubernetes service."""
+    from dask_kubernetes.operator.controller import controller
+
+    async def address(service: str, namespace: str, port_name: str = "tcp-comm",
+                      **_: Any) -> str:
+        if port_name == "http-dashboard":
+            return f"http://127.0.0.1:{scheduler.http_server.port}"
+        return scheduler.address
+
+    monkeypatch.setattr(controller, "get_scheduler_address", address)
+    return controller
+
+
+def _controller_retires(controller: Any, n: int) -> Any:
+    return controller.retire_workers(n_workers=n, scheduler_service_name="gpu-cluster-scheduler",
+                                     worker_group_name="gpu-cluster-default",
+                                     namespace="dask-gpu", logger=logging.getLogger("test"))
+
+
+POD_A, POD_B = "gpu-cluster-default-worker-aaaaaaaaaa", "gpu-cluster-default-worker-bbbbbbbbbb"
+
+
+def test_operator_retires_whole_pods_by_deployment_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0",
+                             preload=["cudask.deploy.operator_api"],
+                             preload_argv=["--gpus-per-pod", "2"]) as s:
+            controller = _fake_addresses(monkeypatch, s)
+            workers = await _pods(s, [POD_A, POD_B], gpus=2)
+            by_name = {w.name: w for w in workers}
+            try:
+                async with Client(s.address, asynchronous=True) as c:
+                    # more data on pod A: the scheduler prefers to retire pod B
+                    big = await c.scatter(list(range(20)),
+                                          workers=[by_name[f"{POD_A}-0"].address])
+                    small = await c.scatter([1], workers=[by_name[f"{POD_B}-1"].address])
+                    assert await _controller_retires(controller, 1) == [POD_B]
+                    assert sorted(str(ws.name) for ws in s.workers.values()) == \
+                        [f"{POD_A}-0", f"{POD_A}-1"]
+                    assert await c.gather(small) == [1]  # moved to pod A, not lost
+                    # the last pod holds the only copies: neither retired nor named
+                    assert await _controller_retires(controller, 1) == []
+                    assert len(s.workers) == 2 and await c.gather(big) == list(range(20))
+            finally:
+                for w in workers:
+                    await w.close()
+
+    asyncio.run(main())
+
+
+def test_one_gpu_pods_keep_the_controllers_own_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-GPU pod's worker is named exactly as its Deployment, so even the
+    controller's fallback over the dask RPC (no /api/v1) maps it back."""
+    async def main() -> None:
+        async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0") as s:
+            controller = _fake_addresses(monkeypatch, s)
+            workers = await _pods(s, [POD_A, POD_B], gpus=1)
+            assert set(await _controller_retires(controller, 1)) <= {POD_A, POD_B}
+            assert len(s.workers) == 1
+            for w in workers:
+                await w.close()
+
+    asyncio.run(main())
+
+
+def test_distributeds_own_api_would_name_workers_not_pods(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why cudask serves /api/v1: distributed's retires one worker (n counts workers)
+    and answers its name, NAME-0, which names no Deployment."""
+    import dask.config
+
+    routes = [*dask.config.get("distributed.scheduler.http.routes"), operator_api.DISTRIBUTED_API]
+
+    async def main() -> None:
+        with dask.config.set({"distributed.scheduler.http.routes": routes}):
+            async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0") as s:
+                controller = _fake_addresses(monkeypatch, s)
+                workers = await _pods(s, [POD_A, POD_B], gpus=2)
+                names = await _controller_retires(controller, 1)
+                assert len(names) == 1 and names[0] not in (POD_A, POD_B)
+                assert len(s.workers) == 3  # half a pod retired
+                for w in workers:
+                    await w.close()
+
+    asyncio.run(main())
+
+
+def test_the_pod_api_refuses_to_be_shadowed() -> None:
+    import dask.config
+
+    routes = [*dask.config.get("distributed.scheduler.http.routes"), operator_api.DISTRIBUTED_API]
+
+    async def main() -> None:
+        with dask.config.set({"distributed.scheduler.http.routes": routes}):
+            s = Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0",
+                          preload=["cudask.deploy.operator_api"])
+            with pytest.raises(RuntimeError) as info:
+                await s
+            await s.close()
+            assert "remove it from that list" in str(info.value.__cause__)
+
+    asyncio.run(main())
+
+
+def test_adaptive_target_counts_pods() -> None:
+    import urllib.request
+
+    async def main() -> None:
+        async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0",
+                             preload=["cudask.deploy.operator_api"],
+                             preload_argv=["--gpus-per-pod", "4"]) as s:
+            url = f"http://127.0.0.1:{s.http_server.port}/api/v1/adaptive_target"
+            s.adaptive_target = lambda *a, **k: 9  # type: ignore[method-assign]
+
+            def get() -> dict[str, Any]:
+                with urllib.request.urlopen(url, timeout=30) as r:
+                    return dict(yaml.safe_load(r.read()))
+
+            assert await asyncio.to_thread(get) == {"workers": 3, "gpus_per_pod": 4}
+            workers = await _pods(s, [POD_A], gpus=2)  # what the workers say wins
+            assert await asyncio.to_thread(get) == {"workers": 5, "gpus_per_pod": 2}
+            for w in workers:
+                await w.close()
+
+    asyncio.run(main())
+
+
+def test_pods_to_retire_takes_whole_pods_only() -> None:
+    def ws(address: str, name: str, pod: str | None) -> Any:
+        extra = {} if pod is None else {"cudask_node": pod}
+        return SimpleNamespace(address=address, name=name, extra=extra)
+
+    workers = {w.address: w for w in [ws("a0", "A-0", "A"), ws("a1", "A-1", "A"),
+                                      ws("b0", "B-0", "B"), ws("b1", "B-1", "B"),
+                                      ws("c", "C", None)]}
+    # distributed lists closable workers best first; b1 runs a long task: B is not closable
+    fake = SimpleNamespace(workers=workers,
+                           workers_to_close=lambda n, key: ["c", "b0", "a0", "a1"])
+    assert operator_api.pods_to_retire(fake, 1) == ["C"]  # type: ignore[arg-type]
+    assert operator_api.pods_to_retire(fake, 5) == ["C", "A"]  # type: ignore[arg-type]
+    assert operator_api.pods_to_retire(fake, 0) == []  # type: ignore[arg-type]
+    # data must have a worker to go to that is not retired with it
+    del workers["b0"], workers["b1"]
+    workers["a0"].has_what = {"x"}
+    fake.workers_to_close = lambda n, key: ["c", "a0", "a1"]
+    assert operator_api.pods_to_retire(fake, 5) == ["C"]  # type: ignore[arg-type]
+    fake.workers_to_close = lambda n, key: ["a0", "a1", "c"]
+    assert operator_api.pods_to_retire(fake, 5) == ["A"]  # type: ignore[arg-type]
+    assert operator_api.pods_for(5, 2) == 3 and operator_api.pods_for(0, 2) == 0
+    assert math.ceil(7 / 8) == operator_api.pods_for(7, 8)
+
+
+# ------------------------------------------------------- the cluster over a fake KubeCluster
+class FakeKube:
+    """Stands in for the Kubernetes side of KubeCluster: records what it was asked."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, start: str = "ok") -> None:
+        self.started: list[dict[str, Any]] = []
+        self.closed = 0
+        self.scaled: list[tuple[int, str]] = []
+        fake = self
+
+        async def _start(cluster: Any) -> None:
+            fake.started.append({"spec": cluster._custom_cluster_spec,
+                                 "namespace": cluster.namespace,
+                                 "create_mode": cluster.create_mode})
+            if start == "hang":  # a scheduler pod that never becomes ready
+                cluster._startup_component_status = {"cluster": "Pending",
+                                                     "schedulerpod": "Pending"}
+                await asyncio.sleep(3600)
+            if start == "operator-timeout":
+                raise TimeoutError("Dask Cluster resource not actioned after 60 seconds, is "
+                                   "the Dask Operator running?")
+            cluster.scheduler_comm = SimpleNamespace(address="tcp://10.0.0.9:8786")
+
+        async def _close(cluster: Any, timeout: float = 3600) -> None:
+            from distributed.core import Status
+
+            fake.closed += 1
+            cluster.status = Status.closed
+
+        async def _scale(cluster: Any, n: int, worker_group: str = "default") -> None:
+            fake.scaled.append((n, worker_group))
+
+        monkeypatch.setattr(KubeCluster, "_start", _start)
+        monkeypatch.setattr(KubeCluster, "_close", _close)
+        monkeypatch.setattr(KubeCluster, "_scale", _scale)
+
+
+def test_cluster_creates_the_checked_spec_scales_in_pods_and_closes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from dask_kubernetes.operator.kubecluster.kubecluster import CreateMode
+
+    fake = FakeKube(monkeypatch)
+    cluster = kube.KubeCUDACluster(**PLATFORM, quiet=True)
+    try:
+        (started,) = fake.started
+        assert started["spec"] == _spec() and started["namespace"] == "dask-gpu"
+        assert started["create_mode"] == CreateMode.CREATE_ONLY
+        assert cluster.get_client_url() == "tcp://10.0.0.9:8786"
+        cluster.scale(3)
+        assert fake.scaled == [(3, "default")]
+        with pytest.raises(OptionError, match="n=-1"):
+            cluster.scale(-1)
+        assert fake.scaled == [(3, "default")]
+    finally:
+        cluster.close()
+    assert fake.closed == 1
+
+
+def test_dask_cuda_cluster_is_the_platform_interface(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeKube(monkeypatch)
+    cluster = kube.DaskCudaCluster(num_workers=2, worker_cpu=4, nvidia_gpu=2, worker_memory=12,
+                                   scheduler_cpu=4, scheduler_memory=12, quiet=True,
+                                   image=PLATFORM["image"], namespace="dask-gpu")
+    assert not fake.started  # checked, not created
+    with pytest.raises(CudaskError, match="init"):
+        cluster.get_client_url()
+    cluster.init()
+    cluster.init()
+    try:
+        assert len(fake.started) == 1
+        assert cluster.get_client_url() == "tcp://10.0.0.9:8786"
+        spec = fake.started[0]["spec"]
+        limits = spec["spec"]["worker"]["spec"]["containers"][0]["resources"]["limits"]
+        assert limits == {"cpu": "4", "memory": "12Gi", "nvidia.com/gpu": "2"}
+        cluster.scale(1)
+        assert fake.scaled == [(1, "default")]
+    finally:
+        cluster.close()
+    assert fake.closed == 1
+
+
+def test_a_scheduler_that_never_comes_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeKube(monkeypatch, start="hang")
+    with pytest.raises(kube.SchedulerTimeoutError) as info:
+        kube.KubeCUDACluster(**PLATFORM, quiet=True, scheduler_timeout=0.5)
+    message = str(info.value)
+    assert "scheduler_timeout=0.5" in message and "scheduler pod Pending" in message
+    assert "gpu-cluster" in message and "\n" not in message
+    assert fake.closed == 1  # what was created is deleted
+
+
+def test_an_operator_that_never_acts(monkeypatch: pytest.MonkeyPatch) -> None:
+    FakeKube(monkeypatch, start="operator-timeout")
+    with pytest.raises(kube.SchedulerTimeoutError, match="is the dask-kubernetes operator "
+                                                         "running"):
+        kube.KubeCUDACluster(**PLATFORM, quiet=True)
+
+
+# -------------------------------------------------------------------------- bad input
+# (keywords, text naming the value, text saying what is accepted)
+BAD = [
+    ({"nvidia_gpu": 0}, "nvidia_gpu=0", "at least 1"),
+    ({"nvidia_gpu": 1.5}, "nvidia_gpu=1.5", "whole number"),
+    ({"nvidia_gpu": True}, "nvidia_gpu=True", "whole number"),
+    ({"image": None}, "image is missing", "e.g. image="),
+    ({"image": "my image"}, "image='my image'", "without spaces"),
+    ({"namespace": None}, "namespace is missing", "e.g. namespace="),
+    ({"namespace": "Dask_GPU"}, "namespace='Dask_GPU'", "lowercase letters"),
+    ({"name": "My_Cluster"}, "name='My_Cluster'", "at most 53"),
+    ({"worker_memory": 0}, "worker_memory=0", "GiB as a number"),
+    ({"worker_memory": "lots"}, "worker_memory='lots'", "'12Gi'"),
+    ({"scheduler_memory": -4}, "scheduler_memory=-4", "GiB as a number"),
+    ({"worker_cpu": 0}, "worker_cpu=0", "CPU cores"),
+    ({"scheduler_cpu": "fast"}, "scheduler_cpu='fast'", "'500m'"),
+    ({"num_workers": -1}, "num_workers=-1", "at least 0"),
+    ({"memory_limit": "10GB"}, "memory_limit='10GB'", "at most 6.00 GiB"),
+    ({"memory_limit": 0.75}, "memory_limit=0.75", "at most 6.00 GiB"),
+    ({"memory_limit": "banana"}, "memory_limit='banana'", '"40GB"'),
+    ({"device_memory_limit": "banana"}, "device_memory_limit='banana'", '"40GB"'),
+    ({"protocol": "carrier-pigeon"}, "protocol='carrier-pigeon'", "accepted: inproc, tcp"),
+    ({"scheduler_file": "s.json"}, "scheduler_file='s.json'", "leave it out"),
+    ({"dashboard_address": ":9000"}, "dashboard_address=':9000'", "leave it out"),
+    ({"listen_address": "tcp://0.0.0.0:9000"}, "listen_address='tcp://0.0.0.0:9000'",
+     "leave it out"),
+    ({"worker_port": "9000"}, "worker_port='9000'", "9000:9001"),
+    ({"worker_class": "not a path"}, "worker_class='not a path'", "dotted import path"),
+    ({"threads_per_worker": 2}, "threads_per_worker", "nthreads"),
+    ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "CUDA_VISIBLE_DEVICES", "leave it out"),
+    ({"env": {"EXTRA": 1}}, "env['EXTRA']=1", "a dict of strings"),
+    ({"env": "EXTRA=1"}, "env='EXTRA=1'", "a dict of strings"),
+    ({"resources": {"limits": {"nvidia.com/gpu": 1}}}, "'nvidia.com/gpu'", "nvidia_gpu="),
+    ({"resources": {"limit": {}}}, "resources={'limit': {}}", "'limits'"),
+    ({"gpu_resource": "gpu"}, "gpu_resource='gpu'", "'nvidia.com/gpu'"),
+    ({"scheduler_service_type": "Ingress"}, "scheduler_service_type='Ingress'", "ClusterIP"),
+    ({"scheduler_timeout": 0}, "scheduler_timeout=0", "seconds above 0"),
+    ({"worker_command": "cudask worker"}, "worker_command='cudask worker'", "list of words"),
+]
+
+
+def _check_message(message: str, value: str, accepted: str) -> None:
+    assert value in message, message
+    assert accepted in message, message
+    assert "\n" not in message.strip(), message
+
+
+@pytest.fixture
+def nothing_created(monkeypatch: pytest.MonkeyPatch) -> None:
+    def created(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a KubeCluster was made before the bad input was caught")
+
+    monkeypatch.setattr(KubeCluster, "__init__", created)
+
+
+@pytest.mark.parametrize("kwargs, value, accepted", BAD)
+def test_bad_input_before_anything_is_created(kwargs: dict[str, Any], value: str,
+                                              accepted: str, nothing_created: None) -> None:
+    with pytest.raises(OptionError) as info:
+        kube.KubeCUDACluster(**{**PLATFORM, **kwargs})
+    _check_message(str(info.value), value, accepted)
+    with pytest.raises(OptionError) as info:
+        kube.DaskCudaCluster(**{**PLATFORM, **kwargs})
+    _check_message(str(info.value), value, accepted)
+
+
+CLI_BAD = [
+    (["--nvidia-gpu", "0"], "'--nvidia-gpu'", "nvidia_gpu=0", "at least 1"),
+    (["--worker-memory", "lots"], "'--worker-memory'", "worker_memory='lots'", "'12Gi'"),
+    (["--memory-limit", "10GB"], "'--memory-limit'", "memory_limit='10GB'", "at most 6.00 GiB"),
+    (["--device-memory-limit", "banana"], "'--device-memory-limit'",
+     "device_memory_limit='banana'", '"40GB"'),
+    (["--env", "CUDA_VISIBLE_DEVICES=0"], "'--env'", "CUDA_VISIBLE_DEVICES", "leave it out"),
+    (["--env", "NOEQUALS"], "'--env'", "'NOEQUALS'", "NAME=VALUE"),
+    (["--limit", "nvidia.com/gpu=4"], "'--limit/--request'", "'nvidia.com/gpu'", "nvidia_gpu="),
+    (["--namespace", "Dask_GPU"], "'--namespace'", "namespace='Dask_GPU'", "lowercase"),
+]
+
+
+@pytest.mark.parametrize("args, flag, value, accepted", CLI_BAD)
+def test_cli_bad_input_is_a_usage_error(args: list[str], flag: str, value: str,
+                                        accepted: str) -> None:
+    result = CliRunner().invoke(cli, ["kubernetes", "manifest", *EXAMPLE, "--namespace",
+                                      "dask-gpu", *args])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and "Usage:" in result.output
+    error = " ".join(result.output.split("Error: ", 1)[1].split())
+    assert f"Invalid value for {flag}" in error, error
+    _check_message(error, value, accepted)
+
+
+@pytest.mark.parametrize("missing, value", [("--image", "image is missing"),
+                                            ("--namespace", "namespace is missing")])
+def test_cli_missing_image_or_namespace(missing: str, value: str) -> None:
+    args = [*EXAMPLE, "--namespace", "dask-gpu"]
+    i = args.index(missing)
+    del args[i:i + 2]
+    result = CliRunner().invoke(cli, ["kubernetes", "manifest", *args])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert value in result.output
+
+
+def test_cli_leaves_out_what_the_pods_decide() -> None:
+    help_text = CliRunner().invoke(cli, ["kubernetes", "manifest", "--help"],
+                                   terminal_width=200).output
+    assert "--device-memory-limit" in help_text and "--rmm-pool-size" in help_text
+    for flag in ("--scheduler-file", "--dashboard-address"):
+        assert flag not in help_text
