@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 
 from distributed.comm import connect
 from distributed.comm.core import FatalCommClosedError
@@ -42,18 +43,47 @@ def scheduler_address(address: str | None, scheduler_file: str | None) -> str | 
     return None
 
 
-async def check_tls(address: str | None, security: Security | None, timeout: float = 10) -> None:
+async def check_tls(address: str | None, security: Security | None, timeout: float = 10,
+                    attempts: int = 3) -> None:
     """Raise TLSRefusedError when a TLS handshake with `address` fails on a
-    certificate; return otherwise (also when nothing answers yet)."""
+    certificate; return otherwise (also when nothing answers yet).
+
+    Under TLS 1.3 the scheduler checks this node's certificate after the client
+    side of the handshake is done, so its refusal may come as an alert (named in
+    the error) or, when the connection is already being read, as the connection
+    closed mid-handshake; the latter is tried again for the alert, up to
+    `attempts` times."""
     if not address or not address.startswith("tls://") or security is None:
         return
-    try:
-        comm = await connect(address, timeout=timeout, **security.get_connection_args("worker"))
-    except FatalCommClosedError as exc:
-        raise TLSRefusedError(_explain(address, security, exc)) from None
-    except OSError:
-        return  # not up yet, or not reachable: the workers wait as distributed's do
-    comm.abort()
+    closed: BaseException | None = None
+    for _ in range(max(attempts, 1)):
+        try:
+            comm = await connect(address, timeout=timeout,
+                                 **security.get_connection_args("worker"))
+        except FatalCommClosedError as exc:
+            raise TLSRefusedError(_explain(address, security, exc)) from None
+        except OSError as exc:
+            if not _ssl_failure(exc):
+                return  # not up yet, or not reachable: the workers wait as distributed's do
+            closed = exc
+            continue
+        comm.abort()
+        return
+    assert closed is not None
+    raise TLSRefusedError(_explain(address, security, closed))
+
+
+def _ssl_failure(exc: BaseException) -> bool:
+    """Whether an SSL error is in the chain of `exc` (the scheduler answered TCP but
+    the TLS handshake broke)."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 8:
+        if isinstance(e, ssl.SSLError):
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
 
 
 def _explain(address: str, security: Security, exc: BaseException) -> str:
@@ -70,4 +100,8 @@ def _explain(address: str, security: Security, exc: BaseException) -> str:
         return (f"this worker does not trust the certificate of the scheduler at {address} "
                 f"({detail}): --tls-ca-file {ca} must be the CA that signed the "
                 "scheduler's certificate, whose name must match the address")
+    if "eof occurred" in text or "closed" in text:
+        return (f"the scheduler at {address} closed the connection during the TLS handshake "
+                f"({detail}): it most likely refused this worker's certificate: --tls-cert "
+                f"{cert} must be signed by a CA the scheduler trusts (its --tls-ca-file)")
     return f"the TLS handshake with the scheduler at {address} failed: {detail}"
