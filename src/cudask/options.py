@@ -151,6 +151,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("resources", "any", "Abstract resources of each worker, e.g. 'GPU=1 MEM=10e9'.",
            surfaces=NODE, group="node"),
     Option("pid_file", "path", "File to write the process id to.", surfaces=NODE, group="node"),
+    Option("expected_gpus", "int", "GPUs this node must have: with fewer visible, fail at start "
+           "naming both numbers (a Kubernetes pod given fewer than its nvidia.com/gpu limit, a "
+           "batch job on the wrong nodes); default: none (a worker per GPU visible).",
+           surfaces=NODE, group="node", minimum=1),
     Option("preload", "list", "Modules or scripts each worker preloads (repeatable).",
            surfaces=NODE, group="node"),
     Option("death_timeout", "any", "Seconds a worker waits for the scheduler before it closes.",

@@ -109,3 +109,12 @@ def test_a_refused_certificate_is_one_error_before_any_worker_starts(
                 assert not s.workers
 
     asyncio.run(main())
+
+
+def test_fewer_gpus_than_expected_is_one_error_at_start(one_gpu: None) -> None:
+    """A pod given fewer GPUs than its limit (or a job on the wrong node) says so."""
+    from cudask.errors import DeviceError
+
+    with pytest.raises(DeviceError, match=r"expected_gpus=2 but 1 GPU\(s\) are visible"):
+        _build("tcp://10.0.0.1:8786", expected_gpus=2)
+    assert len(_build("tcp://10.0.0.1:8786", expected_gpus=1).nannies) == 1

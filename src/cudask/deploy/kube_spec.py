@@ -397,6 +397,8 @@ def _worker_options(values: Mapping[str, Any], gpus: int, pod_memory: int) -> di
         except OptionError as exc:
             raise option_error("worker_port", str(exc)) from None
     given["memory_limit"] = _memory_limit(given.get("memory_limit", "unset"), gpus, pod_memory)
+    # a pod given fewer GPUs than its limit fails at start, naming both numbers
+    given.setdefault("expected_gpus", gpus)
     return given
 
 

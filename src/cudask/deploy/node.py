@@ -120,6 +120,11 @@ class CUDAWorker:
         self.visible: list[Device] = parse_visible_devices(visible, machine)
         if not self.visible:
             raise DeviceError("CUDA_VISIBLE_DEVICES is empty: no GPU to start a worker on")
+        if options.expected_gpus and len(self.visible) < options.expected_gpus:
+            raise DeviceError(
+                f"expected_gpus={options.expected_gpus} but {len(self.visible)} GPU(s) are "
+                f"visible ({', '.join(d.label for d in self.visible)}); give this node (pod, "
+                "job) the GPUs it asks for, or lower --expected-gpus")
         self.indices: list[int] = mpi.devices_for_rank(self.visible, rank,
                                                        narrowed=visible is not None)
         devices = [self.visible[i] for i in self.indices]
