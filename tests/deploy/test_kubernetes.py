@@ -657,3 +657,17 @@ def test_cli_leaves_out_what_the_pods_decide() -> None:
     assert "--device-memory-limit" in help_text and "--rmm-pool-size" in help_text
     for flag in ("--scheduler-file", "--dashboard-address"):
         assert flag not in help_text
+
+
+def test_the_class_and_the_checks_declare_the_same_pod_parameters() -> None:
+    """KubeCUDACluster spells out check_pods' parameters for its users: same names, same
+    defaults, so the two declarations cannot drift."""
+    import inspect
+
+    checks = inspect.signature(check_pods).parameters
+    cls = inspect.signature(kube.KubeCUDACluster.__init__).parameters
+    shared = [n for n in checks if n in cls and checks[n].kind is inspect.Parameter.KEYWORD_ONLY]
+    assert len(shared) >= 15
+    for name in shared:
+        assert cls[name].default == checks[name].default, name
+    assert [n for n in checks if n not in cls] == ["worker_resources", "require_namespace"]
