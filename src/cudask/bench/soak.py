@@ -1,7 +1,9 @@
 """The soak: minutes of random work and worker kills at a small device limit,
 then every held key checked byte for byte.
 
-Covers: `SoakPlan` and `run_soak(plan)`, which start a LocalCUDACluster
+Covers: `SoakPlan`, `run_soak(plan)` and `soak_on(client, plan)` (the steps on
+any cluster with nannies, e.g. a CPU LocalCluster with host values only, as the
+CPU test does); `run_soak` starts a LocalCUDACluster
 (one worker per GPU, `plan.device_memory_limit`, `plan.memory_limit` with a
 host tier of `plan.host_fraction` of it, so data reach disk) and, for
 `plan.duration` seconds, draw one step at a time from a seeded generator:
@@ -59,6 +61,7 @@ class SoakPlan:
     seed: int = 0
     n_workers: int | None = None
     jit_unspill: bool = False
+    kinds: tuple[str, ...] = KINDS
 
 
 def _fresh(spec: tuple[Any, ...]) -> str:
@@ -80,20 +83,45 @@ def _combine(x: Any, y: Any) -> Any:
     return cupy.concatenate(parts)
 
 
+def _wait(wait: Any, futures: list[Any], errors: list[str], timeout: float = 600) -> None:
+    try:
+        wait(futures, timeout=timeout)
+    except TimeoutError:
+        errors.append(f"{sum(f.status == 'pending' for f in futures)} tasks not done after "
+                      f"{timeout:.0f} s")
+
+
 def _spill(nbytes: int, dask_worker: Any = None) -> int:
-    return int(dask_worker.data.spill_device(nbytes))
+    spill = getattr(dask_worker.data, "spill_device", None)  # a plain dict cannot
+    return int(spill(nbytes)) if spill is not None else 0
 
 
 def _moved(dask_worker: Any) -> dict[str, float]:
-    m = dask_worker.data.metrics()
+    metrics = getattr(dask_worker.data, "metrics", None)
+    m = metrics() if metrics is not None else {}
     return {k: float(m.get(k, 0.0)) for k in MOVED}
 
 
 def run_soak(plan: SoakPlan, progress: Any = None) -> dict[str, Any]:
-    """Run the soak; return the report (see the module docstring)."""
-    from distributed import Client, wait
+    """Run the soak on a fresh LocalCUDACluster; return the report (module docstring)."""
+    import dask
+    from distributed import Client
 
     from cudask import LocalCUDACluster
+
+    with dask.config.set({"distributed.worker.memory.target": plan.host_fraction}), \
+            LocalCUDACluster(n_workers=plan.n_workers, threads_per_worker=2,
+                             device_memory_limit=plan.device_memory_limit,
+                             memory_limit=plan.memory_limit, jit_unspill=plan.jit_unspill,
+                             dashboard_address=":0") as cluster, Client(cluster) as client:
+        return soak_on(client, plan, progress)
+
+
+def soak_on(client: Any, plan: SoakPlan, progress: Any = None) -> dict[str, Any]:
+    """The soak's steps on the cluster of `client` (workers with nannies, so killed
+    ones come back), values of `plan.kinds`; the device limit, host limit and
+    worker count of `plan` are the cluster's business here."""
+    from distributed import wait
 
     rng = random.Random(plan.seed)
     counts: Counter[str] = Counter()
@@ -105,86 +133,83 @@ def run_soak(plan: SoakPlan, progress: Any = None) -> dict[str, Any]:
     next_id = 0
     last_kill = time.monotonic()
     errors: list[str] = []
-    import dask
-
-    with dask.config.set({"distributed.worker.memory.target": plan.host_fraction}), \
-            LocalCUDACluster(n_workers=plan.n_workers, threads_per_worker=2,
-                             device_memory_limit=plan.device_memory_limit,
-                             memory_limit=plan.memory_limit, jit_unspill=plan.jit_unspill,
-                             dashboard_address=":0") as cluster, Client(cluster) as client:
-        start = time.monotonic()
-        while time.monotonic() - start < plan.duration:
-            step = rng.choices(list(STEPS), weights=list(STEPS.values()))[0]
-            made = [f for f, (s, _) in held.items() if s[0] == "make" and s[3] != "host"]
-            if step == "create" and sum(n for _, n in held.values()) > plan.max_held:
-                step = "delete"
-            if step in ("read", "delete", "combine") and len(held) < 2:
-                step = "create"
-            if step == "combine" and len(made) < 2:
-                step = "create"
-            if step == "kill" and (not plan.kill_every
-                                   or time.monotonic() - last_kill < plan.kill_every):
-                step = "read" if held else "create"
-            counts[step] += 1
-            if step == "create":
-                spec: tuple[Any, ...] = ("make", next_id, rng.choice(SIZES), rng.choice(KINDS))
-                f = client.submit(make_value, *spec[1:], key=f"soak-{next_id}")
-                next_id += 1
-                held[f] = (spec, spec[2])
-                expected[f] = client.submit(_fresh, spec, pure=False)
-                created += spec[2]
-            elif step == "read":
-                f = rng.choice(list(held))
-                reads.append((client.submit(digest, f, pure=False), expected[f]))
-            elif step == "combine":
-                a, b = rng.sample(made, 2)
-                spec = ("combine", held[a][0][1:], held[b][0][1:])
-                f = client.submit(_combine, a, b, key=f"soak-{next_id}")
-                next_id += 1
-                size = held[a][1] + held[b][1]
-                held[f] = (spec, size)
-                expected[f] = client.submit(_fresh, spec, pure=False)
-                created += size
-            elif step == "spill":
-                workers = sorted(client.scheduler_info()["workers"])
-                try:  # a worker being restarted does not answer
-                    if not workers:
-                        raise OSError("no worker")
-                    client.run(_spill, rng.choice(SIZES) * 4, workers=[rng.choice(workers)])
-                except OSError:
-                    counts["spill-missed"] += 1
-            elif step == "delete":
-                f = rng.choice(list(held))
-                del held[f]
-                expected.pop(f)
-            elif step == "kill":
-                try:
-                    pids = client.run(os.getpid)
-                    if not pids:
-                        raise OSError("no worker")
-                    address = rng.choice(sorted(pids))
-                    moved.update(client.run(_moved, workers=[address])[address])
-                except OSError:  # a worker being restarted: kill later
-                    counts["kill-missed"] += 1
-                else:
-                    os.kill(pids[address], signal.SIGKILL)
-                last_kill = time.monotonic()
-            if sum(counts.values()) % 40 == 0:  # keep the scheduler's queue short
-                wait([e for _, e in reads[-40:]] + list(expected.values())[-40:], timeout=600)
-            if progress is not None:
-                progress(time.monotonic() - start, counts)
-        wait(list(expected.values()) + [d for pair in reads for d in pair], timeout=600)
-        differing = 0
-        for got, want in reads:
-            if got.status != "finished" or want.status != "finished":
-                errors.append(f"read of {got.key}: {got.status}/{want.status}")
-            elif got.result() != want.result():
-                differing += 1
-        fresh = {f: e.result() for f, e in expected.items() if e.status == "finished"}
-        check = check_keys(client, fresh)
-        for moves in client.run(_moved).values():
-            moved.update(moves)
-        alive = len(client.scheduler_info()["workers"])
+    start = time.monotonic()
+    while time.monotonic() - start < plan.duration:
+        step = rng.choices(list(STEPS), weights=list(STEPS.values()))[0]
+        made = [f for f, (s, _) in held.items() if s[0] == "make" and s[3] != "host"]
+        if step == "create" and sum(n for _, n in held.values()) > plan.max_held:
+            step = "delete"
+        if step in ("read", "delete", "combine") and len(held) < 2:
+            step = "create"
+        if step == "combine" and len(made) < 2:
+            step = "create"
+        if step == "kill" and (not plan.kill_every
+                               or time.monotonic() - last_kill < plan.kill_every):
+            step = "read" if held else "create"
+        counts[step] += 1
+        if step == "create":
+            spec: tuple[Any, ...] = ("make", next_id, rng.choice(SIZES),
+                                     rng.choice(plan.kinds))
+            f = client.submit(make_value, *spec[1:], key=f"soak-{next_id}")
+            next_id += 1
+            held[f] = (spec, spec[2])
+            expected[f] = client.submit(_fresh, spec, pure=False)
+            created += spec[2]
+        elif step == "read":
+            f = rng.choice(list(held))
+            reads.append((client.submit(digest, f, pure=False), expected[f]))
+        elif step == "combine":
+            a, b = rng.sample(made, 2)
+            spec = ("combine", held[a][0][1:], held[b][0][1:])
+            f = client.submit(_combine, a, b, key=f"soak-{next_id}")
+            next_id += 1
+            size = held[a][1] + held[b][1]
+            held[f] = (spec, size)
+            expected[f] = client.submit(_fresh, spec, pure=False)
+            created += size
+        elif step == "spill":
+            workers = sorted(client.scheduler_info()["workers"])
+            try:  # a worker being restarted does not answer
+                if not workers:
+                    raise OSError("no worker")
+                client.run(_spill, rng.choice(SIZES) * 4, workers=[rng.choice(workers)])
+            except OSError:
+                counts["spill-missed"] += 1
+        elif step == "delete":
+            f = rng.choice(list(held))
+            del held[f]
+            expected.pop(f)
+        elif step == "kill":
+            try:
+                pids = client.run(os.getpid)
+                if not pids:
+                    raise OSError("no worker")
+                address = rng.choice(sorted(pids))
+                moved.update(client.run(_moved, workers=[address])[address])
+            except OSError:  # a worker being restarted: kill later
+                counts["kill-missed"] += 1
+            else:
+                os.kill(pids[address], signal.SIGKILL)
+            last_kill = time.monotonic()
+        if sum(counts.values()) % 40 == 0:  # keep the scheduler's queue short
+            _wait(wait, [e for _, e in reads[-40:]] + list(expected.values())[-40:], errors)
+        if progress is not None:
+            progress(time.monotonic() - start, counts)
+    _wait(wait, list(expected.values()) + [d for pair in reads for d in pair], errors)
+    differing = 0
+    for got, want in reads:
+        if got.status != "finished" or want.status != "finished":
+            errors.append(f"read of {got.key}: {got.status}/{want.status}")
+        elif got.result() != want.result():
+            differing += 1
+    fresh = {f: e.result() for f, e in expected.items() if e.status == "finished"}
+    errors += [f"fresh digest of {f.key}: {e.status}" for f, e in expected.items()
+               if e.status != "finished"]
+    check = check_keys(client, fresh)
+    client.wait_for_workers(1, timeout=120)
+    for moves in client.run(_moved).values():
+        moved.update(moves)
+    alive = len(client.scheduler_info()["workers"])
     return {
         "plan": asdict(plan),
         "seconds": round(time.monotonic() - start, 1),
