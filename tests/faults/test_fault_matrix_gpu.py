@@ -124,6 +124,21 @@ def _worker_logs(client: Any) -> str:
 
 
 # ---------------------------------------------------------------- device memory
+def _exhaust(client: Any, fits: int, too_big: int, match: str) -> tuple[float, str, dict]:
+    """A task allocating `fits` bytes (room only once the store has spilled on
+    demand) must run, one allocating `too_big` must end in one error matching
+    `match`; return the first task's seconds, the error's first line and the
+    worker's store metrics."""
+    start = time.perf_counter()
+    assert client.submit(_allocate_and_sum, fits, pure=False).result() == fits
+    fits_s = time.perf_counter() - start
+    with pytest.raises(Exception, match=match) as info:
+        client.submit(_allocate_and_sum, too_big, pure=False).result()
+    m = _worker_metrics(client)
+    assert m["spill-on-demand-count"] >= 1
+    return fits_s, _first_line(info.value), m
+
+
 @pytest.mark.parametrize("jit", [False, True], ids=["plain", "jit"])
 def test_task_exhausts_cupy_device_memory(jit: bool, fault_row: Row) -> None:
     """The whole GPU: the store holds about half of it on the device, a task asks
@@ -136,15 +151,7 @@ def test_task_exhausts_cupy_device_memory(jit: bool, fault_row: Row) -> None:
     with _cluster(jit_unspill=jit, device_memory_limit=int(total * 0.5),
                   memory_limit=int(total * 0.5)) as cluster, Client(cluster) as client:
         held = _hold(client, int(total * 0.55) // chunk, chunk, kinds=("f8", "i1", "view"))
-        want = int(total * 0.6)
-        start = time.perf_counter()
-        assert client.submit(_allocate_and_sum, want, pure=False).result() == want
-        fits_s = time.perf_counter() - start
-        with pytest.raises(Exception, match="(?i)out of memory") as info:
-            client.submit(_allocate_and_sum, 2 * total, pure=False).result()
-        error = _first_line(info.value)
-        m = _worker_metrics(client)
-        assert m["spill-on-demand-count"] >= 1
+        fits_s, error, m = _exhaust(client, int(total * 0.6), 2 * total, "(?i)out of memory")
         check = check_keys(client, held)
         fault_row(case=f"task exhausts device memory: CuPy, {'JIT' if jit else 'plain'}",
                   outcome=f"60% of the GPU: ran after {m['spill-on-demand-count']:.0f} spill(s) "
@@ -166,15 +173,7 @@ def test_task_exhausts_rmm_pool(jit: bool, fault_row: Row) -> None:
                   rmm_pool_size="2GiB", rmm_maximum_pool_size="2GiB",
                   rmm_allocator_external_lib_list="cupy") as cluster, Client(cluster) as client:
         held = _hold(client, 12, 128 * MiB)
-        start = time.perf_counter()
-        want = 1280 * MiB
-        assert client.submit(_allocate_and_sum, want, pure=False).result() == want
-        fits_s = time.perf_counter() - start
-        with pytest.raises(Exception, match="(?i)out.of.memory|bad_alloc") as info:
-            client.submit(_allocate_and_sum, 4 * GiB, pure=False).result()
-        error = _first_line(info.value)
-        m = _worker_metrics(client)
-        assert m["spill-on-demand-count"] >= 1
+        fits_s, error, m = _exhaust(client, 1280 * MiB, 4 * GiB, "(?i)out.of.memory|bad_alloc")
         check = check_keys(client, held)
         fault_row(case=f"task exhausts device memory: RMM pool, {'JIT' if jit else 'plain'}",
                   outcome=f"1.25 of 2 GiB pool: ran after {m['spill-on-demand-count']:.0f} "

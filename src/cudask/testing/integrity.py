@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from cudask.memory.proxy import unproxy
+
 #: Kinds of value `make_value` builds; all but "host" live on the device.
 KINDS = ("f8", "i1", "view", "dict", "host")
 
@@ -60,8 +62,6 @@ def digest(value: Any) -> str:
 
 
 def _feed(h: Any, value: Any) -> None:
-    from cudask.memory.proxy import unproxy
-
     value = unproxy(value)
     if isinstance(value, Mapping):
         h.update(b"{")
