@@ -290,6 +290,74 @@ def test_host_memory_limit_reached_while_spilling(fault_row: Row) -> None:
         assert check.ok, check
 
 
+def _press_host_memory(fraction: float, hold_s: float) -> dict[str, Any]:
+    """Keep the worker process at `fraction` of its memory limit for `hold_s`
+    seconds (topping up in 64 MiB steps as the worker moves data out), watching
+    the worker's status; then free it all. Return what was seen."""
+    import numpy as np
+    import psutil
+    from distributed import get_worker
+
+    worker = get_worker()
+    limit = worker.memory_manager.memory_limit
+    proc = psutil.Process()
+    chunks: list[Any] = []
+    paused = False
+    peak = 0
+    end = time.monotonic() + hold_s
+    while time.monotonic() < end:
+        rss = proc.memory_info().rss
+        peak = max(peak, rss)
+        if rss < fraction * limit:
+            chunks.append(np.ones(64 * MiB, dtype=np.uint8))
+        else:
+            time.sleep(0.01)
+        paused = paused or worker.status.name == "paused"
+    held = len(chunks) * 64 * MiB
+    del chunks
+    return {"paused": paused, "peak": peak, "limit": limit, "held": held}
+
+
+def _worker_status(dask_worker: Any) -> str:
+    return str(dask_worker.status.name)
+
+
+def test_host_memory_past_the_pause_threshold(fault_row: Row) -> None:
+    """A task holds the worker's process memory between distributed's pause (80%)
+    and terminate (95%) thresholds while spilled device data sit in host memory:
+    the worker pauses, its memory manager moves the host tier to disk and the
+    pinned pool gives its free slabs back (`PinnedPool.trim`); once the task frees
+    its memory the worker resumes and every held key reads back."""
+    pytest.importorskip("cupy")
+    from distributed import Client
+
+    with _cluster(device_memory_limit="256MiB", memory_limit="4GiB") as cluster, \
+            Client(cluster) as client:
+        held = _hold(client, 24, 64 * MiB)
+        before = _worker_metrics(client)
+        start = time.perf_counter()
+        seen = client.submit(_press_host_memory, 0.86, 8.0, pure=False).result(timeout=300)
+        # A paused worker resumes at the memory monitor's next look (100 ms).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and \
+                set(client.run(_worker_status).values()) != {"running"}:
+            time.sleep(0.2)
+        recover_s = time.perf_counter() - start
+        after = _worker_metrics(client)
+        assert client.submit(_allocate_and_sum, MiB, pure=False).result(timeout=120) == MiB
+        check = check_keys(client, held)
+        trimmed = after.get("pinned-released-bytes", 0.0) - before.get("pinned-released-bytes", 0.0)
+        fault_row(case="host memory held past the pause threshold (4 GiB worker, task at 86%)",
+                  outcome=f"worker paused; {after['disk-keys']:.0f} keys moved to disk; "
+                          f"pinned pool gave {trimmed / MiB:.0f} MiB back; resumed",
+                  check=check, recover_s=recover_s, paused=seen["paused"],
+                  peak_fraction=round(seen["peak"] / seen["limit"], 3))
+        assert seen["paused"], seen
+        assert seen["peak"] < 0.95 * seen["limit"], seen
+        assert after["disk-keys"] > before["disk-keys"], (before, after)
+        assert check.ok, check
+
+
 def _host_bomb(nbytes: int) -> int:
     import numpy as np
 
