@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -252,12 +253,16 @@ def test_local_directory_fills_while_spilling(tmp_path: Path, fault_row: Row) ->
         m = _worker_metrics(client)
         logs = _worker_logs(client)
         check = check_keys(client, held)
-        full = "Spill to disk failed" in logs or "No space left" in logs
+        # distributed logs "Spill to disk failed" on its `distributed.spill` logger,
+        # which the worker's log buffer does not keep: the filesystem itself says.
+        free = shutil.disk_usage(small).free
+        full = free < 64 * MiB
         fault_row(case="local directory on a 256 MiB filesystem fills while spilling",
                   outcome=f"disk full ({m['disk-bytes'] / MiB:.0f} MiB on it): "
                           f"{m['host-keys']:.0f} keys kept in host memory; all tasks ran",
-                  check=check, recover_s=create_s, disk_full_logged=full)
-        assert m["disk-keys"] > 0 and full, (m, logs[-2000:])
+                  check=check, recover_s=create_s, free_bytes=free)
+        assert m["disk-keys"] > 0 and full, (m, free, logs[-2000:])
+        assert m["host-keys"] * 64 * MiB > 0.05 * 8 * GiB, m  # kept past the host target
         assert check.ok, check
 
 
