@@ -52,7 +52,35 @@ def test_plugin_order_and_names(dgx, monkeypatch):
     devices = select_devices(dgx, "0", None)
     names = [p.name for p in nanny_options(o, devices, 0, n_workers=1, name=0)["plugins"]]
     assert names == ["cudask-cpu-affinity", "cudask-cuda-context", "cudask-rmm",
-                     "cudask-pre-import", "cudask-cudf-spill", "cudask-metrics"]
+                     "cudask-pre-import", "cudask-cudf-spill", "cudask-metrics",
+                     "cudask-device-ipc"]
+
+
+def test_device_ipc_serializers_and_plugin(dgx, monkeypatch):
+    """Workers send device arrays by CUDA IPC unless told not to or under UCX
+    (whose cuda_ipc transport does it, with its own serializers)."""
+    import dask
+
+    from cudask import options
+
+    monkeypatch.setattr(options, "_library", lambda m: True)  # distributed-ucxx "installed"
+    devices = select_devices(dgx, "0", None)
+    spec = nanny_options(resolve({}, "cluster"), devices, 0, n_workers=1, name=0)
+    assert spec["serializers"] == spec["deserializers"] == ["cudask-ipc", "dask", "pickle", "error"]
+    (ipc_plugin,) = [p for p in spec["plugins"] if p.name == "cudask-device-ipc"]
+    assert ipc_plugin.device_uuid == dgx.gpus[0].uuid and ipc_plugin.min_size == 1 << 20
+    for opts, cfg in (({}, {"cudask.comm.device-ipc": False}), ({"protocol": "ucx"}, {})):
+        with dask.config.set(cfg):
+            spec = nanny_options(resolve(opts, "cluster"), devices, 0, n_workers=1, name=0)
+        assert "serializers" not in spec
+        assert not [p for p in spec["plugins"] if p.name == "cudask-device-ipc"]
+    with dask.config.set({"cudask.comm.device-ipc-min-size": "64KiB"}):
+        spec = nanny_options(resolve({}, "cluster"), devices, 0, n_workers=1, name=0)
+    assert [p.min_size for p in spec["plugins"] if p.name == "cudask-device-ipc"] == [65536]
+    for bad in ("banana", -1, "1 parsec"):
+        with dask.config.set({"cudask.comm.device-ipc-min-size": bad}), \
+                pytest.raises(OptionError, match=r"cudask.comm.device-ipc-min-size=.*is not a size"):
+            nanny_options(resolve({}, "cluster"), devices, 0, n_workers=1, name=0)
 
 
 def test_no_rmm_plugin_without_rmm_options(dgx):

@@ -158,3 +158,29 @@ def transfer_counters(uuid: str, backend: NVMLBackend | None = None) -> dict[str
             out[name] = int(value.value.ullVal) * scale
     return out
 
+
+def gpus_without_peer_access(uuid: str, backend: NVMLBackend | None = None) -> list[str] | None:
+    """The other GPUs NVML shows here whose memory the GPU `uuid` cannot read by
+    peer access (NVLink or PCIe peer-to-peer), by UUID; None when NVML cannot tell."""
+    if backend is None:
+        from cudask.devices.discovery import default_backend
+
+        found = default_backend()
+        if not isinstance(found, NVMLBackend):
+            return None
+        backend = found
+    try:
+        nv = backend._init()
+        mine = nv.nvmlDeviceGetHandleByUUID(uuid)
+        out = []
+        for i in range(nv.nvmlDeviceGetCount()):
+            other = nv.nvmlDeviceGetHandleByIndex(i)
+            other_uuid = _text(nv.nvmlDeviceGetUUID(other))
+            if other_uuid == uuid:
+                continue
+            status = nv.nvmlDeviceGetP2PStatus(mine, other, nv.NVML_P2P_CAPS_INDEX_READ)
+            if status != nv.NVML_P2P_STATUS_OK:
+                out.append(other_uuid)
+    except Exception:  # noqa: BLE001 - no NVML, unknown UUID, old driver: cannot tell
+        return None
+    return out

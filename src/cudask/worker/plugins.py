@@ -12,6 +12,8 @@
 5. ``cudask-cudf-spill``: cuDF's spilling options, when cuDF is installed.
 6. ``cudask-metrics``: the store's per-tier sizes and spill counters as worker
    metrics (heartbeats, so the scheduler, dashboard and Prometheus see them).
+7. ``cudask-device-ipc``: sends device arrays to workers on the same host by
+   CUDA IPC (cudask.comm.ipc), where this GPU can read the others' memory.
 
 Each has a stable name, is idempotent (a second setup on the same worker does
 nothing) and undoes what it did on teardown where that is possible.
@@ -33,7 +35,8 @@ from typing import Any, ClassVar
 
 from distributed import WorkerPlugin
 
-from cudask.devices.nvml import transfer_counters
+from cudask.comm import ipc
+from cudask.devices.nvml import gpus_without_peer_access, transfer_counters
 from cudask.memory.store import worker_metrics
 from cudask.worker.context import device0_uuid
 
@@ -253,3 +256,45 @@ class StoreMetrics(WorkerPlugin):
         worker.metrics.pop(self.key, None)
         worker.metrics.pop(self.gpu_key, None)
         StoreCollector.workers.discard(worker)
+
+
+
+class DeviceIPC(WorkerPlugin):
+    """Turn on `cudask.comm.ipc` in the worker process: device arrays for workers
+    on this host go by CUDA IPC handle. Stays off, with one log line, on a MIG
+    instance (CUDA IPC does not work there), when NVML shows a GPU of this host
+    that this one cannot read by peer access (a receiver there could not map
+    the memory), or without CuPy or cuda-bindings."""
+
+    name = "cudask-device-ipc"
+
+    def __init__(self, device_uuid: str, min_size: int) -> None:
+        self.device_uuid = device_uuid
+        self.min_size = min_size
+
+    def setup(self, worker: Any) -> None:
+        if ipc.enabled():
+            return
+        reason = self.unavailable()
+        if reason is None:
+            try:
+                backend = ipc.CudaBackend()
+            except ImportError as exc:
+                reason = f"{exc.name or exc} is not installed"
+            else:
+                ipc.enable(backend, self.min_size)
+                return
+        logger.info("cudask: device data between this host's workers go through host memory, "
+                    "not CUDA IPC: %s", reason)
+
+    def unavailable(self) -> str | None:
+        """Why this worker cannot send by CUDA IPC, or None."""
+        if self.device_uuid.startswith("MIG-"):
+            return f"{self.device_uuid} is a MIG instance"
+        blocked = gpus_without_peer_access(self.device_uuid)
+        if blocked:
+            return f"{self.device_uuid} has no peer access to {', '.join(blocked)}"
+        return None
+
+    def teardown(self, worker: Any) -> None:
+        ipc.disable()

@@ -21,12 +21,21 @@ from dask.utils import parse_bytes
 from distributed import Nanny, Worker, WorkerPlugin
 from distributed.worker_memory import parse_memory_limit
 
+from cudask import config
+from cudask.comm.ipc import SERIALIZERS
 from cudask.devices import Device, cuda_visible_devices
 from cudask.errors import MissingDependencyError, OptionError
 from cudask.memory.settings import store_settings
 from cudask.options import UCX_PROTOCOLS, WorkerOptions, require_library
 from cudask.sizes import parse_size
-from cudask.worker.plugins import CPUAffinity, CUDAContext, CudfSpill, PreImport, StoreMetrics
+from cudask.worker.plugins import (
+    CPUAffinity,
+    CUDAContext,
+    CudfSpill,
+    DeviceIPC,
+    PreImport,
+    StoreMetrics,
+)
 from cudask.worker.rmm import RMMSetup
 
 RMM_ALIGNMENT = 256
@@ -156,7 +165,27 @@ def plugins(o: WorkerOptions, device: Device, sizes: DeviceSizes) -> list[Worker
     if o.enable_cudf_spill or o.cudf_spill_stats:
         out.append(CudfSpill(bool(o.enable_cudf_spill), int(o.cudf_spill_stats or 0)))
     out.append(StoreMetrics())
+    min_size = device_ipc_min_size(o)
+    if min_size is not None:
+        out.append(DeviceIPC(device.uuid, min_size))
     return out
+
+
+def device_ipc_min_size(o: WorkerOptions) -> int | None:
+    """The smallest array sent to workers of the same host by CUDA IPC
+    (`cudask.comm`), or None when IPC is off: by config, or under UCX, whose
+    cuda_ipc transport does it and which chooses its own serializers."""
+    if not config.get("comm.device-ipc") or o.protocol in UCX_PROTOCOLS:
+        return None
+    value = config.get("comm.device-ipc-min-size")
+    try:
+        size = parse_bytes(value) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        size = -1
+    if size < 0:
+        raise OptionError(f"cudask.comm.device-ipc-min-size={value!r} is not a size; give bytes "
+                          "(1048576) or a string such as '1MiB'")
+    return size
 
 
 UCX_CONFIG_NAMESPACES = ("distributed-ucxx", "distributed.comm.ucx")
@@ -283,6 +312,9 @@ def nanny_options(
     }
     if o.local_directory is not None:
         options["local_directory"] = o.local_directory
+    if device_ipc_min_size(o) is not None:
+        # Requests name these, so the worker answering sends by IPC where it may.
+        options["serializers"] = options["deserializers"] = list(SERIALIZERS)
     if o.protocol is not None:
         options["protocol"] = o.protocol
     if o.interface is not None:
@@ -352,6 +384,7 @@ __all__ = [
     "Worker",
     "check_devices",
     "data_store",
+    "device_ipc_min_size",
     "device_sizes",
     "gpu_name",
     "host_memory_limit",

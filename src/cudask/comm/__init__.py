@@ -1,0 +1,1 @@
+"""How device data move between workers (cudask.comm.ipc: GPU to GPU on one node)."""

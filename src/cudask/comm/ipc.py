@@ -1,0 +1,302 @@
+"""Device arrays sent between workers of one node by CUDA IPC, not through host memory.
+
+Covers: the ``cudask-ipc`` serialization family of dask.distributed. A cudask
+worker lists it first among its serializers (`serializers()`), so when it
+answers another worker's request for data (``get_data``, P2P shards), each
+contiguous CuPy array of at least ``cudask.comm.device-ipc-min-size`` bytes
+going to a worker on the same host is sent as a CUDA IPC handle of the
+allocation holding it plus an offset (a few hundred bytes). The receiving worker
+maps that allocation, copies the bytes into memory of its own (GPU to GPU: the
+same device, or a peer over NVLink / PCIe), unmaps it, and only then answers;
+anything else (another host, small or strided arrays, host data, JIT proxies,
+memory that cannot be exported) falls through to distributed's own serializers.
+
+Lifetimes: distributed holds what it sends until the receiver replies (the
+``"OK"`` of ``get_data``, the response of an RPC), and the receiver replies only
+after its copy has finished, so the sender's memory outlives every mapping of
+it. A receiver that dies leaves nothing behind (its mappings end with its
+process); a sender that dies before the reply makes the receive fail, and
+distributed fetches the data again or recomputes it.
+
+Does not cover: deciding which workers use it (cudask.worker.spec: not with UCX,
+whose own cuda_ipc transport does the same) and the per-worker setup
+(`DeviceIPC` in cudask.worker.plugins calls `enable`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from distributed.protocol.serialize import register_serialization_family
+
+logger = logging.getLogger("cudask.comm")
+
+FAMILY = "cudask-ipc"
+# What a cudask worker serializes with (first match wins) and accepts.
+SERIALIZERS = (FAMILY, "dask", "pickle", "error")
+
+
+class Backend(Protocol):
+    """The CUDA calls the family needs (CudaBackend; tests give a fake one)."""
+
+    def export(self, ptr: int) -> tuple[bytes, int]:
+        """The IPC handle of the allocation holding `ptr`, and `ptr`'s offset in it."""
+
+    def open(self, handle: bytes) -> int:
+        """Map another process's allocation; return its address here."""
+
+    def close(self, base: int) -> None:
+        """Unmap what `open` mapped."""
+
+    def empty(self, shape: tuple[int, ...], dtype: str, order: str) -> Any:
+        """A new device array of this process."""
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        """Copy device bytes and wait for the copy to finish."""
+
+
+class CudaBackend:
+    """CUDA IPC through CuPy's runtime bindings; the allocation's base address
+    through the driver API of cuda-bindings (RMM and CuPy pools hand out pieces
+    of larger allocations, and a handle names the whole allocation)."""
+
+    def __init__(self) -> None:
+        import cupy
+        from cuda.bindings import driver
+
+        self._cupy = cupy
+        self._driver = driver
+
+    def export(self, ptr: int) -> tuple[bytes, int]:
+        err, base, _size = self._driver.cuMemGetAddressRange(ptr)
+        if err != self._driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuMemGetAddressRange failed: {err}")
+        base = int(base)
+        handle = self._cupy.cuda.runtime.ipcGetMemHandle(base)
+        return bytes(handle), ptr - base
+
+    def open(self, handle: bytes) -> int:
+        # cudaIpcMemLazyEnablePeerAccess: a peer GPU's memory is mapped with peer access.
+        return int(self._cupy.cuda.runtime.ipcOpenMemHandle(handle, 1))
+
+    def close(self, base: int) -> None:
+        self._cupy.cuda.runtime.ipcCloseMemHandle(base)
+
+    def empty(self, shape: tuple[int, ...], dtype: str, order: str) -> Any:
+        return self._cupy.empty(shape, dtype=dtype, order=order)
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        runtime = self._cupy.cuda.runtime
+        runtime.memcpy(dst, src, nbytes, runtime.memcpyDefault)
+
+
+@dataclass
+class _State:
+    """This process's side of the family: on once `enable` ran."""
+
+    backend: Backend | None = None  # sending by IPC when set
+    receiver: Backend | None = None
+    min_size: int = 1 << 20
+    node: str = ""
+    local_hosts: frozenset[str] = frozenset()
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # Mapped allocations of other processes: handle -> [base address, users].
+    # A handle may be opened only once per process; two arrays of one pool
+    # allocation in one message share the mapping.
+    mapped: dict[bytes, list[int]] = field(default_factory=dict)
+    counts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("sent", "sent-bytes", "received", "received-bytes", "receive-seconds", "declined"), 0.0))
+    warned: set[str] = field(default_factory=set)
+
+
+_state = _State()
+
+
+def node_identity() -> str:
+    """This machine's boot: equal for every process of one running host."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+def _local_hosts() -> frozenset[str]:
+    """The addresses this host listens on (loopback included)."""
+    import psutil
+
+    hosts = {"localhost", socket.gethostname()}
+    for addrs in psutil.net_if_addrs().values():
+        hosts.update(a.address.split("%")[0] for a in addrs
+                     if a.family in (socket.AF_INET, socket.AF_INET6))
+    return frozenset(hosts)
+
+
+def enable(backend: Backend, min_size: int) -> None:
+    """Send device arrays of at least `min_size` bytes to workers on this host by
+    IPC, with `backend`'s CUDA calls (the worker plugin calls this at start)."""
+    with _state.lock:
+        _state.backend = backend
+        _state.min_size = min_size
+        _state.node = node_identity()
+        _state.local_hosts = _local_hosts()
+
+
+def disable() -> None:
+    """Stop sending by IPC (what is received still works)."""
+    with _state.lock:
+        _state.backend = None
+
+
+def enabled() -> bool:
+    return _state.backend is not None
+
+
+def stats() -> dict[str, float]:
+    """Arrays and bytes sent and received by IPC in this process, seconds spent
+    receiving (map, copy, unmap), and arrays declined (sent the usual way)."""
+    with _state.lock:
+        return dict(_state.counts)
+
+
+def _host_of(address: str) -> str | None:
+    """The host part of a comm address ('tcp://10.0.0.2:8786', 'tls://[::1]:1')."""
+    if "://" not in address:
+        return None
+    scheme, rest = address.split("://", 1)
+    if scheme not in ("tcp", "tls", "ws", "wss"):
+        return None
+    host = rest.rsplit(":", 1)[0].strip("[]")
+    return host or None
+
+
+def same_host(context: dict[str, Any] | None) -> bool:
+    """Whether the comm's peer ("recipient" in distributed's serialization
+    context) is a process on this host."""
+    if not context:
+        return False
+    recipient = context.get("recipient") or {}
+    host = _host_of(str(recipient.get("address", "")))
+    if host is None:
+        return False
+    if host in _state.local_hosts:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _device_array_type() -> Any:
+    cupy = sys.modules.get("cupy")
+    return cupy.ndarray if cupy is not None else None
+
+
+def _decline(reason: str) -> None:
+    with _state.lock:
+        _state.counts["declined"] += 1
+        first = reason not in _state.warned
+        _state.warned.add(reason)
+    if first:
+        logger.info("cudask: device data sent through host memory: %s (logged once)", reason)
+    raise NotImplementedError(reason)
+
+
+def dumps(x: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[bytes]]:
+    """A CUDA IPC handle for `x` when it may go that way; NotImplementedError
+    (distributed then tries the next serializer) otherwise."""
+    backend = _state.backend
+    array_type = _device_array_type()
+    if backend is None or array_type is None or type(x) is not array_type:
+        raise NotImplementedError(FAMILY)
+    if x.nbytes < _state.min_size or not same_host(context):
+        raise NotImplementedError(FAMILY)
+    if x.dtype.fields is not None:
+        raise NotImplementedError(FAMILY)  # structured: the dtype string loses the fields
+    if x.flags.c_contiguous:
+        order = "C"
+    elif x.flags.f_contiguous:
+        order = "F"
+    else:
+        raise NotImplementedError(FAMILY)  # strided: distributed's serializer copies it
+    try:
+        handle, offset = backend.export(int(x.data.ptr))
+    except RuntimeError as exc:  # CUDA errors, e.g. stream-ordered (cudaMallocAsync) memory
+        _decline(f"its memory cannot be exported for IPC ({exc})")
+    header = {
+        "shape": list(x.shape),
+        "dtype": x.dtype.str,
+        "order": order,
+        "handle": handle,
+        "offset": offset,
+        "nbytes": int(x.nbytes),
+        "node": _state.node,
+        "pid": os.getpid(),
+    }
+    with _state.lock:
+        _state.counts["sent"] += 1
+        _state.counts["sent-bytes"] += x.nbytes
+    return header, []
+
+
+@contextmanager
+def _mapping(backend: Backend, handle: bytes) -> Iterator[int]:
+    """The address of another process's allocation, mapped while in use. A
+    handle may be opened only once per process: arrays of one pool allocation
+    received together share the mapping, which ends with its last user."""
+    with _state.lock:
+        entry = _state.mapped.get(handle)
+        if entry is None:
+            entry = _state.mapped[handle] = [backend.open(handle), 0]
+        entry[1] += 1
+    try:
+        yield entry[0]
+    finally:
+        with _state.lock:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _state.mapped[handle]
+                backend.close(entry[0])
+
+
+def loads(header: dict[str, Any], frames: list[Any]) -> Any:
+    """Copy the sender's array into a new one of this process."""
+    if header["node"] != node_identity():
+        raise RuntimeError(
+            f"cudask-ipc: device data from process {header['pid']} on another host reached this "
+            "worker by IPC handle, which only works within one host; set "
+            "cudask.comm.device-ipc: false on the workers if hosts share network addresses")
+    backend = _receiving_backend()
+    start = time.perf_counter()
+    out = backend.empty(tuple(header["shape"]), header["dtype"], header["order"])
+    with _mapping(backend, bytes(header["handle"])) as base:
+        backend.copy(int(out.data.ptr), base + int(header["offset"]), int(header["nbytes"]))
+    with _state.lock:
+        _state.counts["received"] += 1
+        _state.counts["received-bytes"] += header["nbytes"]
+        _state.counts["receive-seconds"] += time.perf_counter() - start
+    return out
+
+
+def _receiving_backend() -> Backend:
+    """The backend receiving uses: the sending one, or (on a worker that does
+    not send by IPC) one made on first use, so what a peer sends still arrives."""
+    with _state.lock:
+        if _state.backend is not None:
+            return _state.backend
+        if _state.receiver is None:
+            _state.receiver = CudaBackend()
+        return _state.receiver
+
+
+register_serialization_family(FAMILY, dumps, loads)

@@ -1,0 +1,191 @@
+"""The cudask-ipc serialization family's logic on CPU: which arrays go by
+handle, the mapping's lifetime, the fallbacks, and a worker-to-worker transfer
+over real TCP comms. The "device" here is host memory behind a fake CuPy
+module and a fake backend whose copies are real memmoves; the GPU proof is
+tests/comm/test_ipc_gpu.py."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import sys
+import types
+from typing import Any
+
+import numpy as np
+import pytest
+from distributed.protocol.serialize import deserialize, serialize, to_serialize
+
+from cudask.comm import ipc
+
+
+class FakeArray:
+    """A 'device' array: NumPy memory with CuPy's attributes that the family reads."""
+
+    def __init__(self, host: np.ndarray) -> None:
+        self.host = host
+        self.shape, self.dtype, self.nbytes, self.flags = host.shape, host.dtype, host.nbytes, host.flags
+        self.data = types.SimpleNamespace(ptr=host.ctypes.data)
+
+    def __getitem__(self, index: Any) -> FakeArray:
+        return FakeArray(self.host[index])
+
+    def __reduce__(self) -> Any:  # what distributed's pickle falls back to
+        return FakeArray, (self.host,)
+
+
+class FakeBackend:
+    """Allocations are NumPy buffers named by a handle; open gives their address."""
+
+    def __init__(self) -> None:
+        self.allocations: dict[bytes, np.ndarray] = {}
+        self.opened: list[bytes] = []
+        self.closed: list[int] = []
+
+    def allocate(self, host: np.ndarray) -> FakeArray:
+        self.allocations[f"h{len(self.allocations)}".encode()] = host
+        return FakeArray(host)
+
+    def export(self, ptr: int) -> tuple[bytes, int]:
+        for handle, host in self.allocations.items():
+            base = host.ctypes.data
+            if base <= ptr < base + host.nbytes:
+                return handle, ptr - base
+        raise RuntimeError("cudaErrorInvalidValue: not exportable")
+
+    def open(self, handle: bytes) -> int:
+        self.opened.append(handle)
+        return int(self.allocations[handle].ctypes.data)
+
+    def close(self, base: int) -> None:
+        self.closed.append(base)
+
+    def empty(self, shape: tuple[int, ...], dtype: str, order: str) -> FakeArray:
+        return FakeArray(np.empty(shape, dtype=dtype, order=order))
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        ctypes.memmove(dst, src, nbytes)
+
+
+LOCAL = {"recipient": {"address": "tcp://127.0.0.1:40000"}}
+REMOTE = {"recipient": {"address": "tcp://192.0.2.7:40000"}}  # TEST-NET: never this host
+
+
+@pytest.fixture
+def backend(monkeypatch: pytest.MonkeyPatch) -> FakeBackend:
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(ndarray=FakeArray))
+    monkeypatch.setattr(ipc, "_state", ipc._State())
+    fake = FakeBackend()
+    ipc.enable(fake, min_size=1024)
+    return fake
+
+
+def _roundtrip(x: Any, context: dict[str, Any]) -> tuple[str, Any]:
+    header, frames = serialize(x, serializers=list(ipc.SERIALIZERS), context=context, on_error="raise")
+    return header["serializer"], deserialize(header, frames, deserializers=list(ipc.SERIALIZERS))
+
+
+def test_a_local_contiguous_array_goes_by_handle_and_arrives_identical(backend: FakeBackend) -> None:
+    pool = np.arange(4096, dtype="f8")  # one allocation holding two arrays, as a memory pool does
+    a = backend.allocate(pool)[1024:2048]
+    f = FakeArray(np.asfortranarray(np.arange(600, dtype="i4").reshape(20, 30)))
+    backend.allocations[b"f"] = f.host
+    name, out = _roundtrip(a, LOCAL)
+    assert name == "cudask-ipc" and isinstance(out, FakeArray)
+    assert out.host.tobytes() == pool[1024:2048].tobytes() and out.host.ctypes.data != a.host.ctypes.data
+    _, out_f = _roundtrip(f, LOCAL)
+    assert out_f.host.flags.f_contiguous and np.array_equal(out_f.host, f.host)
+    assert backend.opened == [b"h0", b"f"] and len(backend.closed) == 2  # mapped, then unmapped
+    stats = ipc.stats()
+    assert stats["sent"] == stats["received"] == 2
+    assert stats["sent-bytes"] == stats["received-bytes"] == 1024 * 8 + 600 * 4
+
+
+def test_everything_else_falls_through_to_distributeds_serializers(backend: FakeBackend,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    big = backend.allocate(np.ones((64, 64), dtype="f8"))
+    small = backend.allocate(np.ones(8, dtype="f8"))
+    strided = big[:, ::2]
+    host = np.ones(4096)
+    for x, context in ((big, REMOTE), (big, {}), (big, {"recipient": {"address": "inproc://x/1"}}),
+                       (small, LOCAL), (strided, LOCAL), (host, LOCAL)):
+        header, _ = serialize(x, serializers=list(ipc.SERIALIZERS), context=context)
+        assert header["serializer"] != "cudask-ipc", (x, context)
+    unexported = FakeArray(np.ones(4096))  # memory the backend cannot export (e.g. cudaMallocAsync)
+    with caplog.at_level(logging.INFO, logger="cudask.comm"):
+        for _ in range(3):
+            header, _ = serialize(unexported, serializers=list(ipc.SERIALIZERS), context=LOCAL)
+            assert header["serializer"] == "pickle"
+    assert [r.getMessage() for r in caplog.records].count(
+        "cudask: device data sent through host memory: its memory cannot be exported for IPC "
+        "(cudaErrorInvalidValue: not exportable) (logged once)") == 1
+    assert ipc.stats()["declined"] == 3 and backend.opened == []
+    ipc.disable()
+    header, _ = serialize(big, serializers=list(ipc.SERIALIZERS), context=LOCAL)
+    assert header["serializer"] != "cudask-ipc"
+
+
+def test_arrays_of_one_allocation_share_one_mapping(backend: FakeBackend) -> None:
+    pool = np.arange(8192, dtype="u1")
+    parts = [backend.allocate(pool)[i * 2048:(i + 1) * 2048] for i in range(1)]
+    parts += [FakeArray(pool[i * 2048:(i + 1) * 2048]) for i in range(1, 4)]
+    # As get_data sends a task's value: to_serialize, so collections are walked.
+    header, frames = serialize(to_serialize(tuple(parts)), serializers=list(ipc.SERIALIZERS),
+                               context=LOCAL)
+    out = deserialize(header, frames, deserializers=list(ipc.SERIALIZERS))
+    assert b"".join(o.host.tobytes() for o in out) == pool.tobytes()
+    assert backend.opened == [b"h0"] * 4 and ipc.stats()["received"] == 4
+    with ipc._mapping(backend, b"h0") as base, ipc._mapping(backend, b"h0") as again:
+        assert base == again == pool.ctypes.data and backend.opened.count(b"h0") == 5
+    assert ipc._state.mapped == {} and len(backend.closed) == 5
+
+
+def test_a_handle_from_another_host_is_a_clear_error(backend: FakeBackend) -> None:
+    header, frames = serialize(backend.allocate(np.ones(4096)), serializers=list(ipc.SERIALIZERS),
+                               context=LOCAL)
+    header["node"] = "another-boot-id"
+    with pytest.raises(RuntimeError, match="only works within one host; set cudask.comm.device-ipc: false"):
+        deserialize(header, frames, deserializers=list(ipc.SERIALIZERS))
+    assert backend.opened == []
+
+
+def test_same_host_reads_the_peer_address() -> None:
+    ipc._state.local_hosts = frozenset({"10.1.2.3"})
+    assert ipc.same_host({"recipient": {"address": "tcp://10.1.2.3:1234"}})
+    assert ipc.same_host({"recipient": {"address": "tls://127.0.0.1:1234"}})
+    assert ipc.same_host({"recipient": {"address": "tcp://[::1]:1234"}})
+    assert not ipc.same_host({"recipient": {"address": "tcp://10.1.2.4:1234"}})
+    assert not ipc.same_host({"recipient": {"address": "ucx://10.1.2.3:1234"}})
+    assert not ipc.same_host({"recipient": {}}) and not ipc.same_host(None)
+
+
+def _make(n: int) -> FakeArray:
+    return _BACKEND.allocate(np.arange(n, dtype="f8"))
+
+
+def _total(x: FakeArray) -> tuple[float, int]:
+    return float(x.host.sum()), int(x.host.ctypes.data)
+
+
+_BACKEND = FakeBackend()
+
+
+def test_worker_to_worker_over_tcp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workers in this process, talking over real TCP comms with cudask's
+    serializers: the dependency goes by handle, through get_data's reply and
+    "OK", and the receiver computes on its own copy."""
+    from distributed import Client, LocalCluster
+
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(ndarray=FakeArray))
+    monkeypatch.setattr(ipc, "_state", ipc._State())
+    ipc.enable(_BACKEND, min_size=1024)
+    with LocalCluster(n_workers=2, processes=False, protocol="tcp", dashboard_address=":0",
+                      threads_per_worker=1, serializers=list(ipc.SERIALIZERS),
+                      deserializers=list(ipc.SERIALIZERS)) as cluster, Client(cluster) as client:
+        a, b = list(client.scheduler_info()["workers"])
+        x = client.submit(_make, 100_000, workers=[a])
+        total, ptr = client.submit(_total, x, workers=[b]).result(timeout=120)
+    assert total == float(np.arange(100_000, dtype="f8").sum())
+    assert ptr not in [h.ctypes.data for h in _BACKEND.allocations.values()]  # b's own copy
+    stats = ipc.stats()
+    assert stats["sent"] == stats["received"] == 1 and stats["received-bytes"] == 800_000
