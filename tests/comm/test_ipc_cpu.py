@@ -189,3 +189,18 @@ def test_worker_to_worker_over_tcp(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ptr not in [h.ctypes.data for h in _BACKEND.allocations.values()]  # b's own copy
     stats = ipc.stats()
     assert stats["sent"] == stats["received"] == 1 and stats["received-bytes"] == 800_000
+
+
+def test_rechunk_method_is_tasks_unless_the_user_chose(caplog: pytest.LogCaptureFixture) -> None:
+    import dask
+
+    from cudask.comm.rechunk import prefer_task_rechunk
+
+    with dask.config.set({"array.rechunk.method": None}):
+        with caplog.at_level(logging.INFO, logger="cudask"):
+            assert prefer_task_rechunk() and not prefer_task_rechunk()  # said once
+        assert dask.config.get("array.rechunk.method") == "tasks"
+        assert sum("array.rechunk.method set to 'tasks'" in r.getMessage() for r in caplog.records) == 1
+    with dask.config.set({"array.rechunk.method": "p2p"}):
+        assert not prefer_task_rechunk()
+        assert dask.config.get("array.rechunk.method") == "p2p"

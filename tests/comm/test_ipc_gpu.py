@@ -125,3 +125,36 @@ def test_two_gpus_by_peer_access() -> None:
     for kind, there, here in results:
         assert there == here, kind
     assert stats[b]["received"] >= 5, stats
+
+
+def _cells(block_info: Any = None, n: int = 0) -> Any:
+    import cupy
+
+    (r0, r1), (c0, c1) = block_info[None]["array-location"]
+    return cupy.arange(r0, r1, dtype="f8")[:, None] * n + cupy.arange(c0, c1, dtype="f8")[None, :]
+
+
+@pytest.mark.gpu
+def test_all_to_all_rechunk_of_device_arrays_works_by_default() -> None:
+    """dask would choose P2P for this rechunk, which cannot carry CuPy arrays;
+    a process running a LocalCUDACluster rechunks by tasks unless told otherwise."""
+    cupy = pytest.importorskip("cupy")
+    import dask
+    import dask.array as da
+    from dask.array.rechunk import _choose_rechunk_method
+    from distributed import Client
+
+    from cudask import LocalCUDACluster
+
+    n, k = 8192, 16
+    old, new = ((n // k,) * k, (n,)), ((n,), (n // k,) * k)
+    with dask.config.set({"array.rechunk.method": None}):
+        with LocalCUDACluster(dashboard_address=":0") as cluster, Client(cluster):
+            assert dask.config.get("array.rechunk.method") == "tasks"
+            x = da.map_blocks(_cells, n=n, dtype="f8", chunks=old, meta=cupy.empty((0, 0)))
+            y = x.rechunk(new)
+            assert isinstance(y._meta, cupy.ndarray)
+            total = float(y.sum().compute())
+        with dask.config.set({"array.rechunk.method": None}), Client(processes=False, n_workers=1):
+            assert _choose_rechunk_method(old, new) == "p2p"  # what dask alone would pick
+    assert total == n * n * (n * n - 1) / 2

@@ -18,6 +18,7 @@ from typing import Any
 import dask.config
 from distributed import LocalCluster, Nanny, Worker
 
+from cudask.comm.rechunk import prefer_task_rechunk
 from cudask.deploy.checks import check_input
 from cudask.devices import Device, Machine, discover, parse_visible_devices, require_gpus
 from cudask.errors import DeviceError, OptionError
@@ -108,6 +109,7 @@ class LocalCUDACluster(LocalCluster):
         ucx = ucx_config(options)
         if ucx:  # the scheduler and nannies of this process speak UCX too
             dask.config.set(ucx)
+        prefer_task_rechunk()  # arrays of this process's clusters are device arrays
         # the scheduler watches its GPU workers: dashboard page, Prometheus, `cudask top`
         scheduler_kwargs = dict(kwargs.pop("scheduler_kwargs", None) or {})
         plugins = list(scheduler_kwargs.get("plugins") or [])
