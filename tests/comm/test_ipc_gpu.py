@@ -14,17 +14,21 @@ import sys
 import time
 from typing import Any
 
+import cloudpickle
 import pytest
 
 from cudask.testing.integrity import digest, make_value
 
+# Functions below run on worker processes that cannot import this module.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
 MiB = 1 << 20
 
 
-def _ipc_stats() -> dict[str, float]:
+def _ipc_stats() -> dict[str, Any]:
     from cudask.comm import ipc
 
-    return ipc.stats()
+    return {**ipc.stats(), "declined-because": ipc.declined()}
 
 
 def _exchange(client: Any, a: str, b: str) -> list[tuple[str, str, str]]:
@@ -86,6 +90,7 @@ def test_two_workers_on_one_gpu(ipc_on: bool) -> None:
         # 64 MiB) and the dict's device array (32 MiB). The 4 KiB array (under
         # device-ipc-min-size) and the host array went the usual way.
         assert sent["sent"] == received["received"] == 4, (sent, received)
+        assert sent["declined"] == 0, sent
         view = 2896 * 2896 * 8  # make_value's square view of 64 MiB of float64
         assert received["received-bytes"] == sent["sent-bytes"] == (
             256 * MiB + 64 * MiB + view + 32 * MiB), (sent, received)

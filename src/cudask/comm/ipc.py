@@ -169,6 +169,12 @@ def stats() -> dict[str, float]:
         return dict(_state.counts)
 
 
+def declined() -> list[str]:
+    """Why arrays were sent the usual way instead (each reason once)."""
+    with _state.lock:
+        return sorted(_state.warned)
+
+
 def _host_of(address: str) -> str | None:
     """The host part of a comm address ('tcp://10.0.0.2:8786', 'tls://[::1]:1')."""
     if "://" not in address:
