@@ -78,6 +78,9 @@ class CudaBackend:
         self._driver = driver
 
     def export(self, ptr: int) -> tuple[bytes, int]:
+        # distributed may serialize in a thread of its own, where no CUDA context is
+        # current yet: the driver API needs one (cudaFree(0) binds the primary context).
+        self._cupy.cuda.runtime.free(0)
         err, base, _size = self._driver.cuMemGetAddressRange(ptr)
         if err != self._driver.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuMemGetAddressRange failed: {err}")
