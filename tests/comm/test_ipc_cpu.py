@@ -149,6 +149,20 @@ def test_a_handle_from_another_host_is_a_clear_error(backend: FakeBackend) -> No
     assert backend.opened == []
 
 
+def test_a_failed_copy_leaves_no_mapping(backend: FakeBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    header, frames = serialize(backend.allocate(np.ones(4096)), serializers=list(ipc.SERIALIZERS),
+                               context=LOCAL)
+
+    def fail(dst: int, src: int, nbytes: int) -> None:
+        raise RuntimeError("cudaErrorIllegalAddress (injected)")
+
+    monkeypatch.setattr(backend, "copy", fail)
+    with pytest.raises(RuntimeError, match="injected"):
+        deserialize(header, frames, deserializers=list(ipc.SERIALIZERS))
+    assert backend.opened == [b"h0"] and len(backend.closed) == 1 and ipc._state.mapped == {}
+    assert ipc.stats()["received"] == 0
+
+
 def test_same_host_reads_the_peer_address() -> None:
     ipc._state.local_hosts = frozenset({"10.1.2.3"})
     assert ipc.same_host({"recipient": {"address": "tcp://10.1.2.3:1234"}})

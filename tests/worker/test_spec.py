@@ -77,7 +77,7 @@ def test_device_ipc_serializers_and_plugin(dgx, monkeypatch):
     with dask.config.set({"cudask.comm.device-ipc-min-size": "64KiB"}):
         spec = nanny_options(resolve({}, "cluster"), devices, 0, n_workers=1, name=0)
     assert [p.min_size for p in spec["plugins"] if p.name == "cudask-device-ipc"] == [65536]
-    for bad in ("banana", -1, "1 parsec"):
+    for bad in ("banana", -1, "1 parsec", True):
         with dask.config.set({"cudask.comm.device-ipc-min-size": bad}), \
                 pytest.raises(OptionError, match=r"cudask.comm.device-ipc-min-size=.*is not a size"):
             nanny_options(resolve({}, "cluster"), devices, 0, n_workers=1, name=0)

@@ -20,6 +20,7 @@ from typing import Any
 
 from dask.utils import parse_timedelta
 
+from cudask.comm.settings import device_ipc_min_size
 from cudask.devices.discovery import check_visible_devices
 from cudask.errors import OptionError
 from cudask.memory.settings import check_memory_config
@@ -91,6 +92,7 @@ def check_input(
     check_visible_devices(visible_devices)
     check_n_workers(n_workers)
     check_memory_config()
+    device_ipc_min_size()  # the cudask.comm keys
     if libraries:
         check_libraries(options)
     return options

@@ -79,7 +79,7 @@ def store_settings(
     ) or (1 << 30)
     return StoreSettings(
         spill_target=target,
-        background=_flag(config.get("memory.background-spill") if background is None else background,
+        background=parse_flag(config.get("memory.background-spill") if background is None else background,
                          "cudask.memory.background-spill"),
         pinned_pool_size=pool,
         pinned_slab_size=slab,
@@ -113,11 +113,11 @@ def store_settings(
 
 def spill_on_demand_setting(value: bool | None = None) -> bool:
     """`value`, or the `cudask.memory.spill-on-demand` key when None."""
-    return _flag(config.get("memory.spill-on-demand") if value is None else value,
+    return parse_flag(config.get("memory.spill-on-demand") if value is None else value,
                  "cudask.memory.spill-on-demand")
 
 
-def _flag(value: Any, name: str) -> bool:
+def parse_flag(value: Any, name: str) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
@@ -222,4 +222,4 @@ def system_memory() -> int:
     return int(MEMORY_LIMIT)
 
 
-__all__ = ["AUTO_HEADROOM_CAP", "AUTO_PREALLOCATE_CAP", "StoreSettings", "check_memory_config", "release_seconds", "store_settings", "system_memory"]
+__all__ = ["AUTO_HEADROOM_CAP", "AUTO_PREALLOCATE_CAP", "StoreSettings", "check_memory_config", "parse_flag", "release_seconds", "store_settings", "system_memory"]

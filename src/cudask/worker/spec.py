@@ -21,7 +21,7 @@ from dask.utils import parse_bytes
 from distributed import Nanny, Worker, WorkerPlugin
 from distributed.worker_memory import parse_memory_limit
 
-from cudask import config
+from cudask.comm import settings as comm_settings
 from cudask.comm.ipc import SERIALIZERS
 from cudask.devices import Device, cuda_visible_devices
 from cudask.errors import MissingDependencyError, OptionError
@@ -175,17 +175,8 @@ def device_ipc_min_size(o: WorkerOptions) -> int | None:
     """The smallest array sent to workers of the same host by CUDA IPC
     (`cudask.comm`), or None when IPC is off: by config, or under UCX, whose
     cuda_ipc transport does it and which chooses its own serializers."""
-    if not config.get("comm.device-ipc") or o.protocol in UCX_PROTOCOLS:
-        return None
-    value = config.get("comm.device-ipc-min-size")
-    try:
-        size = parse_bytes(value) if isinstance(value, str) else int(value)
-    except (TypeError, ValueError):
-        size = -1
-    if size < 0:
-        raise OptionError(f"cudask.comm.device-ipc-min-size={value!r} is not a size; give bytes "
-                          "(1048576) or a string such as '1MiB'")
-    return size
+    size = comm_settings.device_ipc_min_size()
+    return None if o.protocol in UCX_PROTOCOLS else size
 
 
 UCX_CONFIG_NAMESPACES = ("distributed-ucxx", "distributed.comm.ucx")
