@@ -163,8 +163,8 @@ def test_a_failed_copy_leaves_no_mapping(backend: FakeBackend, monkeypatch: pyte
     assert ipc.stats()["received"] == 0
 
 
-def test_same_host_reads_the_peer_address() -> None:
-    ipc._state.local_hosts = frozenset({"10.1.2.3"})
+def test_same_host_reads_the_peer_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ipc, "_state", ipc._State(local_hosts=frozenset({"10.1.2.3"})))
     assert ipc.same_host({"recipient": {"address": "tcp://10.1.2.3:1234"}})
     assert ipc.same_host({"recipient": {"address": "tls://127.0.0.1:1234"}})
     assert ipc.same_host({"recipient": {"address": "tcp://[::1]:1234"}})
