@@ -396,3 +396,34 @@ def test_soak_bad_input(args: list[str], named: str) -> None:
     code, out = invoke("soak", *args)
     assert code == 2, out
     assert named in one_line_error(code, out)
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--sizes", "64MiB,banana"], "'banana'; accepted: sizes of at least 8 bytes"),
+    (["--sizes", "4"], "'4'; accepted"),
+    (["--n", "1000", "--blocks", "7"], "--n 1000 is not a multiple of --blocks 7"),
+    (["--repeat", "-1"], "-1 is not in the range"),
+    (["--device-memory-limit", "lots"], "--device-memory-limit='lots'"),
+])
+def test_transfer_bad_input(args: list[str], named: str) -> None:
+    code, out = invoke("transfer", *args)
+    assert code == 2, out
+    assert named in one_line_error(code, out)
+
+
+def test_transfer_needs_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cudask.bench import environment
+
+    monkeypatch.setattr(environment, "gpus", lambda: {"available": False, "reason": "NVML finds 0"})
+    code, out = invoke("transfer")
+    assert "cudask bench transfer needs an NVIDIA GPU" in one_line_error(code, out)
+
+
+def test_transfer_placement_names_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cudask.bench import environment
+
+    monkeypatch.setattr(environment, "gpus", lambda: {"available": True, "devices": [{"index": 0}]})
+    for placement in ("0", "0,1", "0,x"):
+        code, out = invoke("transfer", "--placement", placement)
+        assert code == 2 and f"{placement!r}; accepted: two or more GPU indices below 1" in \
+            one_line_error(code, out), out

@@ -161,3 +161,21 @@ def test_against_dask_cuda_tiny(tmp_path: Path) -> None:
     assert dc and dc[0]["versions"]["dask_cuda"]
     assert not [m for m in dc[0]["cudask_modules"] if m.startswith("cudask.deploy")]
     assert {c["kind"] for c in doc["comparisons"]} == {"vs dask-cuda"}
+
+
+def test_transfer_tiny(tmp_path: Path) -> None:
+    """Two workers (on GPU 0, or one per GPU): IPC moves the arrays in the "ipc"
+    setting and nothing in the "tcp" one; every value and the rechunk check out."""
+    out = tmp_path / "transfer.json"
+    result = CliRunner().invoke(bench, ["transfer", "--sizes", "8MiB", "--repeat", "1", "--n", "2048",
+                                        "--blocks", "4", "--output", str(out)], prog_name="cudask bench")
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())["report"]
+    for setting in ("ipc", "tcp"):
+        r = report[setting]
+        assert r["all_to_all"]["sum_ok"], r["all_to_all"]
+        cold = r["point_to_point"][str(8 << 20)]["cold"]
+        assert cold["bytes"] >= 8 << 20, cold
+        received = sum(w["received"] for w in r["ipc"].values())
+        assert (received >= 2) if setting == "ipc" else (received == 0), r["ipc"]
+    assert (tmp_path / "transfer-ipc-w0.log").exists()

@@ -218,3 +218,17 @@ def test_rechunk_method_is_tasks_unless_the_user_chose(caplog: pytest.LogCapture
     with dask.config.set({"array.rechunk.method": "p2p"}):
         assert not prefer_task_rechunk()
         assert dask.config.get("array.rechunk.method") == "p2p"
+
+
+def test_a_mapping_refused_names_the_switch(backend: FakeBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    header, frames = serialize(backend.allocate(np.ones(4096)), serializers=list(ipc.SERIALIZERS),
+                               context=LOCAL)
+
+    def refuse(handle: bytes) -> int:
+        raise RuntimeError("cudaErrorMapBufferObjectFailed")
+
+    monkeypatch.setattr(backend, "open", refuse)
+    with pytest.raises(RuntimeError, match=r"cannot map .*cudaErrorMapBufferObjectFailed.*"
+                                           r"set cudask.comm.device-ipc: false"):
+        deserialize(header, frames, deserializers=list(ipc.SERIALIZERS))
+    assert ipc._state.mapped == {}

@@ -1,7 +1,7 @@
 """`cudask bench`: the spill, cupy and startup benchmarks, side by side with dask-cuda.
 
-Covers: the click commands `bench spill`, `bench cupy`, `bench startup` and
-`bench chart`, their options (spill and cupy measure in --mode cold, the
+Covers: the click commands `bench spill`, `bench cupy`, `bench startup`,
+`bench soak`, `bench transfer` and `bench chart`, their options (spill and cupy measure in --mode cold, the
 default, or warm), and every check that can be made before a process starts
 (sizes, names, the GPU, CuPy, matplotlib, the dask-cuda environment and
 whether it has JIT-unspill). Bad input ends in one line
@@ -32,7 +32,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 @click.group(cls=UserErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def bench() -> None:
-    """Benchmarks: spilling, CuPy dask.array workloads, cluster start-up.
+    """Benchmarks: spilling, CuPy dask.array workloads, cluster start-up, soak,
+    device data between workers (transfer).
 
     Each variant (backend x device limit x JIT-unspill) runs in a fresh
     process; --against dask-cuda runs the same workload with identical
@@ -694,6 +695,79 @@ def soak(ctx: click.Context, kw: dict[str, Any]) -> None:
         click.echo(f"  {line}")
     if not report["ok"]:
         ctx.exit(1)
+
+
+@bench.command("transfer")
+@click.option("--placement", default=None,
+              help="CUDA_VISIBLE_DEVICES of each worker process, comma-separated: '0,0' puts two "
+              "workers on GPU 0, '0,1' one on each of two GPUs. Default: '0,1' with two or more "
+              "GPUs, else '0,0'.")
+@click.option("--sizes", default="64MiB,512MiB,2GiB", show_default=True,
+              help="Array sizes sent point to point, comma-separated.")
+@click.option("--repeat", default=3, show_default=True, type=click.IntRange(min=0),
+              help="Warm transfers of each size after the cold one.")
+@click.option("--n", "side", default=20000, show_default=True, type=click.IntRange(min=2),
+              help="Side of the float64 array rechunked all-to-all (20000: 3.2 GB).")
+@click.option("--blocks", default=8, show_default=True, type=click.IntRange(min=1),
+              help="Row blocks rechunked into as many column blocks.")
+@click.option("--device-memory-limit", default="30GB", show_default=True,
+              help="Device limit of each worker.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
+              help="JSON file to write the report to, with the machine and versions; the "
+              "workers' logs go beside it.")
+@_command
+def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
+    """Device data between workers of one host: CUDA IPC (cudask.comm.device-ipc)
+    against TCP through host memory, point to point and all-to-all, each setting
+    in a fresh cluster of `cudask worker` processes."""
+    import os
+
+    from dask.utils import parse_bytes
+
+    from cudask.bench import harness
+    from cudask.bench import transfer as transfer_run
+
+    sizes = []
+    for text in str(kw["sizes"]).split(","):
+        try:
+            size = parse_bytes(text.strip())
+        except (ValueError, TypeError):
+            size = 0
+        if size < 8:
+            raise click.BadParameter(f"{text!r}; accepted: sizes of at least 8 bytes such as "
+                                     "'512MiB', comma-separated", param_hint="--sizes")
+        sizes.append(size)
+    if kw["side"] % kw["blocks"]:
+        raise click.BadParameter(f"--n {kw['side']} is not a multiple of --blocks {kw['blocks']}",
+                                 param_hint="--n")
+    try:
+        _size(kw["device_memory_limit"], "--device-memory-limit")
+    except OptionError as exc:
+        raise click.UsageError(str(exc)) from None
+    gpus = environment.gpus()
+    if not gpus.get("available"):
+        raise NoGPUError(f"cudask bench transfer needs an NVIDIA GPU and NVML finds none "
+                         f"({gpus.get('reason')})")
+    count = len(gpus.get("devices") or [])
+    placement = kw["placement"] or ("0,1" if count >= 2 else "0,0")
+    entries = [p.strip() for p in placement.split(",")]
+    if len(entries) < 2 or any(not p.isdigit() or int(p) >= count for p in entries):
+        raise click.BadParameter(f"{placement!r}; accepted: two or more GPU indices below {count} "
+                                 "(this machine's GPUs), comma-separated, e.g. '0,0'",
+                                 param_hint="--placement")
+    if not environment.has_module("cupy"):
+        raise click.ClickException("cudask bench transfer needs CuPy: pip install 'cudask[cuda]'")
+    log_dir = os.path.dirname(os.path.abspath(kw["output"])) if kw["output"] else None
+    plan = transfer_run.TransferPlan(
+        placement=tuple(entries), sizes=tuple(sizes), repeat=kw["repeat"], n=kw["side"],
+        blocks=kw["blocks"], device_memory_limit=kw["device_memory_limit"], log_dir=log_dir)
+    report = transfer_run.run_transfer(plan)
+    document = {"workload": "transfer", "report": report, "machine": environment.machine(),
+                "versions": environment.versions()}
+    if kw["output"]:
+        harness.write_json(document, kw["output"])
+    for line in transfer_run.summary(report):
+        click.echo(line)
 
 
 @bench.command("chart")

@@ -266,7 +266,14 @@ def _mapping(backend: Backend, handle: bytes) -> Iterator[int]:
     with _state.lock:
         entry = _state.mapped.get(handle)
         if entry is None:
-            entry = _state.mapped[handle] = [backend.open(handle), 0]
+            try:
+                base = backend.open(handle)
+            except RuntimeError as exc:
+                raise RuntimeError(
+                    f"cudask-ipc: cannot map another worker's device memory here ({exc}); if the "
+                    "workers of this host cannot share GPU memory (e.g. containers with separate IPC "
+                    "namespaces), set cudask.comm.device-ipc: false on them") from exc
+            entry = _state.mapped[handle] = [base, 0]
         entry[1] += 1
     try:
         yield entry[0]
