@@ -210,3 +210,36 @@ def test_cuda_context_plugin_imports_cupy_in_the_background(monkeypatch):
     assert imported == ["cupy"] and plugin.importer is None
     plugin.setup(worker)  # idempotent: no second context, no second import
     assert imported == ["cupy"]
+
+
+def test_device_ipc_stays_off_where_it_cannot_work(monkeypatch, caplog):
+    """MIG, a GPU of the host without peer access, or no cuda-bindings: one log
+    line and the worker sends device data the usual way."""
+    import logging
+
+    from cudask.comm import ipc
+    from cudask.worker import plugins
+
+    monkeypatch.setattr(ipc, "_state", ipc._State())
+    uuid = "GPU-00000000-fake-4000-8000-000000000000"
+    monkeypatch.setattr(plugins, "gpus_without_peer_access", lambda u: ["GPU-other"])
+    assert plugins.DeviceIPC(uuid, 1 << 20).unavailable() == f"{uuid} has no peer access to GPU-other"
+    assert "MIG instance" in plugins.DeviceIPC("MIG-1234", 1 << 20).unavailable()
+    monkeypatch.setattr(plugins, "gpus_without_peer_access", lambda u: [])
+    assert plugins.DeviceIPC(uuid, 1 << 20).unavailable() is None
+
+    def no_bindings() -> None:
+        raise ImportError("No module named 'cuda.bindings'", name="cuda.bindings")
+
+    monkeypatch.setattr(ipc, "CudaBackend", no_bindings)
+    with caplog.at_level(logging.INFO, logger="cudask.worker"):
+        plugins.DeviceIPC(uuid, 1 << 20).setup(types.SimpleNamespace())
+    assert not ipc.enabled()
+    assert "not CUDA IPC: cuda.bindings is not installed" in caplog.text
+
+    monkeypatch.setattr(ipc, "CudaBackend", lambda: object())
+    plugin = plugins.DeviceIPC(uuid, 4096)
+    plugin.setup(types.SimpleNamespace())
+    assert ipc.enabled() and ipc._state.min_size == 4096
+    plugin.teardown(types.SimpleNamespace())
+    assert not ipc.enabled()
