@@ -178,4 +178,4 @@ def test_transfer_tiny(tmp_path: Path) -> None:
         assert cold["bytes"] >= 8 << 20, cold
         received = sum(w["received"] for w in r["ipc"].values())
         assert (received >= 2) if setting == "ipc" else (received == 0), r["ipc"]
-    assert (tmp_path / "transfer-ipc-w0.log").exists()
+    assert (tmp_path / "transfer-ipc" / "worker-0.log").exists()

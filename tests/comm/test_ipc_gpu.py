@@ -8,8 +8,6 @@ which way it went."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
 from typing import Any
@@ -18,6 +16,7 @@ import cloudpickle
 import pytest
 
 from cudask.testing.integrity import digest, make_value
+from cudask.testing.processes import worker_processes
 
 # Functions below run on worker processes that cannot import this module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -43,45 +42,15 @@ def _exchange(client: Any, a: str, b: str) -> list[tuple[str, str, str]]:
     return out
 
 
-def _start_workers(address: str, n: int, env: dict[str, str]) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-m", "cudask.cli", "worker", address,
-                              "--name", f"w{i}", "--device-memory-limit", "16GB",
-                              "--protocol", "tcp"],
-                             env={**os.environ, "CUDA_VISIBLE_DEVICES": "0", **env},
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            for i in range(n)]
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("ipc_on", [True, False], ids=["ipc", "no-ipc"])
 def test_two_workers_on_one_gpu(ipc_on: bool) -> None:
     pytest.importorskip("cupy")
-    from distributed import Client, LocalCluster
-
     env = {} if ipc_on else {"DASK_CUDASK__COMM__DEVICE_IPC": "False"}
-    with LocalCluster(n_workers=0, protocol="tcp", dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
-        procs = _start_workers(cluster.scheduler_address, 2, env)
-        try:
-            try:
-                client.wait_for_workers(2, timeout=180)
-            except TimeoutError:
-                for p in procs:
-                    p.kill()
-                pytest.fail("workers did not join: " + "\n".join(
-                    p.stderr.read().decode(errors="replace")[-2000:] for p in procs if p.stderr))
-            a, b = sorted(client.scheduler_info()["workers"])
-            results = _exchange(client, a, b)
-            stats = client.run(_ipc_stats)
-        finally:
-            client.retire_workers()
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(60)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+    with worker_processes(["0", "0"], env=env, args=["--device-memory-limit", "16GB"]) as client:
+        a, b = sorted(client.scheduler_info()["workers"])
+        results = _exchange(client, a, b)
+        stats = client.run(_ipc_stats)
     for kind, there, here in results:
         assert there == here, kind
     sent, received = stats[a], stats[b]

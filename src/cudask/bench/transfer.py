@@ -18,10 +18,7 @@ Does not cover: the CLI's checks of the plan (cudask.cli.bench).
 
 from __future__ import annotations
 
-import os
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -112,39 +109,20 @@ def _all_to_all(client: Any, n: int, blocks: int) -> dict[str, Any]:
 
 def run_setting(setting: str, plan: TransferPlan) -> dict[str, Any]:
     """Start the workers with IPC on ("ipc") or off ("tcp") and measure."""
-    from distributed import Client, LocalCluster
+    from cudask.testing.processes import worker_processes
 
-    env = {**os.environ, "DASK_CUDASK__COMM__DEVICE_IPC": str(setting == "ipc")}
-    logs = [open(Path(plan.log_dir) / f"transfer-{setting}-w{i}.log", "w") if plan.log_dir  # noqa: SIM115
-            else subprocess.DEVNULL for i in range(len(plan.placement))]
-    with LocalCluster(n_workers=0, protocol="tcp", dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
-        procs = [subprocess.Popen([sys.executable, "-m", "cudask.cli", "worker",
-                                   cluster.scheduler_address, "--name", f"w{i}", "--protocol", "tcp",
-                                   "--device-memory-limit", plan.device_memory_limit],
-                                  env={**env, "CUDA_VISIBLE_DEVICES": devices},
-                                  stdout=subprocess.DEVNULL, stderr=logs[i])
-                 for i, devices in enumerate(plan.placement)]
-        try:
-            client.wait_for_workers(len(procs), timeout=180)
-            a, b = sorted(client.scheduler_info()["workers"])[:2]
-            out: dict[str, Any] = {"point_to_point": {
-                str(size): _point_to_point(client, a, b, size, plan.repeat) for size in plan.sizes}}
-            out["all_to_all"] = _all_to_all(client, plan.n, plan.blocks)
-            out["ipc"] = client.run(_ipc_stats)
-            return out
-        finally:
-            client.retire_workers()
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(60)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-            for log in logs:
-                if log is not subprocess.DEVNULL:
-                    log.close()  # type: ignore[union-attr]
+    log_dir = Path(plan.log_dir) / f"transfer-{setting}" if plan.log_dir else None
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    with worker_processes(plan.placement, env={"DASK_CUDASK__COMM__DEVICE_IPC": str(setting == "ipc")},
+                          log_dir=log_dir,
+                          args=["--device-memory-limit", plan.device_memory_limit]) as client:
+        a, b = sorted(client.scheduler_info()["workers"])[:2]
+        out: dict[str, Any] = {"point_to_point": {
+            str(size): _point_to_point(client, a, b, size, plan.repeat) for size in plan.sizes}}
+        out["all_to_all"] = _all_to_all(client, plan.n, plan.blocks)
+        out["ipc"] = client.run(_ipc_stats)
+        return out
 
 
 def run_transfer(plan: TransferPlan) -> dict[str, Any]:

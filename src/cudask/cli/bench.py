@@ -714,7 +714,7 @@ def soak(ctx: click.Context, kw: dict[str, Any]) -> None:
               help="Device limit of each worker.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
               help="JSON file to write the report to, with the machine and versions; the "
-              "workers' logs go beside it.")
+              "workers' logs go beside it (transfer-ipc/, transfer-tcp/).")
 @_command
 def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
     """Device data between workers of one host: CUDA IPC (cudask.comm.device-ipc)

@@ -1,0 +1,82 @@
+"""GPU workers of one host as separate `cudask worker` processes, joined to a
+scheduler in this process: how `cudask bench transfer` and the IPC tests put
+two workers on one GPU ("0,0") or one on each of two ("0,1")."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+
+@contextmanager
+def worker_processes(placement: Sequence[str], *, env: Mapping[str, str] | None = None,
+                     log_dir: str | Path | None = None, args: Sequence[str] = (),
+                     timeout: float = 180) -> Iterator[Any]:
+    """A distributed Client of a fresh scheduler with one `cudask worker` process
+    (`--protocol tcp`, name w0, w1, ...) per entry of `placement`, each entry its
+    CUDA_VISIBLE_DEVICES; `env` adds to the environment and `args` to the command.
+    The workers' stderr goes to `log_dir`/worker-I.log when given (else to
+    temporary files). A worker that does not join within `timeout` seconds ends
+    it in RuntimeError with what the workers wrote."""
+    from distributed import Client, LocalCluster
+
+    with ExitStack() as stack:
+        cluster = stack.enter_context(LocalCluster(n_workers=0, protocol="tcp", dashboard_address=":0"))
+        client = stack.enter_context(Client(cluster))
+        # Files, not pipes: a pipe nobody reads fills and stops a worker that logs.
+        logs = [stack.enter_context(_log_file(log_dir, i)) for i in range(len(placement))]
+        procs = [subprocess.Popen(
+            [sys.executable, "-m", "cudask.cli", "worker", cluster.scheduler_address,
+             "--name", f"w{i}", "--protocol", "tcp", *args],
+            env={**os.environ, **(env or {}), "CUDA_VISIBLE_DEVICES": devices},
+            stdout=subprocess.DEVNULL, stderr=logs[i]) for i, devices in enumerate(placement)]
+        try:
+            _wait_for_join(client, procs, logs, timeout)
+            yield client
+        finally:
+            client.retire_workers()
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                try:
+                    p.wait(60)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
+def _wait_for_join(client: Any, procs: list[subprocess.Popen], logs: list[IO[str]],
+                   timeout: float) -> None:
+    """Until every process's worker has joined; a process that ends first, or
+    `timeout` seconds passing, is a RuntimeError with what the workers wrote."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client.wait_for_workers(len(procs), timeout=2)
+            return
+        except TimeoutError:
+            pass
+        ended = [i for i, p in enumerate(procs) if p.poll() is not None]
+        if ended or time.monotonic() > deadline:
+            for p in procs:
+                p.kill()
+            what = f"worker process(es) {ended} ended" if ended else f"not joined within {timeout} s"
+            raise RuntimeError(f"cudask worker processes: {what}: "
+                               + " | ".join(_tail(log) for log in logs))
+
+
+def _log_file(log_dir: str | Path | None, i: int) -> IO[str]:
+    if log_dir is None:
+        return tempfile.TemporaryFile("w+")  # the caller's ExitStack closes it
+    return open(Path(log_dir) / f"worker-{i}.log", "w+")
+
+
+def _tail(log: Any) -> str:
+    log.seek(0)
+    return str(log.read())[-1500:]

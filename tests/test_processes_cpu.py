@@ -1,0 +1,21 @@
+"""cudask.testing.processes on a machine without a GPU: the workers end at once
+and the helper says so with their own words, without waiting out its timeout."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from cudask.testing import real_gpu_count
+from cudask.testing.processes import worker_processes
+
+
+@pytest.mark.skipif(real_gpu_count() > 0, reason="the workers would start on this machine's GPU")
+def test_workers_that_end_are_reported_at_once(tmp_path) -> None:
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"worker process\(es\) \[0, 1\] ended: .*no NVIDIA GPU found"), \
+            worker_processes(["0", "0"], log_dir=tmp_path, timeout=300):
+        pass
+    assert time.monotonic() - start < 120
+    assert "no NVIDIA GPU found" in (tmp_path / "worker-1.log").read_text()
