@@ -404,6 +404,8 @@ def test_soak_bad_input(args: list[str], named: str) -> None:
     (["--n", "1000", "--blocks", "7"], "--n 1000 is not a multiple of --blocks 7"),
     (["--repeat", "-1"], "-1 is not in the range"),
     (["--device-memory-limit", "lots"], "--device-memory-limit='lots'"),
+    (["--protocols", "tcp,udp"], "'tcp,udp'; accepted: tcp, ucx"),
+    (["--dask-cuda-path", "/tmp"], "--dask-cuda-python / --dask-cuda-path need --against dask-cuda"),
 ])
 def test_transfer_bad_input(args: list[str], named: str) -> None:
     code, out = invoke("transfer", *args)
@@ -427,3 +429,46 @@ def test_transfer_placement_names_the_machine(monkeypatch: pytest.MonkeyPatch) -
         code, out = invoke("transfer", "--placement", placement)
         assert code == 2 and f"{placement!r}; accepted: two or more GPU indices below 1" in \
             one_line_error(code, out), out
+
+
+def test_transfer_against_a_missing_dask_cuda(tmp_path: Path) -> None:
+    code, out = invoke("transfer", "--against", "dask-cuda", "--dask-cuda-path", str(tmp_path / "nope"))
+    assert "--dask-cuda-path=" in one_line_error(code, out) and "is not a directory" in out
+
+
+def test_transfer_settings_and_dask_cuda_workers(tmp_path: Path) -> None:
+    """Which settings run, and how dask-cuda's workers are started: its CLI module
+    with dask-cuda's directory (and, for another interpreter, cudask alone) on
+    PYTHONPATH."""
+    import sys
+
+    from cudask.bench.transfer import Setting, settings, worker_launch
+
+    dc = Setting("dask-cuda", "dask-cuda", "tcp", pythonpath=(str(tmp_path),))
+    names = [s.name for s in settings(("tcp", "ucx"), dc)]
+    assert names == ["cudask-ipc", "cudask-tcp", "cudask-ucx", "dask-cuda-tcp", "dask-cuda-ucx"]
+    assert [s.name for s in settings(("tcp",), None)] == ["cudask-ipc", "cudask-tcp"]
+    ipc, tcp = settings(("tcp",), None)
+    assert worker_launch(ipc) == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True"})
+    assert worker_launch(tcp) == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "False"})
+    command, env = worker_launch(settings(("tcp",), dc)[-1])
+    assert command == [sys.executable, "-m", "dask_cuda.cli"]
+    assert env["PYTHONPATH"].split(":")[0] == str(tmp_path)
+    other = Setting("dask-cuda-tcp", "dask-cuda", "tcp", python="/usr/bin/python3")
+    command, env = worker_launch(other)
+    assert command[0] == "/usr/bin/python3"
+    shim = env["PYTHONPATH"].split(":")[0]
+    assert (Path(shim) / "cudask").is_symlink()
+
+
+def test_transfer_summary_compares_the_first_setting() -> None:
+    from cudask.bench.transfer import summary
+
+    def result(bw: float, seconds: float) -> dict:
+        p2p = {"cold": {"GBps": bw / 2, "task_s": 0.1}, "warm_median_GBps": bw}
+        return {"point_to_point": {str(64 << 20): p2p, str(2 << 30): p2p},
+                "all_to_all": {"bytes": 3.2e9, "seconds": seconds, "GBps": 3.2 / seconds, "sum_ok": True}}
+
+    lines = summary({"settings": {"cudask-ipc": result(500.0, 0.1), "dask-cuda-ucx": result(100.0, 0.5)}})
+    assert lines[-1] == ("cudask-ipc against dask-cuda-ucx: 5.0x the warm bandwidth at 2048 MiB, "
+                         "all-to-all 5.0x faster")

@@ -164,18 +164,22 @@ def test_against_dask_cuda_tiny(tmp_path: Path) -> None:
 
 
 def test_transfer_tiny(tmp_path: Path) -> None:
-    """Two workers (on GPU 0, or one per GPU): IPC moves the arrays in the "ipc"
-    setting and nothing in the "tcp" one; every value and the rechunk check out."""
+    """Two workers (on GPU 0, or one per GPU): IPC moves the arrays in the
+    cudask-ipc setting and nothing in cudask-tcp; every value and the rechunk
+    check out; with dask-cuda in this environment, its workers too."""
     out = tmp_path / "transfer.json"
+    against = ["--against", "dask-cuda"] if HAS_DASK_CUDA else []
     result = CliRunner().invoke(bench, ["transfer", "--sizes", "8MiB", "--repeat", "1", "--n", "2048",
-                                        "--blocks", "4", "--output", str(out)], prog_name="cudask bench")
+                                        "--blocks", "4", *against, "--output", str(out)],
+                                prog_name="cudask bench")
     assert result.exit_code == 0, result.output
-    report = json.loads(out.read_text())["report"]
-    for setting in ("ipc", "tcp"):
-        r = report[setting]
+    report = json.loads(out.read_text())["report"]["settings"]
+    assert list(report) == ["cudask-ipc", "cudask-tcp"] + (["dask-cuda-tcp"] if HAS_DASK_CUDA else [])
+    for setting, r in report.items():
         assert r["all_to_all"]["sum_ok"], r["all_to_all"]
         cold = r["point_to_point"][str(8 << 20)]["cold"]
         assert cold["bytes"] >= 8 << 20, cold
         received = sum(w["received"] for w in r["ipc"].values())
-        assert (received >= 2) if setting == "ipc" else (received == 0), r["ipc"]
-    assert (tmp_path / "transfer-ipc" / "worker-0.log").exists()
+        assert (received >= 2) if setting == "cudask-ipc" else (received == 0), (setting, r["ipc"])
+    assert (tmp_path / "transfer-cudask-ipc" / "worker-0.log").exists()
+    assert "against" in result.output.splitlines()[-1]

@@ -174,7 +174,8 @@ def ver(mod):
         except Exception:
             pass
     return None
-mods = ["dask_cuda", "dask", "distributed", "cupy", "numpy", "rmm", "numba", "pynvml", "zict"]
+mods = ["dask_cuda", "dask", "distributed", "cupy", "numpy", "rmm", "numba", "pynvml", "zict",
+        "distributed_ucxx"]
 found = {m: iu.find_spec(m) is not None for m in mods}
 proxy = None
 spec = iu.find_spec("dask_cuda")

@@ -1,10 +1,11 @@
 """`cudask bench transfer`: device data between workers of one host, CUDA IPC
 (cudask.comm.ipc) against TCP through host memory, in fresh clusters.
 
-Covers: per setting ("ipc": `cudask.comm.device-ipc` on; "tcp": off), a fresh
-scheduler in this process and one `cudask worker` process per placement entry
-(its CUDA_VISIBLE_DEVICES: "0,0" puts two workers on GPU 0, "0,1" one on each
-of two GPUs), then
+Covers: per setting (`settings`: cudask over TCP with `cudask.comm.device-ipc`
+on and off, cudask over UCX, and dask-cuda's workers over TCP and UCX when
+asked), a fresh scheduler in this process and one worker process per placement
+entry (its CUDA_VISIBLE_DEVICES: "0,0" puts two workers on GPU 0, "0,1" one on
+each of two GPUs), then
 - point to point: an array made on worker A is used by a task on worker B.
   The first transfer of each size is the cold figure, the median of the
   repeats the warm one; bandwidth is what distributed's transfer log on B
@@ -19,12 +20,40 @@ Does not cover: the CLI's checks of the plan (cudask.cli.bench).
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-SETTINGS = ("ipc", "tcp")
+PROTOCOLS = ("tcp", "ucx")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One way to run the workers."""
+
+    name: str  # "cudask-ipc", "cudask-tcp", "cudask-ucx", "dask-cuda-tcp", "dask-cuda-ucx"
+    backend: str  # "cudask" or "dask-cuda"
+    protocol: str
+    device_ipc: bool = False  # cudask.comm.device-ipc (cudask over TCP)
+    python: str | None = None  # dask-cuda's interpreter (None: this one)
+    pythonpath: tuple[str, ...] = ()  # where dask-cuda is, when not installed there
+
+
+def settings(protocols: tuple[str, ...], dask_cuda: Setting | None) -> tuple[Setting, ...]:
+    """cudask over TCP with IPC on and off, then cudask over UCX, and dask-cuda
+    (`dask_cuda` carries its interpreter and path) over each protocol."""
+    out = []
+    if "tcp" in protocols:
+        out += [Setting("cudask-ipc", "cudask", "tcp", device_ipc=True),
+                Setting("cudask-tcp", "cudask", "tcp")]
+    if "ucx" in protocols:
+        out.append(Setting("cudask-ucx", "cudask", "ucx"))
+    if dask_cuda is not None:
+        out += [Setting(f"dask-cuda-{p}", "dask-cuda", p, python=dask_cuda.python,
+                        pythonpath=dask_cuda.pythonpath) for p in protocols]
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -35,7 +64,21 @@ class TransferPlan:
     n: int
     blocks: int
     device_memory_limit: str
+    settings: tuple[Setting, ...]
     log_dir: str | None = None
+
+
+def worker_launch(setting: Setting) -> tuple[list[str] | None, dict[str, str]]:
+    """The worker command (None: `cudask worker`) and the environment it adds."""
+    if setting.backend == "cudask":
+        return None, {"DASK_CUDASK__COMM__DEVICE_IPC": str(setting.device_ipc)}
+    from cudask.bench.harness import Target, make_shim
+
+    target = Target(setting.python or sys.executable, setting.pythonpath)
+    # The measuring functions live in cudask.bench.transfer: another interpreter
+    # gets cudask (alone) on its path.
+    env = target.env(make_shim() if target.foreign else None)
+    return [target.python, "-m", "dask_cuda.cli"], {"PYTHONPATH": env.get("PYTHONPATH", "")}
 
 
 def _fill(nbytes: int, value: float) -> Any:
@@ -107,15 +150,16 @@ def _all_to_all(client: Any, n: int, blocks: int) -> dict[str, Any]:
             "GBps": n * n * 8 / seconds / 1e9, "sum_ok": abs(total - expected) <= 1e-9 * expected}
 
 
-def run_setting(setting: str, plan: TransferPlan) -> dict[str, Any]:
-    """Start the workers with IPC on ("ipc") or off ("tcp") and measure."""
+def run_setting(setting: Setting, plan: TransferPlan) -> dict[str, Any]:
+    """Start the setting's workers and measure."""
     from cudask.testing.processes import worker_processes
 
-    log_dir = Path(plan.log_dir) / f"transfer-{setting}" if plan.log_dir else None
+    log_dir = Path(plan.log_dir) / f"transfer-{setting.name}" if plan.log_dir else None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-    with worker_processes(plan.placement, env={"DASK_CUDASK__COMM__DEVICE_IPC": str(setting == "ipc")},
-                          log_dir=log_dir,
+    command, env = worker_launch(setting)
+    with worker_processes(plan.placement, env=env, log_dir=log_dir, command=command,
+                          protocol=setting.protocol,
                           args=["--device-memory-limit", plan.device_memory_limit]) as client:
         a, b = sorted(client.scheduler_info()["workers"])[:2]
         out: dict[str, Any] = {"point_to_point": {
@@ -126,18 +170,33 @@ def run_setting(setting: str, plan: TransferPlan) -> dict[str, Any]:
 
 
 def run_transfer(plan: TransferPlan) -> dict[str, Any]:
-    return {"plan": asdict(plan), **{s: run_setting(s, plan) for s in SETTINGS}}
+    """Every setting in turn: {"plan": ..., "settings": {name: results}}."""
+    return {"plan": asdict(plan), "settings": {s.name: run_setting(s, plan) for s in plan.settings}}
 
 
 def summary(report: dict[str, Any]) -> list[str]:
+    """A line per size and setting, the all-to-all per setting, and the first
+    setting's warm bandwidth and all-to-all time against each other's."""
     lines = []
-    for setting in SETTINGS:
-        r = report[setting]
+    results = report["settings"]
+    for name, r in results.items():
         for size, p in r["point_to_point"].items():
             cold = p["cold"]
-            lines.append(f"{setting:4} {int(size) / 2**20:7.0f} MiB  cold {cold['GBps'] or 0:7.1f} GB/s "
+            lines.append(f"{name:14} {int(size) / 2**20:7.0f} MiB  cold {cold['GBps'] or 0:7.1f} GB/s "
                          f"({cold['task_s']:.3f} s task)  warm {p['warm_median_GBps'] or 0:7.1f} GB/s")
         a2a = r["all_to_all"]
-        lines.append(f"{setting:4} all-to-all {a2a['bytes'] / 1e9:.1f} GB: {a2a['seconds']:.2f} s "
+        lines.append(f"{name:14} all-to-all {a2a['bytes'] / 1e9:.1f} GB: {a2a['seconds']:.2f} s "
                      f"({a2a['GBps']:.1f} GB/s), sum ok: {a2a['sum_ok']}")
+    names = list(results)
+    if len(names) > 1:
+        first = results[names[0]]
+        largest = max(first["point_to_point"], key=int)
+        for other in names[1:]:
+            theirs = results[other]
+            mine_bw = first["point_to_point"][largest]["warm_median_GBps"]
+            their_bw = theirs["point_to_point"][largest]["warm_median_GBps"]
+            ratio = f"{mine_bw / their_bw:.1f}x" if mine_bw and their_bw else "n/a"
+            a2a = theirs["all_to_all"]["seconds"] / first["all_to_all"]["seconds"]
+            lines.append(f"{names[0]} against {other}: {ratio} the warm bandwidth at "
+                         f"{int(largest) / 2**20:.0f} MiB, all-to-all {a2a:.1f}x faster")
     return lines

@@ -24,7 +24,7 @@ import click
 
 from cudask.bench import environment, spec
 from cudask.cli.errors import UserErrorGroup
-from cudask.errors import CudaskError, DeviceError, NoGPUError, OptionError
+from cudask.errors import CudaskError, DeviceError, MissingDependencyError, NoGPUError, OptionError
 from cudask.sizes import parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -712,14 +712,25 @@ def soak(ctx: click.Context, kw: dict[str, Any]) -> None:
               help="Row blocks rechunked into as many column blocks.")
 @click.option("--device-memory-limit", default="30GB", show_default=True,
               help="Device limit of each worker.")
+@click.option("--protocols", default="tcp", show_default=True,
+              help="Comma-separated: tcp (cudask with CUDA IPC on and off), ucx (cudask over "
+              "UCX; needs distributed-ucxx). dask-cuda runs over each with --against.")
+@click.option("--against", type=click.Choice(["dask-cuda"]), default=None,
+              help="Also run dask-cuda's workers (`python -m dask_cuda.cli`) in the same run.")
+@click.option("--dask-cuda-python", default=None,
+              help="Python interpreter where dask-cuda is installed (default: this one).")
+@click.option("--dask-cuda-path", default=None,
+              help="Directory where dask-cuda is installed (pip install --target), put on "
+              "PYTHONPATH.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
               help="JSON file to write the report to, with the machine and versions; the "
-              "workers' logs go beside it (transfer-ipc/, transfer-tcp/).")
+              "workers' logs go beside it (transfer-SETTING/).")
 @_command
 def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
-    """Device data between workers of one host: CUDA IPC (cudask.comm.device-ipc)
-    against TCP through host memory, point to point and all-to-all, each setting
-    in a fresh cluster of `cudask worker` processes."""
+    """Device data between workers of one host: cudask with CUDA IPC
+    (cudask.comm.device-ipc) against TCP through host memory, cudask over UCX and
+    dask-cuda over TCP and UCX when asked; point to point and all-to-all, each
+    setting in a fresh cluster of worker processes."""
     import os
 
     from dask.utils import parse_bytes
@@ -737,6 +748,10 @@ def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
             raise click.BadParameter(f"{text!r}; accepted: sizes of at least 8 bytes such as "
                                      "'512MiB', comma-separated", param_hint="--sizes")
         sizes.append(size)
+    protocols = tuple(p.strip() for p in str(kw["protocols"]).split(",") if p.strip())
+    if not protocols or any(p not in transfer_run.PROTOCOLS for p in protocols):
+        raise click.BadParameter(f"{kw['protocols']!r}; accepted: {', '.join(transfer_run.PROTOCOLS)}, "
+                                 "comma-separated, e.g. 'tcp,ucx'", param_hint="--protocols")
     if kw["side"] % kw["blocks"]:
         raise click.BadParameter(f"--n {kw['side']} is not a multiple of --blocks {kw['blocks']}",
                                  param_hint="--n")
@@ -744,6 +759,21 @@ def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
         _size(kw["device_memory_limit"], "--device-memory-limit")
     except OptionError as exc:
         raise click.UsageError(str(exc)) from None
+    if "ucx" in protocols and not environment.has_module("distributed_ucxx"):
+        raise MissingDependencyError("distributed_ucxx", "--protocols ucx",
+                                     "pip install 'cudask[ucx]'  (distributed-ucxx-cu13)")
+    dask_cuda = None
+    if kw["against"] == "dask-cuda":
+        target = harness.resolve_dask_cuda(kw["dask_cuda_python"], kw["dask_cuda_path"],
+                                           jit_unspill=False, array_module="cupy")
+        found = (target.probe or {}).get("found", {})
+        if "ucx" in protocols and not found.get("distributed_ucxx"):
+            raise MissingDependencyError("distributed_ucxx", "--protocols ucx against dask-cuda",
+                                         "install distributed-ucxx-cu13 where dask-cuda is")
+        dask_cuda = transfer_run.Setting("dask-cuda", "dask-cuda", "tcp", python=target.python,
+                                         pythonpath=target.pythonpath)
+    elif kw["dask_cuda_python"] or kw["dask_cuda_path"]:
+        raise click.UsageError("--dask-cuda-python / --dask-cuda-path need --against dask-cuda")
     gpus = environment.gpus()
     if not gpus.get("available"):
         raise NoGPUError(f"cudask bench transfer needs an NVIDIA GPU and NVML finds none "
@@ -760,7 +790,8 @@ def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
     log_dir = os.path.dirname(os.path.abspath(kw["output"])) if kw["output"] else None
     plan = transfer_run.TransferPlan(
         placement=tuple(entries), sizes=tuple(sizes), repeat=kw["repeat"], n=kw["side"],
-        blocks=kw["blocks"], device_memory_limit=kw["device_memory_limit"], log_dir=log_dir)
+        blocks=kw["blocks"], device_memory_limit=kw["device_memory_limit"],
+        settings=transfer_run.settings(protocols, dask_cuda), log_dir=log_dir)
     report = transfer_run.run_transfer(plan)
     document = {"workload": "transfer", "report": report, "machine": environment.machine(),
                 "versions": environment.versions()}

@@ -1,6 +1,7 @@
-"""GPU workers of one host as separate `cudask worker` processes, joined to a
-scheduler in this process: how `cudask bench transfer` and the IPC tests put
-two workers on one GPU ("0,0") or one on each of two ("0,1")."""
+"""GPU workers of one host as separate worker processes (`cudask worker`, or
+any command such as dask-cuda's), joined to a scheduler in this process: how
+`cudask bench transfer` and the IPC tests put two workers on one GPU ("0,0")
+or one on each of two ("0,1")."""
 
 from __future__ import annotations
 
@@ -18,23 +19,26 @@ from typing import IO, Any
 @contextmanager
 def worker_processes(placement: Sequence[str], *, env: Mapping[str, str] | None = None,
                      log_dir: str | Path | None = None, args: Sequence[str] = (),
+                     command: Sequence[str] | None = None, protocol: str = "tcp",
                      timeout: float = 180) -> Iterator[Any]:
-    """A distributed Client of a fresh scheduler with one `cudask worker` process
-    (`--protocol tcp`, name w0, w1, ...) per entry of `placement`, each entry its
-    CUDA_VISIBLE_DEVICES; `env` adds to the environment and `args` to the command.
+    """A distributed Client of a fresh scheduler (listening on `protocol`) with one
+    worker process per entry of `placement`, each entry its CUDA_VISIBLE_DEVICES:
+    `command` + [scheduler address, --name wI, --protocol PROTOCOL] + `args`
+    (default command: this interpreter's `-m cudask.cli worker`). `env` adds to
+    the environment.
     The workers' stderr goes to `log_dir`/worker-I.log when given (else to
     temporary files). A worker that does not join within `timeout` seconds ends
     it in RuntimeError with what the workers wrote."""
     from distributed import Client, LocalCluster
 
     with ExitStack() as stack:
-        cluster = stack.enter_context(LocalCluster(n_workers=0, protocol="tcp", dashboard_address=":0"))
+        cluster = stack.enter_context(LocalCluster(n_workers=0, protocol=protocol, dashboard_address=":0"))
         client = stack.enter_context(Client(cluster))
         # Files, not pipes: a pipe nobody reads fills and stops a worker that logs.
         logs = [stack.enter_context(_log_file(log_dir, i)) for i in range(len(placement))]
+        prefix = list(command or [sys.executable, "-m", "cudask.cli", "worker"])
         procs = [subprocess.Popen(
-            [sys.executable, "-m", "cudask.cli", "worker", cluster.scheduler_address,
-             "--name", f"w{i}", "--protocol", "tcp", *args],
+            [*prefix, cluster.scheduler_address, "--name", f"w{i}", "--protocol", protocol, *args],
             env={**os.environ, **(env or {}), "CUDA_VISIBLE_DEVICES": devices},
             stdout=subprocess.DEVNULL, stderr=logs[i]) for i, devices in enumerate(placement)]
         try:
