@@ -25,6 +25,7 @@ whose own cuda_ipc transport does the same) and the per-worker setup
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import os
@@ -125,8 +126,9 @@ class _State:
 _state = _State()
 
 
+@functools.cache
 def node_identity() -> str:
-    """This machine's boot: equal for every process of one running host."""
+    """This machine's boot: equal for every process of one running host (read once)."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()
