@@ -6,7 +6,6 @@ tests/comm/test_ipc_gpu.py."""
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import sys
 import types
@@ -17,54 +16,13 @@ import pytest
 from distributed.protocol.serialize import deserialize, serialize, to_serialize
 
 from cudask.comm import ipc
+from cudask.testing.fake_cuda import FakeDeviceArray, FakeIPCBackend
+
+FAKE_CUPY = types.SimpleNamespace(ndarray=FakeDeviceArray)  # what the family takes for CuPy
 
 
-class FakeArray:
-    """A 'device' array: NumPy memory with CuPy's attributes that the family reads."""
-
-    def __init__(self, host: np.ndarray) -> None:
-        self.host = host
-        self.shape, self.dtype, self.nbytes, self.flags = host.shape, host.dtype, host.nbytes, host.flags
-        self.data = types.SimpleNamespace(ptr=host.ctypes.data)
-
-    def __getitem__(self, index: Any) -> FakeArray:
-        return FakeArray(self.host[index])
-
-    def __reduce__(self) -> Any:  # what distributed's pickle falls back to
-        return FakeArray, (self.host,)
-
-
-class FakeBackend:
-    """Allocations are NumPy buffers named by a handle; open gives their address."""
-
-    def __init__(self) -> None:
-        self.allocations: dict[bytes, np.ndarray] = {}
-        self.opened: list[bytes] = []
-        self.closed: list[int] = []
-
-    def allocate(self, host: np.ndarray) -> FakeArray:
-        self.allocations[f"h{len(self.allocations)}".encode()] = host
-        return FakeArray(host)
-
-    def export(self, ptr: int) -> tuple[bytes, int]:
-        for handle, host in self.allocations.items():
-            base = host.ctypes.data
-            if base <= ptr < base + host.nbytes:
-                return handle, ptr - base
-        raise RuntimeError("cudaErrorInvalidValue: not exportable")
-
-    def open(self, handle: bytes) -> int:
-        self.opened.append(handle)
-        return int(self.allocations[handle].ctypes.data)
-
-    def close(self, base: int) -> None:
-        self.closed.append(base)
-
-    def empty(self, shape: tuple[int, ...], dtype: str, order: str) -> FakeArray:
-        return FakeArray(np.empty(shape, dtype=dtype, order=order))
-
-    def copy(self, dst: int, src: int, nbytes: int) -> None:
-        ctypes.memmove(dst, src, nbytes)
+def host(x: FakeDeviceArray) -> np.ndarray:
+    return x._array
 
 
 LOCAL = {"recipient": {"address": "tcp://127.0.0.1:40000"}}
@@ -72,10 +30,10 @@ REMOTE = {"recipient": {"address": "tcp://192.0.2.7:40000"}}  # TEST-NET: never 
 
 
 @pytest.fixture
-def backend(monkeypatch: pytest.MonkeyPatch) -> FakeBackend:
-    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(ndarray=FakeArray))
+def backend(monkeypatch: pytest.MonkeyPatch) -> FakeIPCBackend:
+    monkeypatch.setitem(sys.modules, "cupy", FAKE_CUPY)
     monkeypatch.setattr(ipc, "_state", ipc._State())
-    fake = FakeBackend()
+    fake = FakeIPCBackend()
     ipc.enable(fake, min_size=1024)
     return fake
 
@@ -85,23 +43,25 @@ def _roundtrip(x: Any, context: dict[str, Any]) -> tuple[str, Any]:
     return header["serializer"], deserialize(header, frames, deserializers=list(ipc.SERIALIZERS))
 
 
-def test_a_local_contiguous_array_goes_by_handle_and_arrives_identical(backend: FakeBackend) -> None:
+def test_a_local_contiguous_array_goes_by_handle_and_arrives_identical(backend: FakeIPCBackend) -> None:
     pool = np.arange(4096, dtype="f8")  # one allocation holding two arrays, as a memory pool does
     a = backend.allocate(pool)[1024:2048]
-    f = FakeArray(np.asfortranarray(np.arange(600, dtype="i4").reshape(20, 30)))
-    backend.allocations[b"f"] = f.host
+    f = FakeDeviceArray(np.asfortranarray(np.arange(600, dtype="i4").reshape(20, 30)))
+    backend.allocations[b"f"] = host(f)
     name, out = _roundtrip(a, LOCAL)
-    assert name == "cudask-ipc" and isinstance(out, FakeArray)
-    assert out.host.tobytes() == pool[1024:2048].tobytes() and out.host.ctypes.data != a.host.ctypes.data
+    assert name == "cudask-ipc" and isinstance(out, FakeDeviceArray)
+    assert host(out).tobytes() == pool[1024:2048].tobytes()
+    assert host(out).ctypes.data != host(a).ctypes.data
     _, out_f = _roundtrip(f, LOCAL)
-    assert out_f.host.flags.f_contiguous and np.array_equal(out_f.host, f.host)
+    assert host(out_f).flags.f_contiguous and np.array_equal(host(out_f), host(f))
+    assert backend.readied == 2  # the sender's queued work is waited for before each handle
     assert backend.opened == [b"h0", b"f"] and len(backend.closed) == 2  # mapped, then unmapped
     stats = ipc.stats()
     assert stats["sent"] == stats["received"] == 2
     assert stats["sent-bytes"] == stats["received-bytes"] == 1024 * 8 + 600 * 4
 
 
-def test_everything_else_falls_through_to_distributeds_serializers(backend: FakeBackend,
+def test_everything_else_falls_through_to_distributeds_serializers(backend: FakeIPCBackend,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     big = backend.allocate(np.ones((64, 64), dtype="f8"))
     small = backend.allocate(np.ones(8, dtype="f8"))
@@ -111,11 +71,11 @@ def test_everything_else_falls_through_to_distributeds_serializers(backend: Fake
                        (small, LOCAL), (strided, LOCAL), (host, LOCAL)):
         header, _ = serialize(x, serializers=list(ipc.SERIALIZERS), context=context)
         assert header["serializer"] != "cudask-ipc", (x, context)
-    unexported = FakeArray(np.ones(4096))  # memory the backend cannot export (e.g. cudaMallocAsync)
+    unexported = FakeDeviceArray(np.ones(4096))  # memory the backend cannot export (e.g. cudaMallocAsync)
     with caplog.at_level(logging.INFO, logger="cudask.comm"):
         for _ in range(3):
             header, _ = serialize(unexported, serializers=list(ipc.SERIALIZERS), context=LOCAL)
-            assert header["serializer"] == "pickle"
+            assert header["serializer"] != "cudask-ipc"
     assert [r.getMessage() for r in caplog.records].count(
         "cudask: device data sent through host memory: its memory cannot be exported for IPC "
         "(cudaErrorInvalidValue: not exportable) (logged once)") == 1
@@ -125,22 +85,22 @@ def test_everything_else_falls_through_to_distributeds_serializers(backend: Fake
     assert header["serializer"] != "cudask-ipc"
 
 
-def test_arrays_of_one_allocation_share_one_mapping(backend: FakeBackend) -> None:
+def test_arrays_of_one_allocation_share_one_mapping(backend: FakeIPCBackend) -> None:
     pool = np.arange(8192, dtype="u1")
     parts = [backend.allocate(pool)[i * 2048:(i + 1) * 2048] for i in range(1)]
-    parts += [FakeArray(pool[i * 2048:(i + 1) * 2048]) for i in range(1, 4)]
+    parts += [FakeDeviceArray(pool[i * 2048:(i + 1) * 2048]) for i in range(1, 4)]
     # As get_data sends a task's value: to_serialize, so collections are walked.
     header, frames = serialize(to_serialize(tuple(parts)), serializers=list(ipc.SERIALIZERS),
                                context=LOCAL)
     out = deserialize(header, frames, deserializers=list(ipc.SERIALIZERS))
-    assert b"".join(o.host.tobytes() for o in out) == pool.tobytes()
+    assert b"".join(host(o).tobytes() for o in out) == pool.tobytes()
     assert backend.opened == [b"h0"] * 4 and ipc.stats()["received"] == 4
     with ipc._mapping(backend, b"h0") as base, ipc._mapping(backend, b"h0") as again:
         assert base == again == pool.ctypes.data and backend.opened.count(b"h0") == 5
     assert ipc._state.mapped == {} and len(backend.closed) == 5
 
 
-def test_a_handle_from_another_host_is_a_clear_error(backend: FakeBackend) -> None:
+def test_a_handle_from_another_host_is_a_clear_error(backend: FakeIPCBackend) -> None:
     header, frames = serialize(backend.allocate(np.ones(4096)), serializers=list(ipc.SERIALIZERS),
                                context=LOCAL)
     header["node"] = "another-boot-id"
@@ -149,7 +109,7 @@ def test_a_handle_from_another_host_is_a_clear_error(backend: FakeBackend) -> No
     assert backend.opened == []
 
 
-def test_a_failed_copy_leaves_no_mapping(backend: FakeBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_copy_leaves_no_mapping(backend: FakeIPCBackend, monkeypatch: pytest.MonkeyPatch) -> None:
     header, frames = serialize(backend.allocate(np.ones(4096)), serializers=list(ipc.SERIALIZERS),
                                context=LOCAL)
 
@@ -173,15 +133,15 @@ def test_same_host_reads_the_peer_address(monkeypatch: pytest.MonkeyPatch) -> No
     assert not ipc.same_host({"recipient": {}}) and not ipc.same_host(None)
 
 
-def _make(n: int) -> FakeArray:
+def _make(n: int) -> FakeDeviceArray:
     return _BACKEND.allocate(np.arange(n, dtype="f8"))
 
 
-def _total(x: FakeArray) -> tuple[float, int]:
-    return float(x.host.sum()), int(x.host.ctypes.data)
+def _total(x: FakeDeviceArray) -> tuple[float, int]:
+    return float(host(x).sum()), int(host(x).ctypes.data)
 
 
-_BACKEND = FakeBackend()
+_BACKEND = FakeIPCBackend()
 
 
 def test_worker_to_worker_over_tcp(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -190,7 +150,7 @@ def test_worker_to_worker_over_tcp(monkeypatch: pytest.MonkeyPatch) -> None:
     "OK", and the receiver computes on its own copy."""
     from distributed import Client, LocalCluster
 
-    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(ndarray=FakeArray))
+    monkeypatch.setitem(sys.modules, "cupy", FAKE_CUPY)
     monkeypatch.setattr(ipc, "_state", ipc._State())
     ipc.enable(_BACKEND, min_size=1024)
     with LocalCluster(n_workers=2, processes=False, protocol="tcp", dashboard_address=":0",
@@ -220,7 +180,7 @@ def test_rechunk_method_is_tasks_unless_the_user_chose(caplog: pytest.LogCapture
         assert dask.config.get("array.rechunk.method") == "p2p"
 
 
-def test_a_mapping_refused_names_the_switch(backend: FakeBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_mapping_refused_names_the_switch(backend: FakeIPCBackend, monkeypatch: pytest.MonkeyPatch) -> None:
     header, frames = serialize(backend.allocate(np.ones(4096)), serializers=list(ipc.SERIALIZERS),
                                context=LOCAL)
 

@@ -303,3 +303,39 @@ def test_importing_creates_no_cuda_dependency() -> None:
             "assert 'cupy' not in sys.modules and 'rmm' not in sys.modules; "
             "assert 'dask.dataframe' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_device_proxy_goes_by_ipc_handle_and_arrives_whole(make_proxy_store: Any,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """JIT-unspill: a proxy whose object is on the device, sent to a worker of the
+    same host, goes by CUDA IPC handle (cudask.comm.ipc), and the receiver copies
+    the object before answering (the mapping is the sender's only until then);
+    a spilled proxy still sends its host copy."""
+    import sys
+    import types
+
+    from cudask.comm import ipc
+    from cudask.testing.fake_cuda import FakeDeviceArray, FakeIPCBackend
+
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(ndarray=FakeDeviceArray))
+    monkeypatch.setattr(ipc, "_state", ipc._State())
+    fake = FakeIPCBackend()
+    ipc.enable(fake, min_size=1024)
+    local = {"recipient": {"address": "tcp://127.0.0.1:40000"}}
+    # (no spill on demand: it would hook the stand-in CuPy's allocator)
+    store = make_proxy_store(device_memory_limit=100_000, spill_on_demand=False)
+    store["a"] = fake.allocate(np.arange(4096, dtype="u1"))
+    header, frames = serialize(store["a"], serializers=list(ipc.SERIALIZERS), context=local)
+    assert header["serializer"] == "dask" and header["sub-header"]["device-frames"]
+    assert store.where("a") == "device"
+    received = deserialize(header, frames, deserializers=list(ipc.SERIALIZERS))
+    assert fake.opened == [b"h0"] and len(fake.closed) == 1 and ipc._state.mapped == {}
+    del store["a"]  # the sender lets go: the receiver already has its own copy
+    value = unproxy(received)
+    assert type(value) is FakeDeviceArray and (value.get() == np.arange(4096, dtype="u1")).all()
+    # spilled: the host copy, not a handle
+    store["b"] = fake.allocate(np.ones(60_000, dtype="u1"))
+    store["c"] = fake.allocate(np.ones(60_000, dtype="u1"))
+    assert store.where("b") == "host"
+    header, _ = serialize(store["b"], serializers=list(ipc.SERIALIZERS), context=local)
+    assert header["sub-header"]["form"] == "hostcopy" and ipc.stats()["sent"] == 1

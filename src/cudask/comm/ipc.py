@@ -50,6 +50,11 @@ SERIALIZERS = (FAMILY, "dask", "pickle", "error")
 class Backend(Protocol):
     """The CUDA calls the family needs (CudaBackend; tests give a fake one)."""
 
+    def ready(self) -> None:
+        """Wait for work queued on this process's default stream (the kernels that
+        wrote what is about to be sent: another process's copy is not ordered
+        after them)."""
+
     def export(self, ptr: int) -> tuple[bytes, int]:
         """The IPC handle of the allocation holding `ptr`, and `ptr`'s offset in it."""
 
@@ -77,6 +82,9 @@ class CudaBackend:
 
         self._cupy = cupy
         self._driver = driver
+
+    def ready(self) -> None:
+        self._cupy.cuda.runtime.streamSynchronize(0)
 
     def export(self, ptr: int) -> tuple[bytes, int]:
         # distributed may serialize in a thread of its own, where no CUDA context is
@@ -223,6 +231,33 @@ def _decline(reason: str) -> None:
     raise NotImplementedError(reason)
 
 
+def _layout(x: Any) -> tuple[tuple[int, ...], str, int, str] | None:
+    """(shape, typestr, address, order) of a C- or Fortran-contiguous array by
+    its __cuda_array_interface__; None for anything else (strided, structured)."""
+    cai = x.__cuda_array_interface__
+    shape = tuple(int(n) for n in cai["shape"])
+    typestr = str(cai["typestr"])
+    if len(cai.get("descr") or [("", typestr)]) > 1 or typestr[1] == "V":
+        return None  # structured: the type string loses the fields
+    strides = cai.get("strides")
+    itemsize = int(typestr[2:])
+    if strides is None or tuple(strides) == _strides(shape, itemsize, "C"):
+        order = "C"
+    elif tuple(strides) == _strides(shape, itemsize, "F"):
+        order = "F"
+    else:
+        return None
+    return shape, typestr, int(cai["data"][0]), order
+
+
+def _strides(shape: tuple[int, ...], itemsize: int, order: str) -> tuple[int, ...]:
+    out, step = [], itemsize
+    for n in (reversed(shape) if order == "C" else shape):
+        out.append(step)
+        step *= n
+    return tuple(reversed(out)) if order == "C" else tuple(out)
+
+
 def dumps(x: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[bytes]]:
     """A CUDA IPC handle for `x` when it may go that way; NotImplementedError
     (distributed then tries the next serializer) otherwise."""
@@ -230,33 +265,31 @@ def dumps(x: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, Any]
     array_type = _device_array_type()
     if backend is None or array_type is None or type(x) is not array_type:
         raise NotImplementedError(FAMILY)
-    if x.nbytes < _state.min_size or not same_host(context):
+    nbytes = int(x.nbytes)
+    if nbytes < _state.min_size or not same_host(context):
         raise NotImplementedError(FAMILY)
-    if x.dtype.fields is not None:
-        raise NotImplementedError(FAMILY)  # structured: the dtype string loses the fields
-    if x.flags.c_contiguous:
-        order = "C"
-    elif x.flags.f_contiguous:
-        order = "F"
-    else:
-        raise NotImplementedError(FAMILY)  # strided: distributed's serializer copies it
+    layout = _layout(x)
+    if layout is None:
+        raise NotImplementedError(FAMILY)  # distributed's serializer copies it
+    shape, typestr, ptr, order = layout
     try:
-        handle, offset = backend.export(int(x.data.ptr))
+        handle, offset = backend.export(ptr)
     except RuntimeError as exc:  # CUDA errors, e.g. stream-ordered (cudaMallocAsync) memory
         _decline(f"its memory cannot be exported for IPC ({exc})")
+    backend.ready()
     header = {
-        "shape": list(x.shape),
-        "dtype": x.dtype.str,
+        "shape": list(shape),
+        "dtype": typestr,
         "order": order,
         "handle": handle,
         "offset": offset,
-        "nbytes": int(x.nbytes),
+        "nbytes": nbytes,
         "node": _state.node,
         "pid": os.getpid(),
     }
     with _state.lock:
         _state.counts["sent"] += 1
-        _state.counts["sent-bytes"] += x.nbytes
+        _state.counts["sent-bytes"] += nbytes
     return header, []
 
 
@@ -298,7 +331,8 @@ def loads(header: dict[str, Any], frames: list[Any]) -> Any:
     start = time.perf_counter()
     out = backend.empty(tuple(header["shape"]), header["dtype"], header["order"])
     with _mapping(backend, bytes(header["handle"])) as base:
-        backend.copy(int(out.data.ptr), base + int(header["offset"]), int(header["nbytes"]))
+        dst = int(out.__cuda_array_interface__["data"][0])
+        backend.copy(dst, base + int(header["offset"]), int(header["nbytes"]))
     with _state.lock:
         _state.counts["received"] += 1
         _state.counts["received-bytes"] += header["nbytes"]

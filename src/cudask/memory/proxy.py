@@ -16,9 +16,11 @@ access, operators (arithmetic, comparison, in-place, matmul), NumPy's
 Sending a proxy between workers never unspills it on the sender: a spilled
 proxy sends its host copy as it is (`dask_serialize`, and `cuda_serialize`
 too, since a host copy needs no device memory); a proxy whose object is on the
-device sends the object through distributed's own serializers. The receiver
-gets a detached proxy in host form, which a ProxyStore adopts without touching
-the device.
+device sends the object through distributed's own serializers, after
+cudask.comm.ipc's where that is on (GPU to GPU to a worker of the same host).
+The receiver gets a detached proxy in host form, which a ProxyStore adopts
+without touching the device (or, for an object that came by IPC handle, the
+object itself, copied before the message is answered).
 
 Also registers dask's dispatch functions (dask.array: concatenate,
 tensordot, einsum, divide, take, numel, nannumel, percentile, to_numpy,
@@ -516,7 +518,8 @@ _WALK = frozenset({ProxyObject, list, tuple, dict})
 # ----------------------------------------------------------------------------------
 # distributed serialization and sizeof
 # ----------------------------------------------------------------------------------
-def _serialize(proxy: ProxyObject, device: bool) -> tuple[dict[str, Any], list[Any]]:
+def _serialize(proxy: ProxyObject, device: bool,
+               context: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[Any]]:
     cell = proxy._pxy
     form, payload = host_form(cell, "serialization")
     header: dict[str, Any] = {
@@ -536,12 +539,25 @@ def _serialize(proxy: ProxyObject, device: bool) -> tuple[dict[str, Any], list[A
         return header, list(payload.frames)
     from distributed.protocol.serialize import serialize_and_split
 
-    families = ("cuda", "dask", "pickle") if device else ("dask", "pickle")
-    sub_header, frames = serialize_and_split(payload, serializers=families, on_error="raise")
+    from cudask.comm import ipc
+
+    families: tuple[str, ...] = ("cuda", "dask", "pickle") if device else ("dask", "pickle")
+    if ipc.enabled():  # to a worker of this host: GPU to GPU (cudask.comm.ipc)
+        families = (ipc.FAMILY, *families)
+    sub_header, frames = serialize_and_split(payload, serializers=families, on_error="raise",
+                                             context=context)
     header["form"] = FRAMES
     header["sub-header"] = sub_header
-    header["device-frames"] = sub_header.get("serializer") == "cuda"
+    header["device-frames"] = bool({"cuda", ipc.FAMILY} & _serializers_in(sub_header))
     return header, frames
+
+
+def _serializers_in(header: dict[str, Any]) -> set[str]:
+    """The serialization families of a (possibly collection) header."""
+    out = {header["serializer"]} if "serializer" in header else set()
+    for sub in header.get("sub-headers", ()):
+        out |= _serializers_in(sub)
+    return out
 
 
 def _deserialize(header: dict[str, Any], frames: list[Any]) -> ProxyObject:
@@ -554,7 +570,9 @@ def _deserialize(header: dict[str, Any], frames: list[Any]) -> ProxyObject:
     else:
         payload = SerializedFrames(header["sub-header"], list(frames))
         if header.get("device-frames"):
-            # Device frames already occupy device memory: rebuild at once.
+            # Device frames already occupy device memory, and memory mapped by IPC
+            # handle is the sender's only until this message is answered: rebuild
+            # at once.
             form, payload = OBJECT, payload.deserialize()
     cell = ProxyCell(cls, int(header["nbytes"]),
                      _NO_PRIORITY if priority is None else priority[1], form, payload)
@@ -573,8 +591,9 @@ def _owned_view(buffer: memoryview, owner: Any) -> memoryview:
     return memoryview(array)  # type: ignore[arg-type]
 
 
-def _dask_serialize(proxy: ProxyObject) -> tuple[dict[str, Any], list[Any]]:
-    return _serialize(proxy, device=False)
+def _dask_serialize(proxy: ProxyObject,
+                    context: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[Any]]:
+    return _serialize(proxy, device=False, context=context)
 
 
 def _cuda_serialize(proxy: ProxyObject) -> tuple[dict[str, Any], list[Any]]:

@@ -15,6 +15,8 @@ Covers:
   ordinary memory with a configurable refusal limit, and which records what
   happened (copies, pinned allocations) for assertions.
 
+- `FakeIPCBackend`: the CUDA calls of cudask.comm.ipc within one process.
+
 Tests inject `FakeCopyBackend` into `TieredStore(backend=...)`; runtime code
 never looks for it. Does not cover: NVML/device discovery fakes
 (`cudask.testing.devices`).
@@ -363,3 +365,43 @@ __all__ = [
     "ForeignDeviceObject",
     "as_numpy",
 ]
+
+
+class FakeIPCBackend:
+    """A `cudask.comm.ipc.Backend` for one process: allocations are NumPy
+    buffers behind FakeDeviceArrays, named by a handle; `open` gives their
+    address, copies are real memmoves; it records what was opened, closed and
+    waited for."""
+
+    def __init__(self) -> None:
+        self.allocations: dict[bytes, numpy.ndarray] = {}
+        self.opened: list[bytes] = []
+        self.closed: list[int] = []
+        self.readied = 0
+
+    def allocate(self, host: numpy.ndarray) -> FakeDeviceArray:
+        self.allocations[f"h{len(self.allocations)}".encode()] = host
+        return FakeDeviceArray(host)
+
+    def ready(self) -> None:
+        self.readied += 1
+
+    def export(self, ptr: int) -> tuple[bytes, int]:
+        for handle, host in self.allocations.items():
+            base = host.ctypes.data
+            if base <= ptr < base + host.nbytes:
+                return handle, ptr - base
+        raise RuntimeError("cudaErrorInvalidValue: not exportable")
+
+    def open(self, handle: bytes) -> int:
+        self.opened.append(handle)
+        return int(self.allocations[handle].ctypes.data)
+
+    def close(self, base: int) -> None:
+        self.closed.append(base)
+
+    def empty(self, shape: tuple[int, ...], dtype: str, order: str) -> FakeDeviceArray:
+        return FakeDeviceArray(numpy.empty(shape, dtype=numpy.dtype(dtype), order="F" if order == "F" else "C"))
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        ctypes.memmove(dst, src, nbytes)
