@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
-from distributed import LocalCluster
+from distributed import Client, LocalCluster
 
 from cudask.cli.main import cli
 
@@ -21,8 +21,25 @@ def test_config_reports_each_worker():
             assert report["address"] == address and report["protocol"] == "inproc"
             assert report["nthreads"] == 1 and report["rmm"] is None
             assert report["gpu"] is None  # no cudask-cuda-context plugin on a plain worker
+            assert report["device_ipc"].startswith("off (cudask.comm.device-ipc is false")
         text = CliRunner().invoke(cli, ["config", cluster.scheduler_address]).output
         assert text.count("worker ") == 2 and "RMM              default (no pool)" in text
+        assert "device IPC       off" in text
+
+
+def test_config_says_why_device_ipc_is_off(monkeypatch):
+    """A worker whose DeviceIPC plugin stayed off: the reason, as the plugin found it."""
+    from cudask.comm import ipc
+    from cudask.worker import plugins
+
+    monkeypatch.setattr(ipc, "_state", ipc._State())
+    monkeypatch.setattr(plugins, "gpus_without_peer_access", lambda uuid: ["GPU-b"])
+    with LocalCluster(n_workers=1, processes=False, threads_per_worker=1,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        client.register_plugin(plugins.DeviceIPC("GPU-a", 1 << 20))
+        result = CliRunner().invoke(cli, ["config", cluster.scheduler_address, "--json"])
+        (report,) = json.loads(result.output).values()
+        assert report["device_ipc"] == "off: GPU-a has no peer access to GPU-b"
 
 
 def test_config_over_tls(tls_files):

@@ -1,7 +1,7 @@
 """`dask cuda config` / `cudask config`: what each GPU worker of a cluster runs with.
 
 Covers: connecting to a scheduler and printing, per worker, its GPU, CPU
-affinity, memory limits, data store, RMM set-up, protocol and plugins.
+affinity, memory limits, data store, RMM set-up, protocol, device IPC and plugins.
 Does not cover: changing anything.
 """
 
@@ -21,6 +21,7 @@ def worker_report(dask_worker: Any) -> dict[str, Any]:
     plugins = dict(dask_worker.plugins)
     ctx = plugins.get("cudask-cuda-context")
     rmm = plugins.get("cudask-rmm")
+    device_ipc = plugins.get("cudask-device-ipc")
     store = dask_worker.data
     return {
         "name": str(dask_worker.name),
@@ -35,8 +36,20 @@ def worker_report(dask_worker: Any) -> dict[str, Any]:
         "device_memory_limit": getattr(store, "device_memory_limit", None),
         "data": type(store).__module__ + "." + type(store).__qualname__,
         "rmm": rmm.describe() if rmm is not None else None,
+        "device_ipc": _device_ipc(device_ipc),
         "plugins": list(plugins),
     }
+
+
+def _device_ipc(plugin: Any) -> str:
+    """Whether this worker sends device arrays to workers of its host by CUDA IPC."""
+    from cudask.comm import ipc
+
+    if plugin is None:
+        return "off (cudask.comm.device-ipc is false, or UCX carries device data)"
+    if ipc.enabled():
+        return f"on (CuPy arrays of {plugin.min_size} bytes or more to workers of this host)"
+    return f"off: {plugin.off_because or 'turned off'}"
 
 
 def _render(reports: dict[str, dict[str, Any]]) -> str:
@@ -65,6 +78,7 @@ def _render(reports: dict[str, dict[str, Any]]) -> str:
             f"  data store       {r['data']}",
             f"  RMM              {rmm_text}",
             f"  protocol         {r['protocol']}",
+            f"  device IPC       {r.get('device_ipc', 'unknown')}",
             f"  plugins          {', '.join(r['plugins'])}",
         ]
     return "\n".join(lines) if lines else "no workers are connected"

@@ -271,6 +271,7 @@ class DeviceIPC(WorkerPlugin):
     def __init__(self, device_uuid: str, min_size: int) -> None:
         self.device_uuid = device_uuid
         self.min_size = min_size
+        self.off_because: str | None = None  # why it stayed off (`cudask config` shows it)
 
     def setup(self, worker: Any) -> None:
         if ipc.enabled():
@@ -284,6 +285,7 @@ class DeviceIPC(WorkerPlugin):
             else:
                 ipc.enable(backend, self.min_size)
                 return
+        self.off_because = reason
         logger.info("cudask: device data between this host's workers go through host memory, "
                     "not CUDA IPC: %s", reason)
 
