@@ -16,6 +16,7 @@ import pytest
 from distributed.protocol.serialize import deserialize, serialize, to_serialize
 
 from cudask.comm import ipc
+from cudask.comm.worker import Worker as IPCWorker
 from cudask.testing.fake_cuda import FakeDeviceArray, FakeIPCBackend
 
 FAKE_CUPY = types.SimpleNamespace(ndarray=FakeDeviceArray)  # what the family takes for CuPy
@@ -25,6 +26,8 @@ def host(x: FakeDeviceArray) -> np.ndarray:
     return x._array
 
 
+# What a cudask worker answering get_data serializes with (cudask.comm.worker).
+REPLY = [ipc.FAMILY, "dask", "pickle", "error"]
 LOCAL = {"recipient": {"address": "tcp://127.0.0.1:40000"}}
 REMOTE = {"recipient": {"address": "tcp://192.0.2.7:40000"}}  # TEST-NET: never this host
 
@@ -39,8 +42,8 @@ def backend(monkeypatch: pytest.MonkeyPatch) -> FakeIPCBackend:
 
 
 def _roundtrip(x: Any, context: dict[str, Any]) -> tuple[str, Any]:
-    header, frames = serialize(x, serializers=list(ipc.SERIALIZERS), context=context, on_error="raise")
-    return header["serializer"], deserialize(header, frames, deserializers=list(ipc.SERIALIZERS))
+    header, frames = serialize(x, serializers=REPLY, context=context, on_error="raise")
+    return header["serializer"], deserialize(header, frames, deserializers=REPLY)
 
 
 def test_a_local_contiguous_array_goes_by_handle_and_arrives_identical(backend: FakeIPCBackend) -> None:
@@ -69,19 +72,19 @@ def test_everything_else_falls_through_to_distributeds_serializers(backend: Fake
     host = np.ones(4096)
     for x, context in ((big, REMOTE), (big, {}), (big, {"recipient": {"address": "inproc://x/1"}}),
                        (small, LOCAL), (strided, LOCAL), (host, LOCAL)):
-        header, _ = serialize(x, serializers=list(ipc.SERIALIZERS), context=context)
+        header, _ = serialize(x, serializers=REPLY, context=context)
         assert header["serializer"] != "cudask-ipc", (x, context)
     unexported = FakeDeviceArray(np.ones(4096))  # memory the backend cannot export (e.g. cudaMallocAsync)
     with caplog.at_level(logging.INFO, logger="cudask.comm"):
         for _ in range(3):
-            header, _ = serialize(unexported, serializers=list(ipc.SERIALIZERS), context=LOCAL)
+            header, _ = serialize(unexported, serializers=REPLY, context=LOCAL)
             assert header["serializer"] != "cudask-ipc"
     assert [r.getMessage() for r in caplog.records].count(
         "cudask: device data sent through host memory: its memory cannot be exported for IPC "
         "(cudaErrorInvalidValue: not exportable) (logged once)") == 1
     assert ipc.stats()["declined"] == 3 and backend.opened == []
     ipc.disable()
-    header, _ = serialize(big, serializers=list(ipc.SERIALIZERS), context=LOCAL)
+    header, _ = serialize(big, serializers=REPLY, context=LOCAL)
     assert header["serializer"] != "cudask-ipc"
 
 
@@ -90,9 +93,9 @@ def test_arrays_of_one_allocation_share_one_mapping(backend: FakeIPCBackend) -> 
     parts = [backend.allocate(pool)[i * 2048:(i + 1) * 2048] for i in range(1)]
     parts += [FakeDeviceArray(pool[i * 2048:(i + 1) * 2048]) for i in range(1, 4)]
     # As get_data sends a task's value: to_serialize, so collections are walked.
-    header, frames = serialize(to_serialize(tuple(parts)), serializers=list(ipc.SERIALIZERS),
+    header, frames = serialize(to_serialize(tuple(parts)), serializers=REPLY,
                                context=LOCAL)
-    out = deserialize(header, frames, deserializers=list(ipc.SERIALIZERS))
+    out = deserialize(header, frames, deserializers=REPLY)
     assert b"".join(host(o).tobytes() for o in out) == pool.tobytes()
     assert backend.opened == [b"h0"] * 4 and ipc.stats()["received"] == 4
     with ipc._mapping(backend, b"h0") as base, ipc._mapping(backend, b"h0") as again:
@@ -101,16 +104,16 @@ def test_arrays_of_one_allocation_share_one_mapping(backend: FakeIPCBackend) -> 
 
 
 def test_a_handle_from_another_host_is_a_clear_error(backend: FakeIPCBackend) -> None:
-    header, frames = serialize(backend.allocate(np.ones(4096)), serializers=list(ipc.SERIALIZERS),
+    header, frames = serialize(backend.allocate(np.ones(4096)), serializers=REPLY,
                                context=LOCAL)
     header["node"] = "another-boot-id"
     with pytest.raises(RuntimeError, match="only works within one host; set cudask.comm.device-ipc: false"):
-        deserialize(header, frames, deserializers=list(ipc.SERIALIZERS))
+        deserialize(header, frames, deserializers=REPLY)
     assert backend.opened == []
 
 
 def test_a_failed_copy_leaves_no_mapping(backend: FakeIPCBackend, monkeypatch: pytest.MonkeyPatch) -> None:
-    header, frames = serialize(backend.allocate(np.ones(4096)), serializers=list(ipc.SERIALIZERS),
+    header, frames = serialize(backend.allocate(np.ones(4096)), serializers=REPLY,
                                context=LOCAL)
 
     def fail(dst: int, src: int, nbytes: int) -> None:
@@ -118,7 +121,7 @@ def test_a_failed_copy_leaves_no_mapping(backend: FakeIPCBackend, monkeypatch: p
 
     monkeypatch.setattr(backend, "copy", fail)
     with pytest.raises(RuntimeError, match="injected"):
-        deserialize(header, frames, deserializers=list(ipc.SERIALIZERS))
+        deserialize(header, frames, deserializers=REPLY)
     assert backend.opened == [b"h0"] and len(backend.closed) == 1 and ipc._state.mapped == {}
     assert ipc.stats()["received"] == 0
 
@@ -154,8 +157,8 @@ def test_worker_to_worker_over_tcp(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ipc, "_state", ipc._State())
     ipc.enable(_BACKEND, min_size=1024)
     with LocalCluster(n_workers=2, processes=False, protocol="tcp", dashboard_address=":0",
-                      threads_per_worker=1, serializers=list(ipc.SERIALIZERS),
-                      deserializers=list(ipc.SERIALIZERS)) as cluster, Client(cluster) as client:
+                      threads_per_worker=1, serializers=REPLY,
+                      deserializers=REPLY) as cluster, Client(cluster) as client:
         a, b = list(client.scheduler_info()["workers"])
         x = client.submit(_make, 100_000, workers=[a])
         total, ptr = client.submit(_total, x, workers=[b]).result(timeout=120)
@@ -181,7 +184,7 @@ def test_rechunk_method_is_tasks_unless_the_user_chose(caplog: pytest.LogCapture
 
 
 def test_a_mapping_refused_names_the_switch(backend: FakeIPCBackend, monkeypatch: pytest.MonkeyPatch) -> None:
-    header, frames = serialize(backend.allocate(np.ones(4096)), serializers=list(ipc.SERIALIZERS),
+    header, frames = serialize(backend.allocate(np.ones(4096)), serializers=REPLY,
                                context=LOCAL)
 
     def refuse(handle: bytes) -> int:
@@ -190,5 +193,38 @@ def test_a_mapping_refused_names_the_switch(backend: FakeIPCBackend, monkeypatch
     monkeypatch.setattr(backend, "open", refuse)
     with pytest.raises(RuntimeError, match=r"cannot map .*cudaErrorMapBufferObjectFailed.*"
                                            r"set cudask.comm.device-ipc: false"):
-        deserialize(header, frames, deserializers=list(ipc.SERIALIZERS))
+        deserialize(header, frames, deserializers=REPLY)
     assert ipc._state.mapped == {}
+
+
+def test_a_worker_without_cudask_answers_and_asks_as_usual() -> None:
+    """Mixed cluster: a cudask worker and a plain `dask worker` process (which has
+    never heard of the cudask-ipc family) fetch each other's data both ways; the
+    cudask worker's requests name the family last, so the plain worker answers
+    with "dask"/"pickle" and never looks it up."""
+    import subprocess
+
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, processes=False, protocol="tcp", dashboard_address=":0",
+                      threads_per_worker=1, serializers=list(ipc.SERIALIZERS),
+                      deserializers=list(ipc.SERIALIZERS), worker_class=IPCWorker) as cluster, \
+            Client(cluster) as client:
+        plain = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker",
+                                  cluster.scheduler_address, "--name", "plain", "--nthreads", "1",
+                                  "--no-nanny", "--no-dashboard"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            client.wait_for_workers(2, timeout=120)
+            workers = {v["name"]: k for k, v in client.scheduler_info()["workers"].items()}
+            cudask_worker = next(a for n, a in workers.items() if n != "plain")
+            # NumPy's own functions: the plain worker cannot import this test module
+            on_plain = client.submit(np.arange, 100_000, workers=[workers["plain"]])
+            on_cudask = client.submit(np.arange, 1000, workers=[cudask_worker])
+            assert client.submit(np.sum, on_plain, workers=[cudask_worker]).result(timeout=120) == \
+                sum(range(100_000))
+            assert client.submit(np.sum, on_cudask, workers=[workers["plain"]]).result(timeout=120) == \
+                sum(range(1000))
+        finally:
+            plain.terminate()
+            plain.wait(60)

@@ -66,13 +66,16 @@ def test_device_ipc_serializers_and_plugin(dgx, monkeypatch):
     monkeypatch.setattr(options, "_library", lambda m: True)  # distributed-ucxx "installed"
     devices = select_devices(dgx, "0", None)
     spec = nanny_options(resolve({}, "cluster"), devices, 0, n_workers=1, name=0)
-    assert spec["serializers"] == spec["deserializers"] == ["cudask-ipc", "dask", "pickle", "error"]
+    assert spec["serializers"] == spec["deserializers"] == ["dask", "pickle", "error", "cudask-ipc"]
+    from cudask.comm.worker import Worker as IPCWorker
+
+    assert spec["worker_class"] is IPCWorker
     (ipc_plugin,) = [p for p in spec["plugins"] if p.name == "cudask-device-ipc"]
     assert ipc_plugin.device_uuid == dgx.gpus[0].uuid and ipc_plugin.min_size == 1 << 20
     for opts, cfg in (({}, {"cudask.comm.device-ipc": False}), ({"protocol": "ucx"}, {})):
         with dask.config.set(cfg):
             spec = nanny_options(resolve(opts, "cluster"), devices, 0, n_workers=1, name=0)
-        assert "serializers" not in spec
+        assert "serializers" not in spec and "worker_class" not in spec
         assert not [p for p in spec["plugins"] if p.name == "cudask-device-ipc"]
     with dask.config.set({"cudask.comm.device-ipc-min-size": "64KiB"}):
         spec = nanny_options(resolve({}, "cluster"), devices, 0, n_workers=1, name=0)
@@ -272,16 +275,19 @@ def test_device_order_from_the_environment_is_kept(dgx, monkeypatch):
 
 
 def test_no_nanny_gets_the_resolved_worker_class(dgx):
+    import dask
     from distributed import Worker
 
+    from cudask.comm.worker import Worker as IPCWorker
     from cudask.testing.workers import TaggedWorker
     from cudask.worker.spec import worker_options
 
     devices = select_devices(dgx, "2", None)
-    for given, expected in (("cudask.testing.workers.TaggedWorker", TaggedWorker),
-                            (None, Worker)):
+    for given, ipc, expected in (("cudask.testing.workers.TaggedWorker", True, TaggedWorker),
+                                 (None, True, IPCWorker), (None, False, Worker)):
         o = resolve({"worker_class": given}, "worker")
-        cls, opts, env = worker_options(nanny_options(o, devices, 0, n_workers=1, name="w"))
+        with dask.config.set({"cudask.comm.device-ipc": ipc}):
+            cls, opts, env = worker_options(nanny_options(o, devices, 0, n_workers=1, name="w"))
         assert cls is expected
         assert "worker_class" not in opts and "env" not in opts
         assert env["CUDA_VISIBLE_DEVICES"] == "2"

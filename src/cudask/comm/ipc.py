@@ -1,15 +1,17 @@
 """Device arrays sent between workers of one node by CUDA IPC, not through host memory.
 
 Covers: the ``cudask-ipc`` serialization family of dask.distributed. A cudask
-worker lists it first among its serializers (`serializers()`), so when it
-answers another worker's request for data (``get_data``, P2P shards), each
-contiguous CuPy array of at least ``cudask.comm.device-ipc-min-size`` bytes
-going to a worker on the same host is sent as a CUDA IPC handle of the
-allocation holding it plus an offset (a few hundred bytes). The receiving worker
-maps that allocation, copies the bytes into memory of its own (GPU to GPU: the
-same device, or a peer over NVLink / PCIe), unmaps it, and only then answers;
-anything else (another host, small or strided arrays, host data, JIT proxies,
-memory that cannot be exported) falls through to distributed's own serializers.
+worker's requests say it accepts the family (`SERIALIZERS`), and a cudask
+worker answering another one's request for data (``get_data``, through
+cudask.comm.worker.Worker) tries it first: each contiguous CuPy array of at
+least ``cudask.comm.device-ipc-min-size`` bytes going to a worker on the same
+host is sent as a CUDA IPC handle of the allocation holding it plus an offset
+(a few hundred bytes). The receiving worker maps that allocation, copies the
+bytes into memory of its own (GPU to GPU: the same device, or a peer over
+NVLink / PCIe), unmaps it, and only then answers; anything else (another host,
+small or strided arrays, host data, memory that cannot be exported) falls
+through to distributed's own serializers. JIT-unspill proxies on the device use
+the family too (cudask.memory.proxy).
 
 Lifetimes: distributed holds what it sends until the receiver replies (the
 ``"OK"`` of ``get_data``, the response of an RPC), and the receiver replies only
@@ -43,8 +45,11 @@ from distributed.protocol.serialize import register_serialization_family
 logger = logging.getLogger("cudask.comm")
 
 FAMILY = "cudask-ipc"
-# What a cudask worker serializes with (first match wins) and accepts.
-SERIALIZERS = (FAMILY, "dask", "pickle", "error")
+# What a cudask worker's requests carry (first match wins) and what it accepts. The
+# family comes last, so a worker without cudask answering the request serializes
+# with "dask" or "pickle" and never looks up a name it does not know;
+# cudask.comm.worker.Worker moves it first when answering get_data.
+SERIALIZERS = ("dask", "pickle", "error", FAMILY)
 
 
 class Backend(Protocol):

@@ -23,6 +23,7 @@ from distributed.worker_memory import parse_memory_limit
 
 from cudask.comm import settings as comm_settings
 from cudask.comm.ipc import SERIALIZERS
+from cudask.comm.worker import Worker as IPCWorker
 from cudask.devices import Device, cuda_visible_devices
 from cudask.errors import MissingDependencyError, OptionError
 from cudask.memory.settings import store_settings
@@ -311,6 +312,8 @@ def nanny_options(
     if o.interface is not None:
         options["interface"] = o.interface
     cls = worker_class(o.worker_class) if o.worker_class is not None else None
+    if cls is None and "serializers" in options:
+        cls = IPCWorker  # answers get_data by CUDA IPC first (cudask.comm.worker)
     if cls is not None and issubclass(cls, Worker):  # a Nanny subclass: see nanny_class
         options["worker_class"] = cls
     options.update(extra or {})
