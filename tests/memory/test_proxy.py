@@ -307,10 +307,12 @@ def test_importing_creates_no_cuda_dependency() -> None:
 
 def test_a_device_proxy_goes_by_ipc_handle_and_arrives_whole(make_proxy_store: Any,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """JIT-unspill: a proxy whose object is on the device, sent to a worker of the
-    same host, goes by CUDA IPC handle (cudask.comm.ipc), and the receiver copies
-    the object before answering (the mapping is the sender's only until then);
-    a spilled proxy still sends its host copy."""
+    """JIT-unspill: a proxy whose object is on the device, asked for by a cudask
+    worker of the same host (the cudask-ipc family first, as cudask's Worker
+    answers get_data), goes by CUDA IPC handle, and the receiver copies the
+    object before answering (the mapping is the sender's only until then).
+    Asked for the usual way (the scheduler, a client, a worker without cudask)
+    it is sent as before; a spilled proxy sends its host copy."""
     import sys
     import types
 
@@ -322,13 +324,16 @@ def test_a_device_proxy_goes_by_ipc_handle_and_arrives_whole(make_proxy_store: A
     fake = FakeIPCBackend()
     ipc.enable(fake, min_size=1024)
     local = {"recipient": {"address": "tcp://127.0.0.1:40000"}}
+    reply = [ipc.FAMILY, "dask", "pickle", "error"]
     # (no spill on demand: it would hook the stand-in CuPy's allocator)
     store = make_proxy_store(device_memory_limit=100_000, spill_on_demand=False)
     store["a"] = fake.allocate(np.arange(4096, dtype="u1"))
-    header, frames = serialize(store["a"], serializers=list(ipc.SERIALIZERS), context=local)
-    assert header["serializer"] == "dask" and header["sub-header"]["device-frames"]
+    header, _ = serialize(store["a"], serializers=["dask", "pickle"], context=local)
+    assert not header["sub-header"]["device-frames"] and fake.opened == []
+    header, frames = serialize(store["a"], serializers=reply, context=local)
+    assert header["serializer"] == ipc.FAMILY and header["proxy"]["device-frames"]
     assert store.where("a") == "device"
-    received = deserialize(header, frames, deserializers=list(ipc.SERIALIZERS))
+    received = deserialize(header, frames, deserializers=reply)
     assert fake.opened == [b"h0"] and len(fake.closed) == 1 and ipc._state.mapped == {}
     del store["a"]  # the sender lets go: the receiver already has its own copy
     value = unproxy(received)
@@ -337,5 +342,6 @@ def test_a_device_proxy_goes_by_ipc_handle_and_arrives_whole(make_proxy_store: A
     store["b"] = fake.allocate(np.ones(60_000, dtype="u1"))
     store["c"] = fake.allocate(np.ones(60_000, dtype="u1"))
     assert store.where("b") == "host"
-    header, _ = serialize(store["b"], serializers=list(ipc.SERIALIZERS), context=local)
-    assert header["sub-header"]["form"] == "hostcopy" and ipc.stats()["sent"] == 1
+    header, frames = serialize(store["b"], serializers=reply, context=local)
+    assert header["proxy"]["form"] == "hostcopy" and ipc.stats()["sent"] == 1
+    assert type(deserialize(header, frames, deserializers=reply)) is ProxyObject

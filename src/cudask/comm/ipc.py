@@ -267,6 +267,12 @@ def dumps(x: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, Any]
     """A CUDA IPC handle for `x` when it may go that way; NotImplementedError
     (distributed then tries the next serializer) otherwise."""
     backend = _state.backend
+    proxy = sys.modules.get("cudask.memory.proxy")
+    if proxy is not None and backend is not None and type(x) is proxy.ProxyObject:
+        if not same_host(context):
+            raise NotImplementedError(FAMILY)
+        header, frames = proxy.ipc_serialize(x, context)  # its object, by handle if on the device
+        return {"proxy": header}, frames
     array_type = _device_array_type()
     if backend is None or array_type is None or type(x) is not array_type:
         raise NotImplementedError(FAMILY)
@@ -326,7 +332,12 @@ def _mapping(backend: Backend, handle: bytes) -> Iterator[int]:
 
 
 def loads(header: dict[str, Any], frames: list[Any]) -> Any:
-    """Copy the sender's array into a new one of this process."""
+    """Copy the sender's array into a new one of this process (or rebuild a
+    JIT-unspill proxy, whose object comes the same way)."""
+    if "proxy" in header:
+        from cudask.memory.proxy import ipc_deserialize
+
+        return ipc_deserialize(header["proxy"], frames)
     if header["node"] != node_identity():
         raise RuntimeError(
             f"cudask-ipc: device data from process {header['pid']} on another host reached this "

@@ -16,11 +16,12 @@ access, operators (arithmetic, comparison, in-place, matmul), NumPy's
 Sending a proxy between workers never unspills it on the sender: a spilled
 proxy sends its host copy as it is (`dask_serialize`, and `cuda_serialize`
 too, since a host copy needs no device memory); a proxy whose object is on the
-device sends the object through distributed's own serializers, after
-cudask.comm.ipc's where that is on (GPU to GPU to a worker of the same host).
-The receiver gets a detached proxy in host form, which a ProxyStore adopts
-without touching the device (or, for an object that came by IPC handle, the
-object itself, copied before the message is answered).
+device sends the object through distributed's own serializers, or, when a
+cudask worker of the same host asks for it (cudask.comm.ipc calls
+`ipc_serialize`), by CUDA IPC handle. The receiver gets a detached proxy in
+host form, which a ProxyStore adopts without touching the device (or, for an
+object that came by IPC handle, the object itself, copied before the message
+is answered).
 
 Also registers dask's dispatch functions (dask.array: concatenate,
 tensordot, einsum, divide, take, numel, nannumel, percentile, to_numpy,
@@ -518,8 +519,8 @@ _WALK = frozenset({ProxyObject, list, tuple, dict})
 # ----------------------------------------------------------------------------------
 # distributed serialization and sizeof
 # ----------------------------------------------------------------------------------
-def _serialize(proxy: ProxyObject, device: bool,
-               context: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[Any]]:
+def _serialize(proxy: ProxyObject, device: bool, context: dict[str, Any] | None = None,
+               ipc: bool = False) -> tuple[dict[str, Any], list[Any]]:
     cell = proxy._pxy
     form, payload = host_form(cell, "serialization")
     header: dict[str, Any] = {
@@ -539,17 +540,27 @@ def _serialize(proxy: ProxyObject, device: bool,
         return header, list(payload.frames)
     from distributed.protocol.serialize import serialize_and_split
 
-    from cudask.comm import ipc
+    from cudask.comm.ipc import FAMILY
 
     families: tuple[str, ...] = ("cuda", "dask", "pickle") if device else ("dask", "pickle")
-    if ipc.enabled():  # to a worker of this host: GPU to GPU (cudask.comm.ipc)
-        families = (ipc.FAMILY, *families)
+    if ipc:  # a cudask worker of this host asked: GPU to GPU (cudask.comm.ipc)
+        families = (FAMILY, *families)
     sub_header, frames = serialize_and_split(payload, serializers=families, on_error="raise",
                                              context=context)
     header["form"] = FRAMES
     header["sub-header"] = sub_header
-    header["device-frames"] = bool({"cuda", ipc.FAMILY} & _serializers_in(sub_header))
+    header["device-frames"] = bool({"cuda", FAMILY} & _serializers_in(sub_header))
     return header, frames
+
+
+def ipc_serialize(proxy: ProxyObject, context: dict[str, Any] | None) -> tuple[dict[str, Any], list[Any]]:
+    """A proxy for a cudask worker of this host that accepts CUDA IPC
+    (cudask.comm.ipc calls this): its object, if on the device, by IPC handle."""
+    return _serialize(proxy, device=False, context=context, ipc=True)
+
+
+def ipc_deserialize(header: dict[str, Any], frames: list[Any]) -> ProxyObject:
+    return _deserialize(header, frames)
 
 
 def _serializers_in(header: dict[str, Any]) -> set[str]:
@@ -591,9 +602,8 @@ def _owned_view(buffer: memoryview, owner: Any) -> memoryview:
     return memoryview(array)  # type: ignore[arg-type]
 
 
-def _dask_serialize(proxy: ProxyObject,
-                    context: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[Any]]:
-    return _serialize(proxy, device=False, context=context)
+def _dask_serialize(proxy: ProxyObject) -> tuple[dict[str, Any], list[Any]]:
+    return _serialize(proxy, device=False)
 
 
 def _cuda_serialize(proxy: ProxyObject) -> tuple[dict[str, Any], list[Any]]:
