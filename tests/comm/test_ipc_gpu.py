@@ -43,26 +43,33 @@ def _exchange(client: Any, a: str, b: str) -> list[tuple[str, str, str]]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ipc_on", [True, False], ids=["ipc", "no-ipc"])
-def test_two_workers_on_one_gpu(ipc_on: bool) -> None:
+@pytest.mark.parametrize("mode", ["ipc", "no-ipc", "ipc-jit"])
+def test_two_workers_on_one_gpu(mode: str) -> None:
     pytest.importorskip("cupy")
-    env = {} if ipc_on else {"DASK_CUDASK__COMM__DEVICE_IPC": "False"}
-    with worker_processes(["0", "0"], env=env, args=["--device-memory-limit", "16GB"]) as client:
+    env = {"DASK_CUDASK__COMM__DEVICE_IPC": "False"} if mode == "no-ipc" else {}
+    args = ["--device-memory-limit", "16GB"]
+    if mode == "ipc-jit":
+        args.append("--enable-jit-unspill")
+    with worker_processes(["0", "0"], env=env, args=args) as client:
         a, b = sorted(client.scheduler_info()["workers"])
         results = _exchange(client, a, b)
         stats = client.run(_ipc_stats)
     for kind, there, here in results:
         assert there == here, kind
     sent, received = stats[a], stats[b]
-    if ipc_on:
+    view = 2896 * 2896 * 8  # make_value's square view of 64 MiB of float64
+    if mode == "ipc":
         # By handle: f8 (256 MiB), i1 (64 MiB), the view (a transpose: Fortran order,
         # 64 MiB) and the dict's device array (32 MiB). The 4 KiB array (under
         # device-ipc-min-size) and the host array went the usual way.
         assert sent["sent"] == received["received"] == 4, (sent, received)
         assert sent["declined"] == 0, sent
-        view = 2896 * 2896 * 8  # make_value's square view of 64 MiB of float64
         assert received["received-bytes"] == sent["sent-bytes"] == (
             256 * MiB + 64 * MiB + view + 32 * MiB), (sent, received)
+    elif mode == "ipc-jit":
+        # Proxies on the device: at least the three plain arrays by handle.
+        assert sent["sent"] == received["received"] >= 3, (sent, received)
+        assert received["received-bytes"] >= 256 * MiB + 64 * MiB + view, received
     else:
         assert sent["sent"] == received["received"] == 0, (sent, received)
 
