@@ -139,3 +139,53 @@ def test_all_to_all_rechunk_of_device_arrays_works_by_default() -> None:
         with dask.config.set({"array.rechunk.method": None}), Client(processes=False, n_workers=1):
             assert _choose_rechunk_method(old, new) == "p2p"  # what dask alone would pick
     assert total == n * n * (n * n - 1) / 2
+
+
+def _mapped() -> int:
+    from cudask.comm import ipc
+
+    return len(ipc._state.mapped)
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("victim", ["sender", "receiver"])
+def test_a_worker_killed_mid_transfer(victim: str) -> None:
+    """SIGKILL the sending or the receiving worker while the receiving tasks fetch
+    1 GiB arrays by IPC (the kill lands before, during or after a transfer; three
+    rounds at different delays): every result still comes back right (lost values
+    are recomputed after the nanny restarts the worker) and no worker is left
+    holding a mapping."""
+    pytest.importorskip("cupy")
+    import os
+    import signal
+
+    from distributed import wait
+
+    with worker_processes(["0", "0"], args=["--device-memory-limit", "16GB"]) as client:
+        a, b = sorted(client.scheduler_info()["workers"])
+        names = {a: "w0", b: "w1"}
+        for round_ in range(3):
+            xs = [client.submit(make_value, 100 + 10 * round_ + i, 1 << 30, "f8", workers=[a],
+                                allow_other_workers=True, pure=False) for i in range(3)]
+            wait(xs)
+            there = client.gather([client.submit(digest, x, workers=[a], allow_other_workers=True,
+                                                 pure=False) for x in xs])
+            here = [client.submit(digest, x, workers=[b], allow_other_workers=True, pure=False)
+                    for x in xs]
+            target = a if victim == "sender" else b
+            pid = client.run(_pid, workers=[target])[target]
+            time.sleep(0.05 * round_)
+            os.kill(pid, signal.SIGKILL)
+            assert client.gather(here) == there
+            client.wait_for_workers(2, timeout=180)
+            workers = list(client.scheduler_info()["workers"])
+            by_name = {info["name"]: addr for addr, info in client.scheduler_info()["workers"].items()}
+            a, b = by_name[names[a]], by_name[names[b]]
+            names = {a: "w0", b: "w1"}
+            assert all(n == 0 for n in client.run(_mapped, workers=workers).values())
