@@ -79,8 +79,9 @@ def store_settings(
     ) or (1 << 30)
     return StoreSettings(
         spill_target=target,
-        background=parse_flag(config.get("memory.background-spill") if background is None else background,
-                         "cudask.memory.background-spill"),
+        background=parse_flag(
+            config.get("memory.background-spill") if background is None else background,
+            "cudask.memory.background-spill"),
         pinned_pool_size=pool,
         pinned_slab_size=slab,
         pinned_preallocate=_preallocate_bytes(
@@ -114,7 +115,7 @@ def store_settings(
 def spill_on_demand_setting(value: bool | None = None) -> bool:
     """`value`, or the `cudask.memory.spill-on-demand` key when None."""
     return parse_flag(config.get("memory.spill-on-demand") if value is None else value,
-                 "cudask.memory.spill-on-demand")
+                      "cudask.memory.spill-on-demand")
 
 
 def parse_flag(value: Any, name: str) -> bool:

@@ -258,7 +258,6 @@ class StoreMetrics(WorkerPlugin):
         StoreCollector.workers.discard(worker)
 
 
-
 class DeviceIPC(WorkerPlugin):
     """Turn on `cudask.comm.ipc` in the worker process: device arrays for workers
     on this host go by CUDA IPC handle. Stays off, with one log line, on a MIG

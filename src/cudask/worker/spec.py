@@ -304,7 +304,7 @@ def nanny_options(
     }
     if o.local_directory is not None:
         options["local_directory"] = o.local_directory
-    if device_ipc_min_size(o) is not None:
+    if any(isinstance(p, DeviceIPC) for p in options["plugins"]):
         # Requests name these, so the worker answering sends by IPC where it may.
         options["serializers"] = options["deserializers"] = list(SERIALIZERS)
     if o.protocol is not None:
