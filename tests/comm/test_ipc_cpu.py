@@ -64,14 +64,37 @@ def test_a_local_contiguous_array_goes_by_handle_and_arrives_identical(backend: 
     assert stats["sent-bytes"] == stats["received-bytes"] == 1024 * 8 + 600 * 4
 
 
+def test_strided_views_go_by_handle_read_in_place(backend: FakeIPCBackend) -> None:
+    """Views of a larger allocation (what an all-to-all rechunk sends) go by handle
+    with their byte strides; the receiver copies them into contiguous arrays of its
+    own, and the sender makes no copy."""
+    base = np.arange(64 * 96, dtype="f8").reshape(64, 96)
+    whole = backend.allocate(base)
+    cube = backend.allocate(np.arange(12 * 16 * 20, dtype="i2").reshape(12, 16, 20))
+    views = {
+        "column block": whole[:, 32:64],  # rows of a wider array: pitched
+        "every other column": whole[:, ::2],
+        "reversed rows": whole[::-1, :],
+        "transposed block": whole[8:40, 16:48].T,
+        "3-d slice": cube[1:9, ::-2, 3:15],
+    }
+    for name, view in views.items():
+        kind, out = _roundtrip(view, LOCAL)
+        assert kind == "cudask-ipc", name
+        assert np.array_equal(host(out), host(view)), name
+        assert host(out).flags.c_contiguous or host(out).flags.f_contiguous, name
+    assert backend.opened == [b"h0"] * 4 + [b"h1"] and len(backend.closed) == 5
+    assert ipc.stats()["sent"] == ipc.stats()["received"] == len(views)
+
+
 def test_everything_else_falls_through_to_distributeds_serializers(backend: FakeIPCBackend,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     big = backend.allocate(np.ones((64, 64), dtype="f8"))
     small = backend.allocate(np.ones(8, dtype="f8"))
-    strided = big[:, ::2]
+    structured = backend.allocate(np.zeros(512, dtype=[("a", "f8"), ("b", "i4")]))
     host = np.ones(4096)
     for x, context in ((big, REMOTE), (big, {}), (big, {"recipient": {"address": "inproc://x/1"}}),
-                       (small, LOCAL), (strided, LOCAL), (host, LOCAL)):
+                       (small, LOCAL), (structured, LOCAL), (host, LOCAL)):
         header, _ = serialize(x, serializers=REPLY, context=context)
         assert header["serializer"] != "cudask-ipc", (x, context)
     unexported = FakeDeviceArray(np.ones(4096))  # memory the backend cannot export (e.g. cudaMallocAsync)

@@ -34,7 +34,8 @@ def _exchange(client: Any, a: str, b: str) -> list[tuple[str, str, str]]:
     """Values of each kind made on `a` and digested on `b` (and on `a`)."""
     out = []
     for i, (kind, nbytes) in enumerate((("f8", 256 * MiB), ("i1", 64 * MiB), ("view", 64 * MiB),
-                                        ("dict", 64 * MiB), ("f8", 4096), ("host", 8 * MiB))):
+                                        ("dict", 64 * MiB), ("f8", 4096), ("host", 8 * MiB),
+                                        ("block", 64 * MiB), ("reversed", 32 * MiB))):
         x = client.submit(make_value, i, nbytes, kind, workers=[a], pure=False)
         there = client.submit(digest, x, workers=[a], pure=False)
         here = client.submit(digest, x, workers=[b], pure=False)
@@ -60,15 +61,17 @@ def test_two_workers_on_one_gpu(mode: str) -> None:
     view = 2896 * 2896 * 8  # make_value's square view of 64 MiB of float64
     if mode == "ipc":
         # By handle: f8 (256 MiB), i1 (64 MiB), the view (a transpose: Fortran order,
-        # 64 MiB) and the dict's device array (32 MiB). The 4 KiB array (under
-        # device-ipc-min-size) and the host array went the usual way.
-        assert sent["sent"] == received["received"] == 4, (sent, received)
+        # 64 MiB; copied as one block), the dict's device array (32 MiB), the block
+        # (half the columns of the square: a pitched copy) and the reversed array (a
+        # copy kernel). The 4 KiB array (under device-ipc-min-size) and the host array
+        # went the usual way.
+        assert sent["sent"] == received["received"] == 6, (sent, received)
         assert sent["declined"] == 0, sent
         assert received["received-bytes"] == sent["sent-bytes"] == (
-            256 * MiB + 64 * MiB + view + 32 * MiB), (sent, received)
+            256 * MiB + 64 * MiB + view + 32 * MiB + view // 2 + 32 * MiB), (sent, received)
     elif mode == "ipc-jit":
-        # Proxies on the device: at least the three plain arrays by handle.
-        assert sent["sent"] == received["received"] >= 3, (sent, received)
+        # Proxies on the device: at least the five plain arrays by handle.
+        assert sent["sent"] == received["received"] >= 5, (sent, received)
         assert received["received-bytes"] >= 256 * MiB + 64 * MiB + view, received
     else:
         assert sent["sent"] == received["received"] == 0, (sent, received)

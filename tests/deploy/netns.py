@@ -1,5 +1,6 @@
 """Two network namespaces joined by one veth link, and a small PKI, for tests of
-nodes that talk only over TLS (root and iproute2 needed; callers skip otherwise).
+nodes that talk only over TLS (root, pyroute2 and openssl needed; callers skip
+otherwise). pyroute2 rather than iproute2's `ip`: the GPU machine has no `ip`.
 
 `Namespaces` makes `<prefix>-s` (10.231.N.1, the scheduler's) and `<prefix>-w`
 (10.231.N.2, the workers'), each with its loopback up; `run(ns, argv)` and
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,15 +24,23 @@ def available() -> str | None:
     """Why namespaces cannot be made here, or None."""
     if os.geteuid() != 0:
         return "needs root to create network namespaces"
-    for tool in ("ip", "openssl"):
-        if shutil.which(tool) is None:
-            return f"needs {tool}"
+    if shutil.which("openssl") is None:
+        return "needs openssl"
+    try:
+        from pyroute2 import netns
+    except ImportError:
+        return "needs pyroute2 (pip install -e '.[test,test-deploy]')"
     probe = f"cdk-probe-{os.getpid()}"
-    done = subprocess.run(["ip", "netns", "add", probe], check=False, capture_output=True, text=True)
-    if done.returncode != 0:
-        return f"cannot create a network namespace: {done.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], check=False, capture_output=True)
+    try:
+        netns.create(probe)
+    except OSError as e:
+        return f"cannot create a network namespace: {e}"
+    netns.remove(probe)
     return None
+
+
+# Runs argv[2:] inside the network namespace named argv[1].
+_ENTER = "import os, sys; from pyroute2 import netns; netns.setns(sys.argv[1]); os.execvp(sys.argv[2], sys.argv[2:])"
 
 
 @dataclass
@@ -55,25 +65,33 @@ class Namespaces:
         return f"10.231.{self.subnet}.2"
 
     def create(self) -> None:
+        from pyroute2 import IPRoute, NetNS, netns
+
         s, w = self.scheduler, self.workers
         a, b = f"{self.prefix}a", f"{self.prefix}b"
-        for argv in (["ip", "netns", "add", s], ["ip", "netns", "add", w],
-                     ["ip", "link", "add", a, "type", "veth", "peer", "name", b],
-                     ["ip", "link", "set", a, "netns", s], ["ip", "link", "set", b, "netns", w],
-                     ["ip", "-n", s, "addr", "add", f"{self.scheduler_ip}/24", "dev", a],
-                     ["ip", "-n", w, "addr", "add", f"{self.worker_ip}/24", "dev", b],
-                     ["ip", "-n", s, "link", "set", a, "up"], ["ip", "-n", w, "link", "set", b, "up"],
-                     ["ip", "-n", s, "link", "set", "lo", "up"],
-                     ["ip", "-n", w, "link", "set", "lo", "up"]):
-            subprocess.run(argv, check=True, capture_output=True, text=True)
+        netns.create(s)
+        netns.create(w)
+        with IPRoute() as ip:
+            ip.link("add", ifname=a, kind="veth", peer=b)
+            ip.link("set", index=ip.link_lookup(ifname=a)[0], net_ns_fd=s)
+            ip.link("set", index=ip.link_lookup(ifname=b)[0], net_ns_fd=w)
+        for ns, ifname, address in ((s, a, self.scheduler_ip), (w, b, self.worker_ip)):
+            with NetNS(ns) as inside:
+                index = inside.link_lookup(ifname=ifname)[0]
+                inside.addr("add", index=index, address=address, prefixlen=24)
+                inside.link("set", index=index, state="up")
+                inside.link("set", index=inside.link_lookup(ifname="lo")[0], state="up")
 
     def delete(self) -> None:
+        """Remove both namespaces (the veth pair goes with them); absent ones are skipped."""
+        from pyroute2 import netns
+
         for ns in (self.scheduler, self.workers):
-            subprocess.run(["ip", "netns", "pids", ns], check=False, capture_output=True)
-            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+            if ns in netns.listnetns():
+                netns.remove(ns)
 
     def argv(self, ns: str, argv: list[str]) -> list[str]:
-        return ["ip", "netns", "exec", ns, *argv]
+        return [sys.executable, "-c", _ENTER, ns, *argv]
 
     def run(self, ns: str, argv: list[str], timeout: float = 120, **kw: Any) -> Any:
         return subprocess.run(self.argv(ns, argv), check=False, capture_output=True, text=True,

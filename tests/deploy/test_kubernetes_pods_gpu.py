@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
 import pytest
 
 try:
@@ -50,19 +49,12 @@ from cudask.devices import discover
 from cudask.testing import current_gpu_uuid, wait_for
 
 pytestmark = pytest.mark.timeout(600)
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 SCHEDULER = "tcp://127.0.0.1:8786"
 DASHBOARD = "http://127.0.0.1:8787"
 NAMESPACE = "dask-gpu"
 GRACE = 60.0  # Kubernetes' default terminationGracePeriodSeconds is 30; be generous
 START = 120.0  # a worker's first CUDA context and CuPy import can take a while
-
-
-def _cupy_sum() -> float:
-    import cupy
-
-    return float(cupy.arange(1000, dtype="float64").sum())
 
 
 @dataclass
@@ -182,9 +174,20 @@ def _start_scheduler(pods: Pods, objects: dict[str, Any]) -> Client:
     return client
 
 
+def _nothing_held(client: Client) -> bool:
+    """No worker holds a key. distributed retires no worker whose keys no other worker can
+    take, so a test retiring the last pod waits for the client to release its results."""
+    return not any(client.has_what().values())
+
+
 def _on_own_gpu(client: Client, address: str, uuid: str) -> None:
+    import cupy
+
     assert client.submit(current_gpu_uuid, workers=[address], pure=False).result() == uuid
-    assert client.submit(_cupy_sum, workers=[address], pure=False).result() == 499500.0
+    # Library functions only: the scheduler runs in its own pod's process and cannot import
+    # this test module (a graph is pickled by reference, whatever cloudpickle is told).
+    values = client.submit(cupy.arange, 1000, dtype="float64", workers=[address], pure=False)
+    assert float(client.submit(cupy.sum, values, workers=[address], pure=False).result()) == 499500.0
 
 
 @pytest.mark.gpu
@@ -197,6 +200,7 @@ def test_one_gpu_pod(pods: Pods, machine: Any, monkeypatch: pytest.MonkeyPatch) 
         assert wait_for(lambda: pod.name in _names(client), timeout=START), pod.log.read_text()
         assert list(_names(client)) == [pod.name]  # one GPU: named as its Deployment
         _on_own_gpu(client, _names(client)[pod.name], gpu.uuid)
+        assert wait_for(lambda: _nothing_held(client), timeout=GRACE)
         assert _controller_retires(1, monkeypatch) == [pod.name]
         pod.delete()
         assert wait_for(lambda: not _names(client), timeout=GRACE)
@@ -238,6 +242,7 @@ def test_a_two_gpu_pod_is_retired_whole(pods: Pods, machine: Any,
         for name, gpu in zip(names, gpus):
             _on_own_gpu(client, _names(client)[name], gpu.uuid)
         # the controller asks for one pod and gets the Deployment's name, not NAME-0
+        assert wait_for(lambda: _nothing_held(client), timeout=GRACE)
         assert _controller_retires(1, monkeypatch) == [pod.name]
         assert wait_for(lambda: not _names(client), timeout=GRACE)
         pod.delete()

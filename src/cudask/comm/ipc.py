@@ -3,14 +3,18 @@
 Covers: the ``cudask-ipc`` serialization family of dask.distributed. A cudask
 worker's requests say it accepts the family (`SERIALIZERS`), and a cudask
 worker answering another one's request for data (``get_data``, through
-cudask.comm.worker.Worker) tries it first: each contiguous CuPy array of at
-least ``cudask.comm.device-ipc-min-size`` bytes going to a worker on the same
-host is sent as a CUDA IPC handle of the allocation holding it plus an offset
-(a few hundred bytes). The receiving worker maps that allocation, copies the
-bytes into memory of its own (GPU to GPU: the same device, or a peer over
-NVLink / PCIe), unmaps it, and only then answers; anything else (another host,
-small or strided arrays, host data, memory that cannot be exported) falls
-through to distributed's own serializers. JIT-unspill proxies on the device use
+cudask.comm.worker.Worker) tries it first: each CuPy array of at least
+``cudask.comm.device-ipc-min-size`` bytes going to a worker on the same host is
+sent as a CUDA IPC handle of the allocation holding it plus the offset and byte
+strides of its first element (a few hundred bytes). Strided views go the same
+way (an all-to-all rechunk sends column blocks of row blocks): the receiver
+reads them in place, with no contiguous copy on the sender. The receiving
+worker maps that allocation, copies the array into memory of its own (GPU to
+GPU: the same device, or a peer over NVLink / PCIe; contiguous or pitched rows
+by the copy engines, other layouts by a copy kernel), waits for the copy,
+unmaps, and only then answers; anything else (another host, small arrays,
+structured dtypes, host data, memory that cannot be exported) falls through to
+distributed's own serializers. JIT-unspill proxies on the device use
 the family too (cudask.memory.proxy).
 
 Lifetimes: distributed holds what it sends until the receiver replies (the
@@ -72,8 +76,9 @@ class Backend(Protocol):
     def empty(self, shape: tuple[int, ...], dtype: str, order: str) -> Any:
         """A new device array of this process."""
 
-    def copy(self, dst: int, src: int, nbytes: int) -> None:
-        """Copy device bytes and wait for the copy to finish."""
+    def copy(self, out: Any, src: int, strides: tuple[int, ...]) -> None:
+        """Copy the array at device address `src` (the shape and dtype of `out`,
+        these byte strides) into `out`, and wait for the copy to finish."""
 
 
 class CudaBackend:
@@ -112,9 +117,26 @@ class CudaBackend:
     def empty(self, shape: tuple[int, ...], dtype: str, order: str) -> Any:
         return self._cupy.empty(shape, dtype=dtype, order=order)
 
-    def copy(self, dst: int, src: int, nbytes: int) -> None:
-        runtime = self._cupy.cuda.runtime
-        runtime.memcpy(dst, src, nbytes, runtime.memcpyDefault)
+    def copy(self, out: Any, src: int, strides: tuple[int, ...]) -> None:
+        cupy = self._cupy
+        runtime = cupy.cuda.runtime
+        dst, shape, itemsize = int(out.data.ptr), tuple(out.shape), int(out.itemsize)
+        if strides == tuple(out.strides):  # same layout: one block of bytes
+            runtime.memcpy(dst, src, int(out.nbytes), runtime.memcpyDefault)
+        elif (len(shape) == 2 and strides[1] == itemsize and strides[0] >= shape[1] * itemsize
+              and out.flags.c_contiguous):
+            width = shape[1] * itemsize  # rows of a wider array: a pitched copy
+            runtime.memcpy2D(dst, width, src, strides[0], width, shape[0], runtime.memcpyDefault)
+        else:  # any other layout: a copy kernel reading the mapping in place
+            low = src + sum((n - 1) * s for n, s in zip(shape, strides, strict=True) if s < 0)
+            span = sum((n - 1) * abs(s) for n, s in zip(shape, strides, strict=True)) + itemsize
+            memory = cupy.cuda.UnownedMemory(low, span, None, cupy.cuda.Device().id)
+            view = cupy.ndarray(shape, out.dtype, cupy.cuda.MemoryPointer(memory, src - low), strides)
+            out[...] = view
+            cupy.cuda.get_current_stream().synchronize()
+        # A copy between device addresses returns before it has finished; the sender
+        # may reuse its memory once this worker replies, so wait here.
+        runtime.streamSynchronize(0)
 
 
 @dataclass
@@ -236,23 +258,29 @@ def _decline(reason: str) -> None:
     raise NotImplementedError(reason)
 
 
-def _layout(x: Any) -> tuple[tuple[int, ...], str, int, str] | None:
-    """(shape, typestr, address, order) of a C- or Fortran-contiguous array by
-    its __cuda_array_interface__; None for anything else (strided, structured)."""
+@dataclass(frozen=True)
+class Layout:
+    """Where an array's elements lie, by its __cuda_array_interface__."""
+
+    shape: tuple[int, ...]
+    typestr: str
+    address: int  # of its first element
+    strides: tuple[int, ...]  # in bytes, any sign
+    order: str  # of the copy the receiver makes: "F" for Fortran-contiguous arrays, else "C"
+
+
+def _layout(x: Any) -> Layout | None:
+    """The layout of `x`; None for structured dtypes (the type string loses the fields)."""
     cai = x.__cuda_array_interface__
     shape = tuple(int(n) for n in cai["shape"])
     typestr = str(cai["typestr"])
     if len(cai.get("descr") or [("", typestr)]) > 1 or typestr[1] == "V":
-        return None  # structured: the type string loses the fields
-    strides = cai.get("strides")
-    itemsize = int(typestr[2:])
-    if strides is None or tuple(strides) == _strides(shape, itemsize, "C"):
-        order = "C"
-    elif tuple(strides) == _strides(shape, itemsize, "F"):
-        order = "F"
-    else:
         return None
-    return shape, typestr, int(cai["data"][0]), order
+    itemsize = int(typestr[2:])
+    given = cai.get("strides")
+    strides = _strides(shape, itemsize, "C") if given is None else tuple(int(s) for s in given)
+    fortran = strides != _strides(shape, itemsize, "C") and strides == _strides(shape, itemsize, "F")
+    return Layout(shape, typestr, int(cai["data"][0]), strides, "F" if fortran else "C")
 
 
 def _strides(shape: tuple[int, ...], itemsize: int, order: str) -> tuple[int, ...]:
@@ -282,16 +310,16 @@ def dumps(x: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, Any]
     layout = _layout(x)
     if layout is None:
         raise NotImplementedError(FAMILY)  # distributed's serializer copies it
-    shape, typestr, ptr, order = layout
     try:
-        handle, offset = backend.export(ptr)
+        handle, offset = backend.export(layout.address)
     except RuntimeError as exc:  # CUDA errors, e.g. stream-ordered (cudaMallocAsync) memory
         _decline(f"its memory cannot be exported for IPC ({exc})")
     backend.ready()
     header = {
-        "shape": list(shape),
-        "dtype": typestr,
-        "order": order,
+        "shape": list(layout.shape),
+        "dtype": layout.typestr,
+        "order": layout.order,
+        "strides": list(layout.strides),
         "handle": handle,
         "offset": offset,
         "nbytes": nbytes,
@@ -347,8 +375,7 @@ def loads(header: dict[str, Any], frames: list[Any]) -> Any:
     start = time.perf_counter()
     out = backend.empty(tuple(header["shape"]), header["dtype"], header["order"])
     with _mapping(backend, bytes(header["handle"])) as base:
-        dst = int(out.__cuda_array_interface__["data"][0])
-        backend.copy(dst, base + int(header["offset"]), int(header["nbytes"]))
+        backend.copy(out, base + int(header["offset"]), tuple(int(s) for s in header["strides"]))
     with _state.lock:
         _state.counts["received"] += 1
         _state.counts["received-bytes"] += header["nbytes"]

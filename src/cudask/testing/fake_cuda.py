@@ -403,5 +403,9 @@ class FakeIPCBackend:
     def empty(self, shape: tuple[int, ...], dtype: str, order: str) -> FakeDeviceArray:
         return FakeDeviceArray(numpy.empty(shape, dtype=numpy.dtype(dtype), order="F" if order == "F" else "C"))
 
-    def copy(self, dst: int, src: int, nbytes: int) -> None:
-        ctypes.memmove(dst, src, nbytes)
+    def copy(self, out: FakeDeviceArray, src: int, strides: tuple[int, ...]) -> None:
+        target = out._array
+        low = src + sum((n - 1) * s for n, s in zip(target.shape, strides, strict=True) if s < 0)
+        span = sum((n - 1) * abs(s) for n, s in zip(target.shape, strides, strict=True)) + target.itemsize
+        memory = (ctypes.c_char * span).from_address(low)
+        target[...] = numpy.ndarray(target.shape, target.dtype, memory, src - low, strides)

@@ -2,7 +2,8 @@
 
 Covers: `make_value(seed, nbytes, kind)`, a deterministic value of one of
 `KINDS` (a device array, a transposed device view, an int8 device array, a dict
-mixing device and host arrays, a host array), so a value lost with its worker
+mixing device and host arrays, a host array, a block of columns of a device
+matrix, a device array read backwards), so a value lost with its worker
 and recomputed by the scheduler is the same bytes again; `digest(value)`, a
 SHA-256 over dtype, shape and the values in C order of every array in a value
 (proxies are looked through; a device array's values enter as a 128-bit
@@ -28,7 +29,7 @@ import numpy as np
 from cudask.memory.proxy import unproxy
 
 #: Kinds of value `make_value` builds; all but "host" live on the device.
-KINDS = ("f8", "i1", "view", "dict", "host")
+KINDS = ("f8", "i1", "view", "dict", "host", "block", "reversed")
 
 
 def make_value(seed: int, nbytes: int, kind: str = "f8") -> Any:
@@ -49,6 +50,11 @@ def make_value(seed: int, nbytes: int, kind: str = "f8") -> Any:
     if kind == "view":  # a non-contiguous view keeping its whole base alive
         side = max(int(n**0.5), 1)
         return values[: side * side].reshape(side, side).T
+    if kind == "block":  # the left half of a square's columns: rows with gaps between them
+        side = max(int(n**0.5), 2)
+        return values[: side * side].reshape(side, side)[:, : side // 2]
+    if kind == "reversed":  # a negative stride
+        return values[::-1]
     host = np.random.default_rng(seed).integers(0, 1000, size=max(n // 16, 1))
     return {"device": values[: n // 2], "host": host, "seed": seed}
 
