@@ -466,9 +466,11 @@ def test_transfer_summary_compares_the_first_setting() -> None:
 
     def result(bw: float, seconds: float) -> dict:
         p2p = {"cold": {"GBps": bw / 2, "task_s": 0.1}, "warm_median_GBps": bw}
+        a2a = {"bytes": 3.2e9, "seconds": seconds, "GBps": 3.2 / seconds, "sum_ok": True}
         return {"point_to_point": {str(64 << 20): p2p, str(2 << 30): p2p},
-                "all_to_all": {"bytes": 3.2e9, "seconds": seconds, "GBps": 3.2 / seconds, "sum_ok": True}}
+                "all_to_all": a2a, "all_to_all_warm": {**a2a, "seconds": seconds / 2}}
 
-    lines = summary({"settings": {"cudask-ipc": result(500.0, 0.1), "dask-cuda-ucx": result(100.0, 0.5)}})
+    lines = summary({"settings": {"cudask-ipc": result(500.0, 0.1), "dask-cuda-ucx": result(100.0, 0.6)}})
+    assert "cudask-ipc     all-to-all 3.2 GB: cold 0.10 s (32.0 GB/s), warm 0.05 s, sum ok: True" in lines
     assert lines[-1] == ("cudask-ipc against dask-cuda-ucx: 5.0x the warm bandwidth at 2048 MiB, "
-                         "all-to-all 5.0x faster")
+                         "all-to-all 6.0x faster cold (warm 6.0x)")

@@ -176,7 +176,7 @@ def test_transfer_tiny(tmp_path: Path) -> None:
     report = json.loads(out.read_text())["report"]["settings"]
     assert list(report) == ["cudask-ipc", "cudask-tcp"] + (["dask-cuda-tcp"] if HAS_DASK_CUDA else [])
     for setting, r in report.items():
-        assert r["all_to_all"]["sum_ok"], r["all_to_all"]
+        assert r["all_to_all"]["sum_ok"] and r["all_to_all_warm"]["sum_ok"], r
         cold = r["point_to_point"][str(8 << 20)]["cold"]
         assert cold["bytes"] >= 8 << 20, cold
         received = sum(w["received"] for w in r["ipc"].values())
