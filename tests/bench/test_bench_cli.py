@@ -406,11 +406,25 @@ def test_soak_bad_input(args: list[str], named: str) -> None:
     (["--device-memory-limit", "lots"], "--device-memory-limit='lots'"),
     (["--protocols", "tcp,udp"], "'tcp,udp'; accepted: tcp, ucx"),
     (["--dask-cuda-path", "/tmp"], "--dask-cuda-python / --dask-cuda-path need --against dask-cuda"),
+    (["--shuffle-methods", "tasks,bogus"], "'tasks,bogus'; accepted: tasks, p2p"),
+    (["--shuffle-rows", "-1"], "-1 is not in the range"),
 ])
 def test_transfer_bad_input(args: list[str], named: str) -> None:
     code, out = invoke("transfer", *args)
     assert code == 2, out
     assert named in one_line_error(code, out)
+
+
+def test_transfer_shuffle_without_dask_cudf(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cudask.bench import environment
+
+    monkeypatch.setattr(environment, "has_module", lambda name: name != "dask_cudf")
+    code, out = invoke("transfer", "--shuffle-rows", "1000")
+    assert ("--shuffle-rows 1000 needs dask_cudf, which is not installed. Install it with: pip install "
+            "dask-cudf-cu13  (or --shuffle-rows 0)") in one_line_error(code, out)
+    monkeypatch.setattr(environment, "has_module", lambda name: True)
+    code, out = invoke("transfer", "--shuffle-rows", "3")
+    assert "3; accepted: 0 (no shuffle) or at least --blocks (8) rows" in one_line_error(code, out)
 
 
 def test_transfer_needs_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -471,6 +485,26 @@ def test_transfer_summary_compares_the_first_setting() -> None:
                 "all_to_all": a2a, "all_to_all_warm": {**a2a, "seconds": seconds / 2}}
 
     lines = summary({"settings": {"cudask-ipc": result(500.0, 0.1), "dask-cuda-ucx": result(100.0, 0.6)}})
+    assert not [line for line in lines if "shuffle" in line]  # no dask-cuDF: no shuffle lines
     assert "cudask-ipc     all-to-all 3.2 GB: cold 0.10 s (32.0 GB/s), warm 0.05 s, sum ok: True" in lines
     assert lines[-1] == ("cudask-ipc against dask-cuda-ucx: 5.0x the warm bandwidth at 2048 MiB, "
                          "all-to-all 6.0x faster cold (warm 6.0x)")
+
+
+def test_transfer_summary_of_shuffles() -> None:
+    from cudask.bench.transfer import summary
+
+    def run(seconds: float) -> dict:
+        return {"method": "p2p", "rows": 10**6, "partitions": 8, "bytes": 1.6e7, "seconds": seconds,
+                "GBps": 0.016 / seconds, "rows_ok": True, "keys_ok": True}
+
+    p2p = {"8": {"cold": {"GBps": 1.0, "task_s": 0.1}, "warm_median_GBps": 1.0}}
+    base = {"point_to_point": p2p, "all_to_all": {"bytes": 1e9, "seconds": 1.0, "GBps": 1.0, "sum_ok": True}}
+    mine = {**base, "shuffle": {"p2p": {"cold": run(0.5), "warm": run(0.25)}}}
+    failed = {"method": "p2p", "rows": 10**6, "partitions": 8, "bytes": 1.6e7, "error": "TypeError: no"}
+    theirs = {**base, "shuffle": {"p2p": {"cold": run(2.0), "warm": failed}}}
+    lines = summary({"settings": {"cudask-ipc": mine, "dask-cuda-tcp": theirs}})
+    assert ("cudask-ipc     shuffle p2p   0.0 GB: 0.50 s (0.0 GB/s), rows ok: True, keys ok: True; warm "
+            "0.0 GB: 0.25 s (0.1 GB/s), rows ok: True, keys ok: True") in lines
+    assert any(line.endswith("warm failed (TypeError: no)") for line in lines), lines
+    assert lines[-1] == "cudask-ipc against dask-cuda-tcp: shuffle p2p 4.0x faster cold"

@@ -19,6 +19,7 @@ from cudask.cli.bench import bench
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 HAS_DASK_CUDA = environment.has_module("dask_cuda")
+HAS_DASK_CUDF = environment.has_module("dask_cudf")
 
 
 def run(tmp_path: Path, *args: str) -> dict[str, Any]:
@@ -169,14 +170,21 @@ def test_transfer_tiny(tmp_path: Path) -> None:
     check out; with dask-cuda in this environment, its workers too."""
     out = tmp_path / "transfer.json"
     against = ["--against", "dask-cuda"] if HAS_DASK_CUDA else []
+    shuffle_rows = "100000" if HAS_DASK_CUDF else "0"
     result = CliRunner().invoke(bench, ["transfer", "--sizes", "8MiB", "--repeat", "1", "--n", "2048",
-                                        "--blocks", "4", *against, "--output", str(out)],
+                                        "--blocks", "4", "--shuffle-rows", shuffle_rows, *against,
+                                        "--output", str(out)],
                                 prog_name="cudask bench")
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())["report"]["settings"]
     assert list(report) == ["cudask-ipc", "cudask-tcp"] + (["dask-cuda-tcp"] if HAS_DASK_CUDA else [])
     for setting, r in report.items():
         assert r["all_to_all"]["sum_ok"] and r["all_to_all_warm"]["sum_ok"], r
+        if HAS_DASK_CUDF:  # dask-cuDF frames shuffled by tasks and by P2P, cold and warm
+            runs = [run for method in r["shuffle"].values() for run in method.values()]
+            assert len(runs) == 4 and all(run.get("rows_ok") and run.get("keys_ok") for run in runs), runs
+        else:
+            assert "shuffle" not in r
         cold = r["point_to_point"][str(8 << 20)]["cold"]
         assert cold["bytes"] >= 8 << 20, cold
         received = sum(w["received"] for w in r["ipc"].values())

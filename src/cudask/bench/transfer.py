@@ -14,7 +14,10 @@ each of two GPUs), then
 - all-to-all: an N x N float64 CuPy array in row blocks rechunked to column
   blocks (task-based: see cudask.comm.rechunk), from the first submit, checked
   by its sum; the first run after the point-to-point ones is the cold figure,
-  a second one in the same cluster the warm one (`all_to_all_warm`).
+  a second one in the same cluster the warm one (`all_to_all_warm`);
+- shuffle (when the plan has rows for it: dask-cuDF installed): a DataFrame
+  shuffled on a key by each of the plan's methods, twice (cold, warm), in the
+  same cluster (cudask.bench.shuffle).
 Does not cover: the CLI's checks of the plan (cudask.cli.bench).
 """
 
@@ -67,6 +70,9 @@ class TransferPlan:
     device_memory_limit: str
     settings: tuple[Setting, ...]
     log_dir: str | None = None
+    shuffle_rows: int = 0  # 0: no shuffle
+    shuffle_methods: tuple[str, ...] = ()
+    shuffle_module: str = "cudf"
 
 
 def worker_launch(setting: Setting) -> tuple[list[str] | None, dict[str, str]]:
@@ -169,6 +175,13 @@ def run_setting(setting: Setting, plan: TransferPlan) -> dict[str, Any]:
             str(size): _point_to_point(client, a, b, size, plan.repeat) for size in plan.sizes}}
         out["all_to_all"] = all_to_all(client, plan.n, plan.blocks)
         out["all_to_all_warm"] = all_to_all(client, plan.n, plan.blocks)
+        if plan.shuffle_rows:
+            from cudask.bench.shuffle import frame_shuffle
+
+            out["shuffle"] = {
+                method: {run: frame_shuffle(client, plan.shuffle_rows, plan.blocks, method, plan.shuffle_module)
+                         for run in ("cold", "warm")}
+                for method in plan.shuffle_methods}
         out["ipc"] = client.run(_ipc_stats)
         return out
 
@@ -193,6 +206,9 @@ def summary(report: dict[str, Any]) -> list[str]:
                      f"({a2a['GBps']:.1f} GB/s)"
                      + (f", warm {warm['seconds']:.2f} s" if warm else "")
                      + f", sum ok: {a2a['sum_ok'] and (warm or a2a)['sum_ok']}")
+        for method, runs in r.get("shuffle", {}).items():
+            lines.append(f"{name:14} shuffle {method:5} {_shuffle_run(runs['cold'])}; warm "
+                         f"{_shuffle_run(runs['warm'])}")
     names = list(results)
     if len(names) > 1:
         first = results[names[0]]
@@ -208,4 +224,16 @@ def summary(report: dict[str, Any]) -> list[str]:
                 warm = (f" (warm {theirs['all_to_all_warm']['seconds'] / first['all_to_all_warm']['seconds']:.1f}x)")
             lines.append(f"{names[0]} against {other}: {ratio} the warm bandwidth at "
                          f"{int(largest) / 2**20:.0f} MiB, all-to-all {a2a:.1f}x faster cold{warm}")
+            for method, runs in first.get("shuffle", {}).items():
+                mine, their = runs["cold"], theirs.get("shuffle", {}).get(method, {}).get("cold", {})
+                if "seconds" in mine and "seconds" in their:
+                    lines.append(f"{names[0]} against {other}: shuffle {method} "
+                                 f"{their['seconds'] / mine['seconds']:.1f}x faster cold")
     return lines
+
+
+def _shuffle_run(run: dict[str, Any]) -> str:
+    if "error" in run:
+        return f"failed ({run['error'][:120]})"
+    return (f"{run['bytes'] / 1e9:.1f} GB: {run['seconds']:.2f} s ({run['GBps']:.1f} GB/s), "
+            f"rows ok: {run['rows_ok']}, keys ok: {run['keys_ok']}")

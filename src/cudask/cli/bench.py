@@ -710,6 +710,11 @@ def soak(ctx: click.Context, kw: dict[str, Any]) -> None:
               help="Side of the float64 array rechunked all-to-all (20000: 3.2 GB).")
 @click.option("--blocks", default=8, show_default=True, type=click.IntRange(min=1),
               help="Row blocks rechunked into as many column blocks.")
+@click.option("--shuffle-rows", default=None, type=click.IntRange(min=0),
+              help="Rows of the dask-cuDF DataFrame shuffled on a key (16 bytes each; 0: no "
+                   "shuffle). Default: 50000000 when dask-cuDF is installed, else 0.")
+@click.option("--shuffle-methods", default="tasks,p2p", show_default=True,
+              help="Shuffle methods to run, comma-separated: tasks, p2p.")
 @click.option("--device-memory-limit", default="30GB", show_default=True,
               help="Device limit of each worker.")
 @click.option("--protocols", default="tcp", show_default=True,
@@ -729,8 +734,9 @@ def soak(ctx: click.Context, kw: dict[str, Any]) -> None:
 def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
     """Device data between workers of one host: cudask with CUDA IPC
     (cudask.comm.device-ipc) against TCP through host memory, cudask over UCX and
-    dask-cuda over TCP and UCX when asked; point to point and all-to-all, each
-    setting in a fresh cluster of worker processes."""
+    dask-cuda over TCP and UCX when asked; point to point, all-to-all rechunk and,
+    with dask-cuDF, a DataFrame shuffle (tasks and P2P), each setting in a fresh
+    cluster of worker processes."""
     import os
 
     from dask.utils import parse_bytes
@@ -759,6 +765,22 @@ def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
         _size(kw["device_memory_limit"], "--device-memory-limit")
     except OptionError as exc:
         raise click.UsageError(str(exc)) from None
+    from cudask.bench.shuffle import METHODS as SHUFFLE_METHODS
+
+    methods = tuple(m.strip() for m in str(kw["shuffle_methods"]).split(",") if m.strip())
+    if not methods or any(m not in SHUFFLE_METHODS for m in methods):
+        raise click.BadParameter(f"{kw['shuffle_methods']!r}; accepted: {', '.join(SHUFFLE_METHODS)}, "
+                                 "comma-separated", param_hint="--shuffle-methods")
+    has_dask_cudf = environment.has_module("dask_cudf")
+    shuffle_rows = kw["shuffle_rows"]
+    if shuffle_rows is None:
+        shuffle_rows = 50_000_000 if has_dask_cudf else 0
+    elif shuffle_rows and not has_dask_cudf:
+        raise MissingDependencyError("dask_cudf", f"--shuffle-rows {shuffle_rows}",
+                                     "pip install dask-cudf-cu13  (or --shuffle-rows 0)")
+    if 0 < shuffle_rows < kw["blocks"]:
+        raise click.BadParameter(f"{shuffle_rows}; accepted: 0 (no shuffle) or at least --blocks "
+                                 f"({kw['blocks']}) rows", param_hint="--shuffle-rows")
     if "ucx" in protocols and not environment.has_module("distributed_ucxx"):
         raise MissingDependencyError("distributed_ucxx", "--protocols ucx",
                                      "pip install 'cudask[ucx]'  (distributed-ucxx-cu13)")
@@ -791,7 +813,8 @@ def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
     plan = transfer_run.TransferPlan(
         placement=tuple(entries), sizes=tuple(sizes), repeat=kw["repeat"], n=kw["side"],
         blocks=kw["blocks"], device_memory_limit=kw["device_memory_limit"],
-        settings=transfer_run.settings(protocols, dask_cuda), log_dir=log_dir)
+        settings=transfer_run.settings(protocols, dask_cuda), log_dir=log_dir,
+        shuffle_rows=shuffle_rows, shuffle_methods=methods if shuffle_rows else ())
     report = transfer_run.run_transfer(plan)
     document = {"workload": "transfer", "report": report, "machine": environment.machine(),
                 "versions": environment.versions()}
