@@ -406,7 +406,7 @@ def test_soak_bad_input(args: list[str], named: str) -> None:
     (["--device-memory-limit", "lots"], "--device-memory-limit='lots'"),
     (["--protocols", "tcp,udp"], "'tcp,udp'; accepted: tcp, ucx"),
     (["--dask-cuda-path", "/tmp"], "--dask-cuda-python / --dask-cuda-path need --against dask-cuda"),
-    (["--shuffle-methods", "tasks,bogus"], "'tasks,bogus'; accepted: tasks, p2p"),
+    (["--shuffle-methods", "tasks,bogus"], "'tasks,bogus'; accepted: tasks, p2p, explicit"),
     (["--shuffle-rows", "-1"], "-1 is not in the range"),
 ])
 def test_transfer_bad_input(args: list[str], named: str) -> None:

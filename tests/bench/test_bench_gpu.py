@@ -180,9 +180,9 @@ def test_transfer_tiny(tmp_path: Path) -> None:
     assert list(report) == ["cudask-ipc", "cudask-tcp"] + (["dask-cuda-tcp"] if HAS_DASK_CUDA else [])
     for setting, r in report.items():
         assert r["all_to_all"]["sum_ok"] and r["all_to_all_warm"]["sum_ok"], r
-        if HAS_DASK_CUDF:  # dask-cuDF frames shuffled by tasks and by P2P, cold and warm
+        if HAS_DASK_CUDF:  # dask-cuDF frames shuffled by tasks, P2P and explicit comms, cold and warm
             runs = [run for method in r["shuffle"].values() for run in method.values()]
-            assert len(runs) == 4 and all(run.get("rows_ok") and run.get("keys_ok") for run in runs), runs
+            assert len(runs) == 6 and all(run.get("rows_ok") and run.get("keys_ok") for run in runs), runs
         else:
             assert "shuffle" not in r
         cold = r["point_to_point"][str(8 << 20)]["cold"]

@@ -4,8 +4,9 @@ Covers: `frame_shuffle(client, rows, partitions, method, module)`: a DataFrame
 of `rows` rows (an int64 key drawn from `KEYS` values, a float64 value
 0 .. rows-1) made on the workers in `partitions` partitions and held there,
 then shuffled on the key by `method` (one of `METHODS`: dask's task-based
-shuffle or distributed's P2P shuffle), timed from the submit of the shuffle
-until every output partition is held, and checked: every row kept (count and
+shuffle, distributed's P2P shuffle, or cudask's explicit-comms shuffle,
+cudask.comm.explicit), timed from the submit of the shuffle until every
+output partition is held, and checked: every row kept (count and
 sum of values) and every key in one output partition only. `module` is
 "cudf" (dask-cuDF frames, the benchmark) or "pandas" (host frames, for the
 CPU tests of this module). A method that fails is recorded with its error.
@@ -20,7 +21,7 @@ import time
 from typing import Any
 
 KEYS = 1 << 20
-METHODS = ("tasks", "p2p")
+METHODS = ("tasks", "p2p", "explicit")
 MODULES = ("cudf", "pandas")
 
 
@@ -56,8 +57,13 @@ def frame_shuffle(client: Any, rows: int, partitions: int, method: str, module: 
                                            meta=_partition(0, 0, module), enforce_metadata=False))
         wait(frame)
         start = time.perf_counter()
-        shuffled = client.persist(frame.shuffle(on="key", shuffle_method=method))
-        wait(shuffled)
+        if method == "explicit":
+            from cudask.comm.explicit import shuffle
+
+            shuffled = shuffle(frame, "key", client=client)  # eager: returns with the partitions held
+        else:
+            shuffled = client.persist(frame.shuffle(on="key", shuffle_method=method))
+            wait(shuffled)
         out["seconds"] = time.perf_counter() - start
         out["GBps"] = total * 16 / out["seconds"] / 1e9
         count, value_sum, distinct = dask.compute(shuffled.shape[0], shuffled["value"].sum(),

@@ -713,8 +713,9 @@ def soak(ctx: click.Context, kw: dict[str, Any]) -> None:
 @click.option("--shuffle-rows", default=None, type=click.IntRange(min=0),
               help="Rows of the dask-cuDF DataFrame shuffled on a key (16 bytes each; 0: no "
                    "shuffle). Default: 50000000 when dask-cuDF is installed, else 0.")
-@click.option("--shuffle-methods", default="tasks,p2p", show_default=True,
-              help="Shuffle methods to run, comma-separated: tasks, p2p.")
+@click.option("--shuffle-methods", default="tasks,p2p,explicit", show_default=True,
+              help="Shuffle methods to run, comma-separated: tasks, p2p, explicit (cudask's "
+                   "explicit-comms shuffle).")
 @click.option("--device-memory-limit", default="30GB", show_default=True,
               help="Device limit of each worker.")
 @click.option("--protocols", default="tcp", show_default=True,

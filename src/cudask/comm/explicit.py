@@ -1,0 +1,167 @@
+"""Explicit-comms shuffle: DataFrame partitions exchanged worker to worker in one step.
+
+Covers: `shuffle(df, on, npartitions=None, client=None)`, which hash-partitions
+a dask DataFrame (pandas or cuDF partitions) on columns `on` without a task
+per piece: each worker holding input partitions splits them by hash (dask's
+own `shuffle_group`, which dispatches to pandas and cuDF alike) and sends
+every other worker, in one message, all the pieces that worker owns
+(output partition j belongs to worker j mod W); then one task per output
+partition, on its owner, concatenates its pieces (in input order). The
+scheduler sees W sends and `npartitions` tasks instead of the task shuffle's
+O(n²) pieces. It is eager, like `persist`: it returns once every output
+partition is held, as a DataFrame over those futures.
+
+The pieces between the two steps live in the `ExplicitComms` worker plugin's
+buffer (registered on the cluster by the first shuffle), outside the
+worker's spilling store: a shuffle must fit in the workers' memory. Failures:
+a split or send that fails, or an owner that leaves before its partitions are
+built, raises `ShuffleError` naming the shuffle and the cause, and every
+worker's buffer for it is dropped; the input (persisted first) is untouched.
+
+Does not cover: sending cuDF frames by CUDA IPC handle (they go with
+distributed's serializers; cudask.comm.ipc moves CuPy arrays), merges, or
+plugging into `DataFrame.shuffle(shuffle_method=...)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.protocol import to_serialize
+
+NAME = "cudask-explicit-comms"
+RECEIVE = "cudask_shuffle_receive"
+
+
+class ShuffleError(RuntimeError):
+    """An explicit-comms shuffle did not complete."""
+
+
+class ExplicitComms(WorkerPlugin):
+    """Holds the pieces other workers sent this one, per shuffle, until its
+    output partitions are built; answers the `cudask_shuffle_receive` op."""
+
+    idempotent = True  # registered once per cluster; a later shuffle finds it
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, dict[int, list[tuple[int, Any]]]] = {}
+
+    def setup(self, worker: Any) -> None:
+        worker.handlers[RECEIVE] = self.receive
+
+    def teardown(self, worker: Any) -> None:
+        worker.handlers.pop(RECEIVE, None)
+        self.buffers.clear()
+
+    def put(self, shuffle_id: str, pieces: dict[tuple[int, int], Any]) -> None:
+        """Keep pieces keyed (input partition, output partition)."""
+        buffer = self.buffers.setdefault(shuffle_id, defaultdict(list))
+        for (i, j), piece in pieces.items():
+            buffer[j].append((i, piece))
+
+    async def receive(self, shuffle_id: str, pieces: dict[tuple[int, int], Any]) -> None:
+        self.put(shuffle_id, pieces)
+
+    def take(self, shuffle_id: str, j: int) -> list[Any]:
+        """The pieces of output partition j, in input order (removed from the buffer)."""
+        buffer = self.buffers.get(shuffle_id)
+        if buffer is None or j not in buffer:
+            raise ShuffleError(
+                f"explicit-comms shuffle {shuffle_id}: the pieces of output partition {j} are not on "
+                "this worker (the worker they were sent to left before the partition was built); "
+                "run the shuffle again")
+        pieces = buffer.pop(j)
+        if not buffer:
+            del self.buffers[shuffle_id]
+        return [piece for _, piece in sorted(pieces, key=lambda p: p[0])]
+
+    def drop(self, shuffle_id: str) -> None:
+        self.buffers.pop(shuffle_id, None)
+
+
+def _plugin(dask_worker: Any) -> ExplicitComms:
+    return dask_worker.plugins[NAME]  # type: ignore[no-any-return]
+
+
+async def _send(shuffle_id: str, holders: dict[str, dict[Any, int]], on: list[str], npartitions: int,
+                owners: list[str], dask_worker: Any) -> int:
+    """Split this worker's input partitions (`holders[its address]`: key -> input
+    index) and deliver every piece to its owner; return the number of pieces sent
+    to other workers."""
+    from dask.dataframe.shuffle import shuffle_group
+
+    outgoing: dict[str, dict[tuple[int, int], Any]] = defaultdict(dict)
+    for key, i in holders.get(dask_worker.address, {}).items():
+        part = dask_worker.data[key]
+        groups = await asyncio.to_thread(shuffle_group, part, on, 0, npartitions, npartitions, False,
+                                         npartitions)
+        for j in range(npartitions):
+            outgoing[owners[j % len(owners)]][(i, j)] = groups[j]
+    mine = outgoing.pop(dask_worker.address, {})
+    _plugin(dask_worker).put(shuffle_id, mine)
+    await asyncio.gather(*(dask_worker.rpc(address).cudask_shuffle_receive(
+        shuffle_id=shuffle_id, pieces=to_serialize(pieces)) for address, pieces in outgoing.items()))
+    return sum(len(p) for p in outgoing.values())
+
+
+def _collect(shuffle_id: str, j: int, meta: Any) -> Any:
+    from dask.dataframe.dispatch import concat
+    from distributed import get_worker
+
+    pieces = _plugin(get_worker()).take(shuffle_id, j)
+    return concat(pieces) if pieces else meta
+
+
+def _drop(shuffle_id: str, dask_worker: Any) -> None:
+    plugin = dask_worker.plugins.get(NAME)
+    if plugin is not None:
+        plugin.drop(shuffle_id)
+
+
+def shuffle(df: Any, on: str | Sequence[str], npartitions: int | None = None, client: Any = None) -> Any:
+    """`df` hash-partitioned on `on` into `npartitions` (default: as many as it has)
+    partitions by explicit comms; see the module's docstring."""
+    import dask.dataframe as dd
+    from distributed import default_client, futures_of, wait
+
+    columns = [on] if isinstance(on, str) else list(on)
+    missing = [c for c in columns if c not in df.columns]
+    if not columns or missing:
+        raise ValueError(f"on={on!r}: {missing or 'no column'} not among the DataFrame's columns "
+                         f"{list(df.columns)}")
+    npartitions = df.npartitions if npartitions is None else npartitions
+    if not isinstance(npartitions, int) or npartitions < 1:
+        raise ValueError(f"npartitions={npartitions!r}; accepted: a positive integer")
+    client = client or default_client()
+    client.register_plugin(ExplicitComms(), name=NAME)
+    df = client.persist(df)
+    parts = futures_of(df)
+    wait(parts)
+    index = {part.key: i for i, part in enumerate(parts)}
+    holders: dict[str, dict[Any, int]] = defaultdict(dict)
+    for key, workers in client.who_has(parts).items():
+        holders[min(workers)][key] = index[key]
+    owners = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    shuffle_id = uuid.uuid4().hex
+    try:
+        # every holder splits and sends at once; this returns when all pieces are delivered
+        client.run(_send, shuffle_id, dict(holders), columns, npartitions, owners, workers=list(holders))
+        outputs = [client.submit(_collect, shuffle_id, j, df._meta, workers=[owners[j % len(owners)]],
+                                 allow_other_workers=True, pure=False, key=f"explicit-shuffle-{shuffle_id}-{j}")
+                   for j in range(npartitions)]
+        wait(outputs)
+        failed = [f for f in outputs if f.status == "error"]
+        if failed:
+            raise ShuffleError(f"explicit-comms shuffle {shuffle_id}: {failed[0].exception()}")
+    except Exception as exc:
+        client.run(_drop, shuffle_id)
+        if isinstance(exc, ShuffleError):
+            raise
+        raise ShuffleError(f"explicit-comms shuffle {shuffle_id} failed: {type(exc).__name__}: {exc}") from exc
+    return dd.from_delayed(outputs, meta=df._meta, verify_meta=False)
+
