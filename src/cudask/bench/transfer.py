@@ -17,7 +17,8 @@ each of two GPUs), then
   a second one in the same cluster the warm one (`all_to_all_warm`);
 - shuffle (when the plan has rows for it: dask-cuDF installed): a DataFrame
   shuffled on a key by each of the plan's methods, twice (cold, warm), in the
-  same cluster (cudask.bench.shuffle).
+  same cluster (cudask.bench.shuffle);
+then each worker's IPC counters and its store's pinned-pool and spill figures.
 Does not cover: the CLI's checks of the plan (cudask.cli.bench).
 """
 
@@ -108,6 +109,17 @@ def _ipc_stats() -> dict[str, Any]:
     return {**ipc.stats(), "declined-because": ipc.declined()}
 
 
+def _store_figures(dask_worker: Any) -> dict[str, float]:
+    """The cudask store's pinned-pool and spill figures (nothing for other stores):
+    pinning ahead of spills runs while the device tier is past half its limit and
+    can slow the worker's GPU work (docs/device-transfers.md)."""
+    metrics = getattr(dask_worker.data, "metrics", None)
+    if not callable(metrics):
+        return {}
+    return {k: v for k, v in metrics().items()
+            if v and ("provision" in k or k.startswith(("spill-", "unspill-")))}
+
+
 def _cells(block_info: Any = None, n: int = 0) -> Any:
     import cupy
 
@@ -183,6 +195,7 @@ def run_setting(setting: Setting, plan: TransferPlan) -> dict[str, Any]:
                          for run in ("cold", "warm")}
                 for method in plan.shuffle_methods}
         out["ipc"] = client.run(_ipc_stats)
+        out["store"] = client.run(_store_figures)
         return out
 
 
