@@ -87,6 +87,48 @@ def test_strided_views_go_by_handle_read_in_place(backend: FakeIPCBackend) -> No
     assert ipc.stats()["sent"] == ipc.stats()["received"] == len(views)
 
 
+class Frame:
+    """Follows cuDF's device-serialization protocol: columns in device buffers,
+    their names in the header and a host frame, as cudf.DataFrame does."""
+
+    def __init__(self, columns: dict[str, Any]) -> None:
+        self.columns = columns
+
+    def device_serialize(self) -> tuple[dict[str, Any], list[Any]]:
+        return {"names": list(self.columns)}, [memoryview(b"meta"), *self.columns.values()]
+
+    @classmethod
+    def device_deserialize(cls, header: dict[str, Any], frames: list[Any]) -> Frame:
+        assert bytes(frames[0]) == b"meta"
+        return cls(dict(zip(header["names"], frames[1:], strict=True)))
+
+
+def test_a_device_serializable_frame_goes_by_handle(backend: FakeIPCBackend) -> None:
+    """cuDF frames: each device buffer by handle (one mapping per allocation), host
+    frames as they are, an empty column without memory to export."""
+    pool = backend.allocate(np.arange(2048, dtype="f8"))
+    frame = Frame({"a": pool[:1024], "b": pool[1024:], "c": backend.allocate(np.arange(100, dtype="i4")),
+                   "empty": FakeDeviceArray(np.empty(0, dtype="f8"))})
+    kind, out = _roundtrip(frame, LOCAL)
+    assert kind == "cudask-ipc" and type(out) is Frame and list(out.columns) == ["a", "b", "c", "empty"]
+    for name, column in frame.columns.items():
+        assert np.array_equal(host(out.columns[name]), host(column)), name
+        assert host(out.columns[name]).ctypes.data != host(column).ctypes.data or not column.size
+    assert backend.opened == [b"h0", b"h1"] and len(backend.closed) == 2  # a and b share a mapping
+    stats = ipc.stats()
+    assert stats["sent"] == stats["received"] == 1
+    assert stats["sent-bytes"] == stats["received-bytes"] == 2048 * 8 + 400
+
+
+def test_a_small_or_remote_frame_goes_the_usual_way(backend: FakeIPCBackend) -> None:
+    small = Frame({"a": backend.allocate(np.arange(16, dtype="f8"))})  # 128 bytes of device data
+    big = Frame({"a": backend.allocate(np.arange(1024, dtype="f8"))})
+    for x, context in ((small, LOCAL), (big, REMOTE)):
+        with pytest.raises(NotImplementedError):
+            ipc.dumps(x, context)
+    assert backend.opened == [] and ipc.stats()["sent"] == 0
+
+
 def test_everything_else_falls_through_to_distributeds_serializers(backend: FakeIPCBackend,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     big = backend.allocate(np.ones((64, 64), dtype="f8"))

@@ -18,9 +18,11 @@ a split or send that fails, or an owner that leaves before its partitions are
 built, raises `ShuffleError` naming the shuffle and the cause, and every
 worker's buffer for it is dropped; the input (persisted first) is untouched.
 
-Does not cover: sending cuDF frames by CUDA IPC handle (they go with
-distributed's serializers; cudask.comm.ipc moves CuPy arrays), merges, or
-plugging into `DataFrame.shuffle(shuffle_method=...)`.
+Between two cudask workers of one host whose device IPC is on, device frames
+(cuDF) travel by CUDA IPC handle (cudask.comm.ipc); everything else with
+distributed's serializers.
+
+Does not cover: merges, or plugging into `DataFrame.shuffle(shuffle_method=...)`.
 """
 
 from __future__ import annotations
@@ -89,11 +91,14 @@ def _plugin(dask_worker: Any) -> ExplicitComms:
 
 
 async def _send(shuffle_id: str, holders: dict[str, dict[Any, int]], on: list[str], npartitions: int,
-                owners: list[str], dask_worker: Any) -> int:
+                owners: list[str], ipc_peers: set[str], dask_worker: Any) -> int:
     """Split this worker's input partitions (`holders[its address]`: key -> input
-    index) and deliver every piece to its owner; return the number of pieces sent
-    to other workers."""
+    index) and deliver every piece to its owner, device frames by CUDA IPC handle
+    to the owners in `ipc_peers` when this worker sends that way; return the
+    number of pieces sent to other workers."""
     from dask.dataframe.shuffle import shuffle_group
+
+    from cudask.comm import ipc
 
     outgoing: dict[str, dict[tuple[int, int], Any]] = defaultdict(dict)
     for key, i in holders.get(dask_worker.address, {}).items():
@@ -104,8 +109,10 @@ async def _send(shuffle_id: str, holders: dict[str, dict[Any, int]], on: list[st
             outgoing[owners[j % len(owners)]][(i, j)] = groups[j]
     mine = outgoing.pop(dask_worker.address, {})
     _plugin(dask_worker).put(shuffle_id, mine)
+    by_ipc = [ipc.FAMILY, "dask", "pickle", "error"] if ipc.enabled() else None
     await asyncio.gather(*(dask_worker.rpc(address).cudask_shuffle_receive(
-        shuffle_id=shuffle_id, pieces=to_serialize(pieces)) for address, pieces in outgoing.items()))
+        shuffle_id=shuffle_id, pieces=to_serialize(pieces),
+        serializers=by_ipc if address in ipc_peers else None) for address, pieces in outgoing.items()))
     return sum(len(p) for p in outgoing.values())
 
 
@@ -115,6 +122,12 @@ def _collect(shuffle_id: str, j: int, meta: Any) -> Any:
 
     pieces = _plugin(get_worker()).take(shuffle_id, j)
     return concat(pieces) if pieces else meta
+
+
+def _ipc_on() -> bool:
+    from cudask.comm import ipc
+
+    return ipc.enabled()
 
 
 def _drop(shuffle_id: str, dask_worker: Any) -> None:
@@ -150,7 +163,9 @@ def shuffle(df: Any, on: str | Sequence[str], npartitions: int | None = None, cl
     shuffle_id = uuid.uuid4().hex
     try:
         # every holder splits and sends at once; this returns when all pieces are delivered
-        client.run(_send, shuffle_id, dict(holders), columns, npartitions, owners, workers=list(holders))
+        ipc_peers = {address for address, on in client.run(_ipc_on).items() if on}
+        client.run(_send, shuffle_id, dict(holders), columns, npartitions, owners, ipc_peers,
+                   workers=list(holders))
         outputs = [client.submit(_collect, shuffle_id, j, df._meta, workers=[owners[j % len(owners)]],
                                  allow_other_workers=True, pure=False, key=f"explicit-shuffle-{shuffle_id}-{j}")
                    for j in range(npartitions)]

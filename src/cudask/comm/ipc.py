@@ -35,12 +35,13 @@ import functools
 import ipaddress
 import logging
 import os
+import pickle
 import socket
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -291,7 +292,7 @@ def _strides(shape: tuple[int, ...], itemsize: int, order: str) -> tuple[int, ..
     return tuple(reversed(out)) if order == "C" else tuple(out)
 
 
-def dumps(x: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[bytes]]:
+def dumps(x: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[Any]]:
     """A CUDA IPC handle for `x` when it may go that way; NotImplementedError
     (distributed then tries the next serializer) otherwise."""
     backend = _state.backend
@@ -299,14 +300,32 @@ def dumps(x: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, Any]
     if proxy is not None and backend is not None and type(x) is proxy.ProxyObject:
         if not same_host(context):
             raise NotImplementedError(FAMILY)
-        header, frames = proxy.ipc_serialize(x, context)  # its object, by handle if on the device
-        return {"proxy": header}, frames
+        proxy_header, proxy_frames = proxy.ipc_serialize(x, context)  # its object, by handle if on the device
+        return {"proxy": proxy_header}, proxy_frames
+    if backend is None or not same_host(context):
+        raise NotImplementedError(FAMILY)
     array_type = _device_array_type()
-    if backend is None or array_type is None or type(x) is not array_type:
+    frames: list[Any] = []
+    if array_type is not None and type(x) is array_type:
+        if int(x.nbytes) < _state.min_size:
+            raise NotImplementedError(FAMILY)
+        entry = _export(backend, x)
+        header = {**entry, "node": _state.node, "pid": os.getpid()}
+        nbytes = entry["nbytes"]
+    elif _device_serializable(x):
+        header, frames = _dumps_device_serialized(backend, x)
+        nbytes = sum(e["nbytes"] for e in header["entries"] if "handle" in e)
+    else:
         raise NotImplementedError(FAMILY)
-    nbytes = int(x.nbytes)
-    if nbytes < _state.min_size or not same_host(context):
-        raise NotImplementedError(FAMILY)
+    with _state.lock:
+        _state.counts["sent"] += 1
+        _state.counts["sent-bytes"] += nbytes
+    return header, frames
+
+
+def _export(backend: Backend, x: Any) -> dict[str, Any]:
+    """The handle, offset and layout of a device array (waiting first for the
+    work queued to write it); NotImplementedError when it cannot go by handle."""
     layout = _layout(x)
     if layout is None:
         raise NotImplementedError(FAMILY)  # distributed's serializer copies it
@@ -315,21 +334,56 @@ def dumps(x: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, Any]
     except RuntimeError as exc:  # CUDA errors, e.g. stream-ordered (cudaMallocAsync) memory
         _decline(f"its memory cannot be exported for IPC ({exc})")
     backend.ready()
-    header = {
+    itemsize = int(layout.typestr[2:])
+    return {
         "shape": list(layout.shape),
         "dtype": layout.typestr,
         "order": layout.order,
         "strides": list(layout.strides),
         "handle": handle,
         "offset": offset,
-        "nbytes": nbytes,
-        "node": _state.node,
-        "pid": os.getpid(),
+        "nbytes": itemsize * _count(layout.shape),
     }
-    with _state.lock:
-        _state.counts["sent"] += 1
-        _state.counts["sent-bytes"] += nbytes
-    return header, []
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _device_serializable(x: Any) -> bool:
+    """Whether `x` follows cuDF's device-serialization protocol: `x.device_serialize()`
+    gives (header, frames), device frames exposing __cuda_array_interface__, and
+    `type(x).device_deserialize(header, frames)` rebuilds it (cuDF frames, series,
+    indexes and columns do)."""
+    kind = type(x)
+    return callable(getattr(kind, "device_serialize", None)) and callable(
+        getattr(kind, "device_deserialize", None))
+
+
+def _dumps_device_serialized(backend: Backend, x: Any) -> tuple[dict[str, Any], list[Any]]:
+    """A device-serializable object: its device frames by handle, its host frames as they are."""
+    inner, parts = x.device_serialize()
+    device = [hasattr(f, "__cuda_array_interface__") for f in parts]
+    total = sum(_count(tuple(f.__cuda_array_interface__["shape"])) for f, d in zip(parts, device, strict=True)
+                if d)
+    if total < _state.min_size:
+        raise NotImplementedError(FAMILY)
+    entries: list[dict[str, Any]] = []
+    frames: list[Any] = []
+    for f, on_device in zip(parts, device, strict=True):
+        if not on_device:
+            entries.append({"host": len(frames)})
+            frames.append(f)
+        elif not _count(tuple(f.__cuda_array_interface__["shape"])):
+            entries.append({"empty": f.__cuda_array_interface__["typestr"]})  # no memory to export
+        else:
+            entries.append(_export(backend, f))
+    header = {"device-serialized": inner, "type": pickle.dumps(type(x)), "entries": entries,
+              "node": _state.node, "pid": os.getpid()}
+    return header, frames
 
 
 @contextmanager
@@ -361,7 +415,7 @@ def _mapping(backend: Backend, handle: bytes) -> Iterator[int]:
 
 def loads(header: dict[str, Any], frames: list[Any]) -> Any:
     """Copy the sender's array into a new one of this process (or rebuild a
-    JIT-unspill proxy, whose object comes the same way)."""
+    device-serialized object, or a JIT-unspill proxy, whose object comes the same way)."""
     if "proxy" in header:
         from cudask.memory.proxy import ipc_deserialize
 
@@ -373,13 +427,30 @@ def loads(header: dict[str, Any], frames: list[Any]) -> Any:
             "cudask.comm.device-ipc: false on the workers if hosts share network addresses")
     backend = _receiving_backend()
     start = time.perf_counter()
-    out = backend.empty(tuple(header["shape"]), header["dtype"], header["order"])
-    with _mapping(backend, bytes(header["handle"])) as base:
-        backend.copy(out, base + int(header["offset"]), tuple(int(s) for s in header["strides"]))
+    if "device-serialized" in header:
+        with ExitStack() as mappings:  # buffers of one allocation share its mapping
+            parts = [frames[e["host"]] if "host" in e
+                     else backend.empty((0,), e["empty"], "C") if "empty" in e
+                     else _receive_array(backend, e, mappings) for e in header["entries"]]
+        out = pickle.loads(header["type"]).device_deserialize(header["device-serialized"], parts)
+        nbytes = sum(e["nbytes"] for e in header["entries"] if "handle" in e)
+    else:
+        with ExitStack() as mappings:
+            out = _receive_array(backend, header, mappings)
+        nbytes = header["nbytes"]
     with _state.lock:
         _state.counts["received"] += 1
-        _state.counts["received-bytes"] += header["nbytes"]
+        _state.counts["received-bytes"] += nbytes
         _state.counts["receive-seconds"] += time.perf_counter() - start
+    return out
+
+
+def _receive_array(backend: Backend, entry: dict[str, Any], mappings: ExitStack) -> Any:
+    """A new array of this process holding a copy of the one `entry` names (the
+    mapping stays open in `mappings` until the caller closes it)."""
+    out = backend.empty(tuple(entry["shape"]), entry["dtype"], entry["order"])
+    base = mappings.enter_context(_mapping(backend, bytes(entry["handle"])))
+    backend.copy(out, base + int(entry["offset"]), tuple(int(s) for s in entry["strides"]))
     return out
 
 
