@@ -99,10 +99,11 @@ async def _send(shuffle_id: str, holders: dict[str, dict[Any, int]], on: list[st
     from dask.dataframe.shuffle import shuffle_group
 
     from cudask.comm import ipc
+    from cudask.memory.proxy import unproxy
 
     outgoing: dict[str, dict[tuple[int, int], Any]] = defaultdict(dict)
     for key, i in holders.get(dask_worker.address, {}).items():
-        part = dask_worker.data[key]
+        part = unproxy(dask_worker.data[key])  # under JIT-unspill the store holds proxies
         groups = await asyncio.to_thread(shuffle_group, part, on, 0, npartitions, npartitions, False,
                                          npartitions)
         for j in range(npartitions):
