@@ -76,3 +76,47 @@ def test_missing_pieces_are_a_clear_error() -> None:
     with pytest.raises(ShuffleError, match="pieces of output partition 0 are not on this worker"):
         plugin.take("s1", 0)
     assert plugin.take("s1", 1) == ["c"] and plugin.buffers == {}
+
+
+def _orders(i: int) -> Any:
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(i)
+    return pd.DataFrame({"key": rng.integers(0, 3000, 2000), "amount": rng.random(2000)})
+
+
+def _customers(i: int) -> Any:
+    import numpy as np
+    import pandas as pd
+
+    keys = np.arange(i * 1000, (i + 1) * 1000)  # 0..2999: some orders have no customer, some customers no order
+    return pd.DataFrame({"key": keys, "name": [f"c{k}" for k in keys]}).iloc[::2]
+
+
+@pytest.mark.parametrize("how", ["inner", "left", "outer"])
+def test_merge_matches_pandas(client: Any, how: str) -> None:
+    from cudask.comm.explicit import merge
+
+    orders = dd.from_map(_orders, range(4), meta=_orders(0).iloc[:0])
+    customers = dd.from_map(_customers, range(3), meta=_customers(0).iloc[:0])
+    out = merge(orders, customers, "key", how=how, client=client)
+    assert out.npartitions == 4
+    ours = out.compute().sort_values(["key", "amount"]).reset_index(drop=True)
+    theirs = orders.compute().merge(customers.compute(), on="key", how=how)
+    assert ours.equals(theirs.sort_values(["key", "amount"]).reset_index(drop=True))
+    assert all(b == {} for b in client.run(_buffers).values())
+
+
+def test_merge_bad_input_is_named(client: Any) -> None:
+    from cudask.comm.explicit import merge
+
+    orders = dd.from_map(_orders, range(2), meta=_orders(0).iloc[:0])
+    customers = dd.from_map(_customers, range(2), meta=_customers(0).iloc[:0])
+    with pytest.raises(ValueError, match="how='cross'; accepted: inner, left, right, outer"):
+        merge(orders, customers, "key", how="cross", client=client)
+    with pytest.raises(ValueError, match=r"\['name'\] not among the left DataFrame's columns"):
+        merge(orders, customers, "name", client=client)
+    as_float = customers.astype({"key": "f8"})
+    with pytest.raises(ValueError, match=r"on='key': dtypes differ \(left int64, right float64\)"):
+        merge(orders, as_float, "key", client=client)

@@ -1,5 +1,5 @@
 """cuDF frames between two workers of one GPU by CUDA IPC, and the explicit-comms
-shuffle of dask-cuDF frames, on a real GPU with cuDF installed (scripts/gpu-proof's
+shuffle and merge of dask-cuDF frames, on a real GPU with cuDF installed (scripts/gpu-proof's
 `cudf` step runs this file with the cuDF bundle importable)."""
 
 from __future__ import annotations
@@ -68,3 +68,35 @@ def test_explicit_shuffle_of_dask_cudf_frames() -> None:
         assert ours.equals(theirs.reset_index(drop=True)) and len(ours) == 4_000_000
         stats = client.run(_ipc_stats)
     assert sum(s["received"] for s in stats.values()) >= 2, stats  # pieces crossed by handle
+
+
+def _orders(i: int) -> Any:
+    import cudf
+    import cupy
+
+    rng = cupy.random.RandomState(i)
+    return cudf.DataFrame({"key": rng.randint(0, 300_000, size=200_000).astype("i8"),
+                           "amount": rng.standard_normal(200_000)})
+
+
+def _customers(i: int) -> Any:
+    import cudf
+    import cupy
+
+    keys = cupy.arange(i * 100_000, (i + 1) * 100_000, 2, dtype="i8")
+    return cudf.DataFrame({"key": keys, "score": keys.astype("f8") / 7})
+
+
+def test_explicit_merge_of_dask_cudf_frames() -> None:
+    pytest.importorskip("dask_cudf")
+    import dask.dataframe as dd
+
+    from cudask.comm.explicit import merge
+
+    with worker_processes(["0", "0"], args=["--device-memory-limit", "16GB"]) as client:
+        orders = dd.from_map(_orders, range(4), meta=_orders(0).iloc[:0])
+        customers = dd.from_map(_customers, range(3), meta=_customers(0).iloc[:0])
+        ours = merge(orders, customers, "key", how="left", client=client).compute()
+        theirs = orders.compute().merge(customers.compute(), on="key", how="left")
+    order = ["key", "amount"]
+    assert ours.sort_values(order).reset_index(drop=True).equals(theirs.sort_values(order).reset_index(drop=True))

@@ -1,4 +1,4 @@
-"""Explicit-comms shuffle: DataFrame partitions exchanged worker to worker in one step.
+"""Explicit-comms shuffle and merge: DataFrame partitions exchanged worker to worker in one step.
 
 Covers: `shuffle(df, on, npartitions=None, client=None)`, which hash-partitions
 a dask DataFrame (pandas or cuDF partitions) on columns `on` without a task
@@ -18,11 +18,18 @@ a split or send that fails, or an owner that leaves before its partitions are
 built, raises `ShuffleError` naming the shuffle and the cause, and every
 worker's buffer for it is dropped; the input (persisted first) is untouched.
 
+`merge(left, right, on, how="inner", ...)` shuffles both sides that way into
+the same number of partitions (a key's rows of both sides land in the same
+output partition, on the same worker) and merges partition by partition
+(lazily, like `DataFrame.merge`); the key columns must have the same dtypes
+on both sides, since pieces are placed by hash.
+
 Between two cudask workers of one host whose device IPC is on, device frames
 (cuDF) travel by CUDA IPC handle (cudask.comm.ipc); everything else with
 distributed's serializers.
 
-Does not cover: merges, or plugging into `DataFrame.shuffle(shuffle_method=...)`.
+Does not cover: plugging into `DataFrame.shuffle(shuffle_method=...)` or
+`DataFrame.merge`.
 """
 
 from __future__ import annotations
@@ -181,3 +188,35 @@ def shuffle(df: Any, on: str | Sequence[str], npartitions: int | None = None, cl
         raise ShuffleError(f"explicit-comms shuffle {shuffle_id} failed: {type(exc).__name__}: {exc}") from exc
     return dd.from_delayed(outputs, meta=df._meta, verify_meta=False)
 
+
+HOWS = ("inner", "left", "right", "outer")
+
+
+def _merge_parts(left: Any, right: Any, on: list[str], how: str) -> Any:
+    return left.merge(right, on=on, how=how)
+
+
+def merge(left: Any, right: Any, on: str | Sequence[str], how: str = "inner",
+          npartitions: int | None = None, client: Any = None) -> Any:
+    """`left` merged with `right` on `on` after an explicit-comms shuffle of both
+    into `npartitions` (default: the larger of their partition counts) partitions."""
+    import dask.dataframe as dd
+
+    columns = [on] if isinstance(on, str) else list(on)
+    if how not in HOWS:
+        raise ValueError(f"how={how!r}; accepted: {', '.join(HOWS)}")
+    for side, frame in (("left", left), ("right", right)):
+        missing = [c for c in columns if c not in frame.columns]
+        if not columns or missing:
+            raise ValueError(f"on={on!r}: {missing or 'no column'} not among the {side} DataFrame's "
+                             f"columns {list(frame.columns)}")
+    for c in columns:
+        if left.dtypes[c] != right.dtypes[c]:
+            raise ValueError(f"on={c!r}: dtypes differ (left {left.dtypes[c]}, right {right.dtypes[c]}); "
+                             "cast one side first: rows are placed by a hash of the key")
+    n = max(left.npartitions, right.npartitions) if npartitions is None else npartitions
+    lhs = shuffle(left, columns, n, client)
+    rhs = shuffle(right, columns, n, client)
+    meta = _merge_parts(left._meta, right._meta, columns, how)
+    return dd.map_partitions(_merge_parts, lhs, rhs, columns, how, meta=meta, align_dataframes=False,
+                             enforce_metadata=False)
