@@ -5,6 +5,7 @@ a failing split raises ShuffleError and leaves no buffer behind."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ from distributed import Client, LocalCluster
 
 from cudask.bench.shuffle import _distinct_keys, _partition
 from cudask.comm.explicit import NAME, ExplicitComms, ShuffleError, shuffle
+from cudask.testing import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +69,76 @@ def test_a_failing_split_raises_and_leaves_no_buffer(client: Any) -> None:
     with pytest.raises(ShuffleError, match="explicit-comms shuffle [0-9a-f]+ failed: KeyError"):
         shuffle(df, "key", client=client)
     assert all(b == {} for b in client.run(_buffers).values())
+
+
+def _pause(dask_worker: Any) -> None:
+    from distributed.core import Status
+
+    dask_worker.status = Status.paused  # as the memory monitor does past its pause threshold
+
+
+def _resume(dask_worker: Any) -> None:
+    from distributed.core import Status
+
+    dask_worker.status = Status.running
+
+
+def _held(dask_worker: Any) -> int:
+    plugin = dask_worker.plugins.get(NAME)  # None until the shuffle has registered it
+    return 0 if plugin is None else sum(len(p) for b in plugin.buffers.values() for p in b.values())
+
+
+def _run_in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = fn()
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            result["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, result
+
+
+def test_a_paused_owner_builds_its_partitions_once_resumed() -> None:
+    """Output partitions are strictly bound to the worker holding their pieces: a
+    paused owner delays them (it is not skipped for a worker without the pieces)."""
+    # memory_limit=0: no memory monitor to resume the paused worker on its own
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      memory_limit=0) as cluster, Client(cluster) as c:
+        _, b = sorted(c.scheduler_info()["workers"])
+        c.run(_pause, workers=[b])
+        thread, result = _run_in_thread(lambda: shuffle(_frame(), "key", client=c).compute())
+        assert wait_for(lambda: c.run(_held, workers=[b])[b] > 0, timeout=120)
+        c.run(_resume, workers=[b])
+        thread.join(timeout=300)
+        assert not thread.is_alive() and "error" not in result, result
+        assert len(result["value"]) == 20000
+
+
+def test_an_owner_leaving_is_a_clear_error_not_a_hang() -> None:
+    # memory_limit=0: no memory monitor to resume the paused worker on its own
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      memory_limit=0) as cluster, Client(cluster) as c:
+        _, b = sorted(c.scheduler_info()["workers"])
+        c.run(_pause, workers=[b])  # b holds its pieces and builds nothing while paused
+        thread, result = _run_in_thread(lambda: shuffle(_frame(), "key", client=c))
+        assert wait_for(lambda: c.run(_held, workers=[b])[b] > 0, timeout=120)
+        c.restart_workers([b])  # its process ends; a new one starts at another address
+        thread.join(timeout=300)
+        assert not thread.is_alive()
+        assert isinstance(result.get("error"), ShuffleError), result
+        assert f"worker(s) {b} left before building their output partitions" in str(result["error"])
+        assert all(n == 0 for n in c.run(_held).values())
+
+
+def test_pieces_of_a_dropped_shuffle_are_discarded() -> None:
+    plugin = ExplicitComms()
+    plugin.drop("s1")
+    plugin.put("s1", {(0, 0): "late"})  # a send still under way when the shuffle failed
+    assert plugin.buffers == {}
 
 
 def test_missing_pieces_are_a_clear_error() -> None:

@@ -6,10 +6,12 @@ tests/comm/test_ipc_gpu.py."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 import types
-from typing import Any
+import weakref
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -109,7 +111,10 @@ def test_a_device_serializable_frame_goes_by_handle(backend: FakeIPCBackend) -> 
     pool = backend.allocate(np.arange(2048, dtype="f8"))
     frame = Frame({"a": pool[:1024], "b": pool[1024:], "c": backend.allocate(np.arange(100, dtype="i4")),
                    "empty": FakeDeviceArray(np.empty(0, dtype="f8"))})
-    kind, out = _roundtrip(frame, LOCAL)
+    kind, _ = _roundtrip(frame, LOCAL)
+    assert kind != "cudask-ipc"  # outside a send that keeps its frames alive: the usual way
+    with ipc.keep_alive():
+        kind, out = _roundtrip(frame, LOCAL)
     assert kind == "cudask-ipc" and type(out) is Frame and list(out.columns) == ["a", "b", "c", "empty"]
     for name, column in frame.columns.items():
         assert np.array_equal(host(out.columns[name]), host(column)), name
@@ -120,11 +125,35 @@ def test_a_device_serializable_frame_goes_by_handle(backend: FakeIPCBackend) -> 
     assert stats["sent-bytes"] == stats["received-bytes"] == 2048 * 8 + 400
 
 
+class CompactingFrame(Frame):
+    """Like cuDF with a sliced column: device_serialize makes a copy for the message."""
+
+    made: ClassVar[list[Any]] = []
+    backend: FakeIPCBackend
+
+    def device_serialize(self) -> tuple[dict[str, Any], list[Any]]:
+        copies = {name: self.backend.allocate(column._array.copy()) for name, column in self.columns.items()}
+        CompactingFrame.made.extend(weakref.ref(c) for c in copies.values())
+        return {"names": list(copies)}, [memoryview(b"meta"), *copies.values()]
+
+
+def test_copies_made_for_a_send_live_until_it_ends(backend: FakeIPCBackend) -> None:
+    frame = CompactingFrame({"a": backend.allocate(np.arange(1024, dtype="f8"))})
+    CompactingFrame.backend = backend
+    with ipc.keep_alive():
+        header, _ = ipc.dumps(frame, LOCAL)
+        assert "device-serialized" in header
+        gc.collect()
+        assert [r() is not None for r in CompactingFrame.made] == [True]  # exported memory still alive
+    gc.collect()
+    assert [r() is None for r in CompactingFrame.made] == [True]  # released once the send is over
+
+
 def test_a_small_or_remote_frame_goes_the_usual_way(backend: FakeIPCBackend) -> None:
     small = Frame({"a": backend.allocate(np.arange(16, dtype="f8"))})  # 128 bytes of device data
     big = Frame({"a": backend.allocate(np.arange(1024, dtype="f8"))})
     for x, context in ((small, LOCAL), (big, REMOTE)):
-        with pytest.raises(NotImplementedError):
+        with ipc.keep_alive(), pytest.raises(NotImplementedError):
             ipc.dumps(x, context)
     assert backend.opened == [] and ipc.stats()["sent"] == 0
 

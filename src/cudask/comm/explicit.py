@@ -35,6 +35,7 @@ Does not cover: plugging into `DataFrame.shuffle(shuffle_method=...)` or
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
@@ -59,6 +60,14 @@ class ExplicitComms(WorkerPlugin):
 
     def __init__(self) -> None:
         self.buffers: dict[str, dict[int, list[tuple[int, Any]]]] = {}
+        self.dropped: set[str] = set()  # failed shuffles: pieces still arriving are discarded
+        self.lock = threading.Lock()  # tasks of several threads take pieces at once
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}  # sent to the workers empty (a lock does not pickle)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
 
     def setup(self, worker: Any) -> None:
         worker.handlers[RECEIVE] = self.receive
@@ -69,28 +78,34 @@ class ExplicitComms(WorkerPlugin):
 
     def put(self, shuffle_id: str, pieces: dict[tuple[int, int], Any]) -> None:
         """Keep pieces keyed (input partition, output partition)."""
-        buffer = self.buffers.setdefault(shuffle_id, defaultdict(list))
-        for (i, j), piece in pieces.items():
-            buffer[j].append((i, piece))
+        with self.lock:
+            if shuffle_id in self.dropped:
+                return
+            buffer = self.buffers.setdefault(shuffle_id, defaultdict(list))
+            for (i, j), piece in pieces.items():
+                buffer[j].append((i, piece))
 
     async def receive(self, shuffle_id: str, pieces: dict[tuple[int, int], Any]) -> None:
         self.put(shuffle_id, pieces)
 
     def take(self, shuffle_id: str, j: int) -> list[Any]:
         """The pieces of output partition j, in input order (removed from the buffer)."""
-        buffer = self.buffers.get(shuffle_id)
-        if buffer is None or j not in buffer:
-            raise ShuffleError(
-                f"explicit-comms shuffle {shuffle_id}: the pieces of output partition {j} are not on "
-                "this worker (the worker they were sent to left before the partition was built); "
-                "run the shuffle again")
-        pieces = buffer.pop(j)
-        if not buffer:
-            del self.buffers[shuffle_id]
+        with self.lock:
+            buffer = self.buffers.get(shuffle_id)
+            if buffer is None or j not in buffer:
+                raise ShuffleError(
+                    f"explicit-comms shuffle {shuffle_id}: the pieces of output partition {j} are not "
+                    "on this worker (the worker they were sent to left before the partition was "
+                    "built); run the shuffle again")
+            pieces = buffer.pop(j)
+            if not buffer:
+                del self.buffers[shuffle_id]
         return [piece for _, piece in sorted(pieces, key=lambda p: p[0])]
 
     def drop(self, shuffle_id: str) -> None:
-        self.buffers.pop(shuffle_id, None)
+        with self.lock:
+            self.buffers.pop(shuffle_id, None)
+            self.dropped.add(shuffle_id)
 
 
 def _plugin(dask_worker: Any) -> ExplicitComms:
@@ -103,25 +118,35 @@ async def _send(shuffle_id: str, holders: dict[str, dict[Any, int]], on: list[st
     index) and deliver every piece to its owner, device frames by CUDA IPC handle
     to the owners in `ipc_peers` when this worker sends that way; return the
     number of pieces sent to other workers."""
-    from dask.dataframe.shuffle import shuffle_group
-
     from cudask.comm import ipc
-    from cudask.memory.proxy import unproxy
 
     outgoing: dict[str, dict[tuple[int, int], Any]] = defaultdict(dict)
     for key, i in holders.get(dask_worker.address, {}).items():
-        part = unproxy(dask_worker.data[key])  # under JIT-unspill the store holds proxies
-        groups = await asyncio.to_thread(shuffle_group, part, on, 0, npartitions, npartitions, False,
-                                         npartitions)
+        # off the event loop: reading the store may unspill, splitting runs kernels
+        groups = await asyncio.to_thread(_split, dask_worker.data, key, on, npartitions)
         for j in range(npartitions):
             outgoing[owners[j % len(owners)]][(i, j)] = groups[j]
     mine = outgoing.pop(dask_worker.address, {})
     _plugin(dask_worker).put(shuffle_id, mine)
     by_ipc = [ipc.FAMILY, "dask", "pickle", "error"] if ipc.enabled() else None
-    await asyncio.gather(*(dask_worker.rpc(address).cudask_shuffle_receive(
-        shuffle_id=shuffle_id, pieces=to_serialize(pieces),
-        serializers=by_ipc if address in ipc_peers else None) for address, pieces in outgoing.items()))
+    with ipc.keep_alive():  # device frames exported by handle live until each peer has answered
+        results = await asyncio.gather(*(dask_worker.rpc(address).cudask_shuffle_receive(
+            shuffle_id=shuffle_id, pieces=to_serialize(pieces),
+            serializers=by_ipc if address in ipc_peers else None) for address, pieces in outgoing.items()),
+            return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
     return sum(len(p) for p in outgoing.values())
+
+
+def _split(data: Any, key: Any, on: list[str], npartitions: int) -> dict[int, Any]:
+    from dask.dataframe.shuffle import shuffle_group
+
+    from cudask.memory.proxy import unproxy
+
+    part = unproxy(data[key])  # under JIT-unspill the store holds proxies
+    return shuffle_group(part, on, 0, npartitions, npartitions, False, npartitions)  # type: ignore[no-any-return]
 
 
 def _collect(shuffle_id: str, j: int, meta: Any) -> Any:
@@ -163,30 +188,55 @@ def shuffle(df: Any, on: str | Sequence[str], npartitions: int | None = None, cl
     df = client.persist(df)
     parts = futures_of(df)
     wait(parts)
-    index = {part.key: i for i, part in enumerate(parts)}
-    holders: dict[str, dict[Any, int]] = defaultdict(dict)
-    for key, workers in client.who_has(parts).items():
-        holders[min(workers)][key] = index[key]
-    owners = sorted(client.scheduler_info(n_workers=-1)["workers"])
     shuffle_id = uuid.uuid4().hex
+    outputs: list[Any] = []
     try:
+        index = {part.key: i for i, part in enumerate(parts)}
+        holders: dict[str, dict[Any, int]] = defaultdict(dict)
+        for key, workers in client.who_has(parts).items():
+            if not workers:
+                raise ShuffleError(f"explicit-comms shuffle {shuffle_id}: input partition {key!r} was "
+                                   "lost before the shuffle began; run it again")
+            holders[min(workers)][key] = index[key]
+        owners = sorted(client.scheduler_info(n_workers=-1)["workers"])
         # every holder splits and sends at once; this returns when all pieces are delivered
         ipc_peers = {address for address, on in client.run(_ipc_on).items() if on}
         client.run(_send, shuffle_id, dict(holders), columns, npartitions, owners, ipc_peers,
                    workers=list(holders))
+        # Strict restrictions: a paused owner still builds its partitions (loose ones would
+        # send them to a worker without the pieces); an owner that leaves is noticed below.
         outputs = [client.submit(_collect, shuffle_id, j, df._meta, workers=[owners[j % len(owners)]],
-                                 allow_other_workers=True, pure=False, key=f"explicit-shuffle-{shuffle_id}-{j}")
+                                 pure=False, key=f"explicit-shuffle-{shuffle_id}-{j}")
                    for j in range(npartitions)]
-        wait(outputs)
-        failed = [f for f in outputs if f.status == "error"]
-        if failed:
-            raise ShuffleError(f"explicit-comms shuffle {shuffle_id}: {failed[0].exception()}")
+        _wait_for_owners(client, outputs, owners, shuffle_id)
     except Exception as exc:
-        client.run(_drop, shuffle_id)
+        client.cancel(outputs)
+        client.run(_drop, shuffle_id, on_error="ignore")
         if isinstance(exc, ShuffleError):
             raise
         raise ShuffleError(f"explicit-comms shuffle {shuffle_id} failed: {type(exc).__name__}: {exc}") from exc
     return dd.from_delayed(outputs, meta=df._meta, verify_meta=False)
+
+
+def _wait_for_owners(client: Any, outputs: list[Any], owners: list[str], shuffle_id: str) -> None:
+    """Wait for every output partition; ShuffleError when one fails or its owner leaves
+    (its pieces are gone with it, and a strictly restricted task would wait forever)."""
+    from distributed import wait
+
+    while True:
+        try:
+            wait(outputs, timeout=5)  # a polling interval, not a limit: see the owners' check
+        except TimeoutError:
+            present = set(client.scheduler_info(n_workers=-1)["workers"])
+            gone = sorted({owners[j % len(owners)] for j, f in enumerate(outputs) if not f.done()} - present)
+            if gone:
+                raise ShuffleError(f"explicit-comms shuffle {shuffle_id}: worker(s) {', '.join(gone)} left "
+                                   "before building their output partitions; run the shuffle again") from None
+            continue
+        failed = [f for f in outputs if f.status == "error"]
+        if failed:
+            raise ShuffleError(f"explicit-comms shuffle {shuffle_id}: {failed[0].exception()}")
+        return
 
 
 HOWS = ("inner", "left", "right", "outer")

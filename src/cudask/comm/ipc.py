@@ -42,6 +42,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -160,6 +161,25 @@ class _State:
 
 
 _state = _State()
+
+# Device memory exported while a send is under way that nothing else keeps alive (the
+# frames cuDF's device_serialize makes, e.g. compacted copies of sliced columns): held
+# here until the sender has the peer's answer. Set by `keep_alive`; a context variable,
+# so distributed's serialization threads (offload copies the context) see the same list.
+_held: ContextVar[list[Any] | None] = ContextVar("cudask_ipc_held", default=None)
+
+
+@contextmanager
+def keep_alive() -> Iterator[None]:
+    """Keep what is exported by handle inside this block alive until it ends: wrap a
+    send and the wait for the peer's answer (cudask.comm.worker.Worker.get_data,
+    the explicit-comms shuffle). Objects whose device frames need it go by handle
+    only inside such a block."""
+    token = _held.set([])
+    try:
+        yield
+    finally:
+        _held.reset(token)
 
 
 @functools.cache
@@ -312,7 +332,7 @@ def dumps(x: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, Any]
         entry = _export(backend, x)
         header = {**entry, "node": _state.node, "pid": os.getpid()}
         nbytes = entry["nbytes"]
-    elif _device_serializable(x):
+    elif _device_serializable(x) and _held.get() is not None:
         header, frames = _dumps_device_serialized(backend, x)
         nbytes = sum(e["nbytes"] for e in header["entries"] if "handle" in e)
     else:
@@ -366,6 +386,9 @@ def _device_serializable(x: Any) -> bool:
 def _dumps_device_serialized(backend: Backend, x: Any) -> tuple[dict[str, Any], list[Any]]:
     """A device-serializable object: its device frames by handle, its host frames as they are."""
     inner, parts = x.device_serialize()
+    held = _held.get()
+    assert held is not None
+    held.append(parts)  # its frames may be copies made for this send: alive until answered
     device = [hasattr(f, "__cuda_array_interface__") for f in parts]
     total = sum(_count(tuple(f.__cuda_array_interface__["shape"])) for f, d in zip(parts, device, strict=True)
                 if d)

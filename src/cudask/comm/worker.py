@@ -1,7 +1,8 @@
 """The distributed.Worker that cudask starts when device IPC is on.
 
 Covers: answering another worker's request for data (`get_data`) by CUDA IPC
-first when the request says the requester accepts it. A cudask worker lists the
+first when the request says the requester accepts it, keeping what was exported
+alive (`cudask.comm.ipc.keep_alive`) until the requester has answered. A cudask worker lists the
 ``cudask-ipc`` family *last* among the serializers its requests carry, so a
 worker without cudask, answering it, serializes with "dask" or "pickle" as
 usual and never looks that name up (it would fail on a name it does not know);
@@ -20,7 +21,7 @@ from typing import Any
 
 import distributed
 
-from cudask.comm.ipc import FAMILY
+from cudask.comm.ipc import FAMILY, keep_alive
 
 
 class Worker(distributed.Worker):
@@ -29,6 +30,8 @@ class Worker(distributed.Worker):
 
     async def get_data(self, comm: Any, keys: Collection[str], who: str | None = None,
                        serializers: list[str] | None = None) -> Any:
-        if serializers and FAMILY in serializers:
-            serializers = [FAMILY, *(s for s in serializers if s != FAMILY)]
-        return await super().get_data(comm, keys, who=who, serializers=serializers)
+        if not serializers or FAMILY not in serializers:
+            return await super().get_data(comm, keys, who=who, serializers=serializers)
+        serializers = [FAMILY, *(s for s in serializers if s != FAMILY)]
+        with keep_alive():  # get_data returns once the requester has answered "OK"
+            return await super().get_data(comm, keys, who=who, serializers=serializers)
