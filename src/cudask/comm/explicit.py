@@ -7,8 +7,8 @@ own `shuffle_group`, which dispatches to pandas and cuDF alike) and sends
 every other worker, in one message, all the pieces that worker owns
 (output partition j belongs to worker j mod W); then one task per output
 partition, on its owner, concatenates its pieces (in input order). The
-scheduler sees W sends and `npartitions` tasks instead of the task shuffle's
-O(n²) pieces. It is eager, like `persist`: it returns once every output
+scheduler sees one `client.run` and `npartitions` tasks instead of the task
+shuffle's task per piece. It is eager, like `persist`: it returns once every output
 partition is held, as a DataFrame over those futures.
 
 The pieces between the two steps live in the `ExplicitComms` worker plugin's
