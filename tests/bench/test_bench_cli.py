@@ -513,13 +513,13 @@ def test_transfer_summary_of_shuffles() -> None:
 def test_transfer_reports_the_store_figures() -> None:
     from types import SimpleNamespace
 
-    from cudask.bench.transfer import _store_figures
+    from cudask.bench.transfer import store_figures
 
     class Store(dict):
         def metrics(self) -> dict[str, float]:
             return {"device-bytes": 5.0, "pinned-provision-bytes": 8.0, "pinned-provision-seconds": 0.5,
                     "spill-device-to-host-bytes": 0.0, "unspill-host-to-device-count": 2.0}
 
-    assert _store_figures(SimpleNamespace(data=Store())) == {
+    assert store_figures(SimpleNamespace(data=Store())) == {
         "pinned-provision-bytes": 8.0, "pinned-provision-seconds": 0.5, "unspill-host-to-device-count": 2.0}
-    assert _store_figures(SimpleNamespace(data={})) == {}  # dask-cuda's or a plain store
+    assert store_figures(SimpleNamespace(data={})) == {}  # dask-cuda's or a plain store

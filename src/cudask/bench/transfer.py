@@ -109,7 +109,7 @@ def _ipc_stats() -> dict[str, Any]:
     return {**ipc.stats(), "declined-because": ipc.declined()}
 
 
-def _store_figures(dask_worker: Any) -> dict[str, float]:
+def store_figures(dask_worker: Any) -> dict[str, float]:
     """The cudask store's pinned-pool and spill figures (nothing for other stores):
     pinning ahead of spills runs while the device tier is past half its limit and
     can slow the worker's GPU work (docs/device-transfers.md)."""
@@ -195,7 +195,7 @@ def run_setting(setting: Setting, plan: TransferPlan) -> dict[str, Any]:
                          for run in ("cold", "warm")}
                 for method in plan.shuffle_methods}
         out["ipc"] = client.run(_ipc_stats)
-        out["store"] = client.run(_store_figures)
+        out["store"] = client.run(store_figures)
         return out
 
 

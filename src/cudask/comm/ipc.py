@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import logging
+import math
 import os
 import pickle
 import socket
@@ -130,8 +131,7 @@ class CudaBackend:
             width = shape[1] * itemsize  # rows of a wider array: a pitched copy
             runtime.memcpy2D(dst, width, src, strides[0], width, shape[0], runtime.memcpyDefault)
         else:  # any other layout: a copy kernel reading the mapping in place
-            low = src + sum((n - 1) * s for n, s in zip(shape, strides, strict=True) if s < 0)
-            span = sum((n - 1) * abs(s) for n, s in zip(shape, strides, strict=True)) + itemsize
+            low, span = extent(src, shape, strides, itemsize)
             memory = cupy.cuda.UnownedMemory(low, span, None, cupy.cuda.Device().id)
             view = cupy.ndarray(shape, out.dtype, cupy.cuda.MemoryPointer(memory, src - low), strides)
             out[...] = view
@@ -362,15 +362,15 @@ def _export(backend: Backend, x: Any) -> dict[str, Any]:
         "strides": list(layout.strides),
         "handle": handle,
         "offset": offset,
-        "nbytes": itemsize * _count(layout.shape),
+        "nbytes": itemsize * math.prod(layout.shape),
     }
 
 
-def _count(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+def extent(address: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int]:
+    """The lowest address and the byte span of the elements of an array whose first
+    element is at `address`, laid out with these byte strides (any sign)."""
+    low = address + sum((n - 1) * s for n, s in zip(shape, strides, strict=True) if s < 0)
+    return low, sum((n - 1) * abs(s) for n, s in zip(shape, strides, strict=True)) + itemsize
 
 
 def _device_serializable(x: Any) -> bool:
@@ -389,18 +389,18 @@ def _dumps_device_serialized(backend: Backend, x: Any) -> tuple[dict[str, Any], 
     held = _held.get()
     assert held is not None
     held.append(parts)  # its frames may be copies made for this send: alive until answered
-    device = [hasattr(f, "__cuda_array_interface__") for f in parts]
-    total = sum(_count(tuple(f.__cuda_array_interface__["shape"])) for f, d in zip(parts, device, strict=True)
-                if d)
-    if total < _state.min_size:
+    # elements of each device frame (cuDF's are bytes); None for host frames
+    sizes = [math.prod(f.__cuda_array_interface__["shape"]) if hasattr(f, "__cuda_array_interface__")
+             else None for f in parts]
+    if sum(n for n in sizes if n) < _state.min_size:
         raise NotImplementedError(FAMILY)
     entries: list[dict[str, Any]] = []
     frames: list[Any] = []
-    for f, on_device in zip(parts, device, strict=True):
-        if not on_device:
+    for f, size in zip(parts, sizes, strict=True):
+        if size is None:
             entries.append({"host": len(frames)})
             frames.append(f)
-        elif not _count(tuple(f.__cuda_array_interface__["shape"])):
+        elif not size:
             entries.append({"empty": f.__cuda_array_interface__["typestr"]})  # no memory to export
         else:
             entries.append(_export(backend, f))

@@ -404,8 +404,9 @@ class FakeIPCBackend:
         return FakeDeviceArray(numpy.empty(shape, dtype=numpy.dtype(dtype), order="F" if order == "F" else "C"))
 
     def copy(self, out: FakeDeviceArray, src: int, strides: tuple[int, ...]) -> None:
+        from cudask.comm.ipc import extent
+
         target = out._array
-        low = src + sum((n - 1) * s for n, s in zip(target.shape, strides, strict=True) if s < 0)
-        span = sum((n - 1) * abs(s) for n, s in zip(target.shape, strides, strict=True)) + target.itemsize
+        low, span = extent(src, target.shape, strides, target.itemsize)
         memory = (ctypes.c_char * span).from_address(low)
-        target[...] = numpy.ndarray(target.shape, target.dtype, memory, src - low, strides)
+        target[...] = numpy.ndarray(target.shape, target.dtype, memoryview(memory), src - low, strides)
