@@ -3,6 +3,7 @@ and the helper says so with their own words, without waiting out its timeout."""
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -19,3 +20,13 @@ def test_workers_that_end_are_reported_at_once(tmp_path) -> None:
         pass
     assert time.monotonic() - start < 120
     assert "no NVIDIA GPU found" in (tmp_path / "worker-1.log").read_text()
+
+
+def test_a_failure_in_the_block_carries_the_workers_logs(tmp_path) -> None:
+    command = [sys.executable, "-m", "distributed.cli.dask_worker"]
+    with pytest.raises(ValueError, match="in the block") as info, \
+            worker_processes(["", ""], command=command, args=["--nthreads", "1"], log_dir=tmp_path):
+        raise ValueError("in the block")
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "worker process 0 (running)" in notes and "worker process 1 (running)" in notes
+    assert notes.count("Registered to") == 2, notes

@@ -43,8 +43,8 @@ def test_cudf_frames_go_by_handle() -> None:
     with worker_processes(["0", "0"], args=["--device-memory-limit", "16GB"]) as client:
         a, b = sorted(client.scheduler_info()["workers"])
         x = client.submit(_frame, 1, 4_000_000, workers=[a], pure=False)
-        there = client.submit(_digest, x, workers=[a], pure=False).result(timeout=300)
-        here = client.submit(_digest, x, workers=[b], pure=False).result(timeout=300)
+        there = client.submit(_digest, x, workers=[a], pure=False).result(timeout=60)
+        here = client.submit(_digest, x, workers=[b], pure=False).result(timeout=60)
         stats = client.run(_ipc_stats)
     assert there == here
     assert stats[a]["sent"] == stats[b]["received"] == 1, stats

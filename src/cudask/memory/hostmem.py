@@ -2,8 +2,8 @@
 
 Covers: `map_populated(nbytes)`, which maps anonymous private memory aligned to
 2 MiB, advises transparent huge pages (`MADV_HUGEPAGE`) and faults every page
-in from several threads at once (`MADV_POPULATE_WRITE`, one call per thread
-and section, which the kernel runs without the GIL; where the kernel lacks it,
+in from several threads at once (`MADV_POPULATE_WRITE`, which the kernel runs
+without the GIL, in calls of `POPULATE_STEP` bytes; where the kernel lacks it,
 a strided write per page from NumPy, which also runs without the GIL), and
 `unmap(ptr, nbytes)`. The pinned pool registers such mappings with the CUDA
 driver (`cudaHostRegister`) instead of asking the driver for page-locked
@@ -12,6 +12,12 @@ VMs measured, runs 1.3-2.2 GB/s against 13-17 GB/s for this path (issue 13).
 Spills that find no pinned memory copy into such mappings too: a device ->
 host copy into memory already faulted in runs about 4x faster than into
 fresh pageable memory.
+
+Each call holds the process's memory-map lock for reading while it faults
+pages in, and the CUDA calls that map memory into the process (cudaMalloc,
+opening a CUDA IPC handle) wait for that lock: on an H100 VM they took 13-15 ms
+instead of 0.2-0.3 ms while 1 GiB was faulted in by whole sections
+(scripts/pin-interference). Steps of 32 MiB bound that wait to a few ms.
 
 Also `default_threads()`: how many threads fault memory in when
 `cudask.memory.populate-threads` is "auto" (the CPUs this process may run
@@ -44,6 +50,8 @@ MADV_POPULATE_WRITE = 23  # Linux 5.14+
 _MAP_FAILED = ctypes.c_void_p(-1).value
 # below this size one thread faults the pages in: a thread hand-off costs more
 _PARALLEL_FROM = 32 << 20
+# bytes faulted in per madvise call (each holds the memory-map lock for reading)
+POPULATE_STEP = 32 << 20
 
 
 class HostMemoryError(MemoryError):
@@ -170,18 +178,22 @@ _no_populate_write = False
 def _populate_section(ptr: int, nbytes: int) -> None:
     global _no_populate_write
     lib = _libc()
-    if not _no_populate_write:
-        if lib.madvise(ptr, nbytes, MADV_POPULATE_WRITE) == 0:
-            return
+    start, end = ptr, ptr + nbytes
+    while not _no_populate_write and start < end:
+        step = min(POPULATE_STEP, end - start)
+        if lib.madvise(start, step, MADV_POPULATE_WRITE) == 0:
+            start += step
+            continue
         err = ctypes.get_errno()
         if err in (errno.ENOMEM, errno.EFAULT, errno.EHWPOISON if hasattr(errno, "EHWPOISON") else -1):
             raise HostMemoryError(
                 f"faulting in {nbytes} bytes of host memory failed: {os.strerror(err)}"
             )
         _no_populate_write = True  # EINVAL: a kernel before 5.14
-    # One write per page; NumPy runs the strided assignment without the GIL.
-    pages = numpy.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
-    pages[::PAGE] = 0
+    if start < end:
+        # One write per page; NumPy runs the strided assignment without the GIL.
+        pages = numpy.ctypeslib.as_array((ctypes.c_uint8 * (end - start)).from_address(start))
+        pages[::PAGE] = 0
 
 
 def shutdown() -> None:

@@ -9,12 +9,26 @@ How memory becomes pinned (`method`, measured on an H100 VM, issue 13):
 - "register" (default where Linux allows): anonymous memory advised for huge
   pages and faulted in by several threads (`cudask.memory.hostmem`), then
   registered with the driver (cudaHostRegister, 33-37 GB/s for such memory).
-  The next slab is faulted in while the current one is registered. 6-7 GB/s
-  on memory the VM never touched, 26-28 GB/s on memory it had;
+  Without pacing (`duty_cycle` 1) the next slab is faulted in while the
+  current one is registered. 6-7 GB/s on memory the VM never touched,
+  26-28 GB/s on memory it had;
 - "host-alloc": cudaHostAlloc, which faults pages in one thread: 1.25 GB/s.
 
 If registration fails, the pool warns once naming the cause and goes on
 with "host-alloc".
+
+Pinning competes with the worker's GPU work: cudaHostRegister holds a lock
+of the process's CUDA driver state for as long as it takes, and kernel
+launches, synchronizations and copies of every thread of the process wait
+for it; other processes' cudaMalloc and CUDA IPC opens wait too (a lock of
+the driver's memory mappings); faulting memory in delays this process's
+cudaMalloc and IPC opens (`cudask.memory.hostmem`). Measured on an H100 VM
+(scripts/pin-interference): registering 1 GiB at a time stalled a kernel
+loop 45-120 ms per call and slowed a 12.8 GB all-to-all between two workers
+of one GPU from 0.2 to 1-1.9 s. So slabs are small (256 MiB by default), and
+the pool's thread works at most `duty_cycle` of the time while it pins ahead
+of use (default 1/2 from the store: after a slab that took t seconds it
+rests t), leaving gaps in which the other threads' CUDA calls go through.
 
 The copy path never waits for pinning. A daemon thread ("cudask-pinned")
 reserves slabs up to a goal: the start goal (`start_background`) and what
@@ -301,7 +315,9 @@ class PinnedPool:
     `available`: bytes of host memory available now (default: psutil's
     MemAvailable); `available_fraction`: the most of it (plus what the pool
     holds) the pool pins. `populate_threads`: threads faulting memory in
-    (None: `hostmem.default_threads()`).
+    (None: `hostmem.default_threads()`). `duty_cycle`: the largest share of
+    time the pool's thread spends pinning (slabs and fallback blocks), in
+    (0, 1]; 1: no rests.
     """
 
     def __init__(
@@ -316,6 +332,7 @@ class PinnedPool:
         available: Callable[[], int] | None = None,
         available_fraction: float = 0.5,
         populate_threads: int | None = None,
+        duty_cycle: float = 1.0,
     ) -> None:
         if capacity < 0 or slab_size < 0:
             raise ValueError(f"capacity={capacity} and slab_size={slab_size} must be >= 0")
@@ -325,6 +342,8 @@ class PinnedPool:
             raise ValueError(f"method={method!r}; accepted: {', '.join(METHODS)}")
         if not 0 < available_fraction <= 1:
             raise ValueError(f"available_fraction={available_fraction} must be in (0, 1]")
+        if not 0 < duty_cycle <= 1:
+            raise ValueError(f"duty_cycle={duty_cycle} must be in (0, 1]")
         self.backend = backend
         self.capacity = capacity if backend is not None else 0
         self.slab_size = max(_round_up(slab_size or capacity or 1, alignment), alignment)
@@ -335,6 +354,8 @@ class PinnedPool:
         self.available = available or _available_memory
         self.available_fraction = available_fraction
         self.populate_threads = populate_threads
+        self.duty_cycle = duty_cycle
+        self.rest_seconds = 0.0  # the pool's thread rested this long between pinnings
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._slabs: list[_Slab] = []
@@ -733,11 +754,23 @@ class PinnedPool:
                 self._wake.wait(wait)
         if idle:
             self._give_back(idle)
-        elif size:
-            self._grow(size, premap=True)
-        else:
-            self._register_fallback()
+            return True
+        started = time.perf_counter()
+        if size:
+            self._grow(size, premap=self.duty_cycle >= 1)
+        elif not self._register_fallback():
+            return True
+        self._rest((time.perf_counter() - started) * (1 / self.duty_cycle - 1))
         return True
+
+    def _rest(self, seconds: float) -> None:
+        """Let the other threads' CUDA calls through for `seconds` (until closed)."""
+        if seconds <= 0:
+            return
+        started = time.monotonic()
+        with self._lock:
+            self._wake.wait_for(lambda: self._closed, seconds)
+            self.rest_seconds += time.monotonic() - started
 
     def _idle_slabs(self) -> tuple[list[_Slab], float | None]:
         """Take out of the pool the slabs idle for `release_after`, newest first,
@@ -870,6 +903,7 @@ class PinnedPool:
                 "pinned-provision-bytes": float(self.provisioned_bytes),
                 "pinned-provision-seconds": self.provision_seconds,
                 "pinned-provision-gbps": rate / 1e9,
+                "pinned-rest-seconds": self.rest_seconds,
                 "pinned-registered": 1.0 if self.method == "register" else 0.0,
                 "pinned-released-bytes": float(self.released_bytes),
                 "pageable-fallback-count": float(self.pageable_blocks),

@@ -43,6 +43,7 @@ class StoreSettings:
     pinned_method: str = "auto"
     pinned_headroom: int = 0
     pinned_available_fraction: float = 0.5
+    pinned_duty_cycle: float = 0.5
     populate_threads: int | None = None
     spill_on_demand: bool = True
 
@@ -60,6 +61,7 @@ def store_settings(
     pinned_method: str | None = None,
     pinned_headroom: int | str | None = None,
     pinned_available_fraction: float | None = None,
+    pinned_duty_cycle: float | None = None,
     populate_threads: int | str | None = None,
     spill_on_demand: bool | None = None,
 ) -> StoreSettings:
@@ -76,7 +78,7 @@ def store_settings(
     slab = parse_size(
         config.get("memory.pinned-slab-size") if pinned_slab_size is None else pinned_slab_size,
         total=None, name="cudask.memory.pinned-slab-size",
-    ) or (1 << 30)
+    ) or (256 << 20)
     return StoreSettings(
         spill_target=target,
         background=parse_flag(
@@ -104,6 +106,10 @@ def store_settings(
             config.get("memory.pinned-available-fraction") if pinned_available_fraction is None
             else pinned_available_fraction,
             "cudask.memory.pinned-available-fraction",
+        ),
+        pinned_duty_cycle=_fraction(
+            config.get("memory.pinned-duty-cycle") if pinned_duty_cycle is None else pinned_duty_cycle,
+            "cudask.memory.pinned-duty-cycle",
         ),
         populate_threads=_threads(
             config.get("memory.populate-threads") if populate_threads is None else populate_threads

@@ -174,7 +174,7 @@ class TieredStore(MutableMapping[Key, object]):
         The CUDA boundary (`cudask.memory.transfer.CopyBackend`); default: CuPy,
         created when the first copy is needed. Tests inject a fake one.
     pinned_pool_size, pinned_slab_size, pinned_preallocate, pinned_release_after,
-    pinned_method, pinned_headroom, pinned_available_fraction, populate_threads,
+    pinned_method, pinned_headroom, pinned_available_fraction, pinned_duty_cycle, populate_threads,
     spill_target, background, spill_on_demand:
         Override the `cudask.memory.*` config keys of the same names
         (`background` is `memory.background-spill`). Spill on demand acts only
@@ -201,6 +201,7 @@ class TieredStore(MutableMapping[Key, object]):
         pinned_method: str | None = None,
         pinned_headroom: int | str | None = None,
         pinned_available_fraction: float | None = None,
+        pinned_duty_cycle: float | None = None,
         populate_threads: int | str | None = None,
         spill_target: float | None = None,
         background: bool | None = None,
@@ -217,6 +218,7 @@ class TieredStore(MutableMapping[Key, object]):
             pinned_preallocate=pinned_preallocate, pinned_release_after=pinned_release_after,
             pinned_method=pinned_method, pinned_headroom=pinned_headroom,
             pinned_available_fraction=pinned_available_fraction,
+            pinned_duty_cycle=pinned_duty_cycle,
             populate_threads=populate_threads, spill_on_demand=spill_on_demand,
         )
         self.spill_target = self.settings.spill_target  # read on every write
@@ -309,6 +311,7 @@ class TieredStore(MutableMapping[Key, object]):
                     backend, settings.pinned_pool_size, settings.pinned_slab_size,
                     release_after=settings.pinned_release_after, method=settings.pinned_method,
                     available_fraction=settings.pinned_available_fraction,
+                    duty_cycle=settings.pinned_duty_cycle,
                     populate_threads=settings.populate_threads,
                 )
                 if not self._closed:

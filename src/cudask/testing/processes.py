@@ -28,7 +28,8 @@ def worker_processes(placement: Sequence[str], *, env: Mapping[str, str] | None 
     the environment.
     The workers' stderr goes to `log_dir`/worker-I.log when given (else to
     temporary files). A worker that does not join within `timeout` seconds ends
-    it in RuntimeError with what the workers wrote."""
+    it in RuntimeError with what the workers wrote; an exception raised in the
+    block carries the end of each worker's log as a note."""
     from distributed import Client, LocalCluster
 
     with ExitStack() as stack:
@@ -44,6 +45,13 @@ def worker_processes(placement: Sequence[str], *, env: Mapping[str, str] | None 
         try:
             _wait_for_join(client, procs, logs, timeout)
             yield client
+        except BaseException as exc:
+            # What the workers wrote (and whether they still run) is what explains
+            # a failure or a hang in the block.
+            for i, (p, log) in enumerate(zip(procs, logs, strict=True)):
+                state = "running" if p.poll() is None else f"exit code {p.returncode}"
+                exc.add_note(f"worker process {i} ({state}), end of its log:\n{_tail(log, 4000)}")
+            raise
         finally:
             client.retire_workers()
             for p in procs:
@@ -81,6 +89,6 @@ def _log_file(log_dir: str | Path | None, i: int) -> IO[str]:
     return open(Path(log_dir) / f"worker-{i}.log", "w+")
 
 
-def _tail(log: Any) -> str:
+def _tail(log: Any, chars: int = 1500) -> str:
     log.seek(0)
-    return str(log.read())[-1500:]
+    return str(log.read())[-chars:]
