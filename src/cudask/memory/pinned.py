@@ -9,7 +9,7 @@ How memory becomes pinned (`method`, measured on an H100 VM, issue 13):
 - "register" (default where Linux allows): anonymous memory advised for huge
   pages and faulted in by several threads (`cudask.memory.hostmem`), then
   registered with the driver (cudaHostRegister, 33-37 GB/s for such memory).
-  Without pacing (`duty_cycle` 1) the next slab is faulted in while the
+  With `duty_cycle` 1 (no rests) the next slab is faulted in while the
   current one is registered. 6-7 GB/s on memory the VM never touched,
   26-28 GB/s on memory it had;
 - "host-alloc": cudaHostAlloc, which faults pages in one thread: 1.25 GB/s.
@@ -25,10 +25,13 @@ the driver's memory mappings); faulting memory in delays this process's
 cudaMalloc and IPC opens (`cudask.memory.hostmem`). Measured on an H100 VM
 (scripts/pin-interference): registering 1 GiB at a time stalled a kernel
 loop 45-120 ms per call and slowed a 12.8 GB all-to-all between two workers
-of one GPU from 0.2 to 1-1.9 s. So slabs are small (256 MiB by default), and
-the pool's thread works at most `duty_cycle` of the time while it pins ahead
-of use (default 1/2 from the store: after a slab that took t seconds it
-rests t), leaving gaps in which the other threads' CUDA calls go through.
+of one GPU from 0.2 to 1-1.9 s. Two bounds: the slab size (each slab is one
+registration; `memory.pinned-slab-size`), and `duty_cycle`, the largest share
+of time the pool's thread spends pinning or registering (after t seconds of
+it, it rests t * (1 / duty_cycle - 1), leaving gaps in which the other
+threads' CUDA calls go through). The store passes `memory.pinned-duty-cycle`,
+1 (no rests) by default: resting also delays the registration of fallback
+blocks, and a cold spill read its data back 5x slower with 0.5.
 
 The copy path never waits for pinning. A daemon thread ("cudask-pinned")
 reserves slabs up to a goal: the start goal (`start_background`) and what

@@ -43,7 +43,7 @@ class StoreSettings:
     pinned_method: str = "auto"
     pinned_headroom: int = 0
     pinned_available_fraction: float = 0.5
-    pinned_duty_cycle: float = 0.5
+    pinned_duty_cycle: float = 1.0
     populate_threads: int | None = None
     spill_on_demand: bool = True
 
@@ -78,7 +78,7 @@ def store_settings(
     slab = parse_size(
         config.get("memory.pinned-slab-size") if pinned_slab_size is None else pinned_slab_size,
         total=None, name="cudask.memory.pinned-slab-size",
-    ) or (256 << 20)
+    ) or (1 << 30)
     return StoreSettings(
         spill_target=target,
         background=parse_flag(
