@@ -23,15 +23,16 @@ launches, synchronizations and copies of every thread of the process wait
 for it; other processes' cudaMalloc and CUDA IPC opens wait too (a lock of
 the driver's memory mappings); faulting memory in delays this process's
 cudaMalloc and IPC opens (`cudask.memory.hostmem`). Measured on an H100 VM
-(scripts/pin-interference): registering 1 GiB at a time stalled a kernel
-loop 45-120 ms per call and slowed a 12.8 GB all-to-all between two workers
-of one GPU from 0.2 to 1-1.9 s. Two bounds: the slab size (each slab is one
+(scripts/pin-interference): while a pool grew in 1 GiB slabs, a kernel loop
+in the same process stalled up to 120-330 ms at a time, and a 12.8 GB
+all-to-all between two workers of one GPU took 0.6-1.9 s instead of 0.2. Two bounds: the slab size (each slab is one
 registration; `memory.pinned-slab-size`), and `duty_cycle`, the largest share
 of time the pool's thread spends pinning or registering (after t seconds of
 it, it rests t * (1 / duty_cycle - 1), leaving gaps in which the other
 threads' CUDA calls go through). The store passes `memory.pinned-duty-cycle`,
 1 (no rests) by default: resting also delays the registration of fallback
-blocks, and a cold spill read its data back 5x slower with 0.5.
+blocks, and a cold spill read its data back 5x slower with 0.5 (and 256 MiB
+slabs; two runs).
 
 The copy path never waits for pinning. A daemon thread ("cudask-pinned")
 reserves slabs up to a goal: the start goal (`start_background`) and what
