@@ -18,7 +18,7 @@ from distributed import Client, LocalCluster
 
 from cudask.bench.shuffle import _distinct_keys, _partition
 from cudask.comm.explicit import NAME, ExplicitComms, ShuffleError, shuffle
-from cudask.testing import wait_for
+from cudask.testing import wait_for, workers_info
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def test_a_paused_owner_builds_its_partitions_once_resumed() -> None:
     # memory_limit=0: no memory monitor to resume the paused worker on its own
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                       memory_limit=0) as cluster, Client(cluster) as c:
-        _, b = sorted(c.scheduler_info()["workers"])
+        _, b = sorted(workers_info(c))
         c.run(_pause, workers=[b])
         thread, result = _run_in_thread(lambda: shuffle(_frame(), "key", client=c).compute())
         assert wait_for(lambda: c.run(_held, workers=[b])[b] > 0, timeout=120)
@@ -122,7 +122,7 @@ def test_an_owner_leaving_is_a_clear_error_not_a_hang() -> None:
     # memory_limit=0: no memory monitor to resume the paused worker on its own
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                       memory_limit=0) as cluster, Client(cluster) as c:
-        _, b = sorted(c.scheduler_info()["workers"])
+        _, b = sorted(workers_info(c))
         c.run(_pause, workers=[b])  # b holds its pieces and builds nothing while paused
         thread, result = _run_in_thread(lambda: shuffle(_frame(), "key", client=c))
         assert wait_for(lambda: c.run(_held, workers=[b])[b] > 0, timeout=120)

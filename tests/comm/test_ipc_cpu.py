@@ -19,6 +19,7 @@ from distributed.protocol.serialize import deserialize, serialize, to_serialize
 
 from cudask.comm import ipc
 from cudask.comm.worker import Worker as IPCWorker
+from cudask.testing import workers_info
 from cudask.testing.fake_cuda import FakeDeviceArray, FakeIPCBackend
 
 FAKE_CUPY = types.SimpleNamespace(ndarray=FakeDeviceArray)  # what the family takes for CuPy
@@ -253,7 +254,7 @@ def test_worker_to_worker_over_tcp(monkeypatch: pytest.MonkeyPatch) -> None:
     with LocalCluster(n_workers=2, processes=False, protocol="tcp", dashboard_address=":0",
                       threads_per_worker=1, serializers=REPLY,
                       deserializers=REPLY) as cluster, Client(cluster) as client:
-        a, b = list(client.scheduler_info()["workers"])
+        a, b = list(workers_info(client))
         x = client.submit(_make, 100_000, workers=[a])
         total, ptr = client.submit(_total, x, workers=[b]).result(timeout=120)
     assert total == float(np.arange(100_000, dtype="f8").sum())
@@ -310,7 +311,7 @@ def test_a_worker_without_cudask_answers_and_asks_as_usual() -> None:
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             client.wait_for_workers(2, timeout=120)
-            workers = {v["name"]: k for k, v in client.scheduler_info()["workers"].items()}
+            workers = {v["name"]: k for k, v in workers_info(client).items()}
             cudask_worker = next(a for n, a in workers.items() if n != "plain")
             # NumPy's own functions: the plain worker cannot import this test module
             on_plain = client.submit(np.arange, 100_000, workers=[workers["plain"]])

@@ -9,6 +9,7 @@ import sys
 import cloudpickle
 import pytest
 
+from cudask.testing import workers_info
 from cudask.testing.frames import customers, frame_summary, orders, random_frame
 from cudask.testing.processes import worker_processes
 
@@ -28,7 +29,7 @@ def _ipc_stats() -> dict[str, float]:
 def test_cudf_frames_go_by_handle() -> None:
     pytest.importorskip("cudf")
     with worker_processes(["0", "0"], args=["--device-memory-limit", "16GB"]) as client:
-        a, b = sorted(client.scheduler_info()["workers"])
+        a, b = sorted(workers_info(client))
         x = client.submit(random_frame, 1, 4_000_000, workers=[a], pure=False)
         there = client.submit(frame_summary, x, workers=[a], pure=False).result(timeout=60)
         here = client.submit(frame_summary, x, workers=[b], pure=False).result(timeout=60)

@@ -15,6 +15,7 @@ from typing import Any
 import cloudpickle
 import pytest
 
+from cudask.testing import workers_info
 from cudask.testing.integrity import digest, make_value
 from cudask.testing.processes import worker_processes
 
@@ -52,7 +53,7 @@ def test_two_workers_on_one_gpu(mode: str) -> None:
     if mode == "ipc-jit":
         args.append("--enable-jit-unspill")
     with worker_processes(["0", "0"], env=env, args=args) as client:
-        a, b = sorted(client.scheduler_info()["workers"])
+        a, b = sorted(workers_info(client))
         results = _exchange(client, a, b)
         stats = client.run(_ipc_stats)
     for kind, there, here in results:
@@ -98,7 +99,7 @@ def test_two_gpus_by_peer_access() -> None:
 
     with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", dashboard_address=":0",
                           device_memory_limit="32GB") as cluster, Client(cluster) as client:
-        a, b = sorted(client.scheduler_info()["workers"])
+        a, b = sorted(workers_info(client))
         results = _exchange(client, a, b)
         x = client.submit(_fill, 2048 * MiB, workers=[a], pure=False)
         x.result(timeout=120)
@@ -171,7 +172,7 @@ def test_a_worker_killed_mid_transfer(victim: str) -> None:
     from distributed import wait
 
     with worker_processes(["0", "0"], args=["--device-memory-limit", "16GB"]) as client:
-        a, b = sorted(client.scheduler_info()["workers"])
+        a, b = sorted(workers_info(client))
         names = {a: "w0", b: "w1"}
         for round_ in range(3):
             xs = [client.submit(make_value, 100 + 10 * round_ + i, 1 << 30, "f8", workers=[a],
@@ -187,8 +188,8 @@ def test_a_worker_killed_mid_transfer(victim: str) -> None:
             os.kill(pid, signal.SIGKILL)
             assert client.gather(here) == there
             client.wait_for_workers(2, timeout=180)
-            workers = list(client.scheduler_info()["workers"])
-            by_name = {info["name"]: addr for addr, info in client.scheduler_info()["workers"].items()}
+            workers = list(workers_info(client))
+            by_name = {info["name"]: addr for addr, info in workers_info(client).items()}
             a, b = by_name[names[a]], by_name[names[b]]
             names = {a: "w0", b: "w1"}
             assert all(n == 0 for n in client.run(_mapped, workers=workers).values())

@@ -22,7 +22,7 @@ initialize(worker_class="cudask.CUDAWorker", worker_options=json.loads(sys.argv[
 # only rank 1 (the client) gets here
 from distributed import Client
 
-from cudask.testing import current_gpu_uuid
+from cudask.testing import current_gpu_uuid, workers_info
 
 
 def _view(dask_worker: Any) -> dict[str, Any]:
@@ -33,7 +33,7 @@ def _view(dask_worker: Any) -> dict[str, Any]:
 
 with Client() as client:
     client.wait_for_workers(int(sys.argv[3]), timeout=180)
-    info = client.scheduler_info()["workers"]
+    info = workers_info(client)
     uuids = client.run(current_gpu_uuid)
     views = client.run(_view)
     result = {str(w["name"]): {"uuid": uuids[addr], **views[addr]} for addr, w in info.items()}

@@ -15,7 +15,7 @@ from distributed import Client
 
 from cudask import LocalCUDACluster
 from cudask.devices import discover
-from cudask.testing import cpu_affinity, current_gpu_uuid
+from cudask.testing import cpu_affinity, current_gpu_uuid, workers_info
 
 pytestmark = pytest.mark.gpu
 
@@ -56,10 +56,10 @@ def test_each_worker_device0_is_its_gpu_and_pinned(machine):
     pytest.importorskip("cupy")
     with LocalCUDACluster(dashboard_address=":0", device_memory_limit="1GB") as cluster, \
             Client(cluster) as client:
-        assert len(client.scheduler_info()["workers"]) == len(machine.gpus)
+        assert len(workers_info(client)) == len(machine.gpus)
         uuids = client.run(_uuid_of_device0)
         affinity = client.run(_affinity)
-        names = {w["name"]: addr for addr, w in client.scheduler_info()["workers"].items()}
+        names = {w["name"]: addr for addr, w in workers_info(client).items()}
         for gpu in machine.gpus:
             addr = names[gpu.index]
             assert uuids[addr] == gpu.uuid
@@ -109,9 +109,9 @@ def test_visible_devices_as_uuid_and_scale(machine):
         assert list(client.run(_uuid_of_device0).values()) == [gpu.uuid]
         cluster.scale(0)
         deadline = time.time() + 30
-        while client.scheduler_info()["workers"] and time.time() < deadline:
+        while workers_info(client) and time.time() < deadline:
             time.sleep(0.2)
-        assert not client.scheduler_info()["workers"]
+        assert not workers_info(client)
         cluster.scale(1)
         client.wait_for_workers(1, timeout=60)
 
@@ -265,7 +265,7 @@ def test_cli_workers_join_through_scheduler_file(tmp_path, machine):
     try:
         with Client(scheduler_file=str(sched_file)) as client:
             _wait_for_workers(client, len(machine.gpus), worker, timeout=90)
-            names = sorted(w["name"] for w in client.scheduler_info()["workers"].values())
+            names = sorted(w["name"] for w in workers_info(client).values())
             expected = ["node"] if len(machine.gpus) == 1 else [f"node-{i}" for i in range(len(machine.gpus))]
             assert names == expected
             uuids = sorted(client.run(_uuid_of_device0).values())
@@ -293,7 +293,7 @@ def test_worker_per_mpi_rank(tmp_path, machine):
     try:
         with Client(scheduler_file=str(sched_file)) as client:
             _wait_for_workers(client, n, ranks)
-            info = client.scheduler_info()["workers"]
+            info = workers_info(client)
             assert sorted(w["name"] for w in info.values()) == sorted(f"rank-{r}" for r in range(n))
             by_name = {w["name"]: a for a, w in info.items()}
             uuids = client.run(_uuid_of_device0)
@@ -316,7 +316,7 @@ def test_two_gpus_two_workers(machine):
             Client(cluster) as client:
         uuids = client.run(_uuid_of_device0)
         assert sorted(uuids.values()) == sorted(g.uuid for g in machine.gpus[:2])
-        names = {w["name"] for w in client.scheduler_info()["workers"].values()}
+        names = {w["name"] for w in workers_info(client).values()}
         assert names == {0, 1}
 
 
@@ -338,7 +338,7 @@ def _wait_for_workers(client, n: int, *procs: subprocess.Popen, timeout: float =
         _stop(*procs)
         errors = "\n---\n".join(p.stderr.read().decode(errors="replace")[-3000:]
                                 for p in procs if p.stderr is not None)
-        pytest.fail(f"only {len(client.scheduler_info()['workers'])}/{n} workers; "
+        pytest.fail(f"only {len(workers_info(client))}/{n} workers; "
                     f"their stderr:\n{errors}")
 
 
@@ -362,7 +362,7 @@ def test_no_nanny_worker_and_dask_spec(tmp_path, machine):
     try:
         with Client(scheduler_file=str(sched_file)) as client:
             _wait_for_workers(client, 2, solo, spec_proc)
-            info = client.scheduler_info()["workers"]
+            info = workers_info(client)
             by_name = {w["name"]: addr for addr, w in info.items()}
             assert set(by_name) == {"solo", "spec"}
             uuids = client.run(_uuid_of_device0)
@@ -388,7 +388,7 @@ def test_cli_port_range_split_across_gpus(tmp_path, machine):
         with Client(scheduler_file=str(sched_file)) as client:
             n = len(machine.gpus)
             _wait_for_workers(client, n, worker)
-            info = client.scheduler_info()["workers"]
+            info = workers_info(client)
             assert sorted(w["name"] for w in info.values()) == [f"node-{i}" for i in range(n)]
             ports = [int(addr.rsplit(":", 1)[1]) for addr in info]
             assert len(set(ports)) == n and all(41000 <= p <= 41019 for p in ports)
@@ -415,9 +415,9 @@ def test_scale_within_the_visible_gpus(machine):
         client.wait_for_workers(n)
         cluster.scale(1)
         deadline = time.time() + 60
-        while len(client.scheduler_info()["workers"]) > 1 and time.time() < deadline:
+        while len(workers_info(client)) > 1 and time.time() < deadline:
             time.sleep(0.2)
-        assert len(client.scheduler_info()["workers"]) == 1
+        assert len(workers_info(client)) == 1
         cluster.scale(n)
         client.wait_for_workers(n, timeout=90)
         assert sorted(client.run(_uuid_of_device0).values()) == sorted(g.uuid for g in machine.gpus)
@@ -450,7 +450,7 @@ def test_spilling_on_two_gpus_with_transfers_between_them(machine, jit):
     elements = 32 << 20  # 256 MiB of uint64
     with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", device_memory_limit="1GB", jit_unspill=jit,
                           dashboard_address=":0") as cluster, Client(cluster) as client:
-        a, b = sorted(client.scheduler_info()["workers"])
+        a, b = sorted(workers_info(client))
         chunks = [client.submit(_chunk, i, elements, workers=[(a, b)[i % 2]], pure=False)
                   for i in range(16)]  # 2 GiB per GPU
         local = [client.submit(_check, c, i, workers=[(a, b)[i % 2]], pure=False)
@@ -541,7 +541,7 @@ def test_cli_node_flags_over_tls(tmp_path, machine, tls_files):
     try:
         with Client(scheduler_file=str(sched_file), security=security) as client:
             _wait_for_workers(client, 1, worker, sched)
-            ((address, info),) = client.scheduler_info()["workers"].items()
+            ((address, info),) = workers_info(client).items()
             assert address.startswith("tls://") and info["name"] == "flags"
             assert info["resources"] == {"GPU": 1}
             (preloaded,) = client.run(

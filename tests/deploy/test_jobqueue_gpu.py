@@ -18,7 +18,7 @@ from distributed import Client
 
 from cudask.deploy.jobqueue import job_kwargs
 from cudask.devices import discover
-from cudask.testing import current_gpu_uuid, wait_for
+from cudask.testing import current_gpu_uuid, wait_for, workers_info
 
 pytestmark = pytest.mark.gpu
 
@@ -40,7 +40,7 @@ def local_cluster() -> Any:
 
 def _check_jobs(cluster: Any, client: Any, gpus: list[Any], nthreads: int) -> None:
     client.wait_for_workers(len(gpus), timeout=180)
-    info = client.scheduler_info()["workers"]
+    info = workers_info(client)
     # the names jobqueue gave the job's processes: NAME, or NAME-0, NAME-1, ...
     assert wait_for(lambda: cluster.observed == cluster.requested, timeout=60), \
         (cluster.observed, cluster.requested)
@@ -56,7 +56,7 @@ def _check_jobs(cluster: Any, client: Any, gpus: list[Any], nthreads: int) -> No
             assert uuids[by_name[name]] == gpu.uuid
     # let the workers go (their nannies too) before jobqueue kills the job's process
     client.retire_workers(list(info), close_workers=True)
-    assert wait_for(lambda: not client.scheduler_info()["workers"], timeout=120)
+    assert wait_for(lambda: not workers_info(client), timeout=120)
 
 
 def test_jobqueue_local_job_runs_cudask_worker(local_cluster: Any, machine: Any,

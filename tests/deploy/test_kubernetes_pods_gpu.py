@@ -46,7 +46,7 @@ from kube_pods import container, container_argv, container_env, operator_objects
 
 from cudask.deploy.kube_spec import check_pods, cluster_spec
 from cudask.devices import discover
-from cudask.testing import current_gpu_uuid, wait_for
+from cudask.testing import current_gpu_uuid, wait_for, workers_info
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -160,13 +160,13 @@ def _controller_retires(n: int, monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def _names(client: Client) -> dict[str, str]:
     """Worker name -> address."""
-    return {str(w["name"]): a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
+    return {str(w["name"]): a for a, w in workers_info(client).items()}
 
 
 def _start_scheduler(pods: Pods, objects: dict[str, Any]) -> Client:
     pods.start(objects["scheduler"])
     client = Client(SCHEDULER, timeout=START)
-    assert client.scheduler_info()["workers"] == {}
+    assert workers_info(client) == {}
     # the scheduler pod sees no GPU
     env = client.run_on_scheduler(lambda: {k: os.environ.get(k) for k in
                                            ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")})

@@ -22,7 +22,7 @@ from dask.utils import parse_bytes
 from distributed import Client
 
 from cudask.devices import GPU, discover
-from cudask.testing import current_gpu_uuid, wait_for
+from cudask.testing import current_gpu_uuid, wait_for, workers_info
 
 pytestmark = pytest.mark.gpu
 
@@ -93,8 +93,8 @@ def _run_command(mpirun: Any, tmp_path: Path, gpus: list[GPU], change: dict[str,
             try:
                 client.wait_for_workers(n, timeout=180)
             except TimeoutError:
-                _fail(proc, f"{len(client.scheduler_info()['workers'])}/{n} workers joined")
-            info = client.scheduler_info()["workers"]
+                _fail(proc, f"{len(workers_info(client))}/{n} workers joined")
+            info = workers_info(client)
             by_name = {w["name"]: addr for addr, w in info.items()}
             assert set(by_name) == {f"gpu-{r}" for r in range(1, n + 1)}
             uuids = client.run(current_gpu_uuid)

@@ -6,6 +6,7 @@ import pytest
 from distributed import Client
 
 from cudask import LocalCUDACluster
+from cudask.testing import workers_info
 
 pytestmark = pytest.mark.gpu
 
@@ -27,7 +28,7 @@ def test_ucx_tcp_transport():
     pytest.importorskip("cupy")
     with LocalCUDACluster(n_workers=1, protocol="ucx", enable_tcp_over_ucx=True,
                           dashboard_address=":0") as cluster, Client(cluster) as client:
-        (address,) = client.scheduler_info()["workers"]
+        (address,) = workers_info(client)
         assert address.startswith("ucx://")
         assert client.submit(_device_sum, 1000).result() == 499500.0
         config = client.run(lambda: __import__("dask").config.get("distributed-ucxx"))
@@ -41,7 +42,7 @@ def test_ucx_nvlink_moves_device_arrays_between_gpus():
     with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", protocol="ucx", enable_nvlink=True,
                           enable_tcp_over_ucx=True, rmm_pool_size="1GB",
                           dashboard_address=":0") as cluster, Client(cluster) as client:
-        a, b = sorted(client.scheduler_info()["workers"])
+        a, b = sorted(workers_info(client))
         x = client.submit(_make, 10**7, workers=[a], pure=False)
         y = client.submit(lambda v: float(v.sum()), x, workers=[b], pure=False)
         assert y.result() == float(cupy.arange(10**7, dtype="float64").sum().get())

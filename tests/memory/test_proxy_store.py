@@ -21,6 +21,7 @@ from cudask.memory.dispatch import register_handler
 from cudask.memory.proxy import ProxyObject, asproxy, location, unproxy
 from cudask.memory.proxy_store import ProxyStore, SpillOnDemand
 from cudask.memory.store import TieredStore
+from cudask.testing import workers_info
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray, FakeHandler
 
 
@@ -324,7 +325,7 @@ def test_cluster_with_proxy_store_and_transfers_between_workers(tmp_path: Any) -
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp",
                       dashboard_address=":0", data=data,
                       local_directory=str(tmp_path)) as cluster, Client(cluster) as client:
-        a, b = list(client.scheduler_info()["workers"])
+        a, b = list(workers_info(client))
         chunks = [client.submit(_make_chunk, i, workers=[a], pure=False) for i in range(9)]
         total = client.submit(_total, *chunks, workers=[b])  # 9000 B moved to b (3x limit)
         assert total.result() == sum(1000 * i for i in range(9))

@@ -168,7 +168,7 @@ def soak_on(client: Any, plan: SoakPlan, progress: Any = None) -> dict[str, Any]
             expected[f] = client.submit(_fresh, spec, pure=False)
             created += size
         elif step == "spill":
-            workers = sorted(client.scheduler_info()["workers"])
+            workers = sorted(client.nthreads())
             try:  # a worker being restarted does not answer
                 if not workers:
                     raise OSError("no worker")
@@ -209,7 +209,7 @@ def soak_on(client: Any, plan: SoakPlan, progress: Any = None) -> dict[str, Any]
     client.wait_for_workers(1, timeout=120)
     for moves in client.run(_moved).values():
         moved.update(moves)
-    alive = len(client.scheduler_info()["workers"])
+    alive = len(client.nthreads())
     return {
         "plan": asdict(plan),
         "seconds": round(time.monotonic() - start, 1),

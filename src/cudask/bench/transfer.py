@@ -182,7 +182,7 @@ def run_setting(setting: Setting, plan: TransferPlan) -> dict[str, Any]:
     with worker_processes(plan.placement, env=env, log_dir=log_dir, command=command,
                           protocol=setting.protocol,
                           args=["--device-memory-limit", plan.device_memory_limit]) as client:
-        a, b = sorted(client.scheduler_info()["workers"])[:2]
+        a, b = sorted(client.nthreads())[:2]
         out: dict[str, Any] = {"point_to_point": {
             str(size): _point_to_point(client, a, b, size, plan.repeat) for size in plan.sizes}}
         out["all_to_all"] = all_to_all(client, plan.n, plan.blocks)

@@ -198,7 +198,7 @@ def shuffle(df: Any, on: str | Sequence[str], npartitions: int | None = None, cl
                 raise ShuffleError(f"explicit-comms shuffle {shuffle_id}: input partition {key!r} was "
                                    "lost before the shuffle began; run it again")
             holders[min(workers)][key] = index[key]
-        owners = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        owners = sorted(client.nthreads())  # asked of the scheduler now (scheduler_info() is a cache)
         # every holder splits and sends at once; this returns when all pieces are delivered
         ipc_peers = {address for address, on in client.run(_ipc_on).items() if on}
         client.run(_send, shuffle_id, dict(holders), columns, npartitions, owners, ipc_peers,
@@ -227,7 +227,7 @@ def _wait_for_owners(client: Any, outputs: list[Any], owners: list[str], shuffle
         try:
             wait(outputs, timeout=5)  # a polling interval, not a limit: see the owners' check
         except TimeoutError:
-            present = set(client.scheduler_info(n_workers=-1)["workers"])
+            present = set(client.nthreads())
             gone = sorted({owners[j % len(owners)] for j, f in enumerate(outputs) if not f.done()} - present)
             if gone:
                 raise ShuffleError(f"explicit-comms shuffle {shuffle_id}: worker(s) {', '.join(gone)} left "

@@ -5,6 +5,9 @@
   pytest markers `gpu` and `multigpu` skip on it.
 - wait_for(condition, timeout): poll until background work (a heartbeat, a
   pool's thread) has made `condition()` true, with a generous bound.
+- workers_info(client): every worker's entry in the scheduler's identity,
+  fetched now (`Client.scheduler_info()` hands back a cache that the client's
+  periodic refresh may replace, at any moment, with one listing no workers).
 Fake device objects for the store live in cudask.testing.fake_cuda; a Worker
 subclass for `worker_class` checks in cudask.testing.workers, and a preload
 for `--preload` checks in cudask.testing.preload.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from cudask.testing.devices import FakeBackend, fake_gpu
 
@@ -26,7 +30,7 @@ def real_gpu_count() -> int:
 
 
 __all__ = ["FakeBackend", "cpu_affinity", "current_gpu_uuid", "fake_gpu", "real_gpu_count",
-           "wait_for"]
+           "wait_for", "workers_info"]
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 60.0, interval: float = 0.05) -> bool:
@@ -53,3 +57,9 @@ def cpu_affinity() -> list[int]:
     import os
 
     return sorted(os.sched_getaffinity(0))
+
+
+def workers_info(client: Any) -> dict[str, dict[str, Any]]:
+    """{address: the scheduler's information on that worker} for every worker,
+    asked of the scheduler now (synchronous clients)."""
+    return dict(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
