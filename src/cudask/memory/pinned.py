@@ -25,8 +25,9 @@ the driver's memory mappings); faulting memory in delays this process's
 cudaMalloc and IPC opens (`cudask.memory.hostmem`). Measured on an H100 VM
 (scripts/pin-interference): while a pool grew in 1 GiB slabs, a kernel loop
 in the same process stalled up to 120-330 ms at a time, and a 12.8 GB
-all-to-all between two workers of one GPU took 0.6-1.9 s instead of 0.2. Two bounds: the slab size (each slab is one
-registration; `memory.pinned-slab-size`), and `duty_cycle`, the largest share
+all-to-all between two workers of one GPU took 0.6-1.9 s instead of 0.2.
+Two bounds: the slab size (each slab is one registration;
+`memory.pinned-slab-size`), and `duty_cycle`, the largest share
 of time the pool's thread spends pinning or registering (after t seconds of
 it, it rests t * (1 / duty_cycle - 1), leaving gaps in which the other
 threads' CUDA calls go through). The store passes `memory.pinned-duty-cycle`,

@@ -43,15 +43,16 @@ def worker_processes(placement: Sequence[str], *, env: Mapping[str, str] | None 
             env={**os.environ, **(env or {}), "CUDA_VISIBLE_DEVICES": devices},
             stdout=subprocess.DEVNULL, stderr=logs[i]) for i, devices in enumerate(placement)]
         try:
-            _wait_for_join(client, procs, logs, timeout)
-            yield client
-        except BaseException as exc:
-            # What the workers wrote (and whether they still run) is what explains
-            # a failure or a hang in the block.
-            for i, (p, log) in enumerate(zip(procs, logs, strict=True)):
-                state = "running" if p.poll() is None else f"exit code {p.returncode}"
-                exc.add_note(f"worker process {i} ({state}), end of its log:\n{_tail(log, 4000)}")
-            raise
+            _wait_for_join(client, procs, logs, timeout)  # its error carries the logs already
+            try:
+                yield client
+            except BaseException as exc:
+                # What the workers wrote (and whether they still run) is what explains
+                # a failure or a hang in the block.
+                for i, (p, log) in enumerate(zip(procs, logs, strict=True)):
+                    state = "running" if p.poll() is None else f"exit code {p.returncode}"
+                    exc.add_note(f"worker process {i} ({state}), end of its log:\n{_tail(log, 4000)}")
+                raise
         finally:
             client.retire_workers()
             for p in procs:
