@@ -193,9 +193,10 @@ def test_arrays_of_one_allocation_share_one_mapping(backend: FakeIPCBackend) -> 
     out = deserialize(header, frames, deserializers=REPLY)
     assert b"".join(host(o).tobytes() for o in out) == pool.tobytes()
     assert backend.opened == [b"h0"] * 4 and ipc.stats()["received"] == 4
-    with ipc._mapping(backend, b"h0") as base, ipc._mapping(backend, b"h0") as again:
+    mappings = ipc._state.mappings
+    with mappings.use(backend, b"h0", None) as base, mappings.use(backend, b"h0", None) as again:
         assert base == again == pool.ctypes.data and backend.opened.count(b"h0") == 5
-    assert ipc._state.mapped == {} and len(backend.closed) == 5
+    assert ipc.mapped() == 0 and len(backend.closed) == 5
 
 
 def test_a_handle_from_another_host_is_a_clear_error(backend: FakeIPCBackend) -> None:
@@ -217,7 +218,7 @@ def test_a_failed_copy_leaves_no_mapping(backend: FakeIPCBackend, monkeypatch: p
     monkeypatch.setattr(backend, "copy", fail)
     with pytest.raises(RuntimeError, match="injected"):
         deserialize(header, frames, deserializers=REPLY)
-    assert backend.opened == [b"h0"] and len(backend.closed) == 1 and ipc._state.mapped == {}
+    assert backend.opened == [b"h0"] and len(backend.closed) == 1 and ipc.mapped() == 0
     assert ipc.stats()["received"] == 0
 
 
@@ -289,7 +290,7 @@ def test_a_mapping_refused_names_the_switch(backend: FakeIPCBackend, monkeypatch
     with pytest.raises(RuntimeError, match=r"cannot map .*cudaErrorMapBufferObjectFailed.*"
                                            r"set cudask.comm.device-ipc: false"):
         deserialize(header, frames, deserializers=REPLY)
-    assert ipc._state.mapped == {}
+    assert ipc.mapped() == 0
 
 
 def test_a_worker_without_cudask_answers_and_asks_as_usual() -> None:

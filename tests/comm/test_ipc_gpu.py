@@ -148,7 +148,7 @@ def test_all_to_all_rechunk_of_device_arrays_works_by_default() -> None:
 def _mapped() -> int:
     from cudask.comm import ipc
 
-    return len(ipc._state.mapped)
+    return ipc.mapped()
 
 
 def _pid() -> int:
@@ -193,3 +193,34 @@ def test_a_worker_killed_mid_transfer(victim: str) -> None:
             a, b = by_name[names[a]], by_name[names[b]]
             names = {a: "w0", b: "w1"}
             assert all(n == 0 for n in client.run(_mapped, workers=workers).values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("placement", [["0", "0"], pytest.param(["0", "1"], marks=pytest.mark.multigpu)],
+                         ids=["one-gpu", "two-gpus"])
+def test_pool_slabs_stay_mapped(placement: list[str]) -> None:
+    """With an RMM pool, the receiving worker maps the sender's pool slab once and
+    keeps it for the next transfers (opening a peer GPU's allocation costs ~10 ms,
+    cudask.comm.lifetimes); every value arrives identical. Once the sender is
+    killed, the receiver closes the mapping (its sweep runs every 2 s)."""
+    pytest.importorskip("cupy")
+    pytest.importorskip("rmm")
+    import os
+    import signal
+
+    args = ["--device-memory-limit", "16GB", "--rmm-pool-size", "4GiB"]
+    with worker_processes(placement, args=args) as client:
+        a, b = sorted(workers_info(client))
+        for i in range(4):  # one message each: the later ones find the mapping kept
+            x = client.submit(make_value, 300 + i, 256 * MiB, "f8", workers=[a], pure=False)
+            there = client.submit(digest, x, workers=[a], pure=False).result(timeout=120)
+            assert client.submit(digest, x, workers=[b], pure=False).result(timeout=120) == there
+            del x
+        stats = client.run(_ipc_stats, workers=[b])[b]
+        assert stats["received"] >= 4 and stats["mappings-opened"] == 1, stats
+        assert stats["mappings-reused"] >= 3 and stats["mappings-kept"] == 1, stats
+        os.kill(client.run(_pid, workers=[a])[a], signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while client.run(_mapped, workers=[b])[b] and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert client.run(_mapped, workers=[b])[b] == 0

@@ -718,6 +718,10 @@ def soak(ctx: click.Context, kw: dict[str, Any]) -> None:
                    "explicit-comms shuffle).")
 @click.option("--device-memory-limit", default="30GB", show_default=True,
               help="Device limit of each worker.")
+@click.option("--rmm-pool-size", default=None,
+              help="RMM pool of each worker, cudask's and dask-cuda's alike (bytes or '40GB'; "
+              "default: no pool). A cudask worker keeps a peer's pool slab mapped between "
+              "transfers (cudask.comm.lifetimes).")
 @click.option("--protocols", default="tcp", show_default=True,
               help="Comma-separated: tcp (cudask with CUDA IPC on and off), ucx (cudask over "
               "UCX; needs distributed-ucxx). dask-cuda runs over each with --against.")
@@ -764,6 +768,8 @@ def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
                                  param_hint="--n")
     try:
         _size(kw["device_memory_limit"], "--device-memory-limit")
+        if kw["rmm_pool_size"] is not None:
+            _size(kw["rmm_pool_size"], "--rmm-pool-size")
     except OptionError as exc:
         raise click.UsageError(str(exc)) from None
     from cudask.bench.shuffle import METHODS as SHUFFLE_METHODS
@@ -814,7 +820,7 @@ def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
     plan = transfer_run.TransferPlan(
         placement=tuple(entries), sizes=tuple(sizes), repeat=kw["repeat"], n=kw["side"],
         blocks=kw["blocks"], device_memory_limit=kw["device_memory_limit"],
-        settings=transfer_run.settings(protocols, dask_cuda), log_dir=log_dir,
+        rmm_pool_size=kw["rmm_pool_size"], settings=transfer_run.settings(protocols, dask_cuda), log_dir=log_dir,
         shuffle_rows=shuffle_rows, shuffle_methods=methods if shuffle_rows else ())
     report = transfer_run.run_transfer(plan)
     document = {"workload": "transfer", "report": report, "machine": environment.machine(),

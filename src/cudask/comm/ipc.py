@@ -12,7 +12,8 @@ reads them in place, with no contiguous copy on the sender. The receiving
 worker maps that allocation, copies the array into memory of its own (GPU to
 GPU: the same device, or a peer over NVLink / PCIe; contiguous or pitched rows
 by the copy engines, other layouts by a copy kernel), waits for the copy,
-unmaps, and only then answers; anything else (another host, small arrays,
+unmaps (keeps an RMM pool slab of a live sender mapped:
+cudask.comm.lifetimes), and only then answers; anything else (another host, small arrays,
 structured dtypes, host data, memory that cannot be exported) falls through to
 distributed's own serializers. JIT-unspill proxies on the device use
 the family too (cudask.memory.proxy).
@@ -48,6 +49,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from distributed.protocol.serialize import register_serialization_family
+
+from cudask.comm import lifetimes
 
 logger = logging.getLogger("cudask.comm")
 
@@ -151,10 +154,8 @@ class _State:
     node: str = ""
     local_hosts: frozenset[str] = frozenset()
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # Mapped allocations of other processes: handle -> [base address, users].
-    # A handle may be opened only once per process; two arrays of one pool
-    # allocation in one message share the mapping.
-    mapped: dict[bytes, list[int]] = field(default_factory=dict)
+    # Mapped allocations of other processes, by handle (one mapping per handle and process).
+    mappings: lifetimes.Mappings = field(default_factory=lifetimes.Mappings)
     counts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
         ("sent", "sent-bytes", "received", "received-bytes", "receive-seconds", "declined"), 0.0))
     warned: set[str] = field(default_factory=set)
@@ -225,9 +226,31 @@ def enabled() -> bool:
 
 def stats() -> dict[str, float]:
     """Arrays and bytes sent and received by IPC in this process, seconds spent
-    receiving (map, copy, unmap), and arrays declined (sent the usual way)."""
+    receiving (map, copy, unmap), arrays declined (sent the usual way), and the
+    mappings opened, reused (kept from an earlier message) and open now."""
     with _state.lock:
-        return dict(_state.counts)
+        counts = dict(_state.counts)
+    mappings = _state.mappings
+    return {**counts, **mappings.counts, "mappings-open": len(mappings), "mappings-kept": mappings.kept()}
+
+
+def mapped() -> int:
+    """Other processes' allocations mapped here now."""
+    return len(_state.mappings)
+
+
+def sweep() -> int:
+    """Close kept mappings of senders that have ended (the worker runs this
+    periodically); how many were closed."""
+    backend = _state.backend or _state.receiver
+    return _state.mappings.sweep(backend) if backend is not None else 0
+
+
+def close_mappings() -> None:
+    """Close every idle mapping (the worker is closing)."""
+    backend = _state.backend or _state.receiver
+    if backend is not None:
+        _state.mappings.close_all(backend)
 
 
 def declined() -> list[str]:
@@ -330,7 +353,8 @@ def dumps(x: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, Any]
         if int(x.nbytes) < _state.min_size:
             raise NotImplementedError(FAMILY)
         entry = _export(backend, x)
-        header = {**entry, "node": _state.node, "pid": os.getpid()}
+        header = {**entry, "node": _state.node, "pid": os.getpid(),
+                  "sender": lifetimes.this_process().as_header()}
         nbytes = entry["nbytes"]
     elif _device_serializable(x) and _held.get() is not None:
         header, frames = _dumps_device_serialized(backend, x)
@@ -362,6 +386,7 @@ def _export(backend: Backend, x: Any) -> dict[str, Any]:
         "strides": list(layout.strides),
         "handle": handle,
         "offset": offset,
+        "lasting": lifetimes.is_lasting(layout.address - offset),  # an RMM pool slab
         "nbytes": itemsize * math.prod(layout.shape),
     }
 
@@ -405,35 +430,27 @@ def _dumps_device_serialized(backend: Backend, x: Any) -> tuple[dict[str, Any], 
         else:
             entries.append(_export(backend, f))
     header = {"device-serialized": inner, "type": pickle.dumps(type(x)), "entries": entries,
-              "node": _state.node, "pid": os.getpid()}
+              "node": _state.node, "pid": os.getpid(), "sender": lifetimes.this_process().as_header()}
     return header, frames
 
 
-@contextmanager
-def _mapping(backend: Backend, handle: bytes) -> Iterator[int]:
-    """The address of another process's allocation, mapped while in use. A
-    handle may be opened only once per process: arrays of one pool allocation
-    received together share the mapping, which ends with its last user."""
-    with _state.lock:
-        entry = _state.mapped.get(handle)
-        if entry is None:
-            try:
-                base = backend.open(handle)
-            except RuntimeError as exc:
-                raise RuntimeError(
-                    f"cudask-ipc: cannot map another worker's device memory here ({exc}); if the "
-                    "workers of this host cannot share GPU memory (e.g. containers with separate IPC "
-                    "namespaces), set cudask.comm.device-ipc: false on them") from exc
-            entry = _state.mapped[handle] = [base, 0]
-        entry[1] += 1
-    try:
-        yield entry[0]
-    finally:
-        with _state.lock:
-            entry[1] -= 1
-            if entry[1] == 0:
-                del _state.mapped[handle]
-                backend.close(entry[0])
+class _Explained:
+    """The backend's open and close, a refused mapping explained."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def open(self, handle: bytes) -> int:
+        try:
+            return self.backend.open(handle)
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"cudask-ipc: cannot map another worker's device memory here ({exc}); if the "
+                "workers of this host cannot share GPU memory (e.g. containers with separate IPC "
+                "namespaces), set cudask.comm.device-ipc: false on them") from exc
+
+    def close(self, base: int) -> None:
+        self.backend.close(base)
 
 
 def loads(header: dict[str, Any], frames: list[Any]) -> Any:
@@ -450,16 +467,18 @@ def loads(header: dict[str, Any], frames: list[Any]) -> Any:
             "cudask.comm.device-ipc: false on the workers if hosts share network addresses")
     backend = _receiving_backend()
     start = time.perf_counter()
+    _state.mappings.sweep(backend)
+    sender = lifetimes.keepable(header.get("sender"))
     if "device-serialized" in header:
         with ExitStack() as mappings:  # buffers of one allocation share its mapping
             parts = [frames[e["host"]] if "host" in e
                      else backend.empty((0,), e["empty"], "C") if "empty" in e
-                     else _receive_array(backend, e, mappings) for e in header["entries"]]
+                     else _receive_array(backend, e, mappings, sender) for e in header["entries"]]
         out = pickle.loads(header["type"]).device_deserialize(header["device-serialized"], parts)
         nbytes = sum(e["nbytes"] for e in header["entries"] if "handle" in e)
     else:
         with ExitStack() as mappings:
-            out = _receive_array(backend, header, mappings)
+            out = _receive_array(backend, header, mappings, sender)
         nbytes = header["nbytes"]
     with _state.lock:
         _state.counts["received"] += 1
@@ -468,11 +487,14 @@ def loads(header: dict[str, Any], frames: list[Any]) -> Any:
     return out
 
 
-def _receive_array(backend: Backend, entry: dict[str, Any], mappings: ExitStack) -> Any:
+def _receive_array(backend: Backend, entry: dict[str, Any], mappings: ExitStack,
+                   sender: lifetimes.Process | None) -> Any:
     """A new array of this process holding a copy of the one `entry` names (the
-    mapping stays open in `mappings` until the caller closes it)."""
+    mapping is in use in `mappings` until the caller closes it, then closed, or
+    kept when the sender marked its allocation lasting and `sender` is given)."""
     out = backend.empty(tuple(entry["shape"]), entry["dtype"], entry["order"])
-    base = mappings.enter_context(_mapping(backend, bytes(entry["handle"])))
+    keep = sender if entry.get("lasting") else None
+    base = mappings.enter_context(_state.mappings.use(_Explained(backend), bytes(entry["handle"]), keep))
     backend.copy(out, base + int(entry["offset"]), tuple(int(s) for s in entry["strides"]))
     return out
 

@@ -258,6 +258,10 @@ class StoreMetrics(WorkerPlugin):
         StoreCollector.workers.discard(worker)
 
 
+def _sweep() -> None:
+    ipc.sweep()
+
+
 class DeviceIPC(WorkerPlugin):
     """Turn on `cudask.comm.ipc` in the worker process: device arrays for workers
     on this host go by CUDA IPC handle. Stays off, with one log line, on a MIG
@@ -266,11 +270,13 @@ class DeviceIPC(WorkerPlugin):
     the memory), or without CuPy or cuda-bindings."""
 
     name = "cudask-device-ipc"
+    sweep_interval = 2.0  # seconds between checks for ended senders of kept mappings
 
     def __init__(self, device_uuid: str, min_size: int) -> None:
         self.device_uuid = device_uuid
         self.min_size = min_size
         self.off_because: str | None = None  # why it stayed off (`cudask config` shows it)
+        self._sweep: Any = None
 
     def setup(self, worker: Any) -> None:
         if ipc.enabled():
@@ -282,7 +288,12 @@ class DeviceIPC(WorkerPlugin):
             except ImportError as exc:
                 reason = f"{exc.name or exc} is not installed"
             else:
+                from tornado.ioloop import PeriodicCallback
+
                 ipc.enable(backend, self.min_size)
+                # Mappings kept for RMM pool slabs end with their sender (cudask.comm.lifetimes).
+                self._sweep = PeriodicCallback(_sweep, self.sweep_interval * 1000)
+                self._sweep.start()
                 return
         self.off_because = reason
         logger.info("cudask: device data between this host's workers go through host memory, "
@@ -298,4 +309,8 @@ class DeviceIPC(WorkerPlugin):
         return None
 
     def teardown(self, worker: Any) -> None:
+        if self._sweep is not None:
+            self._sweep.stop()
+            self._sweep = None
         ipc.disable()
+        ipc.close_mappings()

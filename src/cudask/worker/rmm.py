@@ -1,7 +1,8 @@
 """The RMM worker plugin: memory resource stack and external allocators.
 
 Covers: building the RMM memory resource for one worker from the rmm_* options
-— a pool (PoolMemoryResource over CUDA or managed memory) or the async
+— a pool (PoolMemoryResource over CUDA memory, its slabs recorded for
+cudask.comm.lifetimes, or over managed memory) or the async
 allocator (CudaAsyncMemoryResource, optionally under a LimitingResourceAdaptor
 for rmm_maximum_pool_size), then logging and tracking adaptors — making it
 the current device resource, and routing CuPy's and PyTorch's allocations
@@ -16,6 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from distributed import WorkerPlugin
+
+from cudask.comm import lifetimes
 
 
 class RMMSetup(WorkerPlugin):
@@ -75,7 +78,14 @@ class RMMSetup(WorkerPlugin):
             if self.maximum_pool_size is not None:
                 mr = rmm.mr.LimitingResourceAdaptor(mr, allocation_limit=self.maximum_pool_size)
         else:
-            mr = rmm.mr.ManagedMemoryResource() if self.managed_memory else rmm.mr.CudaMemoryResource()
+            if self.managed_memory:
+                mr = rmm.mr.ManagedMemoryResource()
+            elif self.pool_size is not None:
+                # The pool's slabs, recorded: they live as long as the pool, so a worker
+                # receiving them by CUDA IPC may keep them mapped (cudask.comm.lifetimes).
+                mr = rmm.mr.CallbackMemoryResource(*lifetimes.recording(rmm.mr.CudaMemoryResource()))
+            else:
+                mr = rmm.mr.CudaMemoryResource()
             if self.pool_size is not None:
                 mr = rmm.mr.PoolMemoryResource(
                     mr, initial_pool_size=self.pool_size, maximum_pool_size=self.maximum_pool_size

@@ -1,0 +1,154 @@
+"""Which IPC mappings a receiving worker keeps (cudask.comm.lifetimes) on CPU:
+RMM pool slabs recorded as lasting by the sender, their mappings kept between
+messages and closed once the sender's process ends; everything else unmapped
+after each message. The sender here is this process, its header naming a
+child process as the sender (a real process of this host that the test ends);
+the GPU proof is tests/comm/test_ipc_gpu.py::test_pool_slabs_stay_mapped."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from distributed.protocol.serialize import deserialize, serialize
+
+from cudask.comm import ipc, lifetimes
+from cudask.testing.fake_cuda import FakeDeviceArray, FakeIPCBackend
+
+REPLY = [ipc.FAMILY, "dask", "pickle", "error"]
+LOCAL = {"recipient": {"address": "tcp://127.0.0.1:40000"}}
+
+
+class Upstream:
+    """An RMM resource's allocate/deallocate over NumPy buffers."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[int, np.ndarray] = {}
+
+    def allocate(self, nbytes: int, stream: Any) -> int:
+        buf = np.zeros(nbytes, dtype="u1")
+        self.buffers[buf.ctypes.data] = buf
+        return int(buf.ctypes.data)
+
+    def deallocate(self, ptr: int, nbytes: int, stream: Any) -> None:
+        assert self.buffers.pop(ptr).nbytes == nbytes
+
+
+@pytest.fixture
+def backend(monkeypatch: pytest.MonkeyPatch) -> FakeIPCBackend:
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(ndarray=FakeDeviceArray))
+    monkeypatch.setattr(ipc, "_state", ipc._State())
+    fake = FakeIPCBackend()
+    ipc.enable(fake, min_size=1024)
+    return fake
+
+
+@pytest.fixture
+def sender() -> Iterator[subprocess.Popen]:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        yield child
+    finally:
+        child.kill()
+        child.wait()
+
+
+def _as_sent_by(header: dict[str, Any], child: subprocess.Popen) -> dict[str, Any]:
+    import psutil
+
+    mine = lifetimes.this_process()
+    named = lifetimes.Process(child.pid, psutil.Process(child.pid).create_time(), mine.pidns)
+    return {**header, "sender": named.as_header()}
+
+
+def test_recording_marks_slabs_lasting_while_allocated() -> None:
+    upstream = Upstream()
+    allocate, deallocate = lifetimes.recording(upstream)
+    ptr = allocate(4096, None)
+    assert lifetimes.is_lasting(ptr) and not lifetimes.is_lasting(ptr + 8)
+    deallocate(ptr, 4096, None)
+    assert not lifetimes.is_lasting(ptr) and upstream.buffers == {}
+
+
+def test_a_pool_slab_stays_mapped_until_its_sender_ends(backend: FakeIPCBackend,
+                                                        sender: subprocess.Popen) -> None:
+    upstream = Upstream()
+    allocate, deallocate = lifetimes.recording(upstream)
+    slab = upstream.buffers[allocate(1 << 16, None)]
+    backend.allocations[b"slab"] = slab
+    slab[:] = np.arange(slab.size) % 251
+    pieces = [FakeDeviceArray(slab[i * 8192:(i + 1) * 8192]) for i in range(3)]
+    for piece in pieces:
+        header, frames = serialize(piece, serializers=REPLY, context=LOCAL)
+        assert header["serializer"] == ipc.FAMILY and header["lasting"]
+        out = deserialize(_as_sent_by(header, sender), frames, deserializers=REPLY)
+        assert out._array.tobytes() == piece._array.tobytes()
+    assert backend.opened == [b"slab"] and backend.closed == []  # opened once, kept
+    stats = ipc.stats()
+    assert stats["mappings-opened"] == 1 and stats["mappings-reused"] == 2 and stats["mappings-kept"] == 1
+    assert ipc.sweep() == 0 and ipc.mapped() == 1  # its sender still runs
+    sender.kill()
+    sender.wait()
+    assert ipc.sweep() == 1 and ipc.mapped() == 0 and backend.closed == [slab.ctypes.data]
+    deallocate(slab.ctypes.data, slab.nbytes, None)
+
+
+def test_other_memory_is_unmapped_after_each_message(backend: FakeIPCBackend,
+                                                     sender: subprocess.Popen) -> None:
+    x = backend.allocate(np.arange(4096, dtype="f8"))  # cudaMalloc'd: its sender may free it
+    for _ in range(2):
+        header, frames = serialize(x, serializers=REPLY, context=LOCAL)
+        assert not header["lasting"]
+        deserialize(_as_sent_by(header, sender), frames, deserializers=REPLY)
+    assert backend.opened == [b"h0", b"h0"] and len(backend.closed) == 2 and ipc.mapped() == 0
+
+
+def test_a_sender_in_another_pid_namespace_is_not_kept(backend: FakeIPCBackend,
+                                                       sender: subprocess.Popen) -> None:
+    upstream = Upstream()
+    allocate, deallocate = lifetimes.recording(upstream)
+    slab = upstream.buffers[allocate(8192, None)]
+    backend.allocations[b"slab"] = slab
+    header, frames = serialize(FakeDeviceArray(slab), serializers=REPLY, context=LOCAL)
+    header = _as_sent_by(header, sender)
+    header["sender"]["pidns"] += 1
+    deserialize(header, frames, deserializers=REPLY)
+    assert header["lasting"] and ipc.mapped() == 0 and len(backend.closed) == 1
+    deallocate(slab.ctypes.data, slab.nbytes, None)
+
+
+def test_a_reused_pid_is_not_the_sender(sender: subprocess.Popen) -> None:
+    import psutil
+
+    started = psutil.Process(sender.pid).create_time()
+    pidns = lifetimes.this_process().pidns
+    assert lifetimes.alive(lifetimes.Process(sender.pid, started, pidns))
+    assert not lifetimes.alive(lifetimes.Process(sender.pid, started - 10, pidns))
+
+
+def test_idle_kept_mappings_beyond_the_limit_close_oldest_first() -> None:
+    class Mapper:
+        def __init__(self) -> None:
+            self.closed: list[int] = []
+
+        def open(self, handle: bytes) -> int:
+            return int(handle)
+
+        def close(self, base: int) -> None:
+            self.closed.append(base)
+
+    mapper, me = Mapper(), lifetimes.this_process()
+    mappings = lifetimes.Mappings(limit=2)
+    with mappings.use(mapper, b"1", me):
+        for handle in (b"2", b"3", b"4"):
+            with mappings.use(mapper, handle, me):
+                pass
+        assert mapper.closed == [2]  # 1 is in use: never closed under its user
+    assert mapper.closed == [2, 3] and len(mappings) == 2
+    mappings.close_all(mapper)
+    assert sorted(mapper.closed) == [1, 2, 3, 4] and len(mappings) == 0
