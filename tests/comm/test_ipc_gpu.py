@@ -199,7 +199,7 @@ def test_a_worker_killed_mid_transfer(victim: str) -> None:
 @pytest.mark.parametrize("placement", [["0", "0"], pytest.param(["0", "1"], marks=pytest.mark.multigpu)],
                          ids=["one-gpu", "two-gpus"])
 def test_pool_slabs_stay_mapped(placement: list[str]) -> None:
-    """With an RMM pool, the receiving worker maps the sender's pool slab once and
+    """With an RMM pool that CuPy allocates from, the receiving worker maps the sender's pool slab once and
     keeps it for the next transfers (opening a peer GPU's allocation costs ~10 ms,
     cudask.comm.lifetimes); every value arrives identical. Once the sender is
     killed, the receiver closes the mapping (its sweep runs every 2 s)."""
@@ -208,7 +208,7 @@ def test_pool_slabs_stay_mapped(placement: list[str]) -> None:
     import os
     import signal
 
-    args = ["--device-memory-limit", "16GB", "--rmm-pool-size", "4GiB"]
+    args = ["--device-memory-limit", "16GB", "--rmm-pool-size", "4GiB", "--set-rmm-allocator-for-libs", "cupy"]
     with worker_processes(placement, args=args) as client:
         a, b = sorted(workers_info(client))
         for i in range(4):  # one message each: the later ones find the mapping kept

@@ -70,7 +70,7 @@ class TransferPlan:
     blocks: int
     device_memory_limit: str
     settings: tuple[Setting, ...]
-    rmm_pool_size: str | None = None  # each worker's, cudask's and dask-cuda's alike
+    rmm_pool_size: str | None = None  # each worker's, CuPy allocating from it; cudask's and dask-cuda's alike
     log_dir: str | None = None
     shuffle_rows: int = 0  # 0: no shuffle
     shuffle_methods: tuple[str, ...] = ()
@@ -183,7 +183,8 @@ def run_setting(setting: Setting, plan: TransferPlan) -> dict[str, Any]:
     with worker_processes(plan.placement, env=env, log_dir=log_dir, command=command,
                           protocol=setting.protocol,
                           args=["--device-memory-limit", plan.device_memory_limit,
-                                *(["--rmm-pool-size", plan.rmm_pool_size] if plan.rmm_pool_size else [])]
+                                *(["--rmm-pool-size", plan.rmm_pool_size, "--set-rmm-allocator-for-libs", "cupy"]
+                                  if plan.rmm_pool_size else [])]
                           ) as client:
         a, b = sorted(client.nthreads())[:2]
         out: dict[str, Any] = {"point_to_point": {

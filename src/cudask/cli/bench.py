@@ -720,8 +720,9 @@ def soak(ctx: click.Context, kw: dict[str, Any]) -> None:
               help="Device limit of each worker.")
 @click.option("--rmm-pool-size", default=None,
               help="RMM pool of each worker, cudask's and dask-cuda's alike (bytes or '40GB'; "
-              "default: no pool). A cudask worker keeps a peer's pool slab mapped between "
-              "transfers (cudask.comm.lifetimes).")
+              "default: no pool), CuPy allocating from it (--set-rmm-allocator-for-libs cupy). "
+              "A cudask worker keeps a peer's pool slab mapped between transfers "
+              "(cudask.comm.lifetimes).")
 @click.option("--protocols", default="tcp", show_default=True,
               help="Comma-separated: tcp (cudask with CUDA IPC on and off), ucx (cudask over "
               "UCX; needs distributed-ucxx). dask-cuda runs over each with --against.")
