@@ -152,3 +152,16 @@ def test_idle_kept_mappings_beyond_the_limit_close_oldest_first() -> None:
     assert mapper.closed == [2, 3] and len(mappings) == 2
     mappings.close_all(mapper)
     assert sorted(mapper.closed) == [1, 2, 3, 4] and len(mappings) == 0
+
+
+def test_closing_the_worker_closes_kept_mappings(backend: FakeIPCBackend, sender: subprocess.Popen) -> None:
+    upstream = Upstream()
+    allocate, deallocate = lifetimes.recording(upstream)
+    slab = upstream.buffers[allocate(8192, None)]
+    backend.allocations[b"slab"] = slab
+    header, frames = serialize(FakeDeviceArray(slab), serializers=REPLY, context=LOCAL)
+    deserialize(_as_sent_by(header, sender), frames, deserializers=REPLY)
+    assert ipc.mapped() == 1
+    ipc.close_mappings()
+    assert ipc.mapped() == 0 and backend.closed == [slab.ctypes.data]
+    deallocate(slab.ctypes.data, slab.nbytes, None)

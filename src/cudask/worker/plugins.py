@@ -312,5 +312,5 @@ class DeviceIPC(WorkerPlugin):
         if self._sweep is not None:
             self._sweep.stop()
             self._sweep = None
+        ipc.close_mappings()  # while the backend that opened them is still set
         ipc.disable()
-        ipc.close_mappings()
