@@ -36,7 +36,6 @@ import functools
 import ipaddress
 import logging
 import math
-import os
 import pickle
 import socket
 import sys
@@ -353,8 +352,7 @@ def dumps(x: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, Any]
         if int(x.nbytes) < _state.min_size:
             raise NotImplementedError(FAMILY)
         entry = _export(backend, x)
-        header = {**entry, "node": _state.node, "pid": os.getpid(),
-                  "sender": lifetimes.this_process().as_header()}
+        header = {**entry, "node": _state.node, "sender": lifetimes.this_process().as_header()}
         nbytes = entry["nbytes"]
     elif _device_serializable(x) and _held.get() is not None:
         header, frames = _dumps_device_serialized(backend, x)
@@ -430,7 +428,7 @@ def _dumps_device_serialized(backend: Backend, x: Any) -> tuple[dict[str, Any], 
         else:
             entries.append(_export(backend, f))
     header = {"device-serialized": inner, "type": pickle.dumps(type(x)), "entries": entries,
-              "node": _state.node, "pid": os.getpid(), "sender": lifetimes.this_process().as_header()}
+              "node": _state.node, "sender": lifetimes.this_process().as_header()}
     return header, frames
 
 
@@ -462,7 +460,7 @@ def loads(header: dict[str, Any], frames: list[Any]) -> Any:
         return ipc_deserialize(header["proxy"], frames)
     if header["node"] != node_identity():
         raise RuntimeError(
-            f"cudask-ipc: device data from process {header['pid']} on another host reached this "
+            f"cudask-ipc: device data from process {header['sender']['pid']} on another host reached this "
             "worker by IPC handle, which only works within one host; set "
             "cudask.comm.device-ipc: false on the workers if hosts share network addresses")
     backend = _receiving_backend()
