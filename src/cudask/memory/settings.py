@@ -78,7 +78,7 @@ def store_settings(
     slab = parse_size(
         config.get("memory.pinned-slab-size") if pinned_slab_size is None else pinned_slab_size,
         total=None, name="cudask.memory.pinned-slab-size",
-    ) or (1 << 30)
+    ) or (256 << 20)
     return StoreSettings(
         spill_target=target,
         background=parse_flag(
