@@ -224,3 +224,35 @@ def test_pool_slabs_stay_mapped(placement: list[str]) -> None:
         while client.run(_mapped, workers=[b])[b] and time.monotonic() < deadline:
             time.sleep(0.5)
         assert client.run(_mapped, workers=[b])[b] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sent", [False, True], ids=["kept-to-itself", "sent"])
+def test_a_sent_pool_outlives_its_worker(sent: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The RMM plugin's teardown frees the pool's slabs, unless one of them went to
+    another worker by IPC handle: peers keep such slabs mapped until this process
+    ends, so the pool is held until then (the deallocation the recording upstream
+    sees is the real one, made when the pool is destroyed)."""
+    pytest.importorskip("cupy")
+    pytest.importorskip("rmm")
+    import gc
+    import types
+
+    from cudask.comm import lifetimes
+    from cudask.worker.rmm import RMMSetup
+
+    monkeypatch.setattr(lifetimes, "_shared", False)
+    monkeypatch.setattr(lifetimes, "_kept", [])  # dropped, pool and all, when the test ends
+    plugin = RMMSetup(pool_size=256 * MiB, maximum_pool_size=None, managed_memory=False,
+                      async_alloc=False, release_threshold=None, log_directory=None,
+                      track_allocations=False)
+    before = set(lifetimes._lasting)
+    plugin.setup(types.SimpleNamespace(name="w0"))
+    slabs = set(lifetimes._lasting) - before
+    assert len(slabs) == 1, slabs  # the initial pool
+    if sent:
+        assert lifetimes.sending(next(iter(slabs)))
+    plugin.teardown(types.SimpleNamespace(name="w0"))
+    gc.collect()
+    assert (slabs <= lifetimes._lasting) == sent
+    assert len(lifetimes._kept) == int(sent)

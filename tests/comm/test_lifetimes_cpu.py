@@ -165,3 +165,16 @@ def test_closing_the_worker_closes_kept_mappings(backend: FakeIPCBackend, sender
     ipc.close_mappings()
     assert ipc.mapped() == 0 and backend.closed == [slab.ctypes.data]
     deallocate(slab.ctypes.data, slab.nbytes, None)
+
+
+def test_a_pool_is_kept_once_one_of_its_slabs_was_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lifetimes, "_shared", False)
+    monkeypatch.setattr(lifetimes, "_kept", [])
+    allocate, deallocate = lifetimes.recording(Upstream())
+    ptr = allocate(4096, None)
+    pool = object()
+    assert not lifetimes.sending(ptr + 4096)  # not a slab: nothing to keep
+    assert not lifetimes.keep_if_shared(pool) and lifetimes._kept == []
+    assert lifetimes.sending(ptr)
+    assert lifetimes.keep_if_shared(pool) and lifetimes._kept == [pool]
+    deallocate(ptr, 4096, None)

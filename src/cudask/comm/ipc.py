@@ -384,7 +384,7 @@ def _export(backend: Backend, x: Any) -> dict[str, Any]:
         "strides": list(layout.strides),
         "handle": handle,
         "offset": offset,
-        "lasting": lifetimes.is_lasting(layout.address - offset),  # an RMM pool slab
+        "lasting": lifetimes.sending(layout.address - offset),  # an RMM pool slab
         "nbytes": itemsize * math.prod(layout.shape),
     }
 

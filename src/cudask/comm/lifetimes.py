@@ -15,7 +15,8 @@ the mapping is what takes a transfer to the link's speed.
 Why only lasting allocations stay mapped: CUDA leaves undefined what happens
 when the exporting process frees memory that another process still has mapped,
 and a sender frees arrays whenever it likes (CuPy's pool, cudaMalloc without a
-pool); an RMM pool never gives a slab back while it lives. UCX's cuda_ipc
+pool); an RMM pool never gives a slab back while it lives, and a pool one of whose slabs
+was sent is held until the process ends, also past the worker's close. UCX's cuda_ipc
 transport keeps every mapping in a cache and relies on the driver in practice.
 A sender's process is identified by its pid, start time and pid namespace, so
 a reused pid or another container's process is not taken for it; mappings of
@@ -103,9 +104,36 @@ _lasting: set[int] = set()
 _lasting_lock = threading.Lock()
 
 
+_shared = False  # whether a lasting allocation was sent to another process
+_kept: list[Any] = []  # memory resources held until the process ends
+
+
 def is_lasting(base: int) -> bool:
     with _lasting_lock:
         return base in _lasting
+
+
+def sending(base: int) -> bool:
+    """Whether the allocation at `base`, about to be sent by IPC handle, is lasting;
+    a lasting one is noted as shared, so its pool outlives the worker
+    (`keep_if_shared`)."""
+    global _shared
+    with _lasting_lock:
+        lasting = base in _lasting
+        _shared = _shared or lasting
+    return lasting
+
+
+def keep_if_shared(resource: Any) -> bool:
+    """Hold `resource` (the RMM pool whose slabs `recording` recorded) until this
+    process ends when any of its slabs was sent: receivers keep those slabs
+    mapped until then, and CUDA leaves freeing memory another process maps
+    undefined. Called when the worker gives the resource up (its teardown)."""
+    with _lasting_lock:
+        if not (_shared and _lasting):
+            return False
+        _kept.append(resource)
+    return True
 
 
 def recording(upstream: Any) -> tuple[Callable[[int, Any], int], Callable[[int, int, Any], None]]:

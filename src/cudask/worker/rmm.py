@@ -46,6 +46,7 @@ class RMMSetup(WorkerPlugin):
         self.external_libs = tuple(external_libs)
         self.previous: Any = None
         self.previous_cupy: Any = None
+        self.resource: Any = None
         self.active = False
 
     @property
@@ -106,7 +107,8 @@ class RMMSetup(WorkerPlugin):
         import rmm
 
         self.previous = rmm.mr.get_current_device_resource()
-        rmm.mr.set_current_device_resource(self._resource(worker))
+        self.resource = self._resource(worker)
+        rmm.mr.set_current_device_resource(self.resource)
         for lib in self.external_libs:
             if lib == "cupy":
                 import cupy
@@ -129,7 +131,9 @@ class RMMSetup(WorkerPlugin):
 
     def teardown(self, worker: Any) -> None:
         """Restore the previous resource and CuPy allocator. PyTorch cannot change its
-        allocator back once it has been used; it keeps RMM's."""
+        allocator back once it has been used; it keeps RMM's. A pool one of whose
+        slabs went to another worker by IPC handle is held until the process ends
+        (cudask.comm.lifetimes.keep_if_shared)."""
         if not self.active:
             return
         import rmm
@@ -139,4 +143,6 @@ class RMMSetup(WorkerPlugin):
 
             cupy.cuda.set_allocator(self.previous_cupy)
         rmm.mr.set_current_device_resource(self.previous)
+        lifetimes.keep_if_shared(self.resource)
+        self.resource = None
         self.active = False
