@@ -439,10 +439,27 @@ def test_transfer_placement_names_the_machine(monkeypatch: pytest.MonkeyPatch) -
     from cudask.bench import environment
 
     monkeypatch.setattr(environment, "gpus", lambda: {"available": True, "devices": [{"index": 0}]})
-    for placement in ("0", "0,1", "0,x"):
+    for placement in ("0", "0,1", "0,x", "0+1", "0+0"):
         code, out = invoke("transfer", "--placement", placement)
         assert code == 2 and f"{placement!r}; accepted: two or more GPU indices below 1" in \
             one_line_error(code, out), out
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, ("0,1",)), ("0,1", ("0", "1")),
+                                                 ("1+0,0", ("1,0", "0"))])
+def test_transfer_placement_to_worker_processes(monkeypatch: pytest.MonkeyPatch, given: str | None,
+                                                expected: tuple[str, ...]) -> None:
+    """By default one worker process over both GPUs (a worker per GPU, as users start them)."""
+    from cudask.bench import transfer as transfer_run
+
+    monkeypatch.setattr(environment, "gpus", lambda: {"available": True, "devices": [{"index": 0}, {"index": 1}]})
+    monkeypatch.setattr(environment, "has_module", lambda name: True)
+    plans: list[transfer_run.TransferPlan] = []
+    monkeypatch.setattr(transfer_run, "run_transfer",
+                        lambda plan: plans.append(plan) or {"plan": {}, "settings": {}})
+    code, out = invoke("transfer", "--shuffle-rows", "0", *(["--placement", given] if given else []))
+    assert code == 0, out
+    assert plans[0].placement == expected
 
 
 def test_transfer_against_a_missing_dask_cuda(tmp_path: Path) -> None:

@@ -4,8 +4,9 @@
 Covers: per setting (`settings`: cudask over TCP with `cudask.comm.device-ipc`
 on and off, cudask over UCX, and dask-cuda's workers over TCP and UCX when
 asked), a fresh scheduler in this process and one worker process per placement
-entry (its CUDA_VISIBLE_DEVICES: "0,0" puts two workers on GPU 0, "0,1" one on
-each of two GPUs), then
+entry (its CUDA_VISIBLE_DEVICES; a worker per GPU in it: ("0", "0") puts two
+workers on GPU 0, ("0", "1") one on each of two GPUs seeing its own alone,
+("0,1",) one process over both, as users start them), then
 - point to point: an array made on worker A is used by a task on worker B.
   The first transfer of each size is the cold figure, the median of the
   repeats the warm one; bandwidth is what distributed's transfer log on B
@@ -63,7 +64,7 @@ def settings(protocols: tuple[str, ...], dask_cuda: Setting | None) -> tuple[Set
 
 @dataclass(frozen=True)
 class TransferPlan:
-    placement: tuple[str, ...]  # CUDA_VISIBLE_DEVICES of each worker process
+    placement: tuple[str, ...]  # CUDA_VISIBLE_DEVICES of each worker process (a worker per GPU)
     sizes: tuple[int, ...]
     repeat: int
     n: int

@@ -699,9 +699,11 @@ def soak(ctx: click.Context, kw: dict[str, Any]) -> None:
 
 @bench.command("transfer")
 @click.option("--placement", default=None,
-              help="CUDA_VISIBLE_DEVICES of each worker process, comma-separated: '0,0' puts two "
-              "workers on GPU 0, '0,1' one on each of two GPUs. Default: '0,1' with two or more "
-              "GPUs, else '0,0'.")
+              help="The GPUs of each worker process, comma-separated, '+' joining the GPUs of one "
+              "process (a worker per GPU, the others visible to it): '0+1' one process over GPUs 0 "
+              "and 1, as `dask cuda worker` on a node or LocalCUDACluster; '0,1' a process per GPU, "
+              "each seeing its own alone; '0,0' two workers on GPU 0. Default: '0+1' with two or "
+              "more GPUs, else '0,0'.")
 @click.option("--sizes", default="64MiB,512MiB,2GiB", show_default=True,
               help="Array sizes sent point to point, comma-separated.")
 @click.option("--repeat", default=3, show_default=True, type=click.IntRange(min=0),
@@ -809,17 +811,19 @@ def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
         raise NoGPUError(f"cudask bench transfer needs an NVIDIA GPU and NVML finds none "
                          f"({gpus.get('reason')})")
     count = len(gpus.get("devices") or [])
-    placement = kw["placement"] or ("0,1" if count >= 2 else "0,0")
-    entries = [p.strip() for p in placement.split(",")]
-    if len(entries) < 2 or any(not p.isdigit() or int(p) >= count for p in entries):
+    placement = kw["placement"] or ("0+1" if count >= 2 else "0,0")
+    entries = [[g.strip() for g in p.split("+")] for p in placement.split(",")]
+    indices = [g for entry in entries for g in entry]
+    if len(indices) < 2 or any(not g.isdigit() or int(g) >= count for g in indices) \
+            or any(len(set(entry)) < len(entry) for entry in entries):
         raise click.BadParameter(f"{placement!r}; accepted: two or more GPU indices below {count} "
-                                 "(this machine's GPUs), comma-separated, e.g. '0,0'",
-                                 param_hint="--placement")
+                                 "(this machine's GPUs), comma-separated, '+' joining the distinct "
+                                 "GPUs of one process, e.g. '0,0' or '0+1'", param_hint="--placement")
     if not environment.has_module("cupy"):
         raise click.ClickException("cudask bench transfer needs CuPy: pip install 'cudask[cuda]'")
     log_dir = os.path.dirname(os.path.abspath(kw["output"])) if kw["output"] else None
     plan = transfer_run.TransferPlan(
-        placement=tuple(entries), sizes=tuple(sizes), repeat=kw["repeat"], n=kw["side"],
+        placement=tuple(",".join(entry) for entry in entries), sizes=tuple(sizes), repeat=kw["repeat"], n=kw["side"],
         blocks=kw["blocks"], device_memory_limit=kw["device_memory_limit"],
         rmm_pool_size=kw["rmm_pool_size"], settings=transfer_run.settings(protocols, dask_cuda), log_dir=log_dir,
         shuffle_rows=shuffle_rows, shuffle_methods=methods if shuffle_rows else ())

@@ -1,7 +1,9 @@
 """GPU workers of one host as separate worker processes (`cudask worker`, or
 any command such as dask-cuda's), joined to a scheduler in this process: how
-`cudask bench transfer` and the IPC tests put two workers on one GPU ("0,0")
-or one on each of two ("0,1")."""
+`cudask bench transfer` and the IPC tests put two workers on one GPU (["0", "0"]),
+one on each of two, each process seeing its GPU alone (["0", "1"]), or one
+process over two GPUs, which starts a worker per GPU with the others visible
+(["0,1"]: as `dask cuda worker` on a node and LocalCUDACluster do)."""
 
 from __future__ import annotations
 
@@ -23,9 +25,10 @@ def worker_processes(placement: Sequence[str], *, env: Mapping[str, str] | None 
                      timeout: float = 180) -> Iterator[Any]:
     """A distributed Client of a fresh scheduler (listening on `protocol`) with one
     worker process per entry of `placement`, each entry its CUDA_VISIBLE_DEVICES:
-    `command` + [scheduler address, --name wI, --protocol PROTOCOL] + `args`
-    (default command: this interpreter's `-m cudask.cli worker`). `env` adds to
-    the environment.
+    `command` + [scheduler address, --name wI (an entry of one GPU), --protocol
+    PROTOCOL] + `args` (default command: this interpreter's `-m cudask.cli
+    worker`), which starts one worker per GPU of its entry. `env` adds to the
+    environment.
     The workers' stderr goes to `log_dir`/worker-I.log when given (else to
     temporary files). A worker that does not join within `timeout` seconds ends
     it in RuntimeError with what the workers wrote; an exception raised in the
@@ -38,12 +41,14 @@ def worker_processes(placement: Sequence[str], *, env: Mapping[str, str] | None 
         # Files, not pipes: a pipe nobody reads fills and stops a worker that logs.
         logs = [stack.enter_context(_log_file(log_dir, i)) for i in range(len(placement))]
         prefix = list(command or [sys.executable, "-m", "cudask.cli", "worker"])
+        gpus = [len(devices.split(",")) for devices in placement]
         procs = [subprocess.Popen(
-            [*prefix, cluster.scheduler_address, "--name", f"w{i}", "--protocol", protocol, *args],
+            [*prefix, cluster.scheduler_address, *(["--name", f"w{i}"] if gpus[i] == 1 else []),
+             "--protocol", protocol, *args],
             env={**os.environ, **(env or {}), "CUDA_VISIBLE_DEVICES": devices},
             stdout=subprocess.DEVNULL, stderr=logs[i]) for i, devices in enumerate(placement)]
         try:
-            _wait_for_join(client, procs, logs, timeout)  # its error carries the logs already
+            _wait_for_join(client, procs, sum(gpus), logs, timeout)  # its error carries the logs already
             try:
                 yield client
             except BaseException as exc:
@@ -64,14 +69,14 @@ def worker_processes(placement: Sequence[str], *, env: Mapping[str, str] | None 
                     p.kill()
 
 
-def _wait_for_join(client: Any, procs: list[subprocess.Popen], logs: list[IO[str]],
-                   timeout: float) -> None:
-    """Until every process's worker has joined; a process that ends first, or
+def _wait_for_join(client: Any, procs: list[subprocess.Popen], workers: int,
+                   logs: list[IO[str]], timeout: float) -> None:
+    """Until `workers` workers have joined; a process that ends first, or
     `timeout` seconds passing, is a RuntimeError with what the workers wrote."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            client.wait_for_workers(len(procs), timeout=2)
+            client.wait_for_workers(workers, timeout=2)
             return
         except TimeoutError:
             pass
