@@ -196,8 +196,9 @@ def test_a_worker_killed_mid_transfer(victim: str) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("placement", [["0", "0"], pytest.param(["0", "1"], marks=pytest.mark.multigpu)],
-                         ids=["one-gpu", "two-gpus"])
+@pytest.mark.parametrize("placement", [["0", "0"], pytest.param(["0", "1"], marks=pytest.mark.multigpu),
+                                       pytest.param(["0,1"], marks=pytest.mark.multigpu)],
+                         ids=["one-gpu", "two-gpus", "two-gpus-one-process"])
 def test_pool_slabs_stay_mapped(placement: list[str]) -> None:
     """With an RMM pool that CuPy allocates from, the receiving worker maps the sender's pool slab once and
     keeps it for the next transfers (opening a peer GPU's allocation costs ~10 ms,
