@@ -29,6 +29,8 @@ def test_a_shuffle_keeps_rows_and_groups_keys(client: Any, method: str) -> None:
     assert "error" not in out, out
     assert out["rows"] == 100_000 and out["bytes"] == 1_600_000 and out["seconds"] > 0
     assert out["rows_ok"] and out["keys_ok"], out
+    assert isinstance(out["workers"], dict), out  # what moved per worker: nothing by IPC on host frames
+    assert not any(k.startswith("ipc-") for moved in out["workers"].values() for k in moved), out
 
 
 def test_keys_split_across_partitions_are_found(client: Any) -> None:
@@ -48,3 +50,12 @@ def test_a_failing_method_is_recorded(client: Any) -> None:
     assert out["error"].startswith("ModuleNotFoundError") and "seconds" not in out, out
     with pytest.raises(ValueError, match="accepted"):
         frame_shuffle(client, 1000, 2, "sort")
+
+
+def test_moved_counters_are_differences() -> None:
+    from cudask.bench.shuffle import _moved
+
+    before = {"a": {"ipc-received": 2.0, "ipc-mappings-open": 1.0}, "b": {"ipc-received": 0.0}}
+    after = {"a": {"ipc-received": 5.0, "ipc-mappings-open": 1.0, "spill-device-to-host-count": 1.0},
+             "b": {"ipc-received": 0.0}}
+    assert _moved(before, after) == {"a": {"ipc-received": 3.0, "spill-device-to-host-count": 1.0}}

@@ -7,7 +7,9 @@ then shuffled on the key by `method` (one of `METHODS`: dask's task-based
 shuffle, distributed's P2P shuffle, or cudask's explicit-comms shuffle,
 cudask.comm.explicit), timed from the submit of the shuffle until every
 output partition is held, and checked: every row kept (count and
-sum of values) and every key in one output partition only. `module` is
+sum of values) and every key in one output partition only; with each worker's
+IPC counters and store figures that moved while it ran (`workers`: what a
+slow run spent its time on). `module` is
 "cudf" (dask-cuDF frames, the benchmark) or "pandas" (host frames, for the
 CPU tests of this module). A method that fails is recorded with its error.
 
@@ -41,6 +43,25 @@ def _distinct_keys(frame: Any) -> int:
     return int(frame["key"].nunique())
 
 
+def _counters(dask_worker: Any) -> dict[str, float]:
+    """This worker's IPC counters (`ipc-*`) and its store's pinning and spill figures."""
+    from cudask.bench.transfer import store_figures
+    from cudask.comm import ipc
+
+    return {**{f"ipc-{k}": float(v) for k, v in ipc.stats().items()}, **store_figures(dask_worker)}
+
+
+def _moved(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per worker, how much each counter that changed went up or down from `before` to `after`."""
+    out = {}
+    for worker, now in after.items():
+        was = before.get(worker, {})
+        moved = {k: v - was.get(k, 0.0) for k, v in now.items() if v != was.get(k, 0.0)}
+        if moved:
+            out[worker] = moved
+    return out
+
+
 def frame_shuffle(client: Any, rows: int, partitions: int, method: str, module: str = "cudf") -> dict[str, Any]:
     """Shuffle `rows` rows in `partitions` partitions on `client`'s workers by `method`."""
     if method not in METHODS or module not in MODULES:
@@ -56,6 +77,7 @@ def frame_shuffle(client: Any, rows: int, partitions: int, method: str, module: 
         frame = client.persist(dd.from_map(_partition, range(partitions), rows=per, module=module,
                                            meta=_partition(0, 0, module), enforce_metadata=False))
         wait(frame)
+        before = client.run(_counters)
         start = time.perf_counter()
         if method == "explicit":
             from cudask.comm.explicit import shuffle
@@ -65,6 +87,7 @@ def frame_shuffle(client: Any, rows: int, partitions: int, method: str, module: 
             shuffled = client.persist(frame.shuffle(on="key", shuffle_method=method))
             wait(shuffled)
         out["seconds"] = time.perf_counter() - start
+        out["workers"] = _moved(before, client.run(_counters))
         out["GBps"] = total * 16 / out["seconds"] / 1e9
         count, value_sum, distinct = dask.compute(shuffled.shape[0], shuffled["value"].sum(),
                                                   frame["key"].nunique())
