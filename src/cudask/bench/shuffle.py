@@ -44,11 +44,16 @@ def _distinct_keys(frame: Any) -> int:
 
 
 def _counters(dask_worker: Any) -> dict[str, float]:
-    """This worker's IPC counters (`ipc-*`) and its store's pinning and spill figures."""
+    """This worker's IPC counters (`ipc-*`), the data it fetched from other workers
+    (distributed's transfer log: count, bytes, seconds) and its store's pinning
+    and spill figures."""
     from cudask.bench.transfer import store_figures
     from cudask.comm import ipc
 
-    return {**{f"ipc-{k}": float(v) for k, v in ipc.stats().items()}, **store_figures(dask_worker)}
+    log = list(dask_worker.transfer_incoming_log)
+    fetched = {"fetches": float(len(log)), "fetched-bytes": float(sum(e["total"] for e in log)),
+               "fetch-seconds": float(sum(e["duration"] for e in log))}
+    return {**{f"ipc-{k}": float(v) for k, v in ipc.stats().items()}, **fetched, **store_figures(dask_worker)}
 
 
 def _moved(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
