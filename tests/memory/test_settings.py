@@ -33,7 +33,7 @@ def test_defaults_come_from_the_config():
         assert store_settings(1 << 30, 10 << 30).pinned_release_after is None
     assert store_settings(None, 10 << 30).pinned_pool_size == 0  # "auto" without a device limit
     assert s.pinned_method == "auto" and s.pinned_available_fraction == 0.5
-    assert s.pinned_duty_cycle == 1
+    assert s.pinned_duty_cycle == 1 and s.pinned_headroom_from == 0.5
     assert s.pinned_headroom == 1 << 30  # "auto": the device limit, at most 8 GiB
     assert store_settings(64 << 30, 200 << 30).pinned_headroom == 8 << 30
     assert store_settings(None, 10 << 30).pinned_headroom == 0
@@ -53,6 +53,10 @@ def test_defaults_come_from_the_config():
      ("pinned-available-fraction", "half", "pinned-available-fraction='half'"),
      ("pinned-duty-cycle", 0, "pinned-duty-cycle=0 must be a fraction"),
      ("pinned-duty-cycle", 2, "pinned-duty-cycle=2 must be a fraction"),
+     ("pinned-headroom-from", 1, r"pinned-headroom-from=1 must be a fraction in \[0, 1\)"),
+     ("pinned-headroom-from", -0.1, "pinned-headroom-from=-0.1 must be"),
+     ("pinned-headroom-from", "half", "pinned-headroom-from='half' must be"),
+     ("pinned-headroom-from", True, "pinned-headroom-from=True must be"),
      ("populate-threads", 0, "populate-threads=0; accepted: \"auto\" or an integer >= 1"),
      ("populate-threads", "many", "populate-threads='many'")],
 )

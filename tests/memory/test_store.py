@@ -419,6 +419,17 @@ def test_pinned_memory_is_made_ready_ahead_and_idle_memory_goes_back(
     assert backend.registered == {} or store.engine.pool.method == "register"
 
 
+def test_pinning_ahead_starts_where_configured(make_store: MakeStore, wait_for: WaitFor) -> None:
+    """`pinned-headroom-from` 0.75: past half the limit nothing is pinned yet; past 3/4 it is."""
+    backend = FakeCopyBackend()
+    store = make_store(device_memory_limit=1 << 16, backend=backend, pinned_headroom_from=0.75)
+    store[0] = dev(40_000, 0)  # 61% of the limit
+    time.sleep(0.1)
+    assert store._engine is None and backend.pinned_bytes == 0
+    store[1] = dev(10_000, 1)  # 76%
+    assert wait_for(lambda: store.metrics().get("pinned-reserved-bytes", 0) > 0)
+
+
 def test_host_copies_pickle_through_the_store(make_store: MakeStore) -> None:
     store = make_store(device_memory_limit=10)
     store["a"] = dev(100, 4)

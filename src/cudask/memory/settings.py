@@ -44,6 +44,7 @@ class StoreSettings:
     pinned_headroom: int = 0
     pinned_available_fraction: float = 0.5
     pinned_duty_cycle: float = 1.0
+    pinned_headroom_from: float = 0.5
     populate_threads: int | None = None
     spill_on_demand: bool = True
 
@@ -62,6 +63,7 @@ def store_settings(
     pinned_headroom: int | str | None = None,
     pinned_available_fraction: float | None = None,
     pinned_duty_cycle: float | None = None,
+    pinned_headroom_from: float | None = None,
     populate_threads: int | str | None = None,
     spill_on_demand: bool | None = None,
 ) -> StoreSettings:
@@ -110,6 +112,10 @@ def store_settings(
         pinned_duty_cycle=_fraction(
             config.get("memory.pinned-duty-cycle") if pinned_duty_cycle is None else pinned_duty_cycle,
             "cudask.memory.pinned-duty-cycle",
+        ),
+        pinned_headroom_from=_start(
+            config.get("memory.pinned-headroom-from") if pinned_headroom_from is None
+            else pinned_headroom_from
         ),
         populate_threads=_threads(
             config.get("memory.populate-threads") if populate_threads is None else populate_threads
@@ -165,6 +171,18 @@ def _fraction(value: Any, name: str, example: str = "0.5") -> float:
         fraction = float("nan")
     if not 0 < fraction <= 1:
         raise OptionError(f"{name}={value!r} must be a fraction in (0, 1], e.g. {example}")
+    return fraction
+
+
+def _start(value: Any) -> float:
+    """`memory.pinned-headroom-from`: a fraction of the device limit in [0, 1)."""
+    try:
+        fraction = float(value)
+    except (TypeError, ValueError):
+        fraction = float("nan")
+    if isinstance(value, bool) or not 0 <= fraction < 1:
+        raise OptionError(f"cudask.memory.pinned-headroom-from={value!r} must be a fraction in "
+                          "[0, 1) of the device limit, e.g. 0.5")
     return fraction
 
 

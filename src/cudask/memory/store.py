@@ -41,12 +41,13 @@ tried again (`cudask.memory.ondemand`, `memory.spill-on-demand`), so a task
 that needs memory the store's idle keys hold runs instead of failing.
 
 Pinned memory is made ready ahead of the spills, never on their path: once
-the device tier passes half its limit (`PROVISION_START`), the store asks the
+the device tier passes `memory.pinned-headroom-from` of its limit (half by
+default), the store asks the
 pool (`cudask.memory.pinned`) to keep free pinned memory ahead of use, ramping
 up to `memory.pinned-headroom` as the tier reaches its limit; the pool's
 thread faults memory in and registers it at memory speed. The first such
 request creates the copy backend in a thread of its own, off the task's path.
-Work that keeps the tier below half its limit pins nothing. A spill that
+Work that keeps the tier below that pins nothing. A spill that
 finds no pinned range ready copies into memory faulted in for it, which the
 pool registers later. With `memory.pinned-preallocate` (default off) that
 much is pinned when the store starts. Slabs left wholly free for
@@ -110,7 +111,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("cudask.memory")
 #: Fraction of the device limit past which pinned memory is made ready ahead of spills.
-PROVISION_START = 0.5
 # log_spilling's lines go where distributed logs its own spilling: a worker process
 # shows them at INFO, and Client.get_worker_logs() returns them ("cudask.memory" has
 # no handler in a worker, so its INFO lines would be dropped).
@@ -174,8 +174,8 @@ class TieredStore(MutableMapping[Key, object]):
         The CUDA boundary (`cudask.memory.transfer.CopyBackend`); default: CuPy,
         created when the first copy is needed. Tests inject a fake one.
     pinned_pool_size, pinned_slab_size, pinned_preallocate, pinned_release_after,
-    pinned_method, pinned_headroom, pinned_available_fraction, pinned_duty_cycle, populate_threads,
-    spill_target, background, spill_on_demand:
+    pinned_method, pinned_headroom, pinned_available_fraction, pinned_duty_cycle,
+    pinned_headroom_from, populate_threads, spill_target, background, spill_on_demand:
         Override the `cudask.memory.*` config keys of the same names
         (`background` is `memory.background-spill`). Spill on demand acts only
         with a device limit.
@@ -202,6 +202,7 @@ class TieredStore(MutableMapping[Key, object]):
         pinned_headroom: int | str | None = None,
         pinned_available_fraction: float | None = None,
         pinned_duty_cycle: float | None = None,
+        pinned_headroom_from: float | None = None,
         populate_threads: int | str | None = None,
         spill_target: float | None = None,
         background: bool | None = None,
@@ -218,7 +219,7 @@ class TieredStore(MutableMapping[Key, object]):
             pinned_preallocate=pinned_preallocate, pinned_release_after=pinned_release_after,
             pinned_method=pinned_method, pinned_headroom=pinned_headroom,
             pinned_available_fraction=pinned_available_fraction,
-            pinned_duty_cycle=pinned_duty_cycle,
+            pinned_duty_cycle=pinned_duty_cycle, pinned_headroom_from=pinned_headroom_from,
             populate_threads=populate_threads, spill_on_demand=spill_on_demand,
         )
         self.spill_target = self.settings.spill_target  # read on every write
@@ -234,7 +235,7 @@ class TieredStore(MutableMapping[Key, object]):
         self._engine_lock = threading.Lock()
         self._warming = False  # a thread is creating the engine ahead of spills
         self._provision_from = (
-            PROVISION_START * self.device_memory_limit
+            self.settings.pinned_headroom_from * self.device_memory_limit
             if self.device_memory_limit is not None and self.settings.pinned_headroom
             else math.inf
         )
@@ -330,11 +331,11 @@ class TieredStore(MutableMapping[Key, object]):
 
     def _provide_ahead(self) -> None:
         """Have free pinned memory made ready for the spills the device tier is
-        about to make: nothing below `PROVISION_START` of the limit, ramping up
-        to the headroom at the limit (lock held; cheap, called on writes)."""
+        about to make: nothing below `pinned_headroom_from` of the limit, ramping
+        up to the headroom at the limit (lock held; cheap, called on writes)."""
         want = min(
             self.settings.pinned_headroom,
-            int((self._ledger.total - self._provision_from) / (1 - PROVISION_START)),
+            int((self._ledger.total - self._provision_from) / (1 - self.settings.pinned_headroom_from)),
         )
         if want <= 0:
             return
