@@ -70,9 +70,9 @@ def test_recording_marks_slabs_lasting_while_allocated() -> None:
     upstream = Upstream()
     allocate, deallocate = lifetimes.recording(upstream)
     ptr = allocate(4096, None)
-    assert lifetimes.is_lasting(ptr) and not lifetimes.is_lasting(ptr + 8)
+    assert ptr in lifetimes._lasting and ptr + 8 not in lifetimes._lasting
     deallocate(ptr, 4096, None)
-    assert not lifetimes.is_lasting(ptr) and upstream.buffers == {}
+    assert ptr not in lifetimes._lasting and upstream.buffers == {}
 
 
 def test_a_pool_slab_stays_mapped_until_its_sender_ends(backend: FakeIPCBackend,

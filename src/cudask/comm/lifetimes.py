@@ -108,11 +108,6 @@ _shared = False  # whether a lasting allocation was sent to another process
 _kept: list[Any] = []  # memory resources held until the process ends
 
 
-def is_lasting(base: int) -> bool:
-    with _lasting_lock:
-        return base in _lasting
-
-
 def sending(base: int) -> bool:
     """Whether the allocation at `base`, about to be sent by IPC handle, is lasting;
     a lasting one is noted as shared, so its pool outlives the worker

@@ -113,9 +113,10 @@ def store_settings(
             config.get("memory.pinned-duty-cycle") if pinned_duty_cycle is None else pinned_duty_cycle,
             "cudask.memory.pinned-duty-cycle",
         ),
-        pinned_headroom_from=_start(
+        pinned_headroom_from=_fraction(
             config.get("memory.pinned-headroom-from") if pinned_headroom_from is None
-            else pinned_headroom_from
+            else pinned_headroom_from,
+            "cudask.memory.pinned-headroom-from", within="[0, 1)",
         ),
         populate_threads=_threads(
             config.get("memory.populate-threads") if populate_threads is None else populate_threads
@@ -164,25 +165,15 @@ def _headroom_bytes(value: Any, pool: int, device_memory_limit: int | None) -> i
     return min(nbytes, pool)
 
 
-def _fraction(value: Any, name: str, example: str = "0.5") -> float:
+def _fraction(value: Any, name: str, example: str = "0.5", within: str = "(0, 1]") -> float:
+    """`value` as a fraction in `within`: "(0, 1]" or "[0, 1)"."""
     try:
         fraction = float(value)
     except (TypeError, ValueError):
         fraction = float("nan")
-    if not 0 < fraction <= 1:
-        raise OptionError(f"{name}={value!r} must be a fraction in (0, 1], e.g. {example}")
-    return fraction
-
-
-def _start(value: Any) -> float:
-    """`memory.pinned-headroom-from`: a fraction of the device limit in [0, 1)."""
-    try:
-        fraction = float(value)
-    except (TypeError, ValueError):
-        fraction = float("nan")
-    if isinstance(value, bool) or not 0 <= fraction < 1:
-        raise OptionError(f"cudask.memory.pinned-headroom-from={value!r} must be a fraction in "
-                          "[0, 1) of the device limit, e.g. 0.5")
+    inside = 0 < fraction <= 1 if within == "(0, 1]" else 0 <= fraction < 1
+    if isinstance(value, bool) or not inside:
+        raise OptionError(f"{name}={value!r} must be a fraction in {within}, e.g. {example}")
     return fraction
 
 

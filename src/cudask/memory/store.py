@@ -110,7 +110,6 @@ if TYPE_CHECKING:
     from distributed import Worker
 
 logger = logging.getLogger("cudask.memory")
-#: Fraction of the device limit past which pinned memory is made ready ahead of spills.
 # log_spilling's lines go where distributed logs its own spilling: a worker process
 # shows them at INFO, and Client.get_worker_logs() returns them ("cudask.memory" has
 # no handler in a worker, so its INFO lines would be dropped).
