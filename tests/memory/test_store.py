@@ -430,6 +430,17 @@ def test_pinning_ahead_starts_where_configured(make_store: MakeStore, wait_for: 
     assert wait_for(lambda: store.metrics().get("pinned-reserved-bytes", 0) > 0)
 
 
+def test_pinning_ahead_ramps_up_to_the_headroom_at_the_limit(make_store: MakeStore, wait_for: WaitFor) -> None:
+    """Headroom 256 KiB at a 1 MiB limit, from half of it: at 3/4 of the limit half the
+    headroom is made ready, not all of it (the ramp spans half the limit to the limit)."""
+    store = make_store(device_memory_limit=1 << 20, pinned_headroom=256 << 10, pinned_pool_size=4 << 20,
+                       pinned_slab_size=16 << 10)
+    store[0] = dev(3 << 18, 0)  # 3/4 of the limit
+    assert wait_for(lambda: store._engine is not None and store.metrics().get("pinned-reserved-bytes", 0) > 0)
+    assert store.engine.pool.wait_ready(timeout=120)
+    assert store.engine.pool.goal == 128 << 10 and store.metrics()["pinned-reserved-bytes"] == 128 << 10
+
+
 def test_host_copies_pickle_through_the_store(make_store: MakeStore) -> None:
     store = make_store(device_memory_limit=10)
     store["a"] = dev(100, 4)

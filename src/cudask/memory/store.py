@@ -331,11 +331,12 @@ class TieredStore(MutableMapping[Key, object]):
     def _provide_ahead(self) -> None:
         """Have free pinned memory made ready for the spills the device tier is
         about to make: nothing below `pinned_headroom_from` of the limit, ramping
-        up to the headroom at the limit (lock held; cheap, called on writes)."""
-        want = min(
-            self.settings.pinned_headroom,
-            int((self._ledger.total - self._provision_from) / (1 - self.settings.pinned_headroom_from)),
-        )
+        up in proportion to the headroom at the limit (lock held; cheap, called
+        on writes)."""
+        assert self.device_memory_limit is not None  # else _provision_from is infinite
+        headroom = self.settings.pinned_headroom
+        past = (self._ledger.total - self._provision_from) / (self.device_memory_limit - self._provision_from)
+        want = min(headroom, int(headroom * past))
         if want <= 0:
             return
         engine = self._engine
