@@ -43,19 +43,6 @@ def _distinct_keys(frame: Any) -> int:
     return int(frame["key"].nunique())
 
 
-def _counters(dask_worker: Any) -> dict[str, float]:
-    """This worker's IPC counters (`ipc-*`), the data it fetched from other workers
-    (distributed's transfer log: count, bytes, seconds) and its store's pinning
-    and spill figures."""
-    from cudask.bench.transfer import store_figures
-    from cudask.comm import ipc
-
-    log = list(dask_worker.transfer_incoming_log)
-    fetched = {"fetches": float(len(log)), "fetched-bytes": float(sum(e["total"] for e in log)),
-               "fetch-seconds": float(sum(e["duration"] for e in log))}
-    return {**{f"ipc-{k}": float(v) for k, v in ipc.stats().items()}, **fetched, **store_figures(dask_worker)}
-
-
 def _moved(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
     """Per worker, how much each counter that changed went up or down from `before` to `after`."""
     out = {}
@@ -75,6 +62,8 @@ def frame_shuffle(client: Any, rows: int, partitions: int, method: str, module: 
     import dask.dataframe as dd
     from distributed import wait
 
+    from cudask.bench.transfer import worker_counters
+
     per = rows // partitions
     total = per * partitions
     out: dict[str, Any] = {"method": method, "rows": total, "partitions": partitions, "bytes": total * 16}
@@ -82,7 +71,7 @@ def frame_shuffle(client: Any, rows: int, partitions: int, method: str, module: 
         frame = client.persist(dd.from_map(_partition, range(partitions), rows=per, module=module,
                                            meta=_partition(0, 0, module), enforce_metadata=False))
         wait(frame)
-        before = client.run(_counters)
+        before = client.run(worker_counters)
         start = time.perf_counter()
         if method == "explicit":
             from cudask.comm.explicit import shuffle
@@ -92,7 +81,7 @@ def frame_shuffle(client: Any, rows: int, partitions: int, method: str, module: 
             shuffled = client.persist(frame.shuffle(on="key", shuffle_method=method))
             wait(shuffled)
         out["seconds"] = time.perf_counter() - start
-        out["workers"] = _moved(before, client.run(_counters))
+        out["workers"] = _moved(before, client.run(worker_counters))
         out["GBps"] = total * 16 / out["seconds"] / 1e9
         count, value_sum, distinct = dask.compute(shuffled.shape[0], shuffled["value"].sum(),
                                                   frame["key"].nunique())

@@ -122,6 +122,17 @@ def store_figures(dask_worker: Any) -> dict[str, float]:
             if v and ("provision" in k or k.startswith(("spill-", "unspill-")))}
 
 
+def worker_counters(dask_worker: Any) -> dict[str, float]:
+    """This worker's IPC counters (`ipc-*`), what it fetched from other workers
+    (distributed's transfer log: count, bytes, seconds) and its store's figures."""
+    from cudask.comm import ipc
+
+    log = list(dask_worker.transfer_incoming_log)
+    fetched = {"fetches": float(len(log)), "fetched-bytes": float(sum(e["total"] for e in log)),
+               "fetch-seconds": float(sum(e["duration"] for e in log))}
+    return {**{f"ipc-{k}": float(v) for k, v in ipc.stats().items()}, **fetched, **store_figures(dask_worker)}
+
+
 def _cells(block_info: Any = None, n: int = 0) -> Any:
     import cupy
 

@@ -99,13 +99,12 @@ def keepable(header: dict[str, Any] | None) -> Process | None:
     return sender if sender.pidns and sender.pidns == mine.pidns else None
 
 
-# Sender side: bases of allocations that live as long as this process.
+# Sender side: bases of allocations that live as long as this process, whether
+# one of them was sent to another process, and the resources held until it ends.
 _lasting: set[int] = set()
 _lasting_lock = threading.Lock()
-
-
-_shared = False  # whether a lasting allocation was sent to another process
-_kept: list[Any] = []  # memory resources held until the process ends
+_shared = False
+_kept: list[Any] = []
 
 
 def sending(base: int) -> bool:
