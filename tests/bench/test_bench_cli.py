@@ -387,6 +387,8 @@ def test_against_jit_unspill_off_passes_the_new_dask_cuda_check(
     (["--duration", "banana"], "'banana' is not a time"),
     (["--duration", "0"], "'0' must be more than 0 seconds"),
     (["--kill-every", "soon"], "'soon' is not a time"),
+    (["--min-kills", "2", "--kill-every", "0"], "2 kills need --kill-every above 0 (got '0')"),
+    (["--min-kills", "-1"], "-1 is not in the range"),
     (["--device-memory-limit", "0"], "--device-memory-limit: '0'"),
     (["--max-held", "lots"], "--max-held='lots'"),
     (["--host-fraction", "1.5"], "1.5; accepted: a fraction"),

@@ -619,6 +619,9 @@ def startup(ctx: click.Context, kw: dict[str, Any]) -> None:
               help="Most bytes held by the client at once (creates turn into deletes above).")
 @click.option("--kill-every", default="20s", show_default=True,
               help="Least time between two worker kills (SIGKILL); 0: no kills.")
+@click.option("--min-kills", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Kills the soak must make: it goes on past --duration (killing only) until "
+              "this many happened, for at most 10 minutes more. Needs --kill-every above 0.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the steps drawn.")
 @click.option("--n-workers", default=None, type=click.IntRange(min=1),
               help="Workers (one per GPU); default: every visible GPU.")
@@ -652,6 +655,9 @@ def soak(ctx: click.Context, kw: dict[str, Any]) -> None:
     if not 0 < kw["host_fraction"] <= 1:
         raise click.BadParameter(f"{kw['host_fraction']!r}; accepted: a fraction in (0, 1]",
                                  param_hint="--host-fraction")
+    if kw["min_kills"] and seconds["kill_every"] <= 0:
+        raise click.BadParameter(f"{kw['min_kills']} kills need --kill-every above 0 (got "
+                                 f"{kw['kill_every']!r})", param_hint="--min-kills")
     sizes: dict[str, int | None] = {}
     for name in ("device_memory_limit", "memory_limit", "max_held"):
         try:
@@ -670,8 +676,9 @@ def soak(ctx: click.Context, kw: dict[str, Any]) -> None:
     plan = soak_run.SoakPlan(
         duration=seconds["duration"], device_memory_limit=int(sizes["device_memory_limit"] or 0),
         memory_limit=int(sizes["memory_limit"] or 0), host_fraction=kw["host_fraction"],
-        max_held=int(sizes["max_held"] or 0), kill_every=seconds["kill_every"], seed=kw["seed"],
-        n_workers=kw["n_workers"], jit_unspill=kw["jit_unspill"],
+        max_held=int(sizes["max_held"] or 0), kill_every=seconds["kill_every"],
+        min_kills=kw["min_kills"], seed=kw["seed"], n_workers=kw["n_workers"],
+        jit_unspill=kw["jit_unspill"],
     )
     progress = harness.ProgressLine(enabled=sys.stderr.isatty())
 

@@ -7,7 +7,9 @@ matrix, a device array read backwards), so a value lost with its worker
 and recomputed by the scheduler is the same bytes again; `digest(value)`, a
 SHA-256 over dtype, shape and the values in C order of every array in a value
 (proxies are looked through; a device array's values enter as a 128-bit
-fingerprint computed on the device, see `_feed_device_array`); and `check_keys(client, expected)`, which digests
+fingerprint computed on the device, see `_feed_device_array`); `settle(future)`,
+a future's result or why it has none, waiting through the recompute of a result
+lost with a killed worker; and `check_keys(client, expected)`, which digests
 every held future *on the worker holding it* (nothing crosses to the client)
 and sorts the keys into identical, lost and changed.
 
@@ -19,7 +21,9 @@ for, and `digest` needs it only for device arrays.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -147,22 +151,34 @@ class Check:
         return not self.lost and not self.changed
 
 
+def settle(future: Any, timeout: float = 600) -> tuple[Any, str | None]:
+    """`(result, None)`, or `(None, why)` when `future` has none: its error's type and
+    first line, its cancellation, or the timeout. A result held by a worker that
+    was just killed reads as status 'lost' until the scheduler has recomputed it;
+    this waits for that instead of reading the status, which races with the news
+    of the death."""
+    try:
+        return future.result(timeout=timeout), None
+    except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - the reason is the answer
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        return None, f"{type(exc).__name__}: {text}"
+
+
 def check_keys(client: Any, expected: Mapping[Any, str], timeout: float = 600) -> Check:
     """Digest every future of `expected` (future -> digest at creation) where it is
     held and compare. A future whose value cannot be had any more counts as lost,
-    with the error's first line."""
-    from distributed import wait
-
+    with the error's first line; one being recomputed after a worker's death is
+    waited for (`settle`), all within `timeout` seconds."""
     futures = list(expected)
     digests = [client.submit(digest, f, pure=False) for f in futures]
-    wait(digests, timeout=timeout)
+    deadline = time.monotonic() + timeout
     out = Check()
     for f, d in zip(futures, digests, strict=True):
         name = str(f.key)
-        if d.status != "finished":
-            exc = d.exception()
-            out.lost[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        elif d.result() == expected[f]:
+        got, why = settle(d, max(deadline - time.monotonic(), 1.0))
+        if why is not None:
+            out.lost[name] = why
+        elif got == expected[f]:
             out.identical.append(name)
         else:
             out.changed.append(name)
