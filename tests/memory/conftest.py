@@ -77,6 +77,6 @@ def in_threads() -> Callable[[Callable[[int], None], int], list[BaseException]]:
 
 @pytest.fixture
 def wait_for() -> Callable[..., bool]:
-    """`wait_for(condition, timeout=10)`: poll until condition() holds or the time is up;
+    """`wait_for(condition, timeout=60)`: poll until condition() holds or the time is up;
     returns its last value (for work a background thread finishes)."""
-    return partial(poll_until, timeout=10.0, interval=0.01)
+    return partial(poll_until, timeout=60.0, interval=0.01)

@@ -288,7 +288,7 @@ def test_background_spilling_keeps_the_tier_below_target(
     store = make_store(device_memory_limit=1000, spill_target=0.5, background=True)
     for i in range(9):
         store[i] = dev(100, i)  # 900 bytes: below the limit, above the target
-    wait_for(lambda: store.device_bytes <= 500, timeout=5)
+    wait_for(lambda: store.device_bytes <= 500)
     assert store.device_bytes <= 500
     assert store._thread is not None and store._thread.name == "cudask-spill"
     for i in range(9):
