@@ -242,18 +242,18 @@ def test_a_sent_pool_outlives_its_worker(sent: bool, monkeypatch: pytest.MonkeyP
     from cudask.comm import lifetimes
     from cudask.worker.rmm import RMMSetup
 
-    monkeypatch.setattr(lifetimes, "_shared", False)
+    monkeypatch.setattr(lifetimes, "_pools", [])
     monkeypatch.setattr(lifetimes, "_kept", [])  # dropped, pool and all, when the test ends
     plugin = RMMSetup(pool_size=256 * MiB, maximum_pool_size=None, managed_memory=False,
                       async_alloc=False, release_threshold=None, log_directory=None,
                       track_allocations=False)
-    before = set(lifetimes._lasting)
     plugin.setup(types.SimpleNamespace(name="w0"))
-    slabs = set(lifetimes._lasting) - before
-    assert len(slabs) == 1, slabs  # the initial pool
+    recorded = plugin.slabs
+    assert recorded is not None and len(recorded.bases) == 1, recorded  # the initial pool
+    slab = next(iter(recorded.bases))
     if sent:
-        assert lifetimes.sending(next(iter(slabs)))
+        assert lifetimes.sending(slab)
     plugin.teardown(types.SimpleNamespace(name="w0"))
     gc.collect()
-    assert (slabs <= lifetimes._lasting) == sent
-    assert len(lifetimes._kept) == int(sent)
+    assert (slab in recorded.bases) == sent  # freed by the pool's end unless kept
+    assert len(lifetimes._kept) == int(sent) and not lifetimes.sending(slab)

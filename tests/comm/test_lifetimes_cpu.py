@@ -39,6 +39,13 @@ class Upstream:
         assert self.buffers.pop(ptr).nbytes == nbytes
 
 
+@pytest.fixture(autouse=True)
+def sender_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's pools and kept resources start empty and are dropped after it."""
+    monkeypatch.setattr(lifetimes, "_pools", [])
+    monkeypatch.setattr(lifetimes, "_kept", [])
+
+
 @pytest.fixture
 def backend(monkeypatch: pytest.MonkeyPatch) -> FakeIPCBackend:
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(ndarray=FakeDeviceArray))
@@ -66,19 +73,20 @@ def _as_sent_by(header: dict[str, Any], child: subprocess.Popen) -> dict[str, An
     return {**header, "sender": named.as_header()}
 
 
-def test_recording_marks_slabs_lasting_while_allocated() -> None:
+def test_slabs_are_lasting_while_allocated() -> None:
     upstream = Upstream()
-    allocate, deallocate = lifetimes.recording(upstream)
-    ptr = allocate(4096, None)
-    assert ptr in lifetimes._lasting and ptr + 8 not in lifetimes._lasting
-    deallocate(ptr, 4096, None)
-    assert ptr not in lifetimes._lasting and upstream.buffers == {}
+    slabs = lifetimes.Slabs(upstream)
+    ptr = slabs.allocate(4096, None)
+    assert slabs.bases == {ptr} and not slabs.shared
+    slabs.deallocate(ptr, 4096, None)
+    assert not lifetimes.sending(ptr) and slabs.bases == set() and upstream.buffers == {}
 
 
 def test_a_pool_slab_stays_mapped_until_its_sender_ends(backend: FakeIPCBackend,
                                                         sender: subprocess.Popen) -> None:
     upstream = Upstream()
-    allocate, deallocate = lifetimes.recording(upstream)
+    slabs = lifetimes.Slabs(upstream)
+    allocate, deallocate = slabs.allocate, slabs.deallocate
     slab = upstream.buffers[allocate(1 << 16, None)]
     backend.allocations[b"slab"] = slab
     slab[:] = np.arange(slab.size) % 251
@@ -111,7 +119,8 @@ def test_other_memory_is_unmapped_after_each_message(backend: FakeIPCBackend,
 def test_a_sender_in_another_pid_namespace_is_not_kept(backend: FakeIPCBackend,
                                                        sender: subprocess.Popen) -> None:
     upstream = Upstream()
-    allocate, deallocate = lifetimes.recording(upstream)
+    slabs = lifetimes.Slabs(upstream)
+    allocate, deallocate = slabs.allocate, slabs.deallocate
     slab = upstream.buffers[allocate(8192, None)]
     backend.allocations[b"slab"] = slab
     header, frames = serialize(FakeDeviceArray(slab), serializers=REPLY, context=LOCAL)
@@ -156,7 +165,8 @@ def test_idle_kept_mappings_beyond_the_limit_close_oldest_first() -> None:
 
 def test_closing_the_worker_closes_kept_mappings(backend: FakeIPCBackend, sender: subprocess.Popen) -> None:
     upstream = Upstream()
-    allocate, deallocate = lifetimes.recording(upstream)
+    slabs = lifetimes.Slabs(upstream)
+    allocate, deallocate = slabs.allocate, slabs.deallocate
     slab = upstream.buffers[allocate(8192, None)]
     backend.allocations[b"slab"] = slab
     header, frames = serialize(FakeDeviceArray(slab), serializers=REPLY, context=LOCAL)
@@ -167,14 +177,25 @@ def test_closing_the_worker_closes_kept_mappings(backend: FakeIPCBackend, sender
     deallocate(slab.ctypes.data, slab.nbytes, None)
 
 
-def test_a_pool_is_kept_once_one_of_its_slabs_was_sent(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lifetimes, "_shared", False)
-    monkeypatch.setattr(lifetimes, "_kept", [])
-    allocate, deallocate = lifetimes.recording(Upstream())
-    ptr = allocate(4096, None)
-    pool = object()
+def test_a_pool_is_kept_once_one_of_its_slabs_was_sent() -> None:
+    mine, other = lifetimes.Slabs(Upstream()), lifetimes.Slabs(Upstream())
+    ptr, elsewhere = mine.allocate(4096, None), other.allocate(4096, None)
     assert not lifetimes.sending(ptr + 4096)  # not a slab: nothing to keep
-    assert not lifetimes.keep_if_shared(pool) and lifetimes._kept == []
-    assert lifetimes.sending(ptr)
-    assert lifetimes.keep_if_shared(pool) and lifetimes._kept == [pool]
-    deallocate(ptr, 4096, None)
+    assert lifetimes.sending(ptr) and mine.shared and not other.shared
+    # per pool: the other one, never sent, is given back at its teardown
+    assert not lifetimes.keep_if_shared(other, "other pool") and lifetimes._kept == []
+    assert lifetimes.keep_if_shared(mine, "my pool") and lifetimes._kept == ["my pool"]
+    # once given up, a slab is no longer lasting: a closing worker's late send of it
+    # is mapped for that message only
+    assert not lifetimes.sending(ptr) and not lifetimes.sending(elsewhere)
+    assert lifetimes._pools == []
+    mine.deallocate(ptr, 4096, None)
+    other.deallocate(elsewhere, 4096, None)
+
+
+def test_a_slab_sent_after_teardown_does_not_keep_the_pool() -> None:
+    slabs = lifetimes.Slabs(Upstream())
+    ptr = slabs.allocate(4096, None)
+    assert not lifetimes.keep_if_shared(slabs, "pool")
+    assert not lifetimes.sending(ptr) and not slabs.shared and lifetimes._kept == []
+    slabs.deallocate(ptr, 4096, None)

@@ -2,8 +2,7 @@
 
 Covers: the sender's record of the allocations that live as long as their
 process (the slabs an RMM pool takes from CUDA, recorded by the pool's upstream
-resource built from `recording`), which the sender marks "lasting" in what it
-sends; and the receiver's mappings of other processes' allocations
+resource, `Slabs`), which the sender marks "lasting" in what it sends; and the receiver's mappings of other processes' allocations
 (`Mappings`): opened on first use, shared by the arrays received together,
 closed after the message, except lasting ones, which stay open for the next
 messages until their sender's process ends (checked by `sweep`, which the
@@ -32,7 +31,7 @@ import functools
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
@@ -99,55 +98,63 @@ def keepable(header: dict[str, Any] | None) -> Process | None:
     return sender if sender.pidns and sender.pidns == mine.pidns else None
 
 
-# Sender side: bases of allocations that live as long as this process, whether
-# one of them was sent to another process, and the resources held until it ends.
-_lasting: set[int] = set()
-_lasting_lock = threading.Lock()
-_shared = False
+# Sender side: the pools whose slabs are lasting (those of pools a worker gave up are
+# not), and the resources held until the process ends.
+_pools: list[Slabs] = []
+_pools_lock = threading.Lock()
 _kept: list[Any] = []
 
 
-def sending(base: int) -> bool:
-    """Whether the allocation at `base`, about to be sent by IPC handle, is lasting;
-    a lasting one is noted as shared, so its pool outlives the worker
-    (`keep_if_shared`)."""
-    global _shared
-    with _lasting_lock:
-        lasting = base in _lasting
-        _shared = _shared or lasting
-    return lasting
+class Slabs:
+    """The slabs one RMM pool takes from CUDA: `allocate` and `deallocate` are its
+    upstream's, for an rmm CallbackMemoryResource under the pool (`upstream`:
+    rmm.mr.CudaMemoryResource). A slab is lasting while allocated, until the
+    worker gives the pool up (`keep_if_shared`); `shared` says whether one was sent."""
 
+    def __init__(self, upstream: Any) -> None:
+        self.upstream = upstream
+        self.bases: set[int] = set()
+        self.shared = False
+        self.lock = _pools_lock  # held here: deallocate may run at interpreter exit
+        with self.lock:
+            _pools.append(self)
 
-def keep_if_shared(resource: Any) -> bool:
-    """Hold `resource` (the RMM pool whose slabs `recording` recorded) until this
-    process ends when any of its slabs was sent: receivers keep those slabs
-    mapped until then, and CUDA leaves freeing memory another process maps
-    undefined. Called when the worker gives the resource up (its teardown)."""
-    with _lasting_lock:
-        if not (_shared and _lasting):
-            return False
-        _kept.append(resource)
-    return True
-
-
-def recording(upstream: Any) -> tuple[Callable[[int, Any], int], Callable[[int, int, Any], None]]:
-    """The allocate and deallocate functions of an RMM CallbackMemoryResource under a
-    pool: `upstream`'s (rmm.mr.CudaMemoryResource), recording each slab as lasting
-    while it is allocated."""
-    lasting, lock = _lasting, _lasting_lock  # bound here: they may run at interpreter exit
-
-    def allocate(nbytes: int, stream: Any) -> int:
-        ptr = int(upstream.allocate(nbytes, stream))
-        with lock:
-            lasting.add(ptr)
+    def allocate(self, nbytes: int, stream: Any) -> int:
+        ptr = int(self.upstream.allocate(nbytes, stream))
+        with self.lock:
+            self.bases.add(ptr)
         return ptr
 
-    def deallocate(ptr: int, nbytes: int, stream: Any) -> None:
-        with lock:
-            lasting.discard(ptr)
-        upstream.deallocate(ptr, nbytes, stream)
+    def deallocate(self, ptr: int, nbytes: int, stream: Any) -> None:
+        with self.lock:
+            self.bases.discard(ptr)
+        self.upstream.deallocate(ptr, nbytes, stream)
 
-    return allocate, deallocate
+
+def sending(base: int) -> bool:
+    """Whether the allocation at `base`, about to be sent by IPC handle, is lasting
+    (a slab of a pool its worker still has); its pool is then noted as shared, to
+    be held past the worker (`keep_if_shared`)."""
+    with _pools_lock:
+        for pool in _pools:
+            if base in pool.bases:
+                pool.shared = True
+                return True
+    return False
+
+
+def keep_if_shared(slabs: Slabs, resource: Any) -> bool:
+    """The worker gives up the pool over `slabs` (its teardown): hold `resource` (the
+    pool) until this process ends if one of its slabs was sent, as receivers keep
+    those mapped until then and CUDA leaves freeing memory another process maps
+    undefined. Either way its slabs are no longer lasting: a send after this (a
+    closing worker may still answer) is mapped for that message only."""
+    with _pools_lock:
+        if slabs in _pools:
+            _pools.remove(slabs)
+        if slabs.shared:
+            _kept.append(resource)
+    return slabs.shared
 
 
 # Receiver side.

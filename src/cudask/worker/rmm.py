@@ -47,6 +47,7 @@ class RMMSetup(WorkerPlugin):
         self.previous: Any = None
         self.previous_cupy: Any = None
         self.resource: Any = None
+        self.slabs: lifetimes.Slabs | None = None  # a pool over cudaMalloc: its slabs
         self.active = False
 
     @property
@@ -84,7 +85,8 @@ class RMMSetup(WorkerPlugin):
             elif self.pool_size is not None:
                 # The pool's slabs, recorded: they live as long as the pool, so a worker
                 # receiving them by CUDA IPC may keep them mapped (cudask.comm.lifetimes).
-                mr = rmm.mr.CallbackMemoryResource(*lifetimes.recording(rmm.mr.CudaMemoryResource()))
+                self.slabs = lifetimes.Slabs(rmm.mr.CudaMemoryResource())
+                mr = rmm.mr.CallbackMemoryResource(self.slabs.allocate, self.slabs.deallocate)
             else:
                 mr = rmm.mr.CudaMemoryResource()
             if self.pool_size is not None:
@@ -143,6 +145,8 @@ class RMMSetup(WorkerPlugin):
 
             cupy.cuda.set_allocator(self.previous_cupy)
         rmm.mr.set_current_device_resource(self.previous)
-        lifetimes.keep_if_shared(self.resource)
+        if self.slabs is not None:
+            lifetimes.keep_if_shared(self.slabs, self.resource)
+            self.slabs = None
         self.resource = None
         self.active = False
