@@ -387,7 +387,8 @@ def test_against_jit_unspill_off_passes_the_new_dask_cuda_check(
     (["--duration", "banana"], "'banana' is not a time"),
     (["--duration", "0"], "'0' must be more than 0 seconds"),
     (["--kill-every", "soon"], "'soon' is not a time"),
-    (["--min-kills", "2", "--kill-every", "0"], "2 kills need --kill-every above 0 (got '0')"),
+    (["--min-kills", "2", "--kill-every", "0"], "--min-kills=2 with --kill-every=0.0"),
+    (["--min-kills", "40", "--duration", "60"], "take longer than --duration + 600 s"),
     (["--min-kills", "-1"], "-1 is not in the range"),
     (["--device-memory-limit", "0"], "--device-memory-limit: '0'"),
     (["--max-held", "lots"], "--max-held='lots'"),
@@ -441,14 +442,14 @@ def test_transfer_placement_names_the_machine(monkeypatch: pytest.MonkeyPatch) -
     from cudask.bench import environment
 
     monkeypatch.setattr(environment, "gpus", lambda: {"available": True, "devices": [{"index": 0}]})
-    for placement in ("0", "0,1", "0,x", "0+1", "0+0"):
+    for placement in ("0", "0,1", "0,x", "0+1", "0+0", "0+00", "0,\u00b2"):
         code, out = invoke("transfer", "--placement", placement)
         assert code == 2 and f"{placement!r}; accepted: two or more GPU indices below 1" in \
             one_line_error(code, out), out
 
 
 @pytest.mark.parametrize(("given", "expected"), [(None, ("0,1",)), ("0,1", ("0", "1")),
-                                                 ("1+0,0", ("1,0", "0"))])
+                                                 ("1+0,0", ("1,0", "0")), ("00 + 1", ("0,1",))])
 def test_transfer_placement_to_worker_processes(monkeypatch: pytest.MonkeyPatch, given: str | None,
                                                 expected: tuple[str, ...]) -> None:
     """By default one worker process over both GPUs (a worker per GPU, as users start them)."""

@@ -56,6 +56,7 @@ def test_moved_counters_are_differences() -> None:
     from cudask.bench.shuffle import _moved
 
     before = {"a": {"ipc-received": 2.0, "ipc-mappings-open": 1.0}, "b": {"ipc-received": 0.0}}
-    after = {"a": {"ipc-received": 5.0, "ipc-mappings-open": 1.0, "spill-device-to-host-count": 1.0},
+    after = {"a": {"ipc-received": 5.0, "ipc-mappings-open": 1.0, "spill-device-to-host-count": 1.0,
+                   "pinned-provision-gbps": 12.0},  # a rate: no difference taken
              "b": {"ipc-received": 0.0}}
     assert _moved(before, after) == {"a": {"ipc-received": 3.0, "spill-device-to-host-count": 1.0}}

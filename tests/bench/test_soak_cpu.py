@@ -6,6 +6,8 @@ of it. The GPU soak is tests/faults/test_soak_gpu.py."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from distributed import Client, LocalCluster
 
@@ -26,6 +28,13 @@ def test_soak_steps_and_kills_on_a_cpu_cluster() -> None:
     assert set(report["steps"]) >= {"create", "read", "delete", "kill"}
 
 
-def test_min_kills_needs_kills() -> None:
-    with pytest.raises(ValueError, match="min_kills=2 with kill_every=0"):
-        SoakPlan(kill_every=0, min_kills=2)
+@pytest.mark.parametrize(("plan", "named"), [
+    ({"kill_every": 0, "min_kills": 2}, "min_kills=2 with kill_every=0"),
+    ({"min_kills": True}, "min_kills=True"),
+    ({"min_kills": 1.5}, "min_kills=1.5"),
+    ({"min_kills": -1}, "min_kills=-1"),
+    ({"duration": 60, "kill_every": 20, "min_kills": 40}, "take longer than duration + 600 s"),
+])
+def test_min_kills_that_cannot_be_had_are_refused(plan: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        SoakPlan(**plan)

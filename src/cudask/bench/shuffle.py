@@ -44,11 +44,13 @@ def _distinct_keys(frame: Any) -> int:
 
 
 def _moved(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-    """Per worker, how much each counter that changed went up or down from `before` to `after`."""
+    """Per worker, how much each counter that changed went up or down from `before` to
+    `after` (rates, "-gbps", are left out: their difference means nothing)."""
     out = {}
     for worker, now in after.items():
         was = before.get(worker, {})
-        moved = {k: v - was.get(k, 0.0) for k, v in now.items() if v != was.get(k, 0.0)}
+        moved = {k: v - was.get(k, 0.0) for k, v in now.items()
+                 if v != was.get(k, 0.0) and not k.endswith("gbps")}
         if moved:
             out[worker] = moved
     return out

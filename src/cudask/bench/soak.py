@@ -70,10 +70,15 @@ class SoakPlan:
     kinds: tuple[str, ...] = KINDS
 
     def __post_init__(self) -> None:
-        if self.min_kills < 0 or (self.min_kills and self.kill_every <= 0):
-            raise ValueError(f"min_kills={self.min_kills!r} with kill_every="
-                             f"{self.kill_every!r}; accepted: min_kills >= 0, and 0 unless "
-                             "kill_every > 0")
+        kills = self.min_kills
+        if type(kills) is not int or kills < 0 or (kills and self.kill_every <= 0):
+            raise ValueError(f"min_kills={kills!r} with kill_every={self.kill_every!r}; "
+                             "accepted: a whole number >= 0, and 0 unless kill_every > 0")
+        if kills * self.kill_every > self.duration + OVERTIME:
+            raise ValueError(f"min_kills={kills} kills, one at most every {self.kill_every:g} s, "
+                             f"take longer than duration + {OVERTIME:.0f} s of overtime "
+                             f"({self.duration + OVERTIME:g} s); accepted: min_kills x "
+                             "kill_every within that")
 
 
 def _fresh(spec: tuple[Any, ...]) -> str:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 PROTOCOLS = ("tcp", "ucx")
+LOG_LENGTH = 1 << 20  # each bench worker's distributed.admin.low-level-log-length
 
 
 @dataclass(frozen=True)
@@ -113,12 +114,13 @@ def _ipc_stats() -> dict[str, Any]:
 
 def store_figures(dask_worker: Any) -> dict[str, float]:
     """The cudask store's pinned-pool and spill figures (nothing for other stores):
-    pinning ahead of spills runs while the device tier is past half its limit and
-    can slow the worker's GPU work (docs/device-transfers.md)."""
+    pinning ahead of spills runs while the device tier is past
+    `memory.pinned-headroom-from` of its limit and can slow the worker's GPU work
+    (docs/device-transfers.md)."""
     metrics = getattr(dask_worker.data, "metrics", None)
     if not callable(metrics):
         return {}
-    return {k: v for k, v in metrics().items()
+    return {k: v for k, v in metrics().items()  # cumulative: a figure never falls to 0
             if v and ("provision" in k or k.startswith(("spill-", "unspill-")))}
 
 
@@ -192,6 +194,9 @@ def run_setting(setting: Setting, plan: TransferPlan) -> dict[str, Any]:
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
     command, env = worker_launch(setting)
+    # distributed keeps a worker's last `low-level-log-length` fetches (1000); the
+    # bench reads differences of that log, so it keeps every fetch of the run
+    env = {**env, "DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH": str(LOG_LENGTH)}
     with worker_processes(plan.placement, env=env, log_dir=log_dir, command=command,
                           protocol=setting.protocol,
                           args=["--device-memory-limit", plan.device_memory_limit,

@@ -655,9 +655,6 @@ def soak(ctx: click.Context, kw: dict[str, Any]) -> None:
     if not 0 < kw["host_fraction"] <= 1:
         raise click.BadParameter(f"{kw['host_fraction']!r}; accepted: a fraction in (0, 1]",
                                  param_hint="--host-fraction")
-    if kw["min_kills"] and seconds["kill_every"] <= 0:
-        raise click.BadParameter(f"{kw['min_kills']} kills need --kill-every above 0 (got "
-                                 f"{kw['kill_every']!r})", param_hint="--min-kills")
     sizes: dict[str, int | None] = {}
     for name in ("device_memory_limit", "memory_limit", "max_held"):
         try:
@@ -667,19 +664,22 @@ def soak(ctx: click.Context, kw: dict[str, Any]) -> None:
         if not value:
             raise click.BadParameter(f"{kw[name]!r}; accepted: a size above 0 such as '1GiB'",
                                      param_hint="--" + name.replace("_", "-"))
+    try:
+        plan = soak_run.SoakPlan(
+            duration=seconds["duration"], device_memory_limit=int(sizes["device_memory_limit"] or 0),
+            memory_limit=int(sizes["memory_limit"] or 0), host_fraction=kw["host_fraction"],
+            max_held=int(sizes["max_held"] or 0), kill_every=seconds["kill_every"],
+            min_kills=kw["min_kills"], seed=kw["seed"], n_workers=kw["n_workers"],
+            jit_unspill=kw["jit_unspill"])
+    except ValueError as exc:  # --min-kills against --kill-every and --duration, in option names
+        said = str(exc).replace("min_kills", "--min-kills").replace("kill_every", "--kill-every")
+        raise click.UsageError(said.replace("duration", "--duration")) from None
     gpus = environment.gpus()
     if not gpus.get("available"):
         raise NoGPUError(f"cudask bench soak needs an NVIDIA GPU and NVML finds none "
                          f"({gpus.get('reason')})")
     if not environment.has_module("cupy"):
         raise click.ClickException("cudask bench soak needs CuPy: pip install 'cudask[cuda]'")
-    plan = soak_run.SoakPlan(
-        duration=seconds["duration"], device_memory_limit=int(sizes["device_memory_limit"] or 0),
-        memory_limit=int(sizes["memory_limit"] or 0), host_fraction=kw["host_fraction"],
-        max_held=int(sizes["max_held"] or 0), kill_every=seconds["kill_every"],
-        min_kills=kw["min_kills"], seed=kw["seed"], n_workers=kw["n_workers"],
-        jit_unspill=kw["jit_unspill"],
-    )
     progress = harness.ProgressLine(enabled=sys.stderr.isatty())
 
     def show(elapsed: float, counts: Any) -> None:
@@ -821,8 +821,8 @@ def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
     placement = kw["placement"] or ("0+1" if count >= 2 else "0,0")
     entries = [[g.strip() for g in p.split("+")] for p in placement.split(",")]
     indices = [g for entry in entries for g in entry]
-    if len(indices) < 2 or any(not g.isdigit() or int(g) >= count for g in indices) \
-            or any(len(set(entry)) < len(entry) for entry in entries):
+    if len(indices) < 2 or any(not (g.isascii() and g.isdigit()) or int(g) >= count for g in indices) \
+            or any(len({int(g) for g in entry}) < len(entry) for entry in entries):
         raise click.BadParameter(f"{placement!r}; accepted: two or more GPU indices below {count} "
                                  "(this machine's GPUs), comma-separated, '+' joining the distinct "
                                  "GPUs of one process, e.g. '0,0' or '0+1'", param_hint="--placement")
@@ -830,7 +830,7 @@ def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
         raise click.ClickException("cudask bench transfer needs CuPy: pip install 'cudask[cuda]'")
     log_dir = os.path.dirname(os.path.abspath(kw["output"])) if kw["output"] else None
     plan = transfer_run.TransferPlan(
-        placement=tuple(",".join(entry) for entry in entries), sizes=tuple(sizes), repeat=kw["repeat"], n=kw["side"],
+        placement=tuple(",".join(str(int(g)) for g in entry) for entry in entries), sizes=tuple(sizes), repeat=kw["repeat"], n=kw["side"],
         blocks=kw["blocks"], device_memory_limit=kw["device_memory_limit"],
         rmm_pool_size=kw["rmm_pool_size"], settings=transfer_run.settings(protocols, dask_cuda), log_dir=log_dir,
         shuffle_rows=shuffle_rows, shuffle_methods=methods if shuffle_rows else ())

@@ -168,7 +168,8 @@ def check_keys(client: Any, expected: Mapping[Any, str], timeout: float = 600) -
     """Digest every future of `expected` (future -> digest at creation) where it is
     held and compare. A future whose value cannot be had any more counts as lost,
     with the error's first line; one being recomputed after a worker's death is
-    waited for (`settle`), all within `timeout` seconds."""
+    waited for (`settle`): up to `timeout` seconds for all, and at least 1 s for
+    each."""
     futures = list(expected)
     digests = [client.submit(digest, f, pure=False) for f in futures]
     deadline = time.monotonic() + timeout
