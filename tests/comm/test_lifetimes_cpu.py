@@ -73,6 +73,15 @@ def _as_sent_by(header: dict[str, Any], child: subprocess.Popen) -> dict[str, An
     return {**header, "sender": named.as_header()}
 
 
+def _pool_slab(backend: FakeIPCBackend, nbytes: int) -> tuple[lifetimes.Slabs, np.ndarray]:
+    """A slab of a recorded pool, which the fake backend exports as handle b"slab"."""
+    upstream = Upstream()
+    slabs = lifetimes.Slabs(upstream)
+    slab = upstream.buffers[slabs.allocate(nbytes, None)]
+    backend.allocations[b"slab"] = slab
+    return slabs, slab
+
+
 def test_slabs_are_lasting_while_allocated() -> None:
     upstream = Upstream()
     slabs = lifetimes.Slabs(upstream)
@@ -84,11 +93,7 @@ def test_slabs_are_lasting_while_allocated() -> None:
 
 def test_a_pool_slab_stays_mapped_until_its_sender_ends(backend: FakeIPCBackend,
                                                         sender: subprocess.Popen) -> None:
-    upstream = Upstream()
-    slabs = lifetimes.Slabs(upstream)
-    allocate, deallocate = slabs.allocate, slabs.deallocate
-    slab = upstream.buffers[allocate(1 << 16, None)]
-    backend.allocations[b"slab"] = slab
+    slabs, slab = _pool_slab(backend, 1 << 16)
     slab[:] = np.arange(slab.size) % 251
     pieces = [FakeDeviceArray(slab[i * 8192:(i + 1) * 8192]) for i in range(3)]
     for piece in pieces:
@@ -103,7 +108,7 @@ def test_a_pool_slab_stays_mapped_until_its_sender_ends(backend: FakeIPCBackend,
     sender.kill()
     sender.wait()
     assert ipc.sweep() == 1 and ipc.mapped() == 0 and backend.closed == [slab.ctypes.data]
-    deallocate(slab.ctypes.data, slab.nbytes, None)
+    slabs.deallocate(slab.ctypes.data, slab.nbytes, None)
 
 
 def test_other_memory_is_unmapped_after_each_message(backend: FakeIPCBackend,
@@ -118,17 +123,13 @@ def test_other_memory_is_unmapped_after_each_message(backend: FakeIPCBackend,
 
 def test_a_sender_in_another_pid_namespace_is_not_kept(backend: FakeIPCBackend,
                                                        sender: subprocess.Popen) -> None:
-    upstream = Upstream()
-    slabs = lifetimes.Slabs(upstream)
-    allocate, deallocate = slabs.allocate, slabs.deallocate
-    slab = upstream.buffers[allocate(8192, None)]
-    backend.allocations[b"slab"] = slab
+    slabs, slab = _pool_slab(backend, 8192)
     header, frames = serialize(FakeDeviceArray(slab), serializers=REPLY, context=LOCAL)
     header = _as_sent_by(header, sender)
     header["sender"]["pidns"] += 1
     deserialize(header, frames, deserializers=REPLY)
     assert header["lasting"] and ipc.mapped() == 0 and len(backend.closed) == 1
-    deallocate(slab.ctypes.data, slab.nbytes, None)
+    slabs.deallocate(slab.ctypes.data, slab.nbytes, None)
 
 
 def test_a_reused_pid_is_not_the_sender(sender: subprocess.Popen) -> None:
@@ -164,17 +165,13 @@ def test_idle_kept_mappings_beyond_the_limit_close_oldest_first() -> None:
 
 
 def test_closing_the_worker_closes_kept_mappings(backend: FakeIPCBackend, sender: subprocess.Popen) -> None:
-    upstream = Upstream()
-    slabs = lifetimes.Slabs(upstream)
-    allocate, deallocate = slabs.allocate, slabs.deallocate
-    slab = upstream.buffers[allocate(8192, None)]
-    backend.allocations[b"slab"] = slab
+    slabs, slab = _pool_slab(backend, 8192)
     header, frames = serialize(FakeDeviceArray(slab), serializers=REPLY, context=LOCAL)
     deserialize(_as_sent_by(header, sender), frames, deserializers=REPLY)
     assert ipc.mapped() == 1
     ipc.close_mappings()
     assert ipc.mapped() == 0 and backend.closed == [slab.ctypes.data]
-    deallocate(slab.ctypes.data, slab.nbytes, None)
+    slabs.deallocate(slab.ctypes.data, slab.nbytes, None)
 
 
 def test_a_pool_is_kept_once_one_of_its_slabs_was_sent() -> None:
