@@ -2,14 +2,15 @@
 
 Covers: the sender's record of the allocations that live as long as their
 process (the slabs an RMM pool takes from CUDA, recorded by the pool's upstream
-resource, `Slabs`), which the sender marks "lasting" in what it sends; and the receiver's mappings of other processes' allocations
-(`Mappings`): opened on first use, shared by the arrays received together,
-closed after the message, except lasting ones, which stay open for the next
-messages until their sender's process ends (checked by `sweep`, which the
-worker runs periodically, and on each receive), more than `limit` of them sit
-idle, or the worker closes. Opening a peer GPU's allocation costs about 10 ms
-on two H200s, the copy of 2 GiB over NVLink 5.4 ms (scripts/ipc-cost): keeping
-the mapping is what takes a transfer to the link's speed.
+resource, `Slabs`), which the sender marks "lasting" in what it sends; and the
+receiver's mappings of other processes' allocations (`Mappings`): opened on
+first use, shared by the arrays received together, closed after the message,
+except lasting ones, which stay open for the next messages until their sender's
+process ends (checked by `sweep`, which the worker runs periodically, and on
+each receive), more than `limit` of them sit idle, or the worker closes.
+Opening a peer GPU's allocation costs about 10 ms on two H200s, the copy of 2
+GiB over NVLink 5.4 ms (scripts/ipc-cost): keeping the mapping is what takes a
+transfer to the link's speed.
 
 Why only lasting allocations stay mapped: CUDA leaves undefined what happens
 when the exporting process frees memory that another process still has mapped,
