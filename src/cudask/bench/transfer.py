@@ -129,7 +129,7 @@ def worker_counters(dask_worker: Any) -> dict[str, float]:
     (distributed's transfer log: count, bytes, seconds) and its store's figures."""
     from cudask.comm import ipc
 
-    log = list(dask_worker.transfer_incoming_log)
+    log = _incoming(dask_worker)
     fetched = {"fetches": float(len(log)), "fetched-bytes": float(sum(e["total"] for e in log)),
                "fetch-seconds": float(sum(e["duration"] for e in log))}
     return {**{f"ipc-{k}": float(v) for k, v in ipc.stats().items()}, **fetched, **store_figures(dask_worker)}
