@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 from distributed import WorkerPlugin
 
-from cudask.comm import ipc
+from cudask.comm import cudf_wire, ipc
 from cudask.devices.nvml import gpus_without_peer_access, transfer_counters
 from cudask.memory.store import worker_metrics
 from cudask.worker.context import device0_uuid
@@ -154,14 +154,18 @@ class PreImport(WorkerPlugin):
 
 
 class CudfSpill(WorkerPlugin):
-    """Set cuDF's `spill` and `spill_stats` options in the worker process."""
+    """Set cuDF's spilling options in the worker process: `spill`, `spill_stats` and,
+    with spilling on, `spill_device_limit` (the worker's device memory limit, so cuDF
+    spills its least recently used buffers past it). With spilling on, the worker
+    also sends cuDF objects in a form any process can read (cudask.comm.cudf_wire)."""
 
     name = "cudask-cudf-spill"
 
-    def __init__(self, enable: bool, stats: int) -> None:
+    def __init__(self, enable: bool, stats: int, device_limit: int | None = None) -> None:
         self.enable = enable
         self.stats = stats
-        self.previous: tuple[Any, Any] | None = None
+        self.device_limit = device_limit if enable else None
+        self.previous: tuple[Any, Any, Any] | None = None
 
     def setup(self, worker: Any) -> None:
         if self.previous is not None:
@@ -172,9 +176,13 @@ class CudfSpill(WorkerPlugin):
             if self.enable:
                 raise
             return
-        self.previous = (cudf.get_option("spill"), cudf.get_option("spill_stats"))
+        self.previous = (cudf.get_option("spill"), cudf.get_option("spill_stats"),
+                         cudf.get_option("spill_device_limit"))
         cudf.set_option("spill", self.enable)
         cudf.set_option("spill_stats", self.stats)
+        cudf.set_option("spill_device_limit", self.device_limit)
+        if self.enable:
+            cudf_wire.register()
 
     def teardown(self, worker: Any) -> None:
         if self.previous is None:
@@ -183,6 +191,7 @@ class CudfSpill(WorkerPlugin):
 
         cudf.set_option("spill", self.previous[0])
         cudf.set_option("spill_stats", self.previous[1])
+        cudf.set_option("spill_device_limit", self.previous[2])
         self.previous = None
 
 
