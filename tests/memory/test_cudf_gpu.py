@@ -230,3 +230,26 @@ def test_cudf_spill_on_cli_workers(tmp_path: Any) -> None:
         assert float(got) == pytest.approx(left.x.sum(), rel=1e-9)
         pd.testing.assert_frame_equal(_sorted(ddf.compute(), ["y", "k", "x"]),
                                       _sorted(left, ["y", "k", "x"]))
+
+
+def _spill_without_the_portable_wire() -> None:
+    import cudf
+
+    cudf.set_option("spill", True)  # cuDF spilling turned on by hand, not by cudask
+
+
+def test_a_spilling_worker_without_the_portable_wire_fails_a_plain_client() -> None:
+    """The control for the test above: frames from a worker whose cuDF spilling was
+    turned on by hand (no cudask.comm.cudf_wire) cannot be read by this client."""
+    cudf = pytest.importorskip("cudf")
+    pytest.importorskip("dask_cudf")
+    from distributed import Client
+
+    from cudask import LocalCUDACluster
+
+    with LocalCUDACluster(n_workers=1, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        client.run(_spill_without_the_portable_wire)
+        future = client.submit(lambda n: cudf.DataFrame({"x": range(n)}), 1000)
+        with pytest.raises(Exception, match="without a global spill manager"):
+            future.result()
