@@ -23,7 +23,7 @@ import pytest
 from dask.sizeof import sizeof
 from distributed.protocol import deserialize, serialize
 
-from cudask.memory.dispatch import CudaArrayInterfaceHandler, register_handler
+from cudask.memory.handlers import CudaArrayInterfaceHandler, register_handler
 from cudask.memory.proxy import ProxyError, ProxyObject, asproxy, is_proxy, unproxy
 from cudask.memory.transfer import TransferEngine
 from cudask.testing.fake_cuda import FakeCopyBackend

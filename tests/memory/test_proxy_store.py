@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cudask.memory.dispatch import register_handler
+from cudask.memory.handlers import register_handler
 from cudask.memory.proxy import ProxyObject, asproxy, location, unproxy
 from cudask.memory.proxy_store import ProxyStore, SpillOnDemand
 from cudask.memory.store import TieredStore

@@ -18,7 +18,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from cudask.memory import dispatch
+from cudask.memory import handlers
 from cudask.memory.accounting import union_bytes
 from cudask.memory.store import TieredStore
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray, as_numpy
@@ -195,7 +195,7 @@ class StoreMachine(RuleBasedStateMachine):
             objects += [v for v, _, _ in store._prefetched.values()]
             for _, refs, _ in store._ghosts.values():
                 objects += [r() for r in refs if r() is not None]
-            expected = union_bytes(r for obj in objects for r in dispatch.allocations(obj))
+            expected = union_bytes(r for obj in objects for r in handlers.allocations(obj))
             assert store._ledger.total == expected
             if not self.held and not store._ghosts:
                 assert (

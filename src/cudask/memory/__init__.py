@@ -3,7 +3,7 @@
 Covers: re-exporting the public names of the submodules - `TieredStore` and
 `worker_metrics` (store.py), `ProxyStore` (proxy_store.py: JIT-unspill, tasks
 get proxies that unspill only what they touch) and `ProxyObject`
-(proxy.py), `is_device_object` and the handler registry (dispatch.py),
+(proxy.py), `is_device_object` and the handler registry (handlers/),
 `PinnedPool` (pinned.py), `CopyBackend`/`CupyBackend` (transfer.py),
 `AllocationLedger` (accounting.py). Importing this package imports neither
 CuPy nor distributed and creates no CUDA context: names are resolved on first
@@ -23,11 +23,11 @@ _LAZY = {
     "worker_metrics": "cudask.memory.store",
     "ProxyStore": "cudask.memory.proxy_store",
     "ProxyObject": "cudask.memory.proxy",
-    "is_device_object": "cudask.memory.dispatch",
-    "register_handler": "cudask.memory.dispatch",
-    "register_lazy": "cudask.memory.dispatch",
-    "UnspillableError": "cudask.memory.dispatch",
-    "HostCopy": "cudask.memory.dispatch",
+    "is_device_object": "cudask.memory.handlers",
+    "register_handler": "cudask.memory.handlers",
+    "register_lazy": "cudask.memory.handlers",
+    "UnspillableError": "cudask.memory.handlers",
+    "HostCopy": "cudask.memory.handlers",
     "PinnedPool": "cudask.memory.pinned",
     "PinnedMemoryWarning": "cudask.memory.pinned",
     "CopyBackend": "cudask.memory.transfer",
@@ -37,11 +37,11 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from cudask.memory.accounting import AllocationLedger as AllocationLedger
-    from cudask.memory.dispatch import HostCopy as HostCopy
-    from cudask.memory.dispatch import UnspillableError as UnspillableError
-    from cudask.memory.dispatch import is_device_object as is_device_object
-    from cudask.memory.dispatch import register_handler as register_handler
-    from cudask.memory.dispatch import register_lazy as register_lazy
+    from cudask.memory.handlers import HostCopy as HostCopy
+    from cudask.memory.handlers import UnspillableError as UnspillableError
+    from cudask.memory.handlers import is_device_object as is_device_object
+    from cudask.memory.handlers import register_handler as register_handler
+    from cudask.memory.handlers import register_lazy as register_lazy
     from cudask.memory.pinned import PinnedMemoryWarning as PinnedMemoryWarning
     from cudask.memory.pinned import PinnedPool as PinnedPool
     from cudask.memory.proxy import ProxyObject as ProxyObject

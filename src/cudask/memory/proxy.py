@@ -69,7 +69,7 @@ class ProxyError(RuntimeError):
 
 
 # Forms of a proxy's content: the object itself, distributed-serialized frames,
-# or a cudask host copy (see cudask.memory.dispatch.HostCopy).
+# or a cudask host copy (see cudask.memory.handlers.HostCopy).
 OBJECT = "object"
 FRAMES = "frames"
 HOSTCOPY = "hostcopy"
@@ -119,10 +119,10 @@ def materialize(form: str, payload: Any, engine: TransferEngine | None) -> Any:
         return payload
     if form == FRAMES:
         return payload.deserialize()
-    from cudask.memory import dispatch
+    from cudask.memory import handlers
 
     eng = engine if engine is not None else _detached_engine()
-    obj, copies = dispatch.to_device(payload, eng)
+    obj, copies = handlers.to_device(payload, eng)
     for c in copies:
         c.wait()
     return obj

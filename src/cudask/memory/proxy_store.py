@@ -28,7 +28,7 @@ host memory to disk), `spilled_total`, `cumulative_metrics` and `metrics()`
 like TieredStore, adding proxy counts and spill-on-demand counters.
 
 Does not cover: the proxy type itself (`cudask.memory.proxy`), how objects are
-copied (`cudask.memory.dispatch` / `transfer`), PyTorch's allocator (its
+copied (`cudask.memory.handlers` / `transfer`), PyTorch's allocator (its
 out-of-memory errors are not intercepted).
 
 Threading: every public method is thread-safe. The store shares the inner
@@ -50,7 +50,7 @@ from dask.typing import Key
 from dask.utils import typename
 from distributed.spill import ManualEvictProto, SpilledSize
 
-from cudask.memory import dispatch
+from cudask.memory import handlers
 from cudask.memory.ondemand import SpillOnDemand
 from cudask.memory.proxy import (
     HOSTCOPY,
@@ -190,7 +190,7 @@ class ProxyStore(MutableMapping[Key, object]):
             if t is dict:
                 return {k: v for k, v in out}, found
             return t(v for _, v in out), found
-        if dispatch.is_device_object(value):
+        if handlers.is_device_object(value):
             return self._wrap(value), True
         return value, False
 
@@ -229,7 +229,7 @@ class ProxyStore(MutableMapping[Key, object]):
             raise ProxyError("cannot store a proxy: the store is closed")
         cell = proxy._pxy
         pkey = (self._prefix, next(self._counter))
-        device = form == OBJECT and dispatch.is_device_object(payload)
+        device = form == OBJECT and handlers.is_device_object(payload)
         if device:
             self._hook()
         with self.lock:
@@ -286,7 +286,7 @@ class ProxyStore(MutableMapping[Key, object]):
                              f"for {op}")
                 raise
             del value
-            if dispatch.is_device_object(obj):
+            if handlers.is_device_object(obj):
                 self._hook()
             with self.lock:
                 self._inner[cell.pkey] = obj

@@ -6,7 +6,7 @@ Covers: `TieredStore`, a MutableMapping[Key, object] composed of
   union of their allocations (`cudask.memory.accounting.AllocationLedger`, so
   views and aliases count once), bounded by `device_memory_limit`;
 - host copies: device objects moved out of the device tier become `HostCopy`
-  images (`cudask.memory.dispatch`), filled by raw copies into a pinned pool
+  images (`cudask.memory.handlers`), filled by raw copies into a pinned pool
   (`cudask.memory.pinned`) on a dedicated stream (`cudask.memory.transfer`);
 - a host tier: `distributed.spill.SpillBuffer` (a zict.Buffer over
   zict.Func(pickle) over zict.File), holding host objects and host copies alike
@@ -98,9 +98,9 @@ from distributed.sizeof import safe_sizeof
 from distributed.spill import ManualEvictProto, MaxSpillExceeded, SpillBuffer, SpilledSize
 
 from cudask.errors import OptionError
-from cudask.memory import dispatch
+from cudask.memory import handlers
 from cudask.memory.accounting import AllocationLedger, union_bytes
-from cudask.memory.dispatch import AnyHostCopy, ContainerCopy, UnspillableError
+from cudask.memory.handlers import AnyHostCopy, ContainerCopy, UnspillableError
 from cudask.memory.ondemand import SpillOnDemand
 from cudask.memory.pinned import PinnedPool
 from cudask.memory.settings import store_settings
@@ -357,8 +357,8 @@ class TieredStore(MutableMapping[Key, object]):
     def __setitem__(self, key: Key, value: object) -> None:
         if self._unlimited and self._set_unlimited(key, value):
             return
-        device = dispatch.is_device_object(value)
-        ranges = dispatch.allocations(value) if device else None
+        device = handlers.is_device_object(value)
+        ranges = handlers.allocations(value) if device else None
         with self.lock:
             self._reap()
             self._discard(key)
@@ -390,7 +390,7 @@ class TieredStore(MutableMapping[Key, object]):
         the old one is cleared, so lock-free readers always find the key.
         Return False (nothing done) when the store has left this path."""
         device = self._device
-        if dispatch.is_device_object(value):
+        if handlers.is_device_object(value):
             with self.lock:
                 if not self._unlimited:
                     return False
@@ -414,7 +414,7 @@ class TieredStore(MutableMapping[Key, object]):
         for key, value in self._device.items():
             self._next_gen += 1
             self._gen[key] = self._next_gen
-            self._ledger.add(("d", key), dispatch.allocations(value))
+            self._ledger.add(("d", key), handlers.allocations(value))
         for key in self._host:
             self._next_gen += 1
             self._gen[key] = self._next_gen
@@ -571,7 +571,7 @@ class TieredStore(MutableMapping[Key, object]):
         if self._ghosts.pop(key, None) is not None:
             self._ledger.discard(("g", key))
         self._device[key] = value
-        self._ledger.add(("d", key), dispatch.allocations(value))
+        self._ledger.add(("d", key), handlers.allocations(value))
         if self.log_spilling:
             how = f"copied {format_bytes(copied)}" if copied else "no copy: still in device memory"
             moves.info("cudask: unspilled %r host -> device (%s)", key, how)
@@ -600,7 +600,7 @@ class TieredStore(MutableMapping[Key, object]):
         if limit is not None:
             self._evict_until(max(limit - host_copy.nbytes, 0))
         try:
-            return dispatch.to_device(host_copy, self.engine)
+            return handlers.to_device(host_copy, self.engine)
         except Exception as exc:
             if not _is_out_of_memory(exc):
                 raise
@@ -608,7 +608,7 @@ class TieredStore(MutableMapping[Key, object]):
         # and retry once.
         self._drain()
         try:
-            return dispatch.to_device(host_copy, self.engine)
+            return handlers.to_device(host_copy, self.engine)
         except Exception as exc:
             if not _is_out_of_memory(exc):
                 raise
@@ -655,8 +655,8 @@ class TieredStore(MutableMapping[Key, object]):
         self._ledger.discard(("d", key))
         try:
             engine = self.engine
-            engine.order_after_producers(dispatch.producer_streams(value))
-            host_copy = dispatch.to_host(value, engine)
+            engine.order_after_producers(handlers.producer_streams(value))
+            host_copy = handlers.to_host(value, engine)
         except UnspillableError as exc:
             self._restore_device(key, value, ranges, front=False)
             self._unspillable.add(key)
@@ -745,10 +745,10 @@ class TieredStore(MutableMapping[Key, object]):
         elsewhere, keep counting its allocations until it dies."""
         key, gen = head.key, head.gen
         value, head.value = head.value, None
-        ranges = dispatch.allocations(value)
+        ranges = handlers.allocations(value)
         callback = _ghost_callback(weakref.ref(self), key, gen)
         refs: list[weakref.ref[Any]] = []
-        for leaf, _ in dispatch.device_leaves(value):
+        for leaf, _ in handlers.device_leaves(value):
             try:
                 refs.append(weakref.ref(leaf, callback))
             except TypeError:
@@ -781,12 +781,12 @@ class TieredStore(MutableMapping[Key, object]):
                 if limit is not None and self._ledger.total + host_copy.nbytes > limit:
                     break
                 try:
-                    value, copies = dispatch.to_device(host_copy, self.engine)
+                    value, copies = handlers.to_device(host_copy, self.engine)
                 except Exception as exc:  # noqa: BLE001 - prefetch is best effort
                     logger.debug("cudask: prefetch of %r skipped: %s", key, exc)
                     break
                 self._prefetched[key] = (value, copies, self._gen[key])
-                self._ledger.add(("p", key), dispatch.allocations(value))
+                self._ledger.add(("p", key), handlers.allocations(value))
                 started += 1
         return started
 
@@ -884,7 +884,7 @@ class TieredStore(MutableMapping[Key, object]):
         """`device_bytes` (lock held)."""
         if self._unlimited:
             # no ledger on this path: computed on demand
-            return union_bytes(r for v in self._device.values() for r in dispatch.allocations(v))
+            return union_bytes(r for v in self._device.values() for r in handlers.allocations(v))
         inflight = [r for i in self._inflight if i.value is not None for r in i.ranges]
         extra = self._ledger.uncovered_bytes(inflight) if inflight else 0
         return self._ledger.total + extra

@@ -14,7 +14,7 @@ stream as well, where the destination was allocated (a stream-ordered pool may
 reuse memory that queued work still reads).
 
 Does not cover: which objects live on the device or how they are rebuilt
-(`cudask.memory.dispatch`), how the pinned pool is carved (`cudask.memory.pinned`),
+(`cudask.memory.handlers`), how the pinned pool is carved (`cudask.memory.pinned`),
 or when to spill (`cudask.memory.store`).
 
 Threading: `TransferEngine` methods may be called from any thread; the

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy
 
-from cudask.memory.dispatch import CudaArrayInterfaceHandler, register_handler
+from cudask.memory.handlers import CudaArrayInterfaceHandler, register_handler
 from cudask.memory.transfer import TransferEngine
 
 
