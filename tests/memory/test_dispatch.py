@@ -14,8 +14,8 @@ import pytest
 
 from cudask.memory import dispatch
 from cudask.memory.dispatch import ContainerCopy, HostCopy, UnspillableError, interface_extent
-from cudask.memory.pinned import PinnedPool
-from cudask.memory.transfer import TransferEngine
+from cudask.memory.host.pool import PinnedPool
+from cudask.memory.host.transfer import TransferEngine
 from cudask.testing.fake_cuda import (
     FakeCopyBackend,
     FakeDeviceArray,
@@ -318,7 +318,7 @@ def test_cudf_like_frames_roundtrip_also_after_pickling(
 def test_import_creates_no_cuda_dependency() -> None:
     code = (
         "import sys, cudask.memory, cudask.memory.store, cudask.memory.dispatch;"
-        "import cudask.memory.transfer, cudask.memory.pinned;"
+        "import cudask.memory.backend, cudask.memory.host.pool, cudask.memory.host.transfer;"
         "bad = [m for m in ('cupy', 'torch', 'numba', 'rmm', 'cudf') if m in sys.modules];"
         "assert not bad, bad"
     )
@@ -326,8 +326,9 @@ def test_import_creates_no_cuda_dependency() -> None:
 
 
 def test_host_to_device_copies_wait_for_the_default_stream() -> None:
-    from cudask.memory.pinned import HostBlock, PinnedPool
-    from cudask.memory.transfer import TransferEngine
+    from cudask.memory.host.blocks import HostBlock
+    from cudask.memory.host.pool import PinnedPool
+    from cudask.memory.host.transfer import TransferEngine
     from cudask.testing.fake_cuda import FakeCopyBackend
 
     backend = FakeCopyBackend(lag=10_000)

@@ -38,10 +38,11 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import numpy
 
 from cudask.memory.accounting import Range
-from cudask.memory.pinned import HostBlock
+from cudask.memory.host.blocks import HostBlock
 
 if TYPE_CHECKING:
-    from cudask.memory.transfer import Copy, TransferEngine
+    from cudask.memory.backend import Copy
+    from cudask.memory.host.transfer import TransferEngine
 
 logger = logging.getLogger(__name__)
 

@@ -146,7 +146,7 @@ def check_memory_config() -> None:
 
 
 def _method(value: Any) -> str:
-    from cudask.memory.pinned import METHODS
+    from cudask.memory.host.pinning import METHODS
 
     if value not in METHODS:
         raise OptionError(

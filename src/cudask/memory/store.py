@@ -100,11 +100,12 @@ from distributed.spill import ManualEvictProto, MaxSpillExceeded, SpillBuffer, S
 from cudask.errors import OptionError
 from cudask.memory import dispatch
 from cudask.memory.accounting import AllocationLedger, union_bytes
+from cudask.memory.backend import Copy, CopyBackend, default_backend, is_out_of_memory
 from cudask.memory.dispatch import AnyHostCopy, ContainerCopy, UnspillableError
+from cudask.memory.host.pool import PinnedPool
+from cudask.memory.host.transfer import TransferEngine
 from cudask.memory.ondemand import SpillOnDemand
-from cudask.memory.pinned import PinnedPool
 from cudask.memory.settings import store_settings
-from cudask.memory.transfer import Copy, CopyBackend, TransferEngine, default_backend
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -135,14 +136,6 @@ class _InFlight:
 def _copies(copy: AnyHostCopy) -> list[Copy]:
     parts = copy.parts() if isinstance(copy, ContainerCopy) else [copy]
     return [c for p in parts for c in p.copies if isinstance(c, Copy)]
-
-
-def _is_out_of_memory(exc: BaseException) -> bool:
-    return (
-        isinstance(exc, MemoryError)
-        or "OutOfMemory" in type(exc).__name__
-        or "out of memory" in str(exc).lower()
-    )
 
 
 def _host_weight(key: Key, value: object) -> int:
@@ -602,7 +595,7 @@ class TieredStore(MutableMapping[Key, object]):
         try:
             return dispatch.to_device(host_copy, self.engine)
         except Exception as exc:
-            if not _is_out_of_memory(exc):
+            if not is_out_of_memory(exc):
                 raise
         # Out of device memory: let in-flight copies finish (freeing their sources)
         # and retry once.
@@ -610,7 +603,7 @@ class TieredStore(MutableMapping[Key, object]):
         try:
             return dispatch.to_device(host_copy, self.engine)
         except Exception as exc:
-            if not _is_out_of_memory(exc):
+            if not is_out_of_memory(exc):
                 raise
             raise MemoryError(
                 f"cudask: cannot bring {key!r} ({format_bytes(host_copy.nbytes)}) back to the "
