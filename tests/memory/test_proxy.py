@@ -24,8 +24,8 @@ from dask.sizeof import sizeof
 from distributed.protocol import deserialize, serialize
 
 from cudask.memory.handlers import CudaArrayInterfaceHandler, register_handler
+from cudask.memory.host.transfer import TransferEngine
 from cudask.memory.proxy import ProxyError, ProxyObject, asproxy, is_proxy, unproxy
-from cudask.memory.transfer import TransferEngine
 from cudask.testing.fake_cuda import FakeCopyBackend
 
 

@@ -149,7 +149,7 @@ def test_fallback_blocks_are_registered_later(tmp_path: Any, wait_for: Callable[
 
 def test_pinned_pool_exhaustion_falls_back(tmp_path: Any) -> None:
     cp = pytest.importorskip("cupy")
-    from cudask.memory.pinned import PinnedMemoryWarning
+    from cudask.memory.host.fallback import PinnedMemoryWarning
 
     s = TieredStore(device_memory_limit=8 * MiB, memory_limit=None, pinned_pool_size=8 * MiB,
                     pinned_slab_size=8 * MiB, pinned_preallocate=True,

@@ -60,8 +60,8 @@ import numpy
 from dask.utils import format_bytes, typename
 
 if TYPE_CHECKING:
+    from cudask.memory.host.transfer import TransferEngine
     from cudask.memory.proxy_store import ProxyStore
-    from cudask.memory.transfer import TransferEngine
 
 
 class ProxyError(RuntimeError):
@@ -138,8 +138,9 @@ def _detached_engine() -> TransferEngine:
     global _ENGINE
     with _ENGINE_LOCK:
         if _ENGINE is None:
-            from cudask.memory.pinned import PinnedPool
-            from cudask.memory.transfer import TransferEngine, default_backend
+            from cudask.memory.backend import default_backend
+            from cudask.memory.host.pool import PinnedPool
+            from cudask.memory.host.transfer import TransferEngine
 
             backend = default_backend()
             _ENGINE = TransferEngine(backend, PinnedPool(backend, 0, 1 << 20))

@@ -7,7 +7,7 @@ Covers: `TieredStore`, a MutableMapping[Key, object] composed of
   views and aliases count once), bounded by `device_memory_limit`;
 - host copies: device objects moved out of the device tier become `HostCopy`
   images (`cudask.memory.handlers`), filled by raw copies into a pinned pool
-  (`cudask.memory.pinned`) on a dedicated stream (`cudask.memory.transfer`);
+  (`cudask.memory.host.pool`) on a dedicated stream (`cudask.memory.backend`, `cudask.memory.host.transfer`);
 - a host tier: `distributed.spill.SpillBuffer` (a zict.Buffer over
   zict.Func(pickle) over zict.File), holding host objects and host copies alike
   and spilling them to disk past `memory_limit` with distributed's
@@ -43,7 +43,7 @@ that needs memory the store's idle keys hold runs instead of failing.
 Pinned memory is made ready ahead of the spills, never on their path: once
 the device tier passes `memory.pinned-headroom-from` of its limit (half by
 default), the store asks the
-pool (`cudask.memory.pinned`) to keep free pinned memory ahead of use, ramping
+pool (`cudask.memory.host.pool`) to keep free pinned memory ahead of use, ramping
 up to `memory.pinned-headroom` as the tier reaches its limit; the pool's
 thread faults memory in and registers it at memory speed. The first such
 request creates the copy backend in a thread of its own, off the task's path.
@@ -100,11 +100,12 @@ from distributed.spill import ManualEvictProto, MaxSpillExceeded, SpillBuffer, S
 from cudask.errors import OptionError
 from cudask.memory import handlers
 from cudask.memory.accounting import AllocationLedger, union_bytes
+from cudask.memory.backend import Copy, CopyBackend, default_backend, is_out_of_memory
 from cudask.memory.handlers import AnyHostCopy, ContainerCopy, UnspillableError
+from cudask.memory.host.pool import PinnedPool
+from cudask.memory.host.transfer import TransferEngine
 from cudask.memory.ondemand import SpillOnDemand
-from cudask.memory.pinned import PinnedPool
 from cudask.memory.settings import store_settings
-from cudask.memory.transfer import Copy, CopyBackend, TransferEngine, default_backend
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -137,14 +138,6 @@ def _copies(copy: AnyHostCopy) -> list[Copy]:
     return [c for p in parts for c in p.copies if isinstance(c, Copy)]
 
 
-def _is_out_of_memory(exc: BaseException) -> bool:
-    return (
-        isinstance(exc, MemoryError)
-        or "OutOfMemory" in type(exc).__name__
-        or "out of memory" in str(exc).lower()
-    )
-
-
 def _host_weight(key: Key, value: object) -> int:
     return safe_sizeof(value)
 
@@ -170,7 +163,7 @@ class TieredStore(MutableMapping[Key, object]):
         Directory for spilled files when not run by a worker (default: a new
         temporary directory, removed by `close()`).
     backend:
-        The CUDA boundary (`cudask.memory.transfer.CopyBackend`); default: CuPy,
+        The CUDA boundary (`cudask.memory.backend.CopyBackend`); default: CuPy,
         created when the first copy is needed. Tests inject a fake one.
     pinned_pool_size, pinned_slab_size, pinned_preallocate, pinned_release_after,
     pinned_method, pinned_headroom, pinned_available_fraction, pinned_duty_cycle,
@@ -602,7 +595,7 @@ class TieredStore(MutableMapping[Key, object]):
         try:
             return handlers.to_device(host_copy, self.engine)
         except Exception as exc:
-            if not _is_out_of_memory(exc):
+            if not is_out_of_memory(exc):
                 raise
         # Out of device memory: let in-flight copies finish (freeing their sources)
         # and retry once.
@@ -610,7 +603,7 @@ class TieredStore(MutableMapping[Key, object]):
         try:
             return handlers.to_device(host_copy, self.engine)
         except Exception as exc:
-            if not _is_out_of_memory(exc):
+            if not is_out_of_memory(exc):
                 raise
             raise MemoryError(
                 f"cudask: cannot bring {key!r} ({format_bytes(host_copy.nbytes)}) back to the "

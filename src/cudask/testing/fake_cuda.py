@@ -9,7 +9,7 @@ Covers:
   (as CuPy's handler does on a GPU) and rebuilds the same type.
 - `ForeignDeviceObject`: a bare object exposing only `__cuda_array_interface__`
   (the generic path, rebuilt by the backend as a `FakeDeviceArray`).
-- `FakeCopyBackend`: a `cudask.memory.transfer.CopyBackend` whose streams
+- `FakeCopyBackend`: a `cudask.memory.backend.CopyBackend` whose streams
   queue copies and run them later (optionally only when an event is
   synchronised, to exercise the in-flight paths), whose pinned memory is
   ordinary memory with a configurable refusal limit, and which records what
@@ -35,7 +35,7 @@ from typing import Any
 import numpy
 
 from cudask.memory.handlers import CudaArrayInterfaceHandler, register_handler
-from cudask.memory.transfer import TransferEngine
+from cudask.memory.host.transfer import TransferEngine
 
 
 class FakeDeviceArray:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cudask.memory.handlers import CudfHandler
-from cudask.memory.transfer import TransferEngine
+from cudask.memory.host.transfer import TransferEngine
 from cudask.testing.fake_cuda import FakeDeviceArray
 
 

@@ -12,8 +12,9 @@ from handler_testing import arange, roundtrip
 
 from cudask.memory import handlers
 from cudask.memory.handlers import ContainerCopy, UnspillableError, interface_extent
-from cudask.memory.pinned import HostBlock, PinnedPool
-from cudask.memory.transfer import TransferEngine
+from cudask.memory.host.blocks import HostBlock
+from cudask.memory.host.pool import PinnedPool
+from cudask.memory.host.transfer import TransferEngine
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray, ForeignDeviceObject, as_numpy
 
 

@@ -27,7 +27,8 @@ from cudask.memory.handlers.images import HostCopy
 from cudask.memory.handlers.protocol import UnspillableError
 
 if TYPE_CHECKING:
-    from cudask.memory.transfer import Copy, TransferEngine
+    from cudask.memory.backend import Copy
+    from cudask.memory.host.transfer import TransferEngine
 
 
 class CudaArrayInterfaceHandler:

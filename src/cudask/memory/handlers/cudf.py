@@ -23,10 +23,11 @@ from cudask.memory.accounting import Range
 from cudask.memory.handlers.geometry import interface_extent
 from cudask.memory.handlers.images import HostCopy
 from cudask.memory.handlers.registry import register_handler
-from cudask.memory.pinned import HostBlock
+from cudask.memory.host.blocks import HostBlock
 
 if TYPE_CHECKING:
-    from cudask.memory.transfer import Copy, TransferEngine
+    from cudask.memory.backend import Copy
+    from cudask.memory.host.transfer import TransferEngine
 
 
 class CudfHandler:

@@ -6,7 +6,7 @@ sparse views with `cupy.ascontiguousarray`; rebuilds a `cupy.ndarray` with the
 same dtype, shape and strides on the same device) and `register`, which the
 package calls the first time a CuPy object is met.
 
-Does not cover: CuPy as the copy backend (`cudask.memory.transfer`), arrays of
+Does not cover: CuPy as the copy backend (`cudask.memory.backend`, `cudask.memory.host.transfer`), arrays of
 other libraries exposing `__cuda_array_interface__` (`cai`).
 
 Threading: stateless; any thread. CuPy is imported only inside the methods.
@@ -21,7 +21,7 @@ from cudask.memory.handlers.cai import CudaArrayInterfaceHandler
 from cudask.memory.handlers.registry import register_handler
 
 if TYPE_CHECKING:
-    from cudask.memory.transfer import TransferEngine
+    from cudask.memory.host.transfer import TransferEngine
 
 
 class CupyHandler(CudaArrayInterfaceHandler):

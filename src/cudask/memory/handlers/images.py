@@ -9,7 +9,7 @@ distributed's spill-to-disk writes their bytes without a copy; a HostCopy
 rebuilt from pickle has no copies to wait for.
 
 Does not cover: making or rebuilding images (the handlers, `values`), the
-blocks themselves (`cudask.memory.pinned.HostBlock`).
+blocks themselves (`cudask.memory.host.blocks.HostBlock`).
 
 Threading: an image is built by one thread; `ready`, `wait`, `pinned` and
 pickling may then be called from any thread. A HostCopy's blocks go back to
@@ -22,10 +22,10 @@ import pickle
 import weakref
 from typing import TYPE_CHECKING, Any, cast
 
-from cudask.memory.pinned import HostBlock
+from cudask.memory.host.blocks import HostBlock
 
 if TYPE_CHECKING:
-    from cudask.memory.transfer import Copy
+    from cudask.memory.backend import Copy
 
 
 class HostCopy:

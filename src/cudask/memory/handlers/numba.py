@@ -20,7 +20,7 @@ from cudask.memory.handlers.cai import CudaArrayInterfaceHandler
 from cudask.memory.handlers.registry import register_handler
 
 if TYPE_CHECKING:
-    from cudask.memory.transfer import TransferEngine
+    from cudask.memory.host.transfer import TransferEngine
 
 
 class NumbaHandler(CudaArrayInterfaceHandler):

@@ -20,7 +20,8 @@ from cudask.memory.accounting import Range
 from cudask.memory.handlers.images import HostCopy
 
 if TYPE_CHECKING:
-    from cudask.memory.transfer import Copy, TransferEngine
+    from cudask.memory.backend import Copy
+    from cudask.memory.host.transfer import TransferEngine
 
 
 class UnspillableError(TypeError):

@@ -21,7 +21,8 @@ from cudask.memory.handlers.images import HostCopy
 from cudask.memory.handlers.registry import register_handler
 
 if TYPE_CHECKING:
-    from cudask.memory.transfer import Copy, TransferEngine
+    from cudask.memory.backend import Copy
+    from cudask.memory.host.transfer import TransferEngine
 
 
 class TorchHandler:

@@ -10,7 +10,7 @@ kept as they are) and `to_device` (the value rebuilt from its image, with the
 host -> device copies to wait for before it is handed out).
 
 Does not cover: when to move (`cudask.memory.store`), how copies are issued
-(`cudask.memory.transfer`), the handlers themselves (`registry` and the
+(`cudask.memory.backend`, `cudask.memory.host.transfer`), the handlers themselves (`registry` and the
 library modules). A value no handler can move raises `UnspillableError`.
 
 Threading: as the handlers: any thread; the value must not be mutated while
@@ -30,7 +30,8 @@ from cudask.memory.handlers.registry import handler_named, leaf_handler
 from cudask.memory.handlers.walk import CONTAINERS, leaves, rebuild, split
 
 if TYPE_CHECKING:
-    from cudask.memory.transfer import Copy, TransferEngine
+    from cudask.memory.backend import Copy
+    from cudask.memory.host.transfer import TransferEngine
 
 
 def is_device_object(obj: Any) -> bool:

@@ -1,30 +1,18 @@
-"""Host memory made ready at memory speed: anonymous mappings faulted in by threads.
+"""Host memory faulted in by threads: anonymous mappings made ready at memory speed.
 
-Covers: `map_populated(nbytes)`, which maps anonymous private memory aligned to
-2 MiB, advises transparent huge pages (`MADV_HUGEPAGE`) and faults every page
-in from several threads at once (`MADV_POPULATE_WRITE`, which the kernel runs
-without the GIL, in calls of `POPULATE_STEP` bytes; where the kernel lacks it,
-a strided write per page from NumPy, which also runs without the GIL), and
-`unmap(ptr, nbytes)`. The pinned pool registers such mappings with the CUDA
-driver (`cudaHostRegister`) instead of asking the driver for page-locked
-memory (`cudaHostAlloc`), which faults pages in one thread and, on the H100
-VMs measured, runs 1.3-2.2 GB/s against 13-17 GB/s for this path (issue 13).
-Spills that find no pinned memory copy into such mappings too: a device ->
-host copy into memory already faulted in runs about 4x faster than into
-fresh pageable memory.
+Covers: `map_populated(nbytes)`, which maps anonymous private memory aligned
+to 2 MiB, advises transparent huge pages (`MADV_HUGEPAGE`) and faults every
+page in from several threads (`MADV_POPULATE_WRITE` in calls of
+`POPULATE_STEP` bytes, which the kernel runs without the GIL; where the kernel
+lacks it, a strided write per page from NumPy); `unmap`, `populate`,
+`default_threads()` (the threads used when `cudask.memory.populate-threads` is
+"auto": the CPUs this process may run on, at most 16), and `round_up`.
+Each madvise call holds the process's memory-map lock for reading, which the
+CUDA calls that map memory (cudaMalloc, CUDA IPC opens) wait for: the step
+bounds that wait. Why this path and these sizes: docs/design/host-memory.md.
 
-Each call holds the process's memory-map lock for reading while it faults
-pages in, and the CUDA calls that map memory into the process (cudaMalloc,
-opening a CUDA IPC handle) wait for that lock: on an H100 VM they took 13-15 ms
-instead of 0.2-0.3 ms while 1 GiB was faulted in by whole sections
-(scripts/pin-interference). Steps of 32 MiB bound that wait to a few ms.
-
-Also `default_threads()`: how many threads fault memory in when
-`cudask.memory.populate-threads` is "auto" (the CPUs this process may run
-on, at most 16).
-
-Does not cover: registration with the driver (`cudask.memory.transfer`'s
-backend) or when memory is needed (`cudask.memory.pinned`).
+Does not cover: registration with the driver (`cudask.memory.host.pinning`)
+or when memory is needed (`cudask.memory.host.pool`).
 
 Threading: every function is thread-safe. One shared thread pool
 ("cudask-populate") serves all callers; a call returns when its pages are in.
@@ -113,7 +101,8 @@ def _executor(threads: int) -> ThreadPoolExecutor:
         return _pool
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
+    """`n` rounded up to a multiple of `multiple`."""
     return -(-n // multiple) * multiple
 
 
@@ -125,7 +114,7 @@ def map_populated(nbytes: int, *, threads: int | None = None, huge: bool = True)
     lib = _libc()
     if lib is None:
         raise HostMemoryError("anonymous memory mappings need Linux")
-    size = _round_up(max(nbytes, 1), PAGE)
+    size = round_up(max(nbytes, 1), PAGE)
     extra = HUGE_PAGE if huge and size >= HUGE_PAGE else 0
     raw = lib.mmap(None, size + extra, mmap.PROT_READ | mmap.PROT_WRITE,
                    mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
@@ -134,7 +123,7 @@ def map_populated(nbytes: int, *, threads: int | None = None, huge: bool = True)
         raise HostMemoryError(f"mmap of {size} bytes failed: {os.strerror(err)}")
     ptr = raw
     if extra:
-        ptr = _round_up(raw, HUGE_PAGE)
+        ptr = round_up(raw, HUGE_PAGE)
         if ptr > raw:
             lib.munmap(raw, ptr - raw)
         tail = raw + size + extra - (ptr + size)
@@ -153,7 +142,7 @@ def unmap(ptr: int, nbytes: int) -> None:
     """Give back memory from `map_populated` (same `nbytes`)."""
     lib = _libc()
     if lib is not None and ptr:
-        lib.munmap(ptr, _round_up(max(nbytes, 1), PAGE))
+        lib.munmap(ptr, round_up(max(nbytes, 1), PAGE))
 
 
 def populate(ptr: int, nbytes: int, *, threads: int | None = None) -> None:
@@ -163,7 +152,7 @@ def populate(ptr: int, nbytes: int, *, threads: int | None = None) -> None:
     if nbytes < _PARALLEL_FROM or threads == 1:
         _populate_section(ptr, nbytes)
         return
-    step = _round_up(-(-nbytes // threads), HUGE_PAGE)
+    step = round_up(-(-nbytes // threads), HUGE_PAGE)
     sections = [(start, min(step, ptr + nbytes - start)) for start in range(ptr, ptr + nbytes, step)]
     futures = [_executor(threads).submit(_populate_section, start, n) for start, n in sections]
     errors = [f.exception() for f in futures]
@@ -212,6 +201,7 @@ __all__ = [
     "default_threads",
     "map_populated",
     "populate",
+    "round_up",
     "shutdown",
     "unmap",
 ]

@@ -11,9 +11,11 @@ from collections.abc import Callable
 
 import pytest
 
-from cudask.memory import hostmem
-from cudask.memory.pinned import HostBlock, PinnedMemoryWarning, PinnedPool
-from cudask.memory.transfer import TransferEngine
+from cudask.memory.host import faulting
+from cudask.memory.host.blocks import HostBlock
+from cudask.memory.host.fallback import PinnedMemoryWarning
+from cudask.memory.host.pool import PinnedPool
+from cudask.memory.host.transfer import TransferEngine
 from cudask.testing.fake_cuda import FakeCopyBackend
 
 WaitFor = Callable[..., bool]
@@ -22,7 +24,7 @@ InThreads = Callable[[Callable[[int], None], int], list[BaseException]]
 
 KiB = 1024
 MiB = 1 << 20
-needs_mappings = pytest.mark.skipif(not hostmem.available(), reason="needs Linux mappings")
+needs_mappings = pytest.mark.skipif(not faulting.available(), reason="needs Linux mappings")
 
 
 def ready_pool(backend: FakeCopyBackend, capacity: int, slab: int, **kwargs: object) -> PinnedPool:
@@ -376,7 +378,7 @@ def test_pinning_ahead_rests_as_long_as_it_worked_at_duty_cycle_one_half(wait_fo
     gaps = [b - a for a, b in zip(backend.starts, backend.starts[1:], strict=False)]
     assert all(gap >= 0.1 for gap in gaps), gaps
     assert wait_for(lambda: pool.stats()["pinned-rest-seconds"] >= 4 * 0.05)
-    assert pool._mapper is None  # no slab faulted in during another's registration
+    assert pool._pinner._mapper is None  # no slab faulted in during another's registration
     pool.close()
 
 
