@@ -41,7 +41,7 @@ DEFAULT_LIMIT = 64  # idle lasting mappings kept per receiving process
 
 
 class Mapper(Protocol):
-    """The two CUDA calls mappings need (cudask.comm.ipc.Backend has them)."""
+    """The two CUDA calls mappings need (cudask.comm.ipc_cuda.Backend has them)."""
 
     def open(self, handle: bytes) -> int: ...
 

@@ -1,9 +1,9 @@
 """cudask.memory: the tiered device -> host -> disk store and its parts.
 
 Covers: re-exporting the public names of the submodules - `TieredStore` and
-`worker_metrics` (store.py), `ProxyStore` (proxy_store.py: JIT-unspill, tasks
+`worker_metrics` (store.py), `ProxyStore` (jit/proxy_store.py: JIT-unspill, tasks
 get proxies that unspill only what they touch) and `ProxyObject`
-(proxy.py), `is_device_object` and the handler registry (dispatch.py),
+(jit/proxy.py), `is_device_object` and the handler registry (dispatch.py),
 `PinnedPool` (pinned.py), `CopyBackend`/`CupyBackend` (transfer.py),
 `AllocationLedger` (accounting.py). Importing this package imports neither
 CuPy nor distributed and creates no CUDA context: names are resolved on first
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 _LAZY = {
     "TieredStore": "cudask.memory.store",
     "worker_metrics": "cudask.memory.store",
-    "ProxyStore": "cudask.memory.proxy_store",
-    "ProxyObject": "cudask.memory.proxy",
+    "ProxyStore": "cudask.memory.jit.proxy_store",
+    "ProxyObject": "cudask.memory.jit.proxy",
     "is_device_object": "cudask.memory.dispatch",
     "register_handler": "cudask.memory.dispatch",
     "register_lazy": "cudask.memory.dispatch",
@@ -42,10 +42,10 @@ if TYPE_CHECKING:
     from cudask.memory.dispatch import is_device_object as is_device_object
     from cudask.memory.dispatch import register_handler as register_handler
     from cudask.memory.dispatch import register_lazy as register_lazy
+    from cudask.memory.jit.proxy import ProxyObject as ProxyObject
+    from cudask.memory.jit.proxy_store import ProxyStore as ProxyStore
     from cudask.memory.pinned import PinnedMemoryWarning as PinnedMemoryWarning
     from cudask.memory.pinned import PinnedPool as PinnedPool
-    from cudask.memory.proxy import ProxyObject as ProxyObject
-    from cudask.memory.proxy_store import ProxyStore as ProxyStore
     from cudask.memory.store import TieredStore as TieredStore
     from cudask.memory.store import worker_metrics as worker_metrics
     from cudask.memory.transfer import CopyBackend as CopyBackend
