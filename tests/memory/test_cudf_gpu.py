@@ -91,7 +91,7 @@ def test_proxy_of_a_cudf_frame(tmp_path: Any) -> None:
     from dask.dataframe.dispatch import hash_object_dispatch, make_meta
     from distributed.protocol import deserialize, serialize
 
-    from cudask.memory.proxy_store import ProxyStore
+    from cudask.memory.jit.proxy_store import ProxyStore
 
     left, _ = _frames(10_000)
     store = ProxyStore(device_memory_limit=1 << 20, pinned_pool_size="64MB",

@@ -91,7 +91,7 @@ def _fresh(spec: tuple[Any, ...]) -> str:
 def _combine(x: Any, y: Any) -> Any:
     import cupy
 
-    from cudask.memory.proxy import unproxy
+    from cudask.memory.jit.proxy import unproxy
 
     parts = []
     for v in (unproxy(x), unproxy(y)):

@@ -143,7 +143,7 @@ async def _send(shuffle_id: str, holders: dict[str, dict[Any, int]], on: list[st
 def _split(data: Any, key: Any, on: list[str], npartitions: int) -> dict[int, Any]:
     from dask.dataframe.shuffle import shuffle_group
 
-    from cudask.memory.proxy import unproxy
+    from cudask.memory.jit.proxy import unproxy
 
     part = unproxy(data[key])  # under JIT-unspill the store holds proxies
     return shuffle_group(part, on, 0, npartitions, npartitions, False, npartitions)  # type: ignore[no-any-return]

@@ -7,23 +7,19 @@ receiver's mappings of other processes' allocations (`Mappings`): opened on
 first use, shared by the arrays received together, closed after the message,
 except lasting ones, which stay open for the next messages until their sender's
 process ends (checked by `sweep`, which the worker runs periodically, and on
-each receive), more than `limit` of them sit idle, or the worker closes.
-Opening a peer GPU's allocation costs about 10 ms on two H200s, the copy of 2
-GiB over NVLink 5.4 ms (scripts/ipc-cost): keeping the mapping is what takes a
-transfer to the link's speed.
-
-Why only lasting allocations stay mapped: CUDA leaves undefined what happens
-when the exporting process frees memory that another process still has mapped,
-and a sender frees arrays whenever it likes (CuPy's pool, cudaMalloc without a
-pool); an RMM pool never gives a slab back while it lives, and a pool one of whose slabs
-was sent is held until the process ends, also past the worker's close. UCX's cuda_ipc
-transport keeps every mapping in a cache and relies on the driver in practice.
-A sender's process is identified by its pid, start time and pid namespace, so
-a reused pid or another container's process is not taken for it; mappings of
-a sender in another pid namespace are never kept.
+each receive), more than `limit` of them sit idle, or the worker closes. Only
+lasting allocations stay mapped: CUDA leaves undefined what happens when the
+exporter frees memory another process has mapped, and a pool one of whose slabs
+was sent is held until the process ends. A sender's process is identified by
+its pid, start time and pid namespace; mappings of a sender in another pid
+namespace are never kept. Why and what it gains: docs/device-transfers.md.
 
 Does not cover: the wire format and the copies (cudask.comm.ipc), building the
 RMM resource (cudask.worker.rmm).
+
+Threading: the pools' record is guarded by one process-wide lock (also taken
+by a pool's deallocate at interpreter exit), a `Mappings` by its own lock,
+held while a mapping is opened or closed (a handle opens once per process).
 """
 
 from __future__ import annotations
@@ -41,7 +37,7 @@ DEFAULT_LIMIT = 64  # idle lasting mappings kept per receiving process
 
 
 class Mapper(Protocol):
-    """The two CUDA calls mappings need (cudask.comm.ipc.Backend has them)."""
+    """The two CUDA calls mappings need (cudask.comm.ipc_cuda.Backend has them)."""
 
     def open(self, handle: bytes) -> int: ...
 

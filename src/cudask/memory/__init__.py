@@ -1,9 +1,9 @@
 """cudask.memory: the tiered device -> host -> disk store and its parts.
 
 Covers: re-exporting the public names of the submodules - `TieredStore` and
-`worker_metrics` (store.py), `ProxyStore` (proxy_store.py: JIT-unspill, tasks
+`worker_metrics` (store.py), `ProxyStore` (jit/proxy_store.py: JIT-unspill, tasks
 get proxies that unspill only what they touch) and `ProxyObject`
-(proxy.py), `is_device_object` and the handler registry (handlers/),
+(jit/proxy.py), `is_device_object` and the handler registry (handlers/),
 `PinnedPool` (host/pool.py), `PinnedMemoryWarning` (host/fallback.py),
 `CopyBackend`/`CupyBackend` (backend.py),
 `AllocationLedger` (accounting.py). Importing this package imports neither
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 _LAZY = {
     "TieredStore": "cudask.memory.store",
     "worker_metrics": "cudask.memory.store",
-    "ProxyStore": "cudask.memory.proxy_store",
-    "ProxyObject": "cudask.memory.proxy",
+    "ProxyStore": "cudask.memory.jit.proxy_store",
+    "ProxyObject": "cudask.memory.jit.proxy",
     "is_device_object": "cudask.memory.handlers",
     "register_handler": "cudask.memory.handlers",
     "register_lazy": "cudask.memory.handlers",
@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from cudask.memory.handlers import register_lazy as register_lazy
     from cudask.memory.host.fallback import PinnedMemoryWarning as PinnedMemoryWarning
     from cudask.memory.host.pool import PinnedPool as PinnedPool
-    from cudask.memory.proxy import ProxyObject as ProxyObject
-    from cudask.memory.proxy_store import ProxyStore as ProxyStore
+    from cudask.memory.jit.proxy import ProxyObject as ProxyObject
+    from cudask.memory.jit.proxy_store import ProxyStore as ProxyStore
     from cudask.memory.store import TieredStore as TieredStore
     from cudask.memory.store import worker_metrics as worker_metrics
 

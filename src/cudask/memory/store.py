@@ -54,7 +54,7 @@ much is pinned when the store starts. Slabs left wholly free for
 `memory.pinned-release-after` (default 60 s) go back to the operating
 system. The `cudask.memory.*` keys are parsed by `cudask.memory.settings`.
 
-For the JIT-unspill store (`cudask.memory.proxy_store`): `spill_device(n)`
+For the JIT-unspill store (`cudask.memory.jit.proxy_store`): `spill_device(n)`
 evicts until n bytes are free and waits for the copies; `peek_host_copy(key)`
 gives a spilled key's host copy without unspilling it.
 

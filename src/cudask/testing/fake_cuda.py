@@ -368,7 +368,7 @@ __all__ = [
 
 
 class FakeIPCBackend:
-    """A `cudask.comm.ipc.Backend` for one process: allocations are NumPy
+    """A `cudask.comm.ipc_cuda.Backend` for one process: allocations are NumPy
     buffers behind FakeDeviceArrays, named by a handle; `open` gives their
     address, copies are real memmoves; it records what was opened, closed and
     waited for."""
@@ -404,7 +404,7 @@ class FakeIPCBackend:
         return FakeDeviceArray(numpy.empty(shape, dtype=numpy.dtype(dtype), order="F" if order == "F" else "C"))
 
     def copy(self, out: FakeDeviceArray, src: int, strides: tuple[int, ...]) -> None:
-        from cudask.comm.ipc import extent
+        from cudask.comm.ipc_layout import extent
 
         target = out._array
         low, span = extent(src, target.shape, strides, target.itemsize)

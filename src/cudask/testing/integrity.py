@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from cudask.memory.proxy import unproxy
+from cudask.memory.jit.proxy import unproxy
 
 #: Kinds of value `make_value` builds; all but "host" live on the device.
 KINDS = ("f8", "i1", "view", "dict", "host", "block", "reversed")

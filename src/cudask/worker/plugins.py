@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 from distributed import WorkerPlugin
 
-from cudask.comm import cudf_wire, ipc
+from cudask.comm import cudf_wire, ipc, ipc_cuda
 from cudask.devices.nvml import gpus_without_peer_access, transfer_counters
 from cudask.memory.store import worker_metrics
 from cudask.worker.context import device0_uuid
@@ -293,7 +293,7 @@ class DeviceIPC(WorkerPlugin):
         reason = self.unavailable()
         if reason is None:
             try:
-                backend = ipc.CudaBackend()
+                backend = ipc_cuda.CudaBackend()
             except ImportError as exc:
                 reason = f"{exc.name or exc} is not installed"
             else:

@@ -136,7 +136,7 @@ def data_store(o: WorkerOptions, sizes: DeviceSizes, memory_limit: int | None) -
     kwargs = {"device_memory_limit": sizes.device_memory_limit, "memory_limit": host,
               "max_spill": max_spill, "log_spilling": o.log_spilling}
     if o.jit_unspill:
-        from cudask.memory.proxy_store import ProxyStore
+        from cudask.memory.jit.proxy_store import ProxyStore
 
         return (ProxyStore, kwargs)
     from cudask.memory.store import TieredStore

@@ -11,7 +11,7 @@ a library is imported only when an object of it is met, or a host copy made
 by its handler is rebuilt.
 
 Does not cover: when to move (`cudask.memory.store`), how copies are issued
-(`cudask.memory.backend`, `cudask.memory.host.transfer`), JIT-unspill proxies (`cudask.memory.proxy`).
+(`cudask.memory.backend`, `cudask.memory.host.transfer`), JIT-unspill proxies (`cudask.memory.jit`).
 
 Imports: images -> pinned; protocol -> images; geometry; cai -> geometry,
 images, protocol; registry -> cai, protocol; library modules -> cai or

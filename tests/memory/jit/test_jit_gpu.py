@@ -44,7 +44,7 @@ def _limit_cupy_pool(nbytes: int) -> None:
 def _host(x: Any) -> np.ndarray:
     import cupy
 
-    from cudask.memory.proxy import unproxy
+    from cudask.memory.jit.proxy import unproxy
 
     return cupy.asnumpy(unproxy(x))
 
@@ -129,7 +129,7 @@ def test_inputs_three_times_the_limit_touched_one_at_a_time(jit: bool) -> None:
 
 def test_spill_on_demand_in_process(tmp_path: Any) -> None:
     cupy = pytest.importorskip("cupy")
-    from cudask.memory.proxy_store import ProxyStore
+    from cudask.memory.jit.proxy_store import ProxyStore
 
     pool = cupy.get_default_memory_pool()
     pool.free_all_blocks()

@@ -4,7 +4,7 @@ serializes without unspilling, and dask.array / dask.dataframe accept it.
 "Device" arrays here are `DevArray`, a NumPy subclass exposing
 `__cuda_array_interface__` over host memory (with a handler that rebuilds the
 same type), so NumPy computes on them as CuPy would on a GPU. Not covered: real
-CuPy objects (tests/memory/test_jit_gpu.py).
+CuPy objects (tests/memory/jit/test_jit_gpu.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from distributed.protocol import deserialize, serialize
 
 from cudask.memory.handlers import CudaArrayInterfaceHandler, register_handler
 from cudask.memory.host.transfer import TransferEngine
-from cudask.memory.proxy import ProxyError, ProxyObject, asproxy, is_proxy, unproxy
+from cudask.memory.jit.cell import ProxyError
+from cudask.memory.jit.proxy import ProxyObject, asproxy, is_proxy, unproxy
 from cudask.testing.fake_cuda import FakeCopyBackend
 
 
@@ -299,7 +300,7 @@ def test_dask_dataframe_dispatch_registries_unwrap_proxies() -> None:
 # import hygiene
 # ----------------------------------------------------------------------------------
 def test_importing_creates_no_cuda_dependency() -> None:
-    code = ("import sys, cudask.memory.proxy, cudask.memory.proxy_store; "
+    code = ("import sys, cudask.memory.jit.proxy, cudask.memory.jit.proxy_store; "
             "assert 'cupy' not in sys.modules and 'rmm' not in sys.modules; "
             "assert 'dask.dataframe' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -3,7 +3,7 @@ objects counted once, proxy lifetime, distributed's protocols and metrics, spill
 on demand with injected allocators, and a real distributed cluster (threads,
 TCP between workers) using the store as `data=`.
 
-Not covered: real CuPy/RMM allocators and GPUs (tests/memory/test_jit_gpu.py).
+Not covered: real CuPy/RMM allocators and GPUs (tests/memory/jit/test_jit_gpu.py).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from cudask.memory.handlers import register_handler
-from cudask.memory.proxy import ProxyObject, asproxy, location, unproxy
-from cudask.memory.proxy_store import ProxyStore, SpillOnDemand
+from cudask.memory.jit.proxy import ProxyObject, asproxy, location, unproxy
+from cudask.memory.jit.proxy_store import ProxyStore
+from cudask.memory.ondemand import SpillOnDemand
 from cudask.memory.store import TieredStore
 from cudask.testing import workers_info
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray, FakeHandler

@@ -1,34 +1,23 @@
 """The JIT-unspill store: tasks receive proxies that stay spilled until touched.
 
-Covers: `ProxyStore`, a worker's `data=` when `jit_unspill` is on. A
-MutableMapping[Key, object] that
+Covers: `ProxyStore`, a worker's `data=` when `jit_unspill` is on: a
+MutableMapping[Key, object] that wraps every device object put into it (alone,
+or inside lists, tuples and dicts) in a ProxyObject (host objects stay plain),
+hands tasks the proxies, and keeps each proxy's object in an inner
+`TieredStore` under a private key, so spilling device -> host -> disk is the
+tiered store's. A proxy lives as long as some key or task holds it; its object
+leaves the store when the proxy dies. Shared objects count once (one proxy
+under several keys; the same device object put twice gets the same proxy).
+Proxies received from other workers are adopted in their host form, without
+touching the device. Spills on demand (`cudask.memory.ondemand`, installed at
+the first device object put into the store, removed on close).
 
-- wraps every device object put into it (alone, or inside lists, tuples and
-  dicts) in a `cudask.memory.proxy.ProxyObject`; host objects stay plain;
-- hands tasks the proxies, so a spilled value is brought back to the device
-  only when a task uses it (attribute, operator, array protocol...), and a
-  task taking many inputs touches them one at a time;
-- keeps each proxy's object in an inner `TieredStore` under a private key, so
-  spilling device -> host (pinned pool, copy streams, background spilling) and
-  host -> disk (distributed's SpillBuffer) are the tiered store's; a proxy
-  lives as long as some key or task holds it, and its object leaves the store
-  when the proxy dies;
-- counts shared objects once: the same proxy under several keys is one entry;
-  the same device object put twice gets the same proxy; views and aliases of
-  one allocation are counted once by the tiered store's ledger;
-- adopts proxies received from other workers in their host form, without
-  touching the device;
-- spills on demand: when CuPy's allocator or the RMM memory resource runs out
-  of memory, it evicts proxies and retries before raising (`cudask.memory.ondemand`,
-  installed at the first device object put into the store - after the
-  worker's RMM plugin has set its resource - and removed on close).
+Integration: implements `distributed.spill.ManualEvictProto` (`fast`, `evict`),
+`spilled_total`, `cumulative_metrics` and `metrics()` like TieredStore, adding
+proxy counts and spill-on-demand counters; implements the cells' `ProxyHome`.
 
-Integration: implements `distributed.spill.ManualEvictProto` (`fast`, `evict`:
-host memory to disk), `spilled_total`, `cumulative_metrics` and `metrics()`
-like TieredStore, adding proxy counts and spill-on-demand counters.
-
-Does not cover: the proxy type itself (`cudask.memory.proxy`), how objects are
-copied (`cudask.memory.handlers` / `transfer`), PyTorch's allocator (its
+Does not cover: the proxy type (cudask.memory.jit.proxy), how objects are
+copied (cudask.memory.handlers / host.transfer), PyTorch's allocator (its
 out-of-memory errors are not intercepted).
 
 Threading: every public method is thread-safe. The store shares the inner
@@ -51,16 +40,17 @@ from dask.utils import typename
 from distributed.spill import ManualEvictProto, SpilledSize
 
 from cudask.memory import handlers
-from cudask.memory.ondemand import SpillOnDemand
-from cudask.memory.proxy import (
+from cudask.memory.jit.cell import (
     HOSTCOPY,
     OBJECT,
     ProxyCell,
     ProxyError,
-    ProxyObject,
+    ProxyHome,
     materialize,
     new_cell,
 )
+from cudask.memory.jit.proxy import ProxyObject, register_dask_dispatch
+from cudask.memory.ondemand import SpillOnDemand
 from cudask.memory.settings import spill_on_demand_setting
 from cudask.memory.store import TieredStore
 
@@ -116,8 +106,6 @@ class ProxyStore(MutableMapping[Key, object]):
         self.on_demand = SpillOnDemand(self.spill_device) if spill_on_demand else None
         self._hooked = False
         self._metrics: defaultdict[tuple[str, str], float] = defaultdict(float)
-        from cudask.memory.proxy import register_dask_dispatch
-
         register_dask_dispatch()
 
     # ------------------------------------------------------------------ mapping
@@ -445,5 +433,6 @@ def _collect(value: Any, out: list[ProxyObject]) -> None:
 
 # Static check that ProxyStore implements distributed's public protocol.
 _manual_evict: type[ManualEvictProto] = ProxyStore
+_home: type[ProxyHome] = ProxyStore
 
-__all__ = ["ProxyStore", "SpillOnDemand"]
+__all__ = ["ProxyStore"]
