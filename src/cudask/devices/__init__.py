@@ -12,13 +12,13 @@ from __future__ import annotations
 from cudask.devices.discovery import (
     Device,
     cuda_visible_devices,
-    default_backend,
     discover,
     parse_visible_devices,
     require_gpus,
     rotate,
 )
 from cudask.devices.model import GPU, DeviceBackend, Machine, MIGInstance, NVMLUnavailable, RawGPU
+from cudask.devices.nvml import default_backend
 
 __all__ = [
     "GPU",

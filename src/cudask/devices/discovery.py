@@ -19,19 +19,9 @@ import warnings
 from collections.abc import Sequence
 
 from cudask.devices.model import GPU, DeviceBackend, Machine, MIGInstance, NVMLUnavailable
+from cudask.devices.nvml import default_backend
 from cudask.devices.topology import format_cpus
 from cudask.errors import DeviceError, NoGPUError, OptionError
-
-_default_backend: DeviceBackend | None = None
-
-
-def default_backend() -> DeviceBackend:
-    global _default_backend
-    if _default_backend is None:
-        from cudask.devices.nvml import NVMLBackend
-
-        _default_backend = NVMLBackend()
-    return _default_backend
 
 
 def _resolve_affinity(raw: tuple[int, ...] | None, allowed: set[int], label: str) -> tuple[int, ...]:
