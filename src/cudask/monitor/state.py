@@ -19,7 +19,7 @@ Where the plugin comes from: LocalCUDACluster's scheduler gets it; a
 `dask scheduler` gets it with `--preload cudask.monitor`; `cudask top`
 installs it when missing.
 
-Does not cover: the page's layout (`cudask.monitor.page`), the terminal view
+Does not cover: the page (`cudask.monitor.views`, `.document`, `.page`), the terminal view
 (`cudask.cli.top`), the workers' side (`cudask.worker.plugins.StoreMetrics`).
 
 Threading: everything runs on the scheduler's event loop, except the
