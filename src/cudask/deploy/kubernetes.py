@@ -24,15 +24,8 @@ import uuid
 from contextlib import suppress
 from typing import Any, Self
 
-from cudask.deploy.kube_spec import (
-    GPU_RESOURCE,
-    INSTALL,
-    GPUPods,
-    check_count,
-    check_pods,
-    cluster_spec,
-    option_error,
-)
+from cudask.deploy.kube_checks import GPU_RESOURCE, check_count, option_error
+from cudask.deploy.kube_spec import INSTALL, GPUPods, check_pods, cluster_spec
 from cudask.errors import CudaskError, MissingDependencyError
 
 try:
