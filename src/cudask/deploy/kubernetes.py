@@ -14,6 +14,8 @@ Does not cover: the resources themselves (cudask.deploy.kube_spec), the schedule
 pod-counting API the operator scales through (cudask.deploy.operator_api), or the
 operator and the NVIDIA device plugin, which must be installed in the cluster
 (docs/kubernetes.md). Needs `pip install 'cudask[kubernetes]'`.
+
+Threading: as KubeCluster: sync use from one thread, async use on its loop.
 """
 
 from __future__ import annotations

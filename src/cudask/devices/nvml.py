@@ -3,8 +3,13 @@
 Covers: reading each GPU's UUID, name, memory, PCI bus id, NUMA node, NVML CPU
 affinity and MIG instances, and the driver and CUDA versions. Every NVML call
 that a part does not support degrades to "unknown" rather than failing.
+Also `default_backend()`, the process's one NVMLBackend, and two cheap reads
+for running workers: `transfer_counters` and `gpus_without_peer_access`.
 Does not cover: combining these with the process's own CPU set and the PCI
 tree (discovery.py, topology.py).
+
+Threading: NVML is thread-safe once started; a backend starts it on first use
+(two threads racing there both call nvmlInit, which NVML counts and allows).
 """
 
 from __future__ import annotations

@@ -13,11 +13,8 @@ worker, host and GPU UUID (`SchedulerCollector`).
 
 Also `snapshot(dask_scheduler)` for `client.run_on_scheduler` (works without
 the plugin too, rates then unknown) and `install(client)`, which registers
-the plugin on a running scheduler that lacks it.
-
-Where the plugin comes from: LocalCUDACluster's scheduler gets it; a
-`dask scheduler` gets it with `--preload cudask.monitor`; `cudask top`
-installs it when missing.
+the plugin on a running scheduler that lacks it (`cudask top` does; a
+LocalCUDACluster's scheduler has it, `dask scheduler --preload cudask.monitor` too).
 
 Does not cover: the page (`cudask.monitor.views`, `.document`, `.page`), the terminal view
 (`cudask.cli.top`), the workers' side (`cudask.worker.plugins.StoreMetrics`).
