@@ -9,6 +9,9 @@ reference page docs/options.md are all generated from OPTIONS.
 
 Does not cover: per-device sizes (cudask.worker.spec parses those against each
 GPU's memory) and starting anything.
+
+Threading: the table is built at import and never changed; the functions only
+read it and dask.config, so call them from any thread.
 """
 
 from __future__ import annotations

@@ -7,19 +7,19 @@ receiver's mappings of other processes' allocations (`Mappings`): opened on
 first use, shared by the arrays received together, closed after the message,
 except lasting ones, which stay open for the next messages until their sender's
 process ends (checked by `sweep`, which the worker runs periodically, and on
-each receive), more than `limit` of them sit idle, or the worker closes. Only
-lasting allocations stay mapped: CUDA leaves undefined what happens when the
-exporter frees memory another process has mapped, and a pool one of whose slabs
-was sent is held until the process ends. A sender's process is identified by
-its pid, start time and pid namespace; mappings of a sender in another pid
-namespace are never kept. Why and what it gains: docs/device-transfers.md.
+each receive), more than `limit` of them sit idle, or the worker closes.
+Only lasting allocations stay mapped, since CUDA leaves undefined what happens
+when an exporter frees memory another process maps; a pool one of whose slabs
+was sent is held until its process ends (`keep_if_shared`). A sender is known
+by pid, start time and pid namespace; mappings of a sender in another pid
+namespace are never kept. Costs and reasons: docs/design/comm.md.
 
 Does not cover: the wire format and the copies (cudask.comm.ipc), building the
 RMM resource (cudask.worker.rmm).
 
-Threading: the pools' record is guarded by one process-wide lock (also taken
-by a pool's deallocate at interpreter exit), a `Mappings` by its own lock,
-held while a mapping is opened or closed (a handle opens once per process).
+Threading: thread-safe. One lock guards the sender's record (a pool's
+deallocate may run at interpreter exit), one per `Mappings`; a mapping in use
+is never closed under its user.
 """
 
 from __future__ import annotations

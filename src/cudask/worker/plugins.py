@@ -17,8 +17,11 @@
 
 Each has a stable name, is idempotent (a second setup on the same worker does
 nothing) and undoes what it did on teardown where that is possible.
-Covers: the plugins. Does not cover: deciding which ones a worker gets
-(cudask.worker.spec).
+Does not cover: deciding which ones a worker gets (cudask.worker.spec).
+
+Threading: distributed runs setup and teardown on the worker's event loop. The
+one thread started here imports CuPy and is joined at teardown; the metrics run
+where distributed and prometheus_client read them (a lock guards registration).
 """
 
 from __future__ import annotations
@@ -100,8 +103,9 @@ class CUDAContext(WorkerPlugin):
     def setup(self, worker: Any) -> None:
         if self.uuid is not None:
             return
-        # The driver holds no GIL while it creates the context (0.2-0.3 s), so the
-        # library imports run meanwhile rather than competing with the worker's start.
+        # The driver holds no GIL while it creates the context, so the library
+        # imports run meanwhile rather than competing with the worker's start
+        # (docs/design/worker-start.md).
         modules = [m for m in self.background_imports if importlib.util.find_spec(m) is not None]
         if modules:
             self.importer = threading.Thread(

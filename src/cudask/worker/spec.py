@@ -5,6 +5,8 @@ CLI — per-device sizes, the rotated CUDA_VISIBLE_DEVICES, the data store,
 the ordered plugin list, names, ports, UCX config and resources.
 Does not cover: starting anything (cudask.deploy) or option rules
 (cudask.options).
+
+Threading: no state of its own; call it from any thread.
 """
 
 from __future__ import annotations
