@@ -13,7 +13,7 @@ slow run spent its time on). `module` is
 "cudf" (dask-cuDF frames, the benchmark) or "pandas" (host frames, for the
 CPU tests of this module). A method that fails is recorded with its error.
 
-Does not cover: the clusters and the report (cudask.bench.transfer), which
+Does not cover: the clusters and the report (cudask_bench.transfer), which
 method dask picks when none is named.
 """
 
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import time
 from typing import Any
+
+from cudask_bench.counters import worker_counters
 
 KEYS = 1 << 20
 METHODS = ("tasks", "p2p", "explicit")
@@ -63,8 +65,6 @@ def frame_shuffle(client: Any, rows: int, partitions: int, method: str, module: 
     import dask
     import dask.dataframe as dd
     from distributed import wait
-
-    from cudask.bench.transfer import worker_counters
 
     per = rows // partitions
     total = per * partitions

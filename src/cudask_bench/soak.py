@@ -40,7 +40,7 @@ import random
 import signal
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cudask.testing.integrity import check_keys, digest, make_value, settle
@@ -134,104 +134,147 @@ def run_soak(plan: SoakPlan, progress: Any = None) -> dict[str, Any]:
         return soak_on(client, plan, progress)
 
 
+@dataclass
+class _Soak:
+    """The state of one soak: what the client holds, what each held key must digest to,
+    the reads to compare, and the counts of the report."""
+
+    client: Any
+    plan: SoakPlan
+    rng: random.Random
+    counts: Counter[str] = field(default_factory=Counter)
+    moved: Counter[str] = field(default_factory=Counter)
+    held: dict[Any, tuple[tuple[Any, ...], int]] = field(default_factory=dict)  # future -> (spec, bytes)
+    expected: dict[Any, Any] = field(default_factory=dict)  # future -> future of its fresh digest
+    reads: list[tuple[Any, Any]] = field(default_factory=list)  # (digest, fresh-digest) futures
+    created: int = 0
+    next_id: int = 0
+    errors: list[str] = field(default_factory=list)
+    last_kill: float = field(init=False)
+    start: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.last_kill = time.monotonic()
+        self.start = time.monotonic()
+
+    @property
+    def kills(self) -> int:
+        return self.counts["kill"] - self.counts["kill-missed"]
+
+    def next_step(self) -> str | None:
+        """The next step's name; "" when the soak is over, None to look again (waiting
+        for the next kill in overtime)."""
+        plan = self.plan
+        elapsed = time.monotonic() - self.start
+        overtime = elapsed >= plan.duration
+        if overtime and (self.kills >= plan.min_kills or elapsed >= plan.duration + OVERTIME):
+            return ""
+        if overtime:  # only kills now, to reach plan.min_kills
+            due = plan.kill_every - (time.monotonic() - self.last_kill)
+            if due > 0:
+                time.sleep(min(due, 1.0))
+                return None
+            step = "kill"
+        else:
+            step = self.rng.choices(list(STEPS), weights=list(STEPS.values()))[0]
+        made = self.made()
+        if step == "create" and sum(n for _, n in self.held.values()) > plan.max_held:
+            step = "delete"
+        if step in ("read", "delete", "combine") and len(self.held) < 2:
+            step = "create"
+        if step == "combine" and len(made) < 2:
+            step = "create"
+        if step == "kill" and (not plan.kill_every
+                               or time.monotonic() - self.last_kill < plan.kill_every):
+            step = "read" if self.held else "create"
+        return step
+
+    def made(self) -> list[Any]:
+        """Held values created on the device (what `combine` joins)."""
+        return [f for f, (s, _) in self.held.items() if s[0] == "make" and s[3] != "host"]
+
+    def hold(self, f: Any, spec: tuple[Any, ...], size: int) -> None:
+        self.next_id += 1
+        self.held[f] = (spec, size)
+        self.expected[f] = self.client.submit(_fresh, spec, pure=False)
+        self.created += size
+
+    def create(self) -> None:
+        spec: tuple[Any, ...] = ("make", self.next_id, self.rng.choice(SIZES),
+                                 self.rng.choice(self.plan.kinds))
+        self.hold(self.client.submit(make_value, *spec[1:], key=f"soak-{self.next_id}"),
+                  spec, spec[2])
+
+    def read(self) -> None:
+        f = self.rng.choice(list(self.held))
+        self.reads.append((self.client.submit(digest, f, pure=False), self.expected[f]))
+
+    def combine(self) -> None:
+        a, b = self.rng.sample(self.made(), 2)
+        spec = ("combine", self.held[a][0][1:], self.held[b][0][1:])
+        f = self.client.submit(_combine, a, b, key=f"soak-{self.next_id}")
+        self.hold(f, spec, self.held[a][1] + self.held[b][1])
+
+    def spill(self) -> None:
+        workers = sorted(self.client.nthreads())
+        try:  # a worker being restarted does not answer
+            if not workers:
+                raise OSError("no worker")
+            self.client.run(_spill, self.rng.choice(SIZES) * 4, workers=[self.rng.choice(workers)])
+        except OSError:
+            self.counts["spill-missed"] += 1
+
+    def delete(self) -> None:
+        f = self.rng.choice(list(self.held))
+        del self.held[f]
+        self.expected.pop(f)
+
+    def kill(self) -> None:
+        try:
+            pids = self.client.run(os.getpid)
+            if not pids:
+                raise OSError("no worker")
+            address = self.rng.choice(sorted(pids))
+            self.moved.update(self.client.run(_moved, workers=[address])[address])
+        except OSError:  # a worker being restarted: kill later
+            self.counts["kill-missed"] += 1
+        else:
+            os.kill(pids[address], signal.SIGKILL)
+        self.last_kill = time.monotonic()
+
+
 def soak_on(client: Any, plan: SoakPlan, progress: Any = None) -> dict[str, Any]:
     """The soak's steps on the cluster of `client` (workers with nannies, so killed
     ones come back), values of `plan.kinds`; the device limit, host limit and
     worker count of `plan` are the cluster's business here."""
     from distributed import wait
 
-    rng = random.Random(plan.seed)
-    counts: Counter[str] = Counter()
-    moved: Counter[str] = Counter()
-    held: dict[Any, tuple[tuple[Any, ...], int]] = {}  # future -> (spec, bytes)
-    expected: dict[Any, Any] = {}  # future -> future of its fresh digest
-    reads: list[tuple[Any, Any]] = []  # (digest future, fresh-digest future)
-    created = 0
-    next_id = 0
-    last_kill = time.monotonic()
-    errors: list[str] = []
-    start = time.monotonic()
-    while True:
-        elapsed = time.monotonic() - start
-        overtime = elapsed >= plan.duration
-        if overtime and (counts["kill"] - counts["kill-missed"] >= plan.min_kills
-                         or elapsed >= plan.duration + OVERTIME):
-            break
-        if overtime:  # only kills now, to reach plan.min_kills
-            due = plan.kill_every - (time.monotonic() - last_kill)
-            if due > 0:
-                time.sleep(min(due, 1.0))
-                continue
-            step = "kill"
-        else:
-            step = rng.choices(list(STEPS), weights=list(STEPS.values()))[0]
-        made = [f for f, (s, _) in held.items() if s[0] == "make" and s[3] != "host"]
-        if step == "create" and sum(n for _, n in held.values()) > plan.max_held:
-            step = "delete"
-        if step in ("read", "delete", "combine") and len(held) < 2:
-            step = "create"
-        if step == "combine" and len(made) < 2:
-            step = "create"
-        if step == "kill" and (not plan.kill_every
-                               or time.monotonic() - last_kill < plan.kill_every):
-            step = "read" if held else "create"
-        counts[step] += 1
-        if step == "create":
-            spec: tuple[Any, ...] = ("make", next_id, rng.choice(SIZES),
-                                     rng.choice(plan.kinds))
-            f = client.submit(make_value, *spec[1:], key=f"soak-{next_id}")
-            next_id += 1
-            held[f] = (spec, spec[2])
-            expected[f] = client.submit(_fresh, spec, pure=False)
-            created += spec[2]
-        elif step == "read":
-            f = rng.choice(list(held))
-            reads.append((client.submit(digest, f, pure=False), expected[f]))
-        elif step == "combine":
-            a, b = rng.sample(made, 2)
-            spec = ("combine", held[a][0][1:], held[b][0][1:])
-            f = client.submit(_combine, a, b, key=f"soak-{next_id}")
-            next_id += 1
-            size = held[a][1] + held[b][1]
-            held[f] = (spec, size)
-            expected[f] = client.submit(_fresh, spec, pure=False)
-            created += size
-        elif step == "spill":
-            workers = sorted(client.nthreads())
-            try:  # a worker being restarted does not answer
-                if not workers:
-                    raise OSError("no worker")
-                client.run(_spill, rng.choice(SIZES) * 4, workers=[rng.choice(workers)])
-            except OSError:
-                counts["spill-missed"] += 1
-        elif step == "delete":
-            f = rng.choice(list(held))
-            del held[f]
-            expected.pop(f)
-        elif step == "kill":
-            try:
-                pids = client.run(os.getpid)
-                if not pids:
-                    raise OSError("no worker")
-                address = rng.choice(sorted(pids))
-                moved.update(client.run(_moved, workers=[address])[address])
-            except OSError:  # a worker being restarted: kill later
-                counts["kill-missed"] += 1
-            else:
-                os.kill(pids[address], signal.SIGKILL)
-            last_kill = time.monotonic()
-        if sum(counts.values()) % 40 == 0:  # keep the scheduler's queue short
-            _wait(wait, [e for _, e in reads[-40:]] + list(expected.values())[-40:], errors)
+    soak = _Soak(client, plan, random.Random(plan.seed))
+    steps = {"create": soak.create, "read": soak.read, "combine": soak.combine,
+             "spill": soak.spill, "delete": soak.delete, "kill": soak.kill}
+    while (step := soak.next_step()) != "":
+        if step is None:
+            continue
+        soak.counts[step] += 1
+        steps[step]()
+        if sum(soak.counts.values()) % 40 == 0:  # keep the scheduler's queue short
+            _wait(wait, [e for _, e in soak.reads[-40:]] + list(soak.expected.values())[-40:],
+                  soak.errors)
         if progress is not None:
-            progress(time.monotonic() - start, counts)
-    kills = counts["kill"] - counts["kill-missed"]
-    if kills < plan.min_kills:
-        errors.append(f"{kills} of {plan.min_kills} kills in {plan.duration + OVERTIME:.0f} s "
+            progress(time.monotonic() - soak.start, soak.counts)
+    return _report(soak, wait)
+
+
+def _settle_all(soak: _Soak, wait: Any) -> tuple[int, dict[Any, Any]]:
+    """Wait for every digest; (reads that differed, {held future: its fresh digest})."""
+    plan, errors = soak.plan, soak.errors
+    if soak.kills < plan.min_kills:
+        errors.append(f"{soak.kills} of {plan.min_kills} kills in {plan.duration + OVERTIME:.0f} s "
                       f"(one at most every {plan.kill_every:.0f} s)")
-    _wait(wait, list(expected.values()) + [d for pair in reads for d in pair], errors)
+    _wait(wait, list(soak.expected.values()) + [d for pair in soak.reads for d in pair], errors)
     differing = 0
     deadline = time.monotonic() + 600
-    for got, want in reads:  # settle: results lost with the last kills are recomputed
+    for got, want in soak.reads:  # settle: results lost with the last kills are recomputed
         got_digest, got_why = settle(got, max(deadline - time.monotonic(), 1.0))
         want_digest, want_why = settle(want, max(deadline - time.monotonic(), 1.0))
         if got_why or want_why:
@@ -239,33 +282,39 @@ def soak_on(client: Any, plan: SoakPlan, progress: Any = None) -> dict[str, Any]
         elif got_digest != want_digest:
             differing += 1
     fresh = {}
-    for f, e in expected.items():
+    for f, e in soak.expected.items():
         value, why = settle(e, max(deadline - time.monotonic(), 1.0))
         if why is None:
             fresh[f] = value
         else:
             errors.append(f"fresh digest of {f.key}: {why}")
+    return differing, fresh
+
+
+def _report(soak: _Soak, wait: Any) -> dict[str, Any]:
+    """Check every held key and count what happened (the module docstring's report)."""
+    client = soak.client
+    differing, fresh = _settle_all(soak, wait)
     check = check_keys(client, fresh)
     client.wait_for_workers(1, timeout=120)
     for moves in client.run(_moved).values():
-        moved.update(moves)
+        soak.moved.update(moves)
     alive = len(client.nthreads())
     return {
-        "plan": asdict(plan),
-        "seconds": round(time.monotonic() - start, 1),
+        "plan": asdict(soak.plan),
+        "seconds": round(time.monotonic() - soak.start, 1),
         "workers": alive,
-        "steps": dict(counts),
-        "cycles": sum(counts.values()),
-        "kills": kills,
-        "bytes_created": created,
-        "bytes_moved": {k.removesuffix("-bytes"): int(v) for k, v in moved.items()},
+        "steps": dict(soak.counts),
+        "cycles": sum(soak.counts.values()),
+        "kills": soak.kills,
+        "bytes_created": soak.created,
+        "bytes_moved": {k.removesuffix("-bytes"): int(v) for k, v in soak.moved.items()},
         "keys_checked": check.checked,
         "keys_lost": len(check.lost),
         "keys_changed": len(check.changed),
         "lost": check.lost,
-        "reads_checked": len(reads),
+        "reads_checked": len(soak.reads),
         "reads_differing": differing,
-        "errors": errors,
-        "ok": check.ok and not differing and not errors,
+        "errors": soak.errors,
+        "ok": check.ok and not differing and not soak.errors,
     }
-
