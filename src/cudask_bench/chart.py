@@ -1,15 +1,14 @@
 """PNG charts of `cudask bench` results.
 
-Covers: one grouped bar chart per result document: a group per metric (spill:
-create, read_verify and their `_warm` figures; cupy: each operation with its
-`_input`, `_total` and `_warm` figures; startup: its phases), cold metrics
-before warm ones, a bar per variant at its median seconds with min-max
-whiskers, the value printed on each bar, "failed" where a variant did not
-produce the metric, slanted labels when there are many or long metric names,
-and a log axis when the values span more than 30x. matplotlib is imported lazily (`cudask[bench]`)
-and drawn with the Agg backend, so no display is needed.
+Covers: one grouped bar chart per result document: a group per metric, cold metrics
+before warm ones, a bar per variant at its median seconds with min-max whiskers, the
+value printed on each bar, "failed" where a variant did not produce the metric, slanted
+labels when there are many or long metric names, and a log axis when the values span
+more than 30x. matplotlib is imported lazily (`cudask[bench]`) and drawn with the Agg
+backend, so no display is needed.
 
-Does not cover: running benchmarks or computing ratios (cudask_bench.harness).
+Does not cover: running benchmarks or computing ratios (cudask_bench.report).
+Threading: pyplot's global state: one chart at a time, from one thread.
 """
 
 from __future__ import annotations

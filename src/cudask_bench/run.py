@@ -4,26 +4,23 @@
         [--mode cold|warm] [--device-memory-limit BYTES] [--jit-unspill] ... --json result.json
 
 Covers: importing the backend's cluster class (cudask.LocalCUDACluster,
-dask_cuda.LocalCUDACluster, or distributed.LocalCluster with `data=dict` as the
-plain-dict-store baseline), starting a one-worker cluster on one GPU with the
-given options (in cold mode `cupy` starts one per operation, each closed
-before the next), running one workload (cudask_bench.workloads), and writing a
-JSON result: status, error, measurements, versions seen by this process and
-by the worker, the worker's store facts. Progress events go to stderr as
-lines starting with PROGRESS_PREFIX. Exit status 0 when the run succeeded,
-1 when it failed (the JSON then says why), 2 for bad arguments.
+dask_cuda.LocalCUDACluster, or distributed.LocalCluster with `data=dict`), starting a
+one-worker cluster on one GPU with the given options (in cold mode `cupy` starts one per
+operation, each closed before the next), running one workload (cudask_bench.workloads),
+and writing a JSON result: status, error, measurements, versions seen here and by the
+worker, the worker's store facts. Progress events go to stderr as lines starting with
+PROGRESS_PREFIX. Exit status 0 when the run succeeded, 1 when it failed (the JSON then
+says why), 2 for bad arguments. Cold mode keeps the worker cold until the timed run:
+only a ping round trip (`_ping`) precedes the first submit.
 
-Cold mode keeps the worker cold until the timed run: after the cluster starts,
-only a ping round trip (`_ping`) precedes the workload's first submit; the
-worker's device facts are asked for afterwards. One process makes one cold
-run (a warm-up when --warmup > 0, as for startup).
-
-Honesty: with --backend dask-cuda this process never imports cudask's cluster,
-store or worker code; the result lists the cudask modules loaded here and on
-the worker, and the run fails if any of them is cluster code. It may run under
-another interpreter, where cudask is only on PYTHONPATH.
+Honesty: with --backend dask-cuda this process never imports cudask's cluster, store or
+worker code; the result lists the cudask and cudask_bench modules loaded here and on the
+worker, and the run fails if any of them is cluster code. It may run under another
+interpreter, with cudask and cudask_bench only on PYTHONPATH.
 
 Does not cover: choosing variants, comparing them, charts (cudask_bench.harness).
+Threading: the process's main thread; the module imports nothing heavy, since every
+worker process that multiprocessing spawns re-imports it as its main module.
 """
 
 from __future__ import annotations

@@ -1,36 +1,23 @@
-"""The soak: minutes of random work and worker kills at a small device limit,
-then every held key checked byte for byte.
+"""The soak: minutes of random work and worker kills at a small device limit, then every
+held key checked byte for byte.
 
-Covers: `SoakPlan`, `run_soak(plan)` and `soak_on(client, plan)` (the steps on
-any cluster with nannies, e.g. a CPU LocalCluster with host values only, as the
-CPU test does); `run_soak` starts a LocalCUDACluster
-(one worker per GPU, `plan.device_memory_limit`, `plan.memory_limit` with a
-host tier of `plan.host_fraction` of it, so data reach disk) and, for
-`plan.duration` seconds, draw one step at a time from a seeded generator:
-
-- create: a task makes a deterministic value (`cudask.testing.integrity`:
-  device arrays, transposed views, dicts of device and host arrays, host
-  arrays) of 1-64 MiB, held by the client;
-- read: a held key is digested where it lives (bringing it back from host or
-  disk) and compared with the digest of a fresh computation;
-- combine: a task joins the bytes of two created device values into a new one;
-- spill: a worker is asked to move device data to the host (`spill_device`);
-- delete: the client drops a held key;
-- kill: a worker process gets SIGKILL (at most once per `plan.kill_every`
-  seconds); its nanny restarts it and the scheduler recomputes what was lost.
-  With `plan.min_kills`, steps go on past `plan.duration` (killing as soon as
-  `kill_every` allows) until that many kills happened, for at most
-  `OVERTIME` seconds more; falling short is an error in the report. A fixed
-  count of kills holds on a slow machine, where a duration alone may give one.
-
-Held data stay under `plan.max_held` bytes. At the end every held key is
-digested and compared (`check_keys`). The report counts steps by kind, bytes
-created, bytes moved between tiers (summed over worker lifetimes: metrics are
-read before each kill), kills, keys checked, lost and changed, and reads that
-differed.
+Covers: `SoakPlan`, `run_soak(plan)` (a LocalCUDACluster, one worker per GPU, at the
+plan's device and host limits, the host tier `plan.host_fraction` of the host limit so
+data reach disk) and `soak_on(client, plan)` (the steps on any cluster with nannies,
+e.g. a CPU LocalCluster with host values only). Steps are drawn from a seeded generator
+(`STEPS`): create a deterministic value (cudask.testing.integrity) of 1-64 MiB held by
+the client; read a held key where it lives and compare its digest with a fresh
+computation's; combine two device values; ask a worker to spill device data; delete a
+held key; SIGKILL a worker (at most once per `plan.kill_every` seconds; its nanny
+restarts it). With `plan.min_kills`, steps go on past `plan.duration`, killing only,
+until that many kills happened, for at most `OVERTIME` seconds more. Held data stay
+under `plan.max_held` bytes. At the end every held key is digested and compared; the
+report counts steps, bytes created and moved between tiers (metrics are read before
+each kill), kills, keys checked, lost and changed, and reads that differed.
 
 Does not cover: timing (`cudask bench spill|cupy`), the fault cases one by one
-(tests/faults).
+(tests/faults). Threading: the caller's thread drives the client; value functions run
+on workers.
 """
 
 from __future__ import annotations

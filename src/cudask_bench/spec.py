@@ -1,14 +1,15 @@
 """What a benchmark run is made of: workloads, operations, variants, parameters.
 
-Covers: the names the harness accepts (workloads, backends, cupy operations
-and their default shapes, the cold/warm measuring modes and their defaults,
-the metric suffixes each mode writes), the `Variant` a runner process executes
-(backend x device limit x JIT-unspill), building the variant matrix a command
-asks for, and turning one variant plus its parameters into the runner's argv.
-Pure data and validation: nothing here imports dask, CuPy or any cluster.
+Covers: the names the harness accepts (workloads, backends, cupy operations and their
+default shapes, the cold/warm measuring modes and their defaults, the metric suffixes
+each mode writes), the `Variant` a runner process executes (backend x device limit x
+JIT-unspill), building the variant matrix a command asks for, and turning one variant
+plus its parameters into the runner's argv. Pure data and validation: nothing here
+imports distributed, CuPy or any cluster (dask.utils formats sizes).
 
 Does not cover: running anything (cudask_bench.harness spawns runners,
 cudask_bench.run is the runner, cudask_bench.workloads holds the work).
+Threading: immutable data and pure functions.
 """
 
 from __future__ import annotations

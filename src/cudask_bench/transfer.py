@@ -1,26 +1,24 @@
 """`cudask bench transfer`: device data between workers of one host, CUDA IPC
 (cudask.comm.ipc) against TCP through host memory, in fresh clusters.
 
-Covers: per setting (`settings`: cudask over TCP with `cudask.comm.device-ipc`
-on and off, cudask over UCX, and dask-cuda's workers over TCP and UCX when
-asked), a fresh scheduler in this process and one worker process per placement
-entry (its CUDA_VISIBLE_DEVICES; a worker per GPU in it: ("0", "0") puts two
-workers on GPU 0, ("0", "1") one on each of two GPUs seeing its own alone,
-("0,1",) one process over both, as users start them), then
-- point to point: an array made on worker A is used by a task on worker B.
-  The first transfer of each size is the cold figure, the median of the
-  repeats the warm one; bandwidth is what distributed's transfer log on B
-  records (bytes / duration of the get_data exchange), beside the task's time
-  from submit;
-- all-to-all: an N x N float64 CuPy array in row blocks rechunked to column
-  blocks (task-based: see cudask.comm.rechunk), from the first submit, checked
-  by its sum; the first run after the point-to-point ones is the cold figure,
-  a second one in the same cluster the warm one (`all_to_all_warm`);
-- shuffle (when the plan has rows for it: dask-cuDF installed): a DataFrame
-  shuffled on a key by each of the plan's methods, twice (cold, warm), in the
-  same cluster (cudask_bench.shuffle);
-then each worker's IPC counters and its store's pinned-pool and spill figures.
-Does not cover: the CLI's checks of the plan (cudask_bench.cli).
+Covers: per setting (`settings`: cudask over TCP with `cudask.comm.device-ipc` on and
+off, cudask over UCX, and dask-cuda's workers over TCP and UCX when asked), a fresh
+scheduler in this process and one worker process per placement entry (its
+CUDA_VISIBLE_DEVICES, a worker per GPU in it: ("0", "0") two workers on GPU 0, ("0",
+"1") one on each of two GPUs seeing its own alone, ("0,1",) one process over both), then
+- point to point: an array made on worker A is used by a task on worker B; the first
+  transfer of each size is the cold figure, the median of the repeats the warm one;
+  bandwidth is what distributed's transfer log on B records;
+- all-to-all: an N x N float64 CuPy array in row blocks rechunked to column blocks
+  (task-based, cudask.comm.rechunk), checked by its sum; cold, then warm in the same
+  cluster (`all_to_all_warm`);
+- shuffle (with dask-cuDF): a DataFrame shuffled on a key by each of the plan's
+  methods, cold and warm (cudask_bench.shuffle);
+then each worker's IPC counters and store figures (cudask_bench.counters).
+
+Does not cover: the CLI's checks of the plan (cudask_bench.cli.transfer).
+Threading: the command's thread; the functions named `_fill`, `_last`, `_cells` run on
+workers.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def _await_forgotten(client: Any, keys: list[Any], timeout: float = 60.0) -> Non
     """Wait until the scheduler has forgotten `keys` (results just released).
 
     The next repetition builds the same keys; a release still in flight would let
-    it find them in memory and time nothing (seen on an H100: `dot` in 10 ms)."""
+    it find them in memory and time nothing (docs/design/benchmarks.md)."""
     deadline = time.monotonic() + timeout
     while client.run_on_scheduler(_known_to_scheduler, keys=keys):
         if time.monotonic() > deadline:

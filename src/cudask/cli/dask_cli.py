@@ -1,26 +1,17 @@
 """What cudask adds to the `dask` command: `dask cudask ...` always, `dask cuda ...` unless
 dask-cuda (or any other package) declares `dask cuda` too.
 
-Covers: the objects that cudask's two `dask_cli` entry points (pyproject.toml) load.
-Does not cover: the commands themselves (cudask.cli.main wires them), nor finding out which
-package `dask cuda` runs (cudask.cli.dask_cuda_owner, which `cudask info` uses too).
+Covers: the objects that cudask's two `dask_cli` entry points (pyproject.toml) load,
+decided when dask loads them: ``cudask`` is always cudask's commands (``dask cudask
+worker|config|top``); ``cuda`` is the same commands as ``dask cuda ...`` when no other
+distribution declares a ``cuda`` entry point, otherwise a hidden command with a name
+nobody else uses, so that ``dask cuda`` is dask-cuda's, every time, with no warning
+(docs/design/cli.md says why). cudask itself (``cudask worker``, ``python -m cudask.cli
+worker``) is never affected.
 
-Why: dask's CLI (dask.cli.run_cli) loads every `dask_cli` entry point of every installed
-distribution and adds the click command each one loads under *that command's* name. When two
-packages both give a `cuda` group, the second replaces the first and every `dask` command
-prints "the original has been overwritten"; which one is second follows the order in which
-importlib.metadata lists distributions (sys.path, then directory order), so which `dask cuda`
-runs is left to chance. Entry points are static metadata, but the object an entry point names
-is looked up when it is loaded, so cudask decides then:
-
-- ``cudask``: always cudask's commands, as ``dask cudask worker|config|top``.
-- ``cuda``: the same commands as ``dask cuda ...`` when no other distribution declares a
-  ``cuda`` entry point in ``dask_cli``; otherwise (dask-cuda is installed) a hidden command
-  with a name nobody else uses, so that ``dask cuda`` is dask-cuda's, every time, with no
-  warning. dask warns for any entry point that does not load to a click command, so
-  "nothing" is not an option; the hidden command is the quiet way to step aside.
-
-cudask itself (``cudask worker``, ``python -m cudask.cli worker``) is never affected.
+Does not cover: the commands themselves (cudask.cli.main wires them), nor finding out
+which package `dask cuda` runs (cudask.cli.dask_cuda_owner, which `cudask info` uses too).
+Threading: attributes are computed on access, in the caller's thread.
 """
 
 from __future__ import annotations
