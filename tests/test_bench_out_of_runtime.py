@@ -5,6 +5,7 @@ sys.modules; `cudask bench --help` shows the check would see them."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -63,6 +64,18 @@ specs = [nanny_options(options, devices, i, n_workers=2, name=gpu_name(devices[i
          for i in range(2)]
 assert specs[1]["env"]["CUDA_VISIBLE_DEVICES"] == "1,0"
 """
+
+
+def test_no_runtime_module_names_the_benchmarks_in_an_import() -> None:
+    """Not even inside a function or under TYPE_CHECKING: `cudask bench` is attached by name."""
+    found = []
+    for path in sorted((SRC / "cudask").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.name}:{node.lineno}" for n in names
+                      if n.split(".")[0] in FORBIDDEN]
+    assert found == []
 
 
 def test_importing_every_runtime_module_leaves_the_benchmarks_out() -> None:
