@@ -9,7 +9,7 @@ value is a usage error (exit status 2) with one line naming it and what is
 accepted; nothing is contacted.
 
 Does not cover: building the resources (cudask.deploy.kube_spec) or creating them
-(cudask.deploy.kubernetes).
+(cudask.deploy.kubernetes). Threading: the command's thread; pure text out.
 """
 
 from __future__ import annotations
