@@ -50,7 +50,7 @@ def test_behaves_like_a_dict_without_limits(make_store: MakeStore) -> None:
         del store["a"]
     store["b"] = b"now on host"
     assert store.device_bytes == 0 and store.where("b") == "host"
-    assert store._engine is None  # nothing created a CUDA backend
+    assert store._lazy.current is None  # nothing created a CUDA backend
 
 
 def test_spills_least_recently_used_and_reads_back(make_store: MakeStore) -> None:
@@ -153,7 +153,7 @@ def test_overwrite_and_delete_in_every_tier(make_store: MakeStore) -> None:
         else:
             assert got == b"host value %d" % i
     store.close()
-    assert store._engine is not None and store._engine.pool.reserved == 0
+    assert store._lazy.current is not None and store._lazy.current.pool.reserved == 0
 
 
 def test_disk_tier_roundtrip_and_protocols(make_store: MakeStore) -> None:
@@ -276,10 +276,10 @@ def test_spill_log_reaches_a_worker_log() -> None:
     those at a level it shows, or log_spilling would print nothing."""
     import distributed  # noqa: F401 - sets up distributed's logging
 
-    from cudask.memory import store
+    from cudask.memory.tiers.metrics import moves
 
-    assert store.moves.name.startswith("distributed.")
-    assert store.moves.isEnabledFor(logging.INFO)
+    assert moves.name.startswith("distributed.")
+    assert moves.isEnabledFor(logging.INFO)
 
 
 def test_background_spilling_keeps_the_tier_below_target(
@@ -369,7 +369,7 @@ def test_copy_seconds_are_the_copies_own_not_their_time_in_flight(make_store: Ma
 
 
 def test_host_tier_is_distributed_spillbuffer(make_store: MakeStore) -> None:
-    assert isinstance(make_store(memory_limit=100)._host, SpillBuffer)
+    assert isinstance(make_store(memory_limit=100)._host.data, SpillBuffer)
 
 
 def test_bad_arguments_are_refused(make_store: MakeStore) -> None:
@@ -402,7 +402,7 @@ def test_pinned_memory_is_made_ready_ahead_and_idle_memory_goes_back(
     assert store.settings.pinned_headroom == 1 << 16  # "auto": the device limit here
     store[0] = dev(1 << 14, 0)  # a quarter of the limit: nothing is pinned
     time.sleep(0.1)
-    assert store._engine is None and backend.pinned_bytes == 0
+    assert store._lazy.current is None and backend.pinned_bytes == 0
     store[1] = dev(1 << 15, 1)  # past half the limit: made ready ahead, off this thread
     assert wait_for(lambda: store.metrics().get("pinned-reserved-bytes", 0) >= 1 << 15)
     store[2] = dev(1 << 15, 2)  # spills 0 into memory that was ready
@@ -425,7 +425,7 @@ def test_pinning_ahead_starts_where_configured(make_store: MakeStore, wait_for: 
     store = make_store(device_memory_limit=1 << 16, backend=backend, pinned_headroom_from=0.75)
     store[0] = dev(40_000, 0)  # 61% of the limit
     time.sleep(0.1)
-    assert store._engine is None and backend.pinned_bytes == 0
+    assert store._lazy.current is None and backend.pinned_bytes == 0
     store[1] = dev(10_000, 1)  # 76%
     assert wait_for(lambda: store.metrics().get("pinned-reserved-bytes", 0) > 0)
 
@@ -436,7 +436,7 @@ def test_pinning_ahead_ramps_up_to_the_headroom_at_the_limit(make_store: MakeSto
     store = make_store(device_memory_limit=1 << 20, pinned_headroom=256 << 10, pinned_pool_size=4 << 20,
                        pinned_slab_size=16 << 10)
     store[0] = dev(3 << 18, 0)  # 3/4 of the limit
-    assert wait_for(lambda: store._engine is not None and store.metrics().get("pinned-reserved-bytes", 0) > 0)
+    assert wait_for(lambda: store._lazy.current is not None and store.metrics().get("pinned-reserved-bytes", 0) > 0)
     assert store.engine.pool.wait_ready(timeout=120)
     assert store.engine.pool.goal == 128 << 10 and store.metrics()["pinned-reserved-bytes"] == 128 << 10
 
@@ -493,7 +493,7 @@ def test_no_device_limit_takes_the_dict_path(make_store: MakeStore) -> None:
     store["h"] = b"host"
     store["h"] = dev(20, 2)  # host -> device
     store["a2"] = b"x"
-    assert store._ledger.total == 0 and not store._gen and store._thread is None
+    assert store._ledger.total == 0 and not store._tiers.gen and store._thread is None
     assert store.device_bytes == 120 and store.metrics()["device-bytes"] == 120
     assert store.keys_on("device") == {"a", "v", "h"} and store.where("a2") == "host"
     store["h"] = b"back to host"
@@ -588,7 +588,7 @@ def test_preallocate_setting(make_store: MakeStore) -> None:
                       **kw).settings.pinned_preallocate == 1 << 19  # a fraction of the pool
     assert make_store(pinned_preallocate=True, **kw).settings.pinned_preallocate == 0  # no device limit
     store = make_store(device_memory_limit=1 << 16, pinned_preallocate=False, **kw)
-    assert store.settings.pinned_preallocate == 0 and store._engine is None  # nothing at start
+    assert store.settings.pinned_preallocate == 0 and store._lazy.current is None  # nothing at start
 
 
 class _OutOfMemory(Exception):
@@ -655,11 +655,12 @@ def test_full_disk_tier_with_garbage_collection_in_a_fresh_process(tmp_path: Any
     after every step: the process neither crashes nor loses a key."""
     script = f"""
 import gc, numpy as np
+from cudask.memory.settings import store_settings
 from cudask.memory.store import TieredStore
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray, as_numpy
 s = TieredStore(device_memory_limit=4000, memory_limit=6000, max_spill=4000,
                 backend=FakeCopyBackend(), local_directory={str(tmp_path)!r},
-                pinned_pool_size=2000, pinned_slab_size=1000)
+                settings=store_settings(4000, 6000, pinned_pool_size=2000, pinned_slab_size=1000))
 for i in range(40):
     s[i] = FakeDeviceArray.from_numpy(np.full(1000, i, dtype="u1"))
     gc.collect()
