@@ -69,13 +69,6 @@ class Unspill:
         return time.perf_counter() - started
 
 
-class _KeptOnDevice(Exception):
-    """A spill failed and the key stayed on the device; `released`: 0, or -1 to stop."""
-
-    def __init__(self, released: int) -> None:
-        self.released = released
-
-
 class DeviceBuffer:
     """Device objects in `device` (LRU, limited), spilled to `host` through copies."""
 
@@ -264,14 +257,15 @@ class DeviceBuffer:
         before = self.ledger.total
         value, ranges = self.device.take(key)
         try:
-            with self._copy_errors(key, value, ranges):
-                engine = self.lazy.get()
-                engine.order_after_producers(dispatch.producer_streams(value))
-                host_copy = dispatch.to_host(value, engine)
-            with self._store_errors(key, value, ranges):
-                self.host[key] = host_copy
-        except _KeptOnDevice as kept:
-            return kept.released
+            engine = self.lazy.get()
+            engine.order_after_producers(dispatch.producer_streams(value))
+            host_copy = dispatch.to_host(value, engine)
+        except Exception as exc:  # noqa: BLE001 - the key stays, see _not_copied
+            return self._not_copied(key, value, ranges, exc)
+        try:
+            self.host[key] = host_copy
+        except Exception as exc:  # noqa: BLE001 - the key stays, see _not_stored
+            return self._not_stored(key, value, ranges, exc)
         self.spilled.add(key)
         self.inflight.add(key, value, host_copy, self.gen[key], ranges)
         nbytes = host_copy.nbytes
@@ -283,38 +277,32 @@ class DeviceBuffer:
             )
         return before - self.ledger.total
 
-    @contextmanager
-    def _copy_errors(self, key: Key, value: object, ranges: list[Range]) -> Iterator[None]:
-        """A key that cannot be copied to the host stays on the device."""
-        try:
-            yield
-        except dispatch.UnspillableError as exc:
+    def _not_copied(self, key: Key, value: object, ranges: list[Range], exc: Exception) -> int:
+        """A key that cannot be copied to the host stays on the device: skipped from
+        now on (0) when it is unspillable, else first in line and spilling stops (-1)."""
+        if isinstance(exc, dispatch.UnspillableError):
             self.device.restore(key, value, ranges, front=False)
             self.device.unspillable.add(key)
             logger.warning("cudask: %r stays on the device: %s", key, exc)
-            raise _KeptOnDevice(0) from None
-        except Exception as exc:  # noqa: BLE001 - keep the key, log, stop spilling
-            self.device.restore(key, value, ranges, front=True)
-            logger.error(
-                "cudask: could not spill %r from the device (device_memory_limit=%s): %s. "
-                "It stays on the device.",
-                key, _fmt(self.limit), exc,
-            )
-            raise _KeptOnDevice(-1) from None
+            return 0
+        self.device.restore(key, value, ranges, front=True)
+        logger.error(
+            "cudask: could not spill %r from the device (device_memory_limit=%s): %s. "
+            "It stays on the device.",
+            key, _fmt(self.limit), exc,
+        )
+        return -1
 
-    @contextmanager
-    def _store_errors(self, key: Key, value: object, ranges: list[Range]) -> Iterator[None]:
-        """A host copy the host tier refuses: the key stays on the device."""
-        try:
-            yield
-        except Exception as exc:  # noqa: BLE001 - keep the key, log, stop spilling
-            self.device.restore(key, value, ranges, front=True)
-            logger.error(
-                "cudask: could not store the host copy of %r (memory_limit=%s): %s. "
-                "It stays on the device.",
-                key, _fmt(self.memory_limit), exc,
-            )
-            raise _KeptOnDevice(-1) from None
+    def _not_stored(self, key: Key, value: object, ranges: list[Range], exc: Exception) -> int:
+        """A host copy the host tier refuses: the key stays on the device, first in
+        line, and spilling stops (-1)."""
+        self.device.restore(key, value, ranges, front=True)
+        logger.error(
+            "cudask: could not store the host copy of %r (memory_limit=%s): %s. "
+            "It stays on the device.",
+            key, _fmt(self.memory_limit), exc,
+        )
+        return -1
 
     def spill(self, nbytes: int) -> int:
         """Spill until `nbytes` of device memory are released, and wait for the
