@@ -104,7 +104,7 @@ def test_no_device_limit_takes_the_dict_path(make_store: MakeStore) -> None:
     store["h"] = b"host"
     store["h"] = dev(20, 2)  # host -> device
     store["a2"] = b"x"
-    assert store._ledger.total == 0 and not store._tiers.gen and store._thread is None
+    assert store._ledger.total == 0 and not store._buffer.gen and store._thread is None
     assert store.device_bytes == 120 and store.metrics()["device-bytes"] == 120
     assert store.keys_on("device") == {"a", "v", "h"} and store.where("a2") == "host"
     store["h"] = b"back to host"

@@ -191,14 +191,14 @@ class StoreMachine(RuleBasedStateMachine):
             return
         store = self.store
         with store.lock:
-            store._tiers.reap()
+            store._buffer.reap()
             objects = list(store._device.values())
-            objects += [v for v, _, _ in store._tiers.prefetched.values()]
-            for _, refs, _ in store._tiers.inflight.ghosts.values():
+            objects += [v for v, _, _ in store._buffer.prefetched.values()]
+            for _, refs, _ in store._buffer.inflight.ghosts.values():
                 objects += [r() for r in refs if r() is not None]
             expected = union_bytes(r for obj in objects for r in dispatch.allocations(obj))
             assert store._ledger.total == expected
-            if not self.held and not store._tiers.inflight.ghosts:
+            if not self.held and not store._buffer.inflight.ghosts:
                 assert (
                     store._ledger.total <= LIMIT
                     or set(store._device) <= {self.last_read}

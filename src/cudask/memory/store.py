@@ -50,6 +50,8 @@ from cudask.memory.transfer import CopyBackend, TransferEngine
 
 if TYPE_CHECKING:
     from distributed import Worker
+
+
 class TieredStore(MutableMapping[Key, object]):
     """Device -> host -> disk store; see the module docstring.
 
@@ -112,7 +114,7 @@ class TieredStore(MutableMapping[Key, object]):
                               local_directory or worker_local_directory, self.log_spilling)
         self._lazy = LazyEngine(self.settings, self.device_memory_limit, backend, self.lock,
                                 lambda: ledger.total)
-        self._tiers = DeviceBuffer(
+        self._buffer = DeviceBuffer(
             self._device, self._host, InFlightCopies(ledger), self._lazy,
             spill_target=self.spill_target, memory_limit=self.memory_limit,
             log_spilling=self.log_spilling, notify=self._cv.notify_all,
@@ -141,13 +143,13 @@ class TieredStore(MutableMapping[Key, object]):
             return
         ranges = dispatch.allocations(value) if dispatch.is_device_object(value) else None
         with self.lock:
-            self._tiers.put(key, value, ranges)
+            self._buffer.put(key, value, ranges)
             if ranges is not None and self.device_memory_limit is not None:
                 self._start_background()
                 if not self._hooked and self.on_demand is not None:
                     self._hooked = True
                     self.on_demand.install()
-                self._tiers.fit(key, ranges)
+                self._buffer.fit(key, ranges)
 
     def _set_unlimited(self, key: Key, value: object) -> bool:
         """__setitem__ without a device limit: a dict write, plus moving the key
@@ -176,10 +178,10 @@ class TieredStore(MutableMapping[Key, object]):
         if not self._unlimited:
             return
         for key, value in self._device.items():
-            self._tiers.new_generation(key)
+            self._buffer.new_generation(key)
             self._device.account(key, dispatch.allocations(value))
         for key in self._host:
-            self._tiers.new_generation(key)
+            self._buffer.new_generation(key)
         self._unlimited = False
 
     def __getitem__(self, key: Key) -> object:
@@ -193,12 +195,12 @@ class TieredStore(MutableMapping[Key, object]):
             if self._unlimited:
                 value = self._device.data.get(key, _MISSING)
                 return self._host[key] if value is _MISSING else value
-            found = self._tiers.read(key)
+            found = self._buffer.read(key)
         if not isinstance(found, Unspill):
             return found
         waited = found.wait()  # for the host -> device copies, without the lock
         with self.lock:
-            return self._tiers.finish(key, found, waited)
+            return self._buffer.finish(key, found, waited)
 
     def __delitem__(self, key: Key) -> None:
         with self.lock:
@@ -208,8 +210,8 @@ class TieredStore(MutableMapping[Key, object]):
                 return
             if key not in self._device and key not in self._host:
                 raise KeyError(key)
-            self._tiers.discard(key)
-            self._tiers.reap()
+            self._buffer.discard(key)
+            self._buffer.reap()
 
     def __contains__(self, key: object) -> bool:
         if key in self._device:
@@ -244,14 +246,14 @@ class TieredStore(MutableMapping[Key, object]):
 
     def is_spilled_device_object(self, key: Key) -> bool:
         """Whether `key` holds a device object currently moved to host or disk."""
-        return key in self._tiers.spilled
+        return key in self._buffer.spilled
 
     def prefetch(self, keys: Collection[Key]) -> int:
         """Start copying spilled device keys among `keys` back to the device, as
         far as the device limit allows without spilling; return how many were
         started. A later read waits only for what is left of the copy."""
         with self.lock:
-            return self._tiers.prefetch(keys)
+            return self._buffer.prefetch(keys)
 
     # ------------------------------------------------------------------ background
     def _start_background(self) -> None:
@@ -263,15 +265,15 @@ class TieredStore(MutableMapping[Key, object]):
     def _background_step(self) -> bool:
         """One step of background spilling; return whether there is more to do."""
         with self.lock:
-            return not self._closed and self._tiers.background_step()
+            return not self._closed and self._buffer.background_step()
 
     def _background_idle(self) -> bool:
         """Wait for a write past the spill target (or for copies); False once closed."""
         with self._cv:
             if self._closed:
                 return False
-            self._cv.wait(timeout=0.005 if self._tiers.inflight else 0.25)
-            self._tiers.reap()
+            self._cv.wait(timeout=0.005 if self._buffer.inflight else 0.25)
+            self._buffer.reap()
         return True
 
     # ------------------------------------------------------------------ ManualEvictProto
@@ -301,7 +303,7 @@ class TieredStore(MutableMapping[Key, object]):
         out: defaultdict[tuple[str, str], float] = defaultdict(float)
         out.update(self._host.cumulative_metrics)
         with self.lock:
-            for k, v in self._tiers.metrics.values.items():
+            for k, v in self._buffer.metrics.values.items():
                 out[k] += v
         return out
 
@@ -314,7 +316,7 @@ class TieredStore(MutableMapping[Key, object]):
         on the same union less the in-flight copies, which release their memory
         as soon as they complete: see `committed_device_bytes`.)"""
         with self.lock:
-            self._tiers.reap()
+            self._buffer.reap()
             return self._held_bytes()
 
     @property
@@ -324,7 +326,7 @@ class TieredStore(MutableMapping[Key, object]):
         with self.lock:
             if self._unlimited:
                 return self._held_bytes()
-            self._tiers.reap()
+            self._buffer.reap()
             return self._ledger.total
 
     def _held_bytes(self) -> int:
@@ -332,16 +334,16 @@ class TieredStore(MutableMapping[Key, object]):
         if self._unlimited:
             # no ledger on this path: computed on demand
             return union_bytes(r for v in self._device.values() for r in dispatch.allocations(v))
-        return self._tiers.held_bytes()
+        return self._buffer.held_bytes()
 
     def metrics(self) -> dict[str, float]:
         """Per-tier sizes, moves and pinned-pool state, for Worker.metrics."""
         with self.lock:
-            self._tiers.reap()
+            self._buffer.reap()
             cumulative = self.cumulative_metrics
             host_bytes, host_keys, disk_keys, disk_bytes = self._host.sizes()
             held = float(self._held_bytes())
-            inflight = self._tiers.inflight
+            inflight = self._buffer.inflight
             tiers = {
                 "device-bytes": held,
                 "device-committed-bytes": held if self._unlimited else float(self._ledger.total),
@@ -351,7 +353,7 @@ class TieredStore(MutableMapping[Key, object]):
                 "device-ghost-keys": float(len(inflight.ghosts)),
                 "host-bytes": host_bytes,
                 "host-keys": float(host_keys),
-                "host-device-copies": float(len(self._tiers.spilled)),
+                "host-device-copies": float(len(self._buffer.spilled)),
                 "disk-bytes": disk_bytes,
                 "disk-keys": float(disk_keys),
             }
@@ -370,7 +372,7 @@ class TieredStore(MutableMapping[Key, object]):
             return 0
         with self.lock:
             self._leave_fast_path()
-            return self._tiers.spill(nbytes)
+            return self._buffer.spill(nbytes)
 
     def peek_host_copy(self, key: Key) -> dispatch.AnyHostCopy | None:
         """The host copy of `key` when it is a device object moved to host or disk,
@@ -378,7 +380,7 @@ class TieredStore(MutableMapping[Key, object]):
         if need be); None when `key` is on the device, a host value or absent.
         The copy may still be filling: call its `wait()` before reading blocks."""
         with self.lock:
-            if key not in self._tiers.spilled:
+            if key not in self._buffer.spilled:
                 return None
             return cast(dispatch.AnyHostCopy, self._host[key])
 
@@ -393,9 +395,9 @@ class TieredStore(MutableMapping[Key, object]):
             self._cv.notify_all()
             if self.on_demand is not None:
                 self.on_demand.uninstall()
-            self._tiers.drain()
+            self._buffer.drain()
             for key in list(self._device) + list(self._host):
-                self._tiers.discard(key)
+                self._buffer.discard(key)
             self._host.close()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
