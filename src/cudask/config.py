@@ -6,6 +6,9 @@ variables such as DASK_CUDASK__WORKER__RMM_POOL_SIZE and the user's dask
 config files override the defaults, as everywhere in dask.
 
 Does not cover: what the keys mean (cudask.options and cudask.memory do).
+
+Threading: the defaults are registered once, at import; `get` reads dask.config,
+which is safe from any thread.
 """
 
 from __future__ import annotations

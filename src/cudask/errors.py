@@ -6,6 +6,8 @@ accepted, and where it helps an example that works. The CLI turns these into a
 one-line message and a non-zero exit, never a traceback.
 
 Does not cover: internal errors, which stay ordinary Python exceptions.
+
+Threading: plain exception types; nothing shared.
 """
 
 from __future__ import annotations

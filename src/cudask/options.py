@@ -9,6 +9,9 @@ reference page docs/options.md are all generated from OPTIONS.
 
 Does not cover: per-device sizes (cudask.worker.spec parses those against each
 GPU's memory) and starting anything.
+
+Threading: the table is built at import and never changed; the functions only
+read it and dask.config, so call them from any thread.
 """
 
 from __future__ import annotations
@@ -126,7 +129,9 @@ OPTIONS: tuple[Option, ...] = (
            flag="--set-rmm-allocator-for-libs",
            extra_flags=("--rmm-allocator-external-lib-list",)),
     # --- cuDF and imports
-    _bool("enable_cudf_spill", "cuDF's own spilling (needs cuDF).", "enable-cudf-spill",
+    _bool("enable_cudf_spill", "cuDF's own spilling (needs cuDF): cuDF spills its least "
+          "recently used buffers past device_memory_limit; results reach any client.",
+          "enable-cudf-spill",
           on="--enable-cudf-spill", off="--disable-cudf-spill", group="cudf"),
     Option("cudf_spill_stats", "int", "cuDF spill statistics level: 0, 1 or 2.",
            config="cudf-spill-stats", group="cudf", minimum=0),

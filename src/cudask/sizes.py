@@ -7,6 +7,8 @@ between device memory (dask-cuda: "default" is 80% of a device with dedicated
 memory, off on SoC parts) and host memory ("auto" is the system share).
 
 Does not cover: discovering totals (cudask.devices does that).
+
+Threading: pure functions; call them from any thread.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ ACCEPTED = (
     'a fraction of the total between 0 and 1 such as 0.8, "auto", "default", '
     "or 0/None for off"
 )
+
+
+_OFF_WORDS = ("", "0", "none", "off", "false")
 
 
 def parse_size(
@@ -53,39 +58,62 @@ def parse_size(
                 maximum=maximum,
                 alignment=alignment,
             )
-        if text in ("", "0", "none", "off", "false"):
+        if text in _OFF_WORDS:
             return None
-        try:
-            number = float(text)
-        except ValueError:
-            try:
-                nbytes = parse_bytes(value)
-            except (ValueError, TypeError):
-                raise OptionError(f"{name}={value!r} is not a size; accepted: {ACCEPTED}") from None
-            if nbytes < 0:
-                raise OptionError(f"{name}={value!r} is negative; accepted: {ACCEPTED}")
-        else:
-            if number < 0:
-                raise OptionError(f"{name}={value!r} is negative; accepted: {ACCEPTED}")
-            if number > 1 and not number.is_integer():
-                raise OptionError(
-                    f"{name}={value!r}: a fraction must lie in (0, 1]; for a byte count give "
-                    'a whole number or a string such as "40GB"'
-                )
+        number = _number(text)
+        if number is not None:
             return parse_size(
-                int(number) if number.is_integer() and number > 1 else number,
+                _number_in_text(value, number, name),
                 total=total,
                 name=name,
                 maximum=maximum,
                 alignment=alignment,
             )
-    elif value is None or value is False:
+        nbytes = _byte_string(value, name)
+    else:
+        nbytes = _nbytes(value, total, name)
+    return _bounded(value, nbytes, name, maximum, alignment)
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
         return None
-    elif isinstance(value, bool):
+
+
+def _number_in_text(value: str, number: float, name: str) -> int | float:
+    """A number given as text ("0.5", "1000"): a fraction up to 1, else whole bytes."""
+    if number < 0:
+        raise OptionError(f"{name}={value!r} is negative; accepted: {ACCEPTED}")
+    if number > 1 and not number.is_integer():
+        raise OptionError(
+            f"{name}={value!r}: a fraction must lie in (0, 1]; for a byte count give "
+            'a whole number or a string such as "40GB"'
+        )
+    return int(number) if number.is_integer() and number > 1 else number
+
+
+def _byte_string(value: str, name: str) -> int:
+    """A byte string such as "40GB" or "512 MiB"."""
+    try:
+        nbytes = parse_bytes(value)
+    except (ValueError, TypeError):
+        raise OptionError(f"{name}={value!r} is not a size; accepted: {ACCEPTED}") from None
+    if nbytes < 0:
+        raise OptionError(f"{name}={value!r} is negative; accepted: {ACCEPTED}")
+    return nbytes
+
+
+def _nbytes(value: object, total: int | None, name: str) -> int:
+    """Bytes of a value that is not text (0: off)."""
+    if value is None or value is False:
+        return 0
+    if isinstance(value, bool):
         raise OptionError(f"{name}={value!r} is not a size; accepted: {ACCEPTED}")
-    elif isinstance(value, float):
+    if isinstance(value, float):
         if value == 0:
-            return None
+            return 0
         if value < 0:
             raise OptionError(f"{name}={value!r} is negative; accepted: {ACCEPTED}")
         if not 0 < value <= 1:
@@ -98,16 +126,18 @@ def parse_size(
                 f"{name}={value!r} is a fraction, but the total it refers to is unknown; "
                 'give a byte size such as "16GB"'
             )
-        nbytes = int(total * value)
-    elif isinstance(value, int):
+        return int(total * value)
+    if isinstance(value, int):
         if value < 0:
             raise OptionError(f"{name}={value!r} is negative; accepted: {ACCEPTED}")
-        if value == 0:
-            return None
-        nbytes = value
-    else:
-        raise OptionError(f"{name}={value!r} is not a size; accepted: {ACCEPTED}")
+        return value
+    raise OptionError(f"{name}={value!r} is not a size; accepted: {ACCEPTED}")
 
+
+def _bounded(
+    value: SizeValue, nbytes: int, name: str, maximum: int | None, alignment: int
+) -> int | None:
+    """`nbytes` checked against `maximum` and rounded down to `alignment` (None: off)."""
     if nbytes <= 0:
         return None
     if maximum is not None and nbytes > maximum:

@@ -403,7 +403,7 @@ class _RefusingBackend:
     driver refuses them (cudaErrorMemoryAllocation); every copy is real."""
 
     def __init__(self) -> None:
-        from cudask.memory.transfer import CupyBackend
+        from cudask.memory.backend import CupyBackend
 
         self._real = CupyBackend()
         self.name = "cupy-refusing-pinning"
@@ -428,7 +428,7 @@ def test_pinning_refused_by_the_driver(tmp_path: Path, fault_row: Row) -> None:
     pytest.importorskip("cupy")
     import cupy
 
-    from cudask.memory.pinned import PinnedMemoryWarning
+    from cudask.memory.host.fallback import PinnedMemoryWarning
     from cudask.memory.settings import store_settings
     from cudask.memory.store import TieredStore
     from cudask.testing.integrity import Check

@@ -59,7 +59,7 @@ def make_store(tmp_path: Any) -> Iterator[Callable[..., TieredStore]]:
 
 @pytest.fixture
 def make_proxy_store(tmp_path: Any) -> Iterator[Callable[..., Any]]:
-    from cudask.memory.proxy_store import ProxyStore
+    from cudask.memory.jit.proxy_store import ProxyStore
 
     yield from _factory(tmp_path, ProxyStore)
 

@@ -91,11 +91,13 @@ def test_proxy_of_a_cudf_frame(tmp_path: Any) -> None:
     from dask.dataframe.dispatch import hash_object_dispatch, make_meta
     from distributed.protocol import deserialize, serialize
 
-    from cudask.memory.proxy_store import ProxyStore
+    from cudask.memory.jit.proxy_store import ProxyStore
+    from cudask.memory.settings import store_settings
 
     left, _ = _frames(10_000)
-    store = ProxyStore(device_memory_limit=1 << 20, pinned_pool_size="64MB",
-                       pinned_preallocate=False, local_directory=str(tmp_path))
+    store = ProxyStore(device_memory_limit=1 << 20, local_directory=str(tmp_path),
+                       settings=store_settings(1 << 20, None, pinned_pool_size="64MB",
+                                               pinned_preallocate=False))
     try:
         store["df"] = cudf.from_pandas(left)
         for i in range(4):  # push "df" off the device
@@ -126,7 +128,8 @@ def test_proxy_of_a_cudf_frame(tmp_path: Any) -> None:
 def _cudf_options() -> tuple[Any, Any]:
     import cudf
 
-    return cudf.get_option("spill"), cudf.get_option("spill_stats")
+    return (cudf.get_option("spill"), cudf.get_option("spill_stats"),
+            cudf.get_option("spill_device_limit"))
 
 
 def test_cudf_spill_options_on_the_workers() -> None:
@@ -136,7 +139,119 @@ def test_cudf_spill_options_on_the_workers() -> None:
     from cudask import LocalCUDACluster
 
     with LocalCUDACluster(n_workers=1, enable_cudf_spill=True, cudf_spill_stats=1,
-                          dashboard_address=":0") as cluster, Client(cluster) as client:
-        assert list(client.run(_cudf_options).values()) == [(True, 1)]
+                          device_memory_limit="1GB", dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        assert list(client.run(_cudf_options).values()) == [(True, 1, 10**9)]
         limits = client.run(lambda dask_worker: dask_worker.data.device_memory_limit)
         assert list(limits.values()) == [None]  # cuDF spills; the device tier is unlimited
+
+
+def _cudf_spilled_bytes() -> int:
+    """Bytes of cuDF's spillable buffers now in host memory on this worker."""
+    from cudf.core.buffer.spill_manager import get_global_manager
+
+    manager = get_global_manager()
+    assert manager is not None, "cuDF spilling is off on this worker"
+    return sum(buf.size for buf in manager.buffers() if buf.is_spilled)
+
+
+_SEPARATE_CLIENT = """
+import sys
+import cudf
+import dask_cudf
+import pandas as pd
+from distributed import Client
+
+assert not cudf.get_option("spill")
+with Client(sys.argv[1]) as client:
+    ddf = client.get_dataset("frames")
+    got = ddf.groupby("k").x.sum().compute()
+    whole = ddf.compute()
+print(type(got).__name__, round(float(got.sum()), 6), len(whole))
+"""
+
+
+def test_cudf_spill_results_reach_clients_without_spilling(tmp_path: Any) -> None:
+    """With enable_cudf_spill=True the workers' frames are spillable, and results
+    reach a client that does not spill: the one in this process and one in a
+    separate process. cuDF holds the device limit: it spills past it."""
+    cudf = pytest.importorskip("cudf")
+    dask_cudf = pytest.importorskip("dask_cudf")
+    import subprocess
+
+    from distributed import Client, wait
+
+    from cudask import LocalCUDACluster
+
+    assert not cudf.get_option("spill")
+    left, _ = _frames(2_000_000)  # 48 MB on the device, 3x the limit
+    with LocalCUDACluster(n_workers=1, threads_per_worker=1, enable_cudf_spill=True,
+                          cudf_spill_stats=1, device_memory_limit="16MB",
+                          dashboard_address=":0") as cluster, Client(cluster) as client:
+        ddf = dask_cudf.from_cudf(cudf.from_pandas(left), npartitions=16).persist()
+        wait(ddf)
+        (spilled,) = client.run(_cudf_spilled_bytes).values()
+        assert spilled > 0
+        got = ddf.groupby("k").x.sum().compute()
+        assert isinstance(got, cudf.Series)
+        pd.testing.assert_series_equal(got.to_pandas().sort_index(),
+                                       left.groupby("k").x.sum(), check_names=False)
+        pd.testing.assert_frame_equal(_sorted(ddf.compute(), ["y", "k", "x"]),
+                                      _sorted(left, ["y", "k", "x"]))
+        assert not cudf.get_option("spill")  # this process received them without spilling
+
+        client.publish_dataset(frames=ddf)
+        script = tmp_path / "separate_client.py"
+        script.write_text(_SEPARATE_CLIENT)
+        done = subprocess.run([sys.executable, str(script), cluster.scheduler_address],
+                              check=False, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        name, total, rows = done.stdout.split()
+        assert name == "Series" and int(rows) == len(left)
+        assert float(total) == pytest.approx(left.x.sum(), rel=1e-9)
+
+
+def test_cudf_spill_on_cli_workers(tmp_path: Any) -> None:
+    """`cudask worker --enable-cudf-spill --device-memory-limit 16MB`: cuDF spills
+    on the worker and its results reach this (non-spilling) client."""
+    cudf = pytest.importorskip("cudf")
+    dask_cudf = pytest.importorskip("dask_cudf")
+    from distributed import wait
+
+    from cudask.testing.processes import worker_processes
+
+    left, _ = _frames(1_000_000)
+    with worker_processes(["0"], log_dir=tmp_path,
+                          args=["--enable-cudf-spill", "--device-memory-limit", "16MB"]) as client:
+        ddf = dask_cudf.from_cudf(cudf.from_pandas(left), npartitions=8).persist()
+        wait(ddf)
+        assert list(client.run(_cudf_options).values()) == [(True, 0, 16 * 10**6)]
+        (spilled,) = client.run(_cudf_spilled_bytes).values()
+        assert spilled > 0
+        got = ddf.x.sum().compute()
+        assert float(got) == pytest.approx(left.x.sum(), rel=1e-9)
+        pd.testing.assert_frame_equal(_sorted(ddf.compute(), ["y", "k", "x"]),
+                                      _sorted(left, ["y", "k", "x"]))
+
+
+def _spill_without_the_portable_wire() -> None:
+    import cudf
+
+    cudf.set_option("spill", True)  # cuDF spilling turned on by hand, not by cudask
+
+
+def test_a_spilling_worker_without_the_portable_wire_fails_a_plain_client() -> None:
+    """The control for the test above: frames from a worker whose cuDF spilling was
+    turned on by hand (no cudask.comm.cudf_wire) cannot be read by this client."""
+    cudf = pytest.importorskip("cudf")
+    pytest.importorskip("dask_cudf")
+    from distributed import Client
+
+    from cudask import LocalCUDACluster
+
+    with LocalCUDACluster(n_workers=1, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        client.run(_spill_without_the_portable_wire)
+        future = client.submit(lambda n: cudf.DataFrame({"x": range(n)}), 1000)
+        with pytest.raises(Exception, match="without a global spill manager"):
+            future.result()

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cudask.memory.pinned import PinnedMemoryWarning
+from cudask.memory.host.fallback import PinnedMemoryWarning
 from cudask.memory.store import TieredStore
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
 

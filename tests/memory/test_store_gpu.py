@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cudask.memory import dispatch
+from cudask.memory import handlers
 from cudask.memory.settings import store_settings
 from cudask.memory.store import TieredStore
 
@@ -96,7 +96,7 @@ def test_cupy_views_strides_and_dtypes(store: TieredStore) -> None:
 
 
 def _sparse(v: Any) -> bool:
-    low, high, _ = dispatch.interface_extent(v.__cuda_array_interface__)
+    low, high, _ = handlers.interface_extent(v.__cuda_array_interface__)
     return not v.flags.c_contiguous and 2 * v.nbytes <= high - low
 
 
@@ -106,10 +106,10 @@ def test_a_column_of_a_chunk_moves_only_the_column(store: TieredStore) -> None:
     cp = pytest.importorskip("cupy")
     chunk = cp.arange(512 * 2048, dtype="f4").reshape(512, 2048)
     column = chunk[:, 2047:]
-    host = dispatch.to_host(column, store.engine)
+    host = handlers.to_host(column, store.engine)
     host.wait()
     assert host.nbytes == column.nbytes == 2048 and host.copies[0].source is None
-    got, copies = dispatch.to_device(host, store.engine)
+    got, copies = handlers.to_device(host, store.engine)
     for c in copies:
         c.wait()
     assert got.shape == (512, 1) and got.flags.c_contiguous and got.data.mem.size < 64 * 1024
@@ -127,7 +127,7 @@ def test_copies_land_in_memory_pinned_ahead(
     assert store.engine.pool.method == "register"  # registered anonymous memory
     store["b"] = cp.ones(40 * MiB, dtype="u1")  # evicts "a"
     copy = store._host["a"]
-    assert isinstance(copy, dispatch.HostCopy) and copy.pinned()
+    assert isinstance(copy, handlers.HostCopy) and copy.pinned()
     assert store.engine.backend.is_pinned(copy.blocks[0].ptr)
     assert store.metrics()["pageable-fallback-count"] == 0
     assert bool((store["a"] == 1).all())
@@ -141,7 +141,7 @@ def test_fallback_blocks_are_registered_later(tmp_path: Any, wait_for: Callable[
         s[0] = cp.full(MiB, 0.5, dtype="f8")
         s[1] = cp.full(MiB, 1.5, dtype="f8")  # spills 0 at once: nothing pinned yet
         copy = s.peek_host_copy(0)
-        assert isinstance(copy, dispatch.HostCopy)
+        assert isinstance(copy, handlers.HostCopy)
         copy.wait()
         assert (np.frombuffer(copy.blocks[0].view, dtype="f8") == 0.5).all()
         # the fallback block's own memory is registered by the pool's thread
@@ -156,7 +156,7 @@ def test_fallback_blocks_are_registered_later(tmp_path: Any, wait_for: Callable[
 
 def test_pinned_pool_exhaustion_falls_back(tmp_path: Any) -> None:
     cp = pytest.importorskip("cupy")
-    from cudask.memory.pinned import PinnedMemoryWarning
+    from cudask.memory.host.fallback import PinnedMemoryWarning
 
     s = make(tmp_path, 8 * MiB, None, pinned_pool_size=8 * MiB,
              pinned_slab_size=8 * MiB, pinned_preallocate=True)

@@ -18,7 +18,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from cudask.memory import dispatch
+from cudask.memory import handlers
 from cudask.memory.accounting import union_bytes
 from cudask.memory.settings import store_settings
 from cudask.memory.store import TieredStore
@@ -196,7 +196,7 @@ class StoreMachine(RuleBasedStateMachine):
             objects += [v for v, _, _ in store._buffer.prefetched.values()]
             for _, refs, _ in store._buffer.inflight.ghosts.values():
                 objects += [r() for r in refs if r() is not None]
-            expected = union_bytes(r for obj in objects for r in dispatch.allocations(obj))
+            expected = union_bytes(r for obj in objects for r in handlers.allocations(obj))
             assert store._ledger.total == expected
             if not self.held and not store._buffer.inflight.ghosts:
                 assert (

@@ -1,5 +1,5 @@
-"""The cudask dashboard page (cudask.monitor.page): the display columns made from
-snapshot()/history(), its routes and JSON, the numbers a real scheduler serves
+"""The cudask dashboard page (cudask.monitor.page, .document): its routes and
+JSON, the document itself, the numbers a real scheduler serves
 for workers whose stores hold fake device objects, and the page as headless
 Chromium renders it (screenshots: set CUDASK_DOCS_SCREENSHOTS=1 to write them to
 docs/dashboard-cudask-*.png, else they go to the test's tmp_path).
@@ -14,7 +14,6 @@ import asyncio
 import base64
 import contextlib
 import json
-import math
 import os
 import shutil
 import signal
@@ -31,6 +30,7 @@ from typing import Any
 
 import pytest
 from distributed import Client, LocalCluster, wait
+from monitor_fakes import FakeMonitor, GiB
 from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
@@ -39,80 +39,14 @@ from tornado.websocket import WebSocketClosedError, websocket_connect
 
 from cudask.memory.settings import store_settings
 from cudask.memory.store import TieredStore
-from cudask.monitor.page import (
-    TABLE_COLUMNS,
-    TOP,
-    history_columns,
-    history_view,
-    page_html,
-    page_link,
-    routes,
-    status_html,
-    table_columns,
-)
+from cudask.monitor.document import page_html
+from cudask.monitor.page import page_link, routes
 from cudask.monitor.state import MonitorPlugin
+from cudask.monitor.views import TOP
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
 from cudask.worker.plugins import StoreMetrics
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-
-GiB = 2**30
-
-
-# ------------------------------------------------------------------ fake monitor
-def synthetic_row(i: int) -> dict[str, Any]:
-    """A plausible row of `MonitorPlugin.snapshot()` for GPU worker i (8 per host)."""
-    return {
-        "name": f"gpu-{i}", "address": f"tcp://10.0.{i // 8}.{i % 8 + 10}:40000",
-        "host": f"node{i // 8:02d}",
-        "gpu_uuid": f"GPU-{0x5f3a1c00 + i:08x}-2b4d-4e6f-8a9b-0c1d2e3f4a5b",
-        "gpu_name": "NVIDIA H100 80GB HBM3", "cudask": True,
-        "device_bytes": float((24 + (i * 7) % 40) * GiB), "device_limit_bytes": float(64 * GiB),
-        "host_bytes": float(((i * 13) % 90) * GiB), "disk_bytes": float(((i * 5) % 3) * 32 * GiB),
-        "pinned_reserved_bytes": float(8 * GiB), "pinned_in_use_bytes": float((i % 8) * GiB),
-        "spilled_bytes_total": 1e12 + i * 1e9, "unspilled_bytes_total": 4e11 + i * 1e9,
-        "spill_gbps": round(8 + (i % 9) * 3.7, 2), "unspill_gbps": round(2 + (i % 5) * 2.5, 2),
-        "gpu_utilization": float((i * 17) % 100), "gpu_memory_used_bytes": float(74 * GiB),
-        "gpu_memory_total_bytes": float(80 * GiB), "pcie_tx_gbps": 21.5, "pcie_rx_gbps": 12.25,
-        "nvlink_tx_gbps": None if i % 2 else 180.0, "nvlink_rx_gbps": None if i % 2 else 175.5,
-    }
-
-
-def _burst(k: int, period: float, height: float) -> float:
-    """GB/s at second k of a worker that spills for a third of every `period`."""
-    phase = k % period
-    if phase >= period / 3:
-        return 0.0
-    return round(height * math.sin(math.pi * phase / (period / 3)), 3)
-
-
-class FakeMonitor:
-    """What `cudask.monitor.page` reads of a MonitorPlugin, for `workers` synthetic
-    GPU workers: snapshot() and five minutes of history() (one sample a second,
-    each worker spilling in bursts of its own)."""
-
-    def __init__(self, workers: int, reason: str | None = None) -> None:
-        self.workers = workers
-        self.reason = reason
-        self.now = time.time()
-
-    def snapshot(self) -> dict[str, Any]:
-        rows = [synthetic_row(i) for i in range(self.workers)]
-        return {"time": self.now, "workers": rows, "cudask_workers": len(rows),
-                "reason": self.reason if not rows else None}
-
-    def history(self) -> dict[str, Any]:
-        times = [self.now - 299 + k for k in range(300)]
-        workers = {}
-        for i in range(self.workers):
-            spill = [None if k < 2 else _burst(k + 37 * i, 60 + 7 * (i % 5), 6 + (i % 9) * 3.7)
-                     for k in range(300)]
-            unspill = [None if k < 2 else _burst(k + 20 + 37 * i, 45 + 5 * (i % 4), 2 + (i % 5) * 2.5)
-                       for k in range(300)]
-            workers[f"gpu-{i}"] = {"spill_gbps": spill, "unspill_gbps": unspill,
-                                   "device_bytes": [0.0] * 300, "host_bytes": [0.0] * 300,
-                                   "disk_bytes": [0.0] * 300}
-        return {"time": times, "workers": workers}
 
 
 # ------------------------------------------------------------------ tornado server
@@ -403,116 +337,6 @@ def get(url: str) -> tuple[int, dict[str, str], bytes]:
     except urllib.error.HTTPError as exc:
         return exc.code, dict(exc.headers), exc.read()
 
-
-# ==================================================================== conversion
-@pytest.mark.parametrize("workers", [8, 64])
-def test_table_columns_one_display_row_per_worker(workers: int) -> None:
-    columns = table_columns(FakeMonitor(workers).snapshot())
-    assert list(columns) == list(TABLE_COLUMNS)
-    assert all(len(values) == workers for values in columns.values())
-    # natural order: host, then gpu-2 before gpu-10
-    assert columns["name"] == [f"gpu-{i}" for i in range(workers)]
-    assert columns["host"][0] == "node00" and columns["host"][-1] == f"node{(workers - 1) // 8:02d}"
-    row = {name: values[3] for name, values in columns.items()}  # worker 3: see synthetic_row
-    assert row["gpu"] == "GPU-5f3a1c03"
-    assert row["gpu_title"] == "NVIDIA H100 80GB HBM3 GPU-5f3a1c03-2b4d-4e6f-8a9b-0c1d2e3f4a5b"
-    assert row["device"] == "45.00 GiB / 64.00 GiB"
-    assert row["device_pct"] == "70 %"
-    assert row["host_tier"] == "39.00 GiB"
-    assert row["disk_tier"] == "0 B"
-    assert row["pinned"] == "3.00 GiB / 8.00 GiB"
-    assert row["spill"] == "19.10" and row["unspill"] == "9.50"
-    assert row["util"] == "51 %"
-    assert row["gpu_memory"] == "74.00 GiB / 80.00 GiB"
-    assert row["pcie"] == "21.50 / 12.25"
-    assert row["nvlink"] == ""  # odd workers: NVML reports no NVLink
-    assert columns["nvlink"][2] == "180.00 / 175.50"
-    assert row["device_bytes"] == 45 * GiB and row["host_bytes"] == 39 * GiB
-    assert row["limit_bytes"] == 64 * GiB
-    json.dumps(columns, allow_nan=False)  # what the page receives
-
-
-def test_table_columns_unknown_figures_are_empty_not_zero() -> None:
-    row = synthetic_row(0)
-    row.update(gpu_uuid=None, gpu_name=None, spill_gbps=None, unspill_gbps=0.001,
-               gpu_utilization=None, gpu_memory_used_bytes=None, gpu_memory_total_bytes=None,
-               pcie_tx_gbps=None, pcie_rx_gbps=None, nvlink_tx_gbps=None, nvlink_rx_gbps=3.0,
-               device_limit_bytes=0.0, disk_bytes=float("nan"))
-    plain = {"name": "cpu-worker", "address": "tcp://a:1", "host": "a", "cudask": False,
-             "gpu_uuid": None, "gpu_name": None, "device_bytes": 0.0, "device_limit_bytes": 0.0,
-             "host_bytes": 0.0, "disk_bytes": 0.0}
-    columns = table_columns({"workers": [row, plain], "reason": None})
-    first = {name: values[0] for name, values in columns.items()}
-    assert first["name"] == "cpu-worker"  # host "a" sorts before "node00"
-    assert all(first[c] == "" for c in ("gpu", "gpu_title", "device", "device_pct", "host_tier",
-                                       "disk_tier", "pinned", "spill", "util", "gpu_memory",
-                                       "pcie", "nvlink"))
-    assert first["limit_bytes"] is None and first["device_bytes"] == 0.0
-    gpu = {name: values[1] for name, values in columns.items()}
-    assert gpu["gpu"] == "" and gpu["gpu_title"] == ""
-    assert gpu["device"] == "24.00 GiB / no limit" and gpu["device_pct"] == ""
-    assert gpu["limit_bytes"] is None  # no limit marker
-    assert gpu["disk_tier"] == "" and gpu["disk_bytes"] == 0.0  # NaN is unknown
-    assert gpu["spill"] == "" and gpu["unspill"] == "<0.01"
-    assert gpu["util"] == "" and gpu["gpu_memory"] == "" and gpu["pcie"] == ""
-    assert gpu["nvlink"] == "? / 3.00"
-    json.dumps(columns, allow_nan=False)
-
-
-def test_empty_snapshot_gives_empty_columns_and_says_why() -> None:
-    reason = "no workers are connected to this scheduler"
-    snapshot = {"time": 1.0, "workers": [], "cudask_workers": 0, "reason": reason}
-    columns = table_columns(snapshot)
-    assert set(columns) == set(TABLE_COLUMNS) and not any(columns.values())
-    assert reason in status_html(snapshot)
-    assert "no workers" in status_html({"workers": [], "reason": None})
-    # rows but none with cudask metrics: rows shown, and the reason too
-    odd = {"workers": [{"name": "a", "host": "h", "cudask": False}],
-           "reason": "none of the 1 worker(s) reports cudask metrics <script>"}
-    text = status_html(odd)
-    assert "1 worker</b>" in text and "&lt;script&gt;" in text and "<script>" not in text
-
-
-def test_status_line_totals() -> None:
-    text = status_html(FakeMonitor(8).snapshot())
-    assert "<b>8 workers</b> on 1 host (8 with cudask metrics)" in text
-    assert "device 308.00 GiB of 512.00 GiB" in text  # 8 x 24 GiB + (0+7+...+9) GiB
-
-
-def test_history_columns_total_and_busiest_workers() -> None:
-    history = FakeMonitor(64).history()
-    view = history_view(history)
-    assert set(view) == {"spill", "unspill"}
-    spill = view["spill"]
-    (total_xs,) = spill["total"]["xs"]
-    (total_ys,) = spill["total"]["ys"]
-    assert spill["total"]["label"] == ["total of 64 workers (right axis)"]
-    assert total_xs[-1] == 0.0 and total_xs[0] == -297.0  # the first two samples have no rate
-    workers = history["workers"]
-    assert total_ys[-1] == pytest.approx(sum(w["spill_gbps"][-1] for w in workers.values()))
-    labels = spill["workers"]["label"]
-    assert len(labels) == TOP and len(set(spill["workers"]["color"])) == TOP
-    moved = {n: sum(v for v in w["spill_gbps"] if v is not None) for n, w in workers.items()}
-    assert labels == sorted(moved, key=lambda n: -moved[n])[:TOP]
-    assert all(len(xs) == len(ys) for xs, ys in zip(spill["workers"]["xs"],
-                                                   spill["workers"]["ys"], strict=True))
-    json.dumps(view, allow_nan=False)
-
-
-def test_history_columns_skip_unknown_points_and_idle_workers() -> None:
-    history = {"time": [10.0, 11.0, 12.0, 13.0],
-               "workers": {"a": {"spill_gbps": [None, 1.0, None, 2.0]},
-                           "b": {"spill_gbps": [None, 0.0, 0.0, 0.0]},
-                           "c": {"spill_gbps": [None, None, None, None]}}}
-    cols = history_columns(history, "spill")
-    assert cols["total"]["xs"] == [[-2.0, -1.0, 0.0]] and cols["total"]["ys"] == [[1.0, 0.0, 2.0]]
-    assert cols["total"]["label"] == ["total of 3 workers (right axis)"]
-    assert cols["workers"]["label"] == ["a"]  # b never moved a byte, c has no rate yet
-    assert cols["workers"]["xs"] == [[-2.0, 0.0]] and cols["workers"]["ys"] == [[1.0, 2.0]]
-    empty = history_columns({"time": [], "workers": {}}, "unspill")
-    assert all(v == [] for part in empty.values() for v in part.values())
-    with pytest.raises(ValueError, match=r"rate='bogus': accepted are spill, unspill"):
-        history_columns(history, "bogus")
 
 
 @pytest.mark.parametrize(("link", "page"), [

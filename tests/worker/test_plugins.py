@@ -217,7 +217,7 @@ def test_device_ipc_stays_off_where_it_cannot_work(monkeypatch, caplog):
     line and the worker sends device data the usual way."""
     import logging
 
-    from cudask.comm import ipc
+    from cudask.comm import ipc, ipc_cuda
     from cudask.worker import plugins
 
     monkeypatch.setattr(ipc, "_state", ipc._State())
@@ -231,13 +231,13 @@ def test_device_ipc_stays_off_where_it_cannot_work(monkeypatch, caplog):
     def no_bindings() -> None:
         raise ImportError("No module named 'cuda.bindings'", name="cuda.bindings")
 
-    monkeypatch.setattr(ipc, "CudaBackend", no_bindings)
+    monkeypatch.setattr(ipc_cuda, "CudaBackend", no_bindings)
     with caplog.at_level(logging.INFO, logger="cudask.worker"):
         plugins.DeviceIPC(uuid, 1 << 20).setup(types.SimpleNamespace())
     assert not ipc.enabled()
     assert "not CUDA IPC: cuda.bindings is not installed" in caplog.text
 
-    monkeypatch.setattr(ipc, "CudaBackend", lambda: object())
+    monkeypatch.setattr(ipc_cuda, "CudaBackend", lambda: object())
     plugin = plugins.DeviceIPC(uuid, 4096)
     plugin.setup(types.SimpleNamespace())
     assert ipc.enabled() and ipc._state.min_size == 4096

@@ -2,7 +2,8 @@
 
 Covers: a click Group whose commands turn cudask's user-facing errors into a
 click error message, and CommandError, a failure printed as `<command>: <message>`.
-Does not cover: the commands themselves.
+Does not cover: the commands themselves. Threading: raised and printed in the
+command's thread.
 """
 
 from __future__ import annotations

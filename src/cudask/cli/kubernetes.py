@@ -9,7 +9,7 @@ value is a usage error (exit status 2) with one line naming it and what is
 accepted; nothing is contacted.
 
 Does not cover: building the resources (cudask.deploy.kube_spec) or creating them
-(cudask.deploy.kubernetes).
+(cudask.deploy.kubernetes). Threading: the command's thread; pure text out.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from cudask.cli.worker import click_option
 from cudask.options import BY_NAME, options_for
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-# `cudask worker` options the pods' set-up decides (cudask.deploy.kube_spec.SET_BY_KUBERNETES)
+# `cudask worker` options the pods' set-up decides (cudask.deploy.kube_checks.SET_BY_KUBERNETES)
 LEFT_OUT = ("name", "scheduler_file", "dashboard", "dashboard_address")
 
 

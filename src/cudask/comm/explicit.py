@@ -1,35 +1,27 @@
 """Explicit-comms shuffle and merge: DataFrame partitions exchanged worker to worker in one step.
 
-Covers: `shuffle(df, on, npartitions=None, client=None)`, which hash-partitions
-a dask DataFrame (pandas or cuDF partitions) on columns `on` without a task
-per piece: each worker holding input partitions splits them by hash (dask's
-own `shuffle_group`, which dispatches to pandas and cuDF alike) and sends
-every other worker, in one message, all the pieces that worker owns
+Covers: `shuffle(df, on, npartitions=None, client=None)`, which hash-partitions a
+dask DataFrame (pandas or cuDF partitions) on columns `on` without a task per
+piece: each worker splits the input partitions it holds (dask's `shuffle_group`)
+and sends every other worker, in one message, the pieces that worker owns
 (output partition j belongs to worker j mod W); then one task per output
-partition, on its owner, concatenates its pieces (in input order). The
-scheduler sees one `client.run` and `npartitions` tasks instead of the task
-shuffle's task per piece. It is eager, like `persist`: it returns once every output
-partition is held, as a DataFrame over those futures.
-
-The pieces between the two steps live in the `ExplicitComms` worker plugin's
-buffer (registered on the cluster by the first shuffle), outside the
-worker's spilling store: a shuffle must fit in the workers' memory. Failures:
-a split or send that fails, or an owner that leaves before its partitions are
-built, raises `ShuffleError` naming the shuffle and the cause, and every
-worker's buffer for it is dropped; the input (persisted first) is untouched.
-
-`merge(left, right, on, how="inner", ...)` shuffles both sides that way into
-the same number of partitions (a key's rows of both sides land in the same
-output partition, on the same worker) and merges partition by partition
-(lazily, like `DataFrame.merge`); the key columns must have the same dtypes
-on both sides, since pieces are placed by hash.
-
-Between two cudask workers of one host whose device IPC is on, device frames
-(cuDF) travel by CUDA IPC handle (cudask.comm.ipc); everything else with
-distributed's serializers.
+partition, on its owner, concatenates its pieces in input order. Eager, like
+`persist`: it returns a DataFrame over the held output partitions.
+`merge(left, right, on, how="inner", ...)` shuffles both sides into the same
+partitions and merges them partition by partition (lazily; the key columns must
+have the same dtypes on both sides, since pieces are placed by hash).
+Pieces wait in the `ExplicitComms` worker plugin's buffer, outside the spilling
+store: a shuffle must fit in the workers' memory. A failed split or send, or an
+owner that leaves, raises `ShuffleError` naming the shuffle and the cause and
+drops every worker's buffer for it; the input (persisted first) is untouched.
+Device frames between cudask workers of one host go by CUDA IPC (cudask.comm.ipc).
 
 Does not cover: plugging into `DataFrame.shuffle(shuffle_method=...)` or
-`DataFrame.merge`.
+`DataFrame.merge`. Why one step: docs/design/comm.md.
+
+Threading: the client side runs in the caller's thread; on a worker, splitting
+runs in a thread off the event loop, and the buffer takes a lock, since tasks
+of several threads take pieces at once.
 """
 
 from __future__ import annotations
@@ -143,7 +135,7 @@ async def _send(shuffle_id: str, holders: dict[str, dict[Any, int]], on: list[st
 def _split(data: Any, key: Any, on: list[str], npartitions: int) -> dict[int, Any]:
     from dask.dataframe.shuffle import shuffle_group
 
-    from cudask.memory.proxy import unproxy
+    from cudask.memory.jit.proxy import unproxy
 
     part = unproxy(data[key])  # under JIT-unspill the store holds proxies
     return shuffle_group(part, on, 0, npartitions, npartitions, False, npartitions)  # type: ignore[no-any-return]

@@ -2,32 +2,26 @@
 
 Covers: the ``cudask-ipc`` serialization family of dask.distributed. A cudask
 worker's requests say it accepts the family (`SERIALIZERS`), and a cudask
-worker answering another one's request for data (``get_data``, through
-cudask.comm.worker.Worker) tries it first: each CuPy array of at least
-``cudask.comm.device-ipc-min-size`` bytes going to a worker on the same host is
-sent as a CUDA IPC handle of the allocation holding it plus the offset and byte
-strides of its first element (a few hundred bytes). Strided views go the same
-way (an all-to-all rechunk sends column blocks of row blocks): the receiver
-reads them in place, with no contiguous copy on the sender. The receiving
-worker maps that allocation, copies the array into memory of its own (GPU to
-GPU: the same device, or a peer over NVLink / PCIe; contiguous or pitched rows
-by the copy engines, other layouts by a copy kernel), waits for the copy,
-unmaps (keeps an RMM pool slab of a live sender mapped:
-cudask.comm.lifetimes), and only then answers; anything else (another host, small arrays,
-structured dtypes, host data, memory that cannot be exported) falls through to
-distributed's own serializers. JIT-unspill proxies on the device use
-the family too (cudask.memory.proxy).
+worker answering another one's request for data tries it first: each CuPy
+array of at least ``cudask.comm.device-ipc-min-size`` bytes (strided views
+too), each cuDF object's device buffers (``device_serialize``), and each
+JIT-unspill proxy's object on the device, going to a worker on the same host,
+is sent as a CUDA IPC handle of its allocation plus offset and layout. The
+receiver maps the allocation, copies into memory of its own, waits for the
+copy, unmaps (or keeps a lasting pool slab mapped: cudask.comm.lifetimes), and
+only then answers, so the sender's memory outlives every mapping of it.
+Anything else falls through to distributed's own serializers. Also the
+per-process switch (`enable`, `disable`), counters (`stats`, `declined`) and
+`keep_alive`. Registers the family with distributed, and with the JIT-unspill
+layer (cudask.memory.jit.wire) as a device family, when imported.
 
-Lifetimes: distributed holds what it sends until the receiver replies (the
-``"OK"`` of ``get_data``, the response of an RPC), and the receiver replies only
-after its copy has finished, so the sender's memory outlives every mapping of
-it. A receiver that dies leaves nothing behind (its mappings end with its
-process); a sender that dies before the reply makes the receive fail, and
-distributed fetches the data again or recomputes it.
+Does not cover: the CUDA calls (cudask.comm.ipc_cuda), array layouts
+(cudask.comm.ipc_layout), deciding which workers use it (cudask.worker.spec:
+not with UCX) and the per-worker setup (`DeviceIPC` in cudask.worker.plugins).
 
-Does not cover: deciding which workers use it (cudask.worker.spec: not with UCX,
-whose own cuda_ipc transport does the same) and the per-worker setup
-(`DeviceIPC` in cudask.worker.plugins calls `enable`).
+Threading: `dumps` runs in distributed's serialization threads, `loads` on the
+receiving side; counters and the switch are guarded by one lock, mappings by
+their own (cudask.comm.lifetimes). Design: docs/device-transfers.md.
 """
 
 from __future__ import annotations
@@ -45,11 +39,14 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from distributed.protocol.serialize import register_serialization_family
 
-from cudask.comm import lifetimes
+from cudask.comm import ipc_cuda, ipc_layout, lifetimes
+from cudask.comm.ipc_cuda import Backend, Explained
+from cudask.memory.jit import wire
+from cudask.memory.jit.proxy import ProxyObject, ipc_deserialize, ipc_serialize
 
 logger = logging.getLogger("cudask.comm")
 
@@ -59,88 +56,6 @@ FAMILY = "cudask-ipc"
 # with "dask" or "pickle" and never looks up a name it does not know;
 # cudask.comm.worker.Worker moves it first when answering get_data.
 SERIALIZERS = ("dask", "pickle", "error", FAMILY)
-
-
-class Backend(Protocol):
-    """The CUDA calls the family needs (CudaBackend; tests give a fake one)."""
-
-    def ready(self) -> None:
-        """Wait for work queued on this process's default stream (the kernels that
-        wrote what is about to be sent: another process's copy is not ordered
-        after them)."""
-
-    def export(self, ptr: int) -> tuple[bytes, int]:
-        """The IPC handle of the allocation holding `ptr`, and `ptr`'s offset in it."""
-
-    def open(self, handle: bytes) -> int:
-        """Map another process's allocation; return its address here."""
-
-    def close(self, base: int) -> None:
-        """Unmap what `open` mapped."""
-
-    def empty(self, shape: tuple[int, ...], dtype: str, order: str) -> Any:
-        """A new device array of this process."""
-
-    def copy(self, out: Any, src: int, strides: tuple[int, ...]) -> None:
-        """Copy the array at device address `src` (the shape and dtype of `out`,
-        these byte strides) into `out`, and wait for the copy to finish."""
-
-
-class CudaBackend:
-    """CUDA IPC through CuPy's runtime bindings; the allocation's base address
-    through the driver API of cuda-bindings (RMM and CuPy pools hand out pieces
-    of larger allocations, and a handle names the whole allocation)."""
-
-    def __init__(self) -> None:
-        import cupy
-        from cuda.bindings import driver
-
-        self._cupy = cupy
-        self._driver = driver
-
-    def ready(self) -> None:
-        self._cupy.cuda.runtime.streamSynchronize(0)
-
-    def export(self, ptr: int) -> tuple[bytes, int]:
-        # distributed may serialize in a thread of its own, where no CUDA context is
-        # current yet: the driver API needs one (cudaFree(0) binds the primary context).
-        self._cupy.cuda.runtime.free(0)
-        err, base, _size = self._driver.cuMemGetAddressRange(ptr)
-        if err != self._driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuMemGetAddressRange failed: {err}")
-        base = int(base)
-        handle = self._cupy.cuda.runtime.ipcGetMemHandle(base)
-        return bytes(handle), ptr - base
-
-    def open(self, handle: bytes) -> int:
-        # cudaIpcMemLazyEnablePeerAccess: a peer GPU's memory is mapped with peer access.
-        return int(self._cupy.cuda.runtime.ipcOpenMemHandle(handle, 1))
-
-    def close(self, base: int) -> None:
-        self._cupy.cuda.runtime.ipcCloseMemHandle(base)
-
-    def empty(self, shape: tuple[int, ...], dtype: str, order: str) -> Any:
-        return self._cupy.empty(shape, dtype=dtype, order=order)
-
-    def copy(self, out: Any, src: int, strides: tuple[int, ...]) -> None:
-        cupy = self._cupy
-        runtime = cupy.cuda.runtime
-        dst, shape, itemsize = int(out.data.ptr), tuple(out.shape), int(out.itemsize)
-        if strides == tuple(out.strides):  # same layout: one block of bytes
-            runtime.memcpy(dst, src, int(out.nbytes), runtime.memcpyDefault)
-        elif (len(shape) == 2 and strides[1] == itemsize and strides[0] >= shape[1] * itemsize
-              and out.flags.c_contiguous):
-            width = shape[1] * itemsize  # rows of a wider array: a pitched copy
-            runtime.memcpy2D(dst, width, src, strides[0], width, shape[0], runtime.memcpyDefault)
-        else:  # any other layout: a copy kernel reading the mapping in place
-            low, span = extent(src, shape, strides, itemsize)
-            memory = cupy.cuda.UnownedMemory(low, span, None, cupy.cuda.Device().id)
-            view = cupy.ndarray(shape, out.dtype, cupy.cuda.MemoryPointer(memory, src - low), strides)
-            out[...] = view
-            cupy.cuda.get_current_stream().synchronize()
-        # A copy between device addresses returns before it has finished; the sender
-        # may reuse its memory once this worker replies, so wait here.
-        runtime.streamSynchronize(0)
 
 
 @dataclass
@@ -301,48 +216,14 @@ def _decline(reason: str) -> None:
     raise NotImplementedError(reason)
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Where an array's elements lie, by its __cuda_array_interface__."""
-
-    shape: tuple[int, ...]
-    typestr: str
-    address: int  # of its first element
-    strides: tuple[int, ...]  # in bytes, any sign
-    order: str  # of the copy the receiver makes: "F" for Fortran-contiguous arrays, else "C"
-
-
-def _layout(x: Any) -> Layout | None:
-    """The layout of `x`; None for structured dtypes (the type string loses the fields)."""
-    cai = x.__cuda_array_interface__
-    shape = tuple(int(n) for n in cai["shape"])
-    typestr = str(cai["typestr"])
-    if len(cai.get("descr") or [("", typestr)]) > 1 or typestr[1] == "V":
-        return None
-    itemsize = int(typestr[2:])
-    given = cai.get("strides")
-    strides = _strides(shape, itemsize, "C") if given is None else tuple(int(s) for s in given)
-    fortran = strides != _strides(shape, itemsize, "C") and strides == _strides(shape, itemsize, "F")
-    return Layout(shape, typestr, int(cai["data"][0]), strides, "F" if fortran else "C")
-
-
-def _strides(shape: tuple[int, ...], itemsize: int, order: str) -> tuple[int, ...]:
-    out, step = [], itemsize
-    for n in (reversed(shape) if order == "C" else shape):
-        out.append(step)
-        step *= n
-    return tuple(reversed(out)) if order == "C" else tuple(out)
-
-
 def dumps(x: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[Any]]:
     """A CUDA IPC handle for `x` when it may go that way; NotImplementedError
     (distributed then tries the next serializer) otherwise."""
     backend = _state.backend
-    proxy = sys.modules.get("cudask.memory.proxy")
-    if proxy is not None and backend is not None and type(x) is proxy.ProxyObject:
+    if backend is not None and type(x) is ProxyObject:
         if not same_host(context):
             raise NotImplementedError(FAMILY)
-        proxy_header, proxy_frames = proxy.ipc_serialize(x, context)  # its object, by handle if on the device
+        proxy_header, proxy_frames = ipc_serialize(x, context)  # its object, by handle if on the device
         return {"proxy": proxy_header}, proxy_frames
     if backend is None or not same_host(context):
         raise NotImplementedError(FAMILY)
@@ -354,7 +235,7 @@ def dumps(x: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, Any]
         entry = _export(backend, x)
         header = {**entry, "node": _state.node, "sender": lifetimes.this_process().as_header()}
         nbytes = entry["nbytes"]
-    elif _device_serializable(x) and _held.get() is not None:
+    elif ipc_layout.device_serializable(x) and _held.get() is not None:
         header, frames = _dumps_device_serialized(backend, x)
         nbytes = sum(e["nbytes"] for e in header["entries"] if "handle" in e)
     else:
@@ -368,7 +249,7 @@ def dumps(x: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, Any]
 def _export(backend: Backend, x: Any) -> dict[str, Any]:
     """The handle, offset and layout of a device array (waiting first for the
     work queued to write it); NotImplementedError when it cannot go by handle."""
-    layout = _layout(x)
+    layout = ipc_layout.layout(x)
     if layout is None:
         raise NotImplementedError(FAMILY)  # distributed's serializer copies it
     try:
@@ -387,23 +268,6 @@ def _export(backend: Backend, x: Any) -> dict[str, Any]:
         "lasting": lifetimes.sending(layout.address - offset),  # an RMM pool slab
         "nbytes": itemsize * math.prod(layout.shape),
     }
-
-
-def extent(address: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int]:
-    """The lowest address and the byte span of the elements of an array whose first
-    element is at `address`, laid out with these byte strides (any sign)."""
-    low = address + sum((n - 1) * s for n, s in zip(shape, strides, strict=True) if s < 0)
-    return low, sum((n - 1) * abs(s) for n, s in zip(shape, strides, strict=True)) + itemsize
-
-
-def _device_serializable(x: Any) -> bool:
-    """Whether `x` follows cuDF's device-serialization protocol: `x.device_serialize()`
-    gives (header, frames), device frames exposing __cuda_array_interface__, and
-    `type(x).device_deserialize(header, frames)` rebuilds it (cuDF frames, series,
-    indexes and columns do)."""
-    kind = type(x)
-    return callable(getattr(kind, "device_serialize", None)) and callable(
-        getattr(kind, "device_deserialize", None))
 
 
 def _dumps_device_serialized(backend: Backend, x: Any) -> tuple[dict[str, Any], list[Any]]:
@@ -432,31 +296,10 @@ def _dumps_device_serialized(backend: Backend, x: Any) -> tuple[dict[str, Any], 
     return header, frames
 
 
-class _Explained:
-    """The backend's open and close, a refused mapping explained."""
-
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
-
-    def open(self, handle: bytes) -> int:
-        try:
-            return self.backend.open(handle)
-        except RuntimeError as exc:
-            raise RuntimeError(
-                f"cudask-ipc: cannot map another worker's device memory here ({exc}); if the "
-                "workers of this host cannot share GPU memory (e.g. containers with separate IPC "
-                "namespaces), set cudask.comm.device-ipc: false on them") from exc
-
-    def close(self, base: int) -> None:
-        self.backend.close(base)
-
-
 def loads(header: dict[str, Any], frames: list[Any]) -> Any:
     """Copy the sender's array into a new one of this process (or rebuild a
     device-serialized object, or a JIT-unspill proxy, whose object comes the same way)."""
     if "proxy" in header:
-        from cudask.memory.proxy import ipc_deserialize
-
         return ipc_deserialize(header["proxy"], frames)
     if header["node"] != node_identity():
         raise RuntimeError(
@@ -492,7 +335,7 @@ def _receive_array(backend: Backend, entry: dict[str, Any], mappings: ExitStack,
     kept when the sender marked its allocation lasting and `sender` is given)."""
     out = backend.empty(tuple(entry["shape"]), entry["dtype"], entry["order"])
     keep = sender if entry.get("lasting") else None
-    base = mappings.enter_context(_state.mappings.use(_Explained(backend), bytes(entry["handle"]), keep))
+    base = mappings.enter_context(_state.mappings.use(Explained(backend), bytes(entry["handle"]), keep))
     backend.copy(out, base + int(entry["offset"]), tuple(int(s) for s in entry["strides"]))
     return out
 
@@ -504,8 +347,8 @@ def _receiving_backend() -> Backend:
         if _state.backend is not None:
             return _state.backend
         if _state.receiver is None:
-            _state.receiver = CudaBackend()
+            _state.receiver = ipc_cuda.CudaBackend()
         return _state.receiver
 
-
+wire.register_device_family(FAMILY)
 register_serialization_family(FAMILY, dumps, loads)

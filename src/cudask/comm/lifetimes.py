@@ -8,22 +8,18 @@ first use, shared by the arrays received together, closed after the message,
 except lasting ones, which stay open for the next messages until their sender's
 process ends (checked by `sweep`, which the worker runs periodically, and on
 each receive), more than `limit` of them sit idle, or the worker closes.
-Opening a peer GPU's allocation costs about 10 ms on two H200s, the copy of 2
-GiB over NVLink 5.4 ms (scripts/ipc-cost): keeping the mapping is what takes a
-transfer to the link's speed.
-
-Why only lasting allocations stay mapped: CUDA leaves undefined what happens
-when the exporting process frees memory that another process still has mapped,
-and a sender frees arrays whenever it likes (CuPy's pool, cudaMalloc without a
-pool); an RMM pool never gives a slab back while it lives, and a pool one of whose slabs
-was sent is held until the process ends, also past the worker's close. UCX's cuda_ipc
-transport keeps every mapping in a cache and relies on the driver in practice.
-A sender's process is identified by its pid, start time and pid namespace, so
-a reused pid or another container's process is not taken for it; mappings of
-a sender in another pid namespace are never kept.
+Only lasting allocations stay mapped, since CUDA leaves undefined what happens
+when an exporter frees memory another process maps; a pool one of whose slabs
+was sent is held until its process ends (`keep_if_shared`). A sender is known
+by pid, start time and pid namespace; mappings of a sender in another pid
+namespace are never kept. Costs and reasons: docs/design/comm.md.
 
 Does not cover: the wire format and the copies (cudask.comm.ipc), building the
 RMM resource (cudask.worker.rmm).
+
+Threading: thread-safe. One lock guards the sender's record (a pool's
+deallocate may run at interpreter exit), one per `Mappings`; a mapping in use
+is never closed under its user.
 """
 
 from __future__ import annotations
@@ -41,7 +37,7 @@ DEFAULT_LIMIT = 64  # idle lasting mappings kept per receiving process
 
 
 class Mapper(Protocol):
-    """The two CUDA calls mappings need (cudask.comm.ipc.Backend has them)."""
+    """The two CUDA calls mappings need (cudask.comm.ipc_cuda.Backend has them)."""
 
     def open(self, handle: bytes) -> int: ...
 

@@ -1,15 +1,16 @@
 """Which method dask uses to rechunk arrays in a process that runs a cudask cluster.
 
-Covers: choosing dask's task-based rechunk when the user has not chosen one.
-distributed's P2P rechunk cannot move CuPy arrays: before sending, it measures
-every shard with `memoryview`, which CuPy refuses ("Accessing a CuPy ndarray on
-CPU is not allowed", distributed 2026.8, CuPy 14), so the job fails in the
-transfer phase. dask picks P2P by itself for large all-to-all rechunks once a
-distributed client exists, so cudask sets ``array.rechunk.method: tasks`` and
-says so once. With cudask workers, the task-based rechunk moves device arrays
-between workers of one host GPU to GPU (cudask.comm.ipc).
+Covers: choosing dask's task-based rechunk (``array.rechunk.method: tasks``)
+when the user has not chosen one, and saying so once: distributed's P2P
+rechunk, which dask picks by itself for large all-to-all rechunks once a
+distributed client exists, cannot send CuPy arrays (docs/design/comm.md). With
+cudask workers, the task-based rechunk moves device arrays between workers of
+one host GPU to GPU (cudask.comm.ipc).
 
 Does not cover: dataframe shuffles (dask-cuDF chooses its own method).
+
+Threading: sets a key of dask's process-wide config; LocalCUDACluster calls it
+from the thread that starts the cluster.
 """
 
 from __future__ import annotations

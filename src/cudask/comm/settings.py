@@ -1,4 +1,11 @@
-"""The `cudask.comm` config keys, read and checked once (see cudask.yaml)."""
+"""The `cudask.comm` config keys, read and checked once (see cudask.yaml).
+
+Covers: `device_ipc_min_size()`, the smallest device array sent by CUDA IPC, or
+None when device IPC is off; a malformed value raises OptionError naming it.
+Does not cover: what the keys switch on (cudask.comm.ipc, cudask.worker.plugins).
+
+Threading: reads dask.config; call it from any thread.
+"""
 
 from __future__ import annotations
 

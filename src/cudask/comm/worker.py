@@ -12,6 +12,8 @@ Everything else is distributed.Worker's.
 Does not cover: the family itself (cudask.comm.ipc) and choosing this class
 (cudask.worker.spec; a user's own worker_class is used as given, without IPC
 unless it derives from this one).
+
+Threading: `get_data` runs on the worker's event loop, as distributed's does.
 """
 
 from __future__ import annotations

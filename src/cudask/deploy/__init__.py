@@ -1,1 +1,1 @@
-"""cudask.deploy"""
+"""Starting GPU workers: LocalCUDACluster, CUDAWorker and the HPC, MPI and Kubernetes launchers."""

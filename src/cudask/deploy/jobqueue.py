@@ -17,6 +17,8 @@ as a local process) run `python -m cudask.cli worker` in each job:
 `worker_flags()` gives the flags alone, for the other queue systems.
 Does not cover: dask-jobqueue itself (never imported here), nor which GPUs a job
 gets: the queue system sets the job's CUDA_VISIBLE_DEVICES.
+
+Threading: pure functions; call them from any thread.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ Does not cover: the resources themselves (cudask.deploy.kube_spec), the schedule
 pod-counting API the operator scales through (cudask.deploy.operator_api), or the
 operator and the NVIDIA device plugin, which must be installed in the cluster
 (docs/kubernetes.md). Needs `pip install 'cudask[kubernetes]'`.
+
+Threading: as KubeCluster: sync use from one thread, async use on its loop.
 """
 
 from __future__ import annotations
@@ -24,15 +26,8 @@ import uuid
 from contextlib import suppress
 from typing import Any, Self
 
-from cudask.deploy.kube_spec import (
-    GPU_RESOURCE,
-    INSTALL,
-    GPUPods,
-    check_count,
-    check_pods,
-    cluster_spec,
-    option_error,
-)
+from cudask.deploy.kube_checks import GPU_RESOURCE, check_count, option_error
+from cudask.deploy.kube_spec import INSTALL, GPUPods, check_pods, cluster_spec
 from cudask.errors import CudaskError, MissingDependencyError
 
 try:

@@ -6,6 +6,9 @@ Everything else — the scheduler, the dashboard, the sync/async context
 manager — is distributed's LocalCluster.
 Does not cover: option rules (cudask.options) or what a worker does at start
 (cudask.worker.plugins).
+
+Threading: as LocalCluster: sync use from one thread, async use on its loop.
+Starting one sets `array.rechunk.method` in this process (cudask.comm.rechunk).
 """
 
 from __future__ import annotations

@@ -7,29 +7,21 @@ environment (Open MPI, MVAPICH2, MPICH/Intel MPI's Hydra, Cray PMI, srun), and
 the rule CUDAWorker follows there:
 
 - several ranks on a node with several GPUs visible: local rank r takes the
-  r-th visible GPU (r mod the number of GPUs: dask-mpi's scheduler and client
-  are global ranks 0 and 1, the lowest local ranks of the first node, and start
-  no worker, so up to two more ranks than GPUs may share a node);
+  r-th visible GPU (r mod the number of GPUs; dask-mpi's scheduler and client
+  ranks start no worker, so up to two more ranks than GPUs may share a node);
 - more ranks than that on one node: an error naming both numbers;
-- one GPU named in CUDA_VISIBLE_DEVICES (the launcher gave each rank its own),
-  or one rank on the node, or a job of one rank: every visible GPU, as outside MPI;
+- one GPU named in CUDA_VISIBLE_DEVICES, one rank on the node, or a job of one
+  rank: every visible GPU, as outside MPI;
 - a user error (bad option, too many ranks): `Error: <message>` on one line and
   MPI_Abort, so the job ends instead of waiting for ranks that never finish;
-- no nanny unless `nanny=True` is given: the rank is its worker (MPI already starts
-  one process per worker, as dask-mpi's own default worker does), and a nanny's
-  spawned worker process would run the rank's main script again on import: a
-  `dask_mpi.initialize()` script without an `if __name__ == "__main__":` guard
-  would start MPI once more in it, with the rank's launcher variables.
+- no nanny unless `nanny=True`: the rank is its worker. Why these rules:
+  docs/design/mpi.md.
 
-mpi4py's `COMM_WORLD.Split_type(COMM_TYPE_SHARED)` would also give the local
-rank, but it is collective: dask-mpi's scheduler and client ranks never call
-it, so the worker ranks would wait forever. The launcher's variables need no
-communication. Processes that have not initialized MPI (`dask cuda worker`
-under mpirun, dask-jobqueue's batch jobs) are left alone: they start a worker
-on every GPU of their CUDA_VISIBLE_DEVICES.
+Processes that have not initialized MPI are left alone. Does not cover:
+starting workers (cudask.deploy.node), nor dask-jobqueue's SLURMRunner, which
+does not initialize MPI.
 
-Does not cover: starting workers (cudask.deploy.node), nor dask-jobqueue's
-SLURMRunner, which does not initialize MPI.
+Threading: reads the environment it is given; call it from any thread.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ $LOCAL_RANK dask cuda worker` gives one worker per rank; in a process that has
 initialized MPI (dask-mpi), one worker on the GPU of its local rank
 (cudask.deploy.mpi), its CUDA_VISIBLE_DEVICES rotated to start with that GPU.
 Does not cover: the specs themselves (cudask.worker.spec).
+
+Threading: await it, and call its methods, on one event loop.
 """
 
 from __future__ import annotations

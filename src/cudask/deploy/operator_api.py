@@ -6,23 +6,23 @@ Covers: the scheduler preload `cudask.deploy.operator_api` (`dask scheduler
 worker *pods* instead of dask workers, since a cudask pod runs one worker per GPU:
 
 - `POST /api/v1/retire_workers {"n": N}` retires every worker of N pods and answers
-  one entry per pod, whose "name" is the pod's Deployment name: the controller
-  deletes `Deployment(name)` for each "name" it gets back (dask_kubernetes
-  operator/controller/controller.py, `retire_workers` and
-  `daskworkergroup_replica_update`). `{"workers": [...]}` keeps distributed's meaning.
+  one entry per pod, whose "name" is the pod's Deployment name, which the
+  controller deletes (dask_kubernetes operator/controller/controller.py).
+  `{"workers": [...]}` keeps distributed's meaning.
 - `GET /api/v1/adaptive_target` answers the pods needed for the workers the
   scheduler wants (the operator's autoscaler sets the worker group's replicas to it).
 - `/api/v1`, `/api/v1/get_workers`, `/api/v1/check_idle` are distributed's own.
 
 A worker's pod is the name its CUDAWorker was started with (`--name
-$(DASK_WORKER_NAME)`, which the controller sets to the Deployment's name), which
-each worker reports at registration (cudask.worker.spec.node_information); a
-worker that does not report one (a plain `dask worker`) is a pod of its own, known
-by its name, as the controller expects.
+$(DASK_WORKER_NAME)`, the Deployment's name), reported at registration
+(cudask.worker.spec.node_information); a worker that reports none (a plain
+`dask worker`) is a pod of its own, known by its name, as the controller expects.
 
 Does not cover: the Kubernetes resources (cudask.deploy.kube_spec), nor the
-controller's fallback over the dask RPC (`workers_to_close(attribute="name")`),
-which names workers, not pods: it is used only when this API fails.
+controller's fallback over the dask RPC, which names workers, not pods: it is
+used only when this API fails.
+
+Threading: the handlers run on the scheduler's event loop.
 """
 
 from __future__ import annotations

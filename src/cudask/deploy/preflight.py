@@ -11,6 +11,8 @@ A scheduler that does not answer yet is left to the workers, which wait for it
 as distributed's do.
 
 Does not cover: plain tcp:// or ucx:// schedulers, the certificates' contents.
+
+Threading: `check_tls` is a coroutine; await it on the loop that starts the workers.
 """
 
 from __future__ import annotations

@@ -1,10 +1,15 @@
-"""GPU discovery and topology.
+"""GPU discovery and topology: the GPUs of this machine, as plain records.
 
-`discover()` lists every GPU NVML sees (index, UUID, MIG instances, name,
+Covers: `discover()`, every GPU NVML sees (index, UUID, MIG instances, name,
 memory, dedicated memory, PCI bus id, NUMA node, CPU affinity within this
-process's CPU set, nearest NICs); `parse_visible_devices()` reads
-CUDA_VISIBLE_DEVICES; `rotate()` gives worker i a list starting with its GPU.
-Nothing here touches NVML at import.
+process's CPU set, nearest NICs); `parse_visible_devices()`, which reads
+CUDA_VISIBLE_DEVICES; `rotate()`, which gives worker i a list starting with its
+GPU. Nothing here touches NVML at import.
+
+Does not cover: CUDA (contexts, memory): cudask.worker.context, cudask.memory.
+
+Threading: `discover()` may be called from any thread; the NVML backend it
+shares starts NVML once per process, on first use.
 """
 
 from __future__ import annotations
@@ -12,13 +17,13 @@ from __future__ import annotations
 from cudask.devices.discovery import (
     Device,
     cuda_visible_devices,
-    default_backend,
     discover,
     parse_visible_devices,
     require_gpus,
     rotate,
 )
 from cudask.devices.model import GPU, DeviceBackend, Machine, MIGInstance, NVMLUnavailable, RawGPU
+from cudask.devices.nvml import default_backend
 
 __all__ = [
     "GPU",

@@ -6,10 +6,12 @@ use, parsing CUDA_VISIBLE_DEVICES (indices, GPU-/MIG- UUIDs, unique UUID
 prefixes, the empty string), and rotating a device list so worker i sees its
 own GPU first. Does not cover: reading NVML or sysfs (nvml.py, topology.py).
 
-CUDA numbers devices fastest-first unless CUDA_DEVICE_ORDER=PCI_BUS_ID; NVML
-numbers them by PCI bus. As dask-cuda does, cudask takes indices to be NVML's;
-MIG instances go to workers by UUID, whole GPUs by index, with
-CUDA_DEVICE_ORDER=PCI_BUS_ID in the worker's environment (cudask.worker.spec).
+Indices are NVML's (PCI bus order), as in dask-cuda: workers get whole GPUs by
+index with CUDA_DEVICE_ORDER=PCI_BUS_ID in their environment, MIG instances by
+UUID (cudask.worker.spec).
+
+Threading: pure functions of the Machine and values they are given, except
+`discover()`, which reads the backend; call them from any thread.
 """
 
 from __future__ import annotations
@@ -19,19 +21,9 @@ import warnings
 from collections.abc import Sequence
 
 from cudask.devices.model import GPU, DeviceBackend, Machine, MIGInstance, NVMLUnavailable
+from cudask.devices.nvml import default_backend
 from cudask.devices.topology import format_cpus
 from cudask.errors import DeviceError, NoGPUError, OptionError
-
-_default_backend: DeviceBackend | None = None
-
-
-def default_backend() -> DeviceBackend:
-    global _default_backend
-    if _default_backend is None:
-        from cudask.devices.nvml import NVMLBackend
-
-        _default_backend = NVMLBackend()
-    return _default_backend
 
 
 def _resolve_affinity(raw: tuple[int, ...] | None, allowed: set[int], label: str) -> tuple[int, ...]:

@@ -4,6 +4,8 @@ Covers: GPU, MIGInstance and Machine records, and the DeviceBackend protocol
 through which discovery reads them. The real backend talks to NVML
 (cudask.devices.nvml); cudask.testing.FakeBackend describes any machine for
 tests. Does not cover: how the facts are read or combined (discovery.py).
+
+Threading: the records are frozen; share them between threads freely.
 """
 
 from __future__ import annotations

@@ -3,8 +3,13 @@
 Covers: reading each GPU's UUID, name, memory, PCI bus id, NUMA node, NVML CPU
 affinity and MIG instances, and the driver and CUDA versions. Every NVML call
 that a part does not support degrades to "unknown" rather than failing.
+Also `default_backend()`, the process's one NVMLBackend, and two cheap reads
+for running workers: `transfer_counters` and `gpus_without_peer_access`.
 Does not cover: combining these with the process's own CPU set and the PCI
 tree (discovery.py, topology.py).
+
+Threading: NVML is thread-safe once started; a backend starts it on first use
+(two threads racing there both call nvmlInit, which NVML counts and allows).
 """
 
 from __future__ import annotations
@@ -126,6 +131,17 @@ class NVMLBackend:
         return topology.nearest_nics(pci_bus_id, self._sysfs)
 
 
+_default: NVMLBackend | None = None
+
+
+def default_backend() -> NVMLBackend:
+    """The process's NVMLBackend, made on the first call (NVML starts on first use)."""
+    global _default
+    if _default is None:
+        _default = NVMLBackend()
+    return _default
+
+
 # NVML field ids of cumulative transfer counters (nvml.h): PCIe bytes, NVLink KiB.
 _PCIE_TX, _PCIE_RX = 197, 198
 _NVLINK_TX, _NVLINK_RX = 138, 139
@@ -138,13 +154,7 @@ def transfer_counters(uuid: str, backend: NVMLBackend | None = None) -> dict[str
     without NVML). Cheap: one field-value query, no sampling window."""
     names = ("pcie-tx-bytes", "pcie-rx-bytes", "nvlink-tx-bytes", "nvlink-rx-bytes")
     out: dict[str, int | None] = dict.fromkeys(names)
-    if backend is None:
-        from cudask.devices.discovery import default_backend
-
-        found = default_backend()
-        if not isinstance(found, NVMLBackend):  # a fake machine: no counters
-            return out
-        backend = found
+    backend = backend if backend is not None else default_backend()
     try:
         nv = backend._init()
         handle = nv.nvmlDeviceGetHandleByUUID(uuid)
@@ -162,13 +172,7 @@ def transfer_counters(uuid: str, backend: NVMLBackend | None = None) -> dict[str
 def gpus_without_peer_access(uuid: str, backend: NVMLBackend | None = None) -> list[str] | None:
     """The other GPUs NVML shows here whose memory the GPU `uuid` cannot read by
     peer access (NVLink or PCIe peer-to-peer), by UUID; None when NVML cannot tell."""
-    if backend is None:
-        from cudask.devices.discovery import default_backend
-
-        found = default_backend()
-        if not isinstance(found, NVMLBackend):
-            return None
-        backend = found
+    backend = backend if backend is not None else default_backend()
     try:
         nv = backend._init()
         mine = nv.nvmlDeviceGetHandleByUUID(uuid)

@@ -4,6 +4,8 @@ Covers: normalising PCI bus ids, reading a device's NUMA node, and finding the
 network/InfiniBand interfaces that share the closest PCI switch with a GPU by
 walking /sys/bus/pci/devices (the same tree `nvidia-smi topo -m` reflects),
 and formatting CPU sets. Does not cover: NVML (nvml.py).
+
+Threading: pure reads of sysfs; call them from any thread.
 """
 
 from __future__ import annotations

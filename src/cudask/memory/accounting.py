@@ -6,7 +6,7 @@ spilled keys whose objects are still alive elsewhere). Two keys holding views
 of one allocation, or the same array twice, are counted once; a range is
 uncounted only when its last owner lets go.
 
-Does not cover: finding the ranges of an object (`cudask.memory.dispatch`) or
+Does not cover: finding the ranges of an object (`cudask.memory.handlers`) or
 deciding what to spill (`cudask.memory.store`).
 
 Threading: not thread-safe; the store calls it under its lock.

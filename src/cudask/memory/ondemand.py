@@ -5,7 +5,7 @@ Covers: `SpillOnDemand`, which wraps CuPy's allocator and puts an
 when either runs out of device memory a store spills (its `spill_device`) and
 the allocation is tried again, before the error reaches the task. Both stores
 use it: the tiered store (`cudask.memory.store`) and the JIT-unspill store
-(`cudask.memory.proxy_store`), when `cudask.memory.spill-on-demand` is on.
+(`cudask.memory.jit.proxy_store`), when `cudask.memory.spill-on-demand` is on.
 
 Does not cover: what is spilled (the store's least recently used keys) or
 PyTorch's allocator (its out-of-memory errors are not intercepted).

@@ -10,7 +10,7 @@ CLI call it before any worker process starts, so a bad value fails there with
 an `OptionError` that names the key and what it accepts.
 
 Does not cover: the store itself (`cudask.memory.store`), the pool
-(`cudask.memory.pinned`). Why the defaults are what they are:
+(`cudask.memory.host.pool`). Why the defaults are what they are:
 docs/design/store.md.
 
 Threading: pure functions and a frozen dataclass; reads dask.config.
@@ -161,7 +161,7 @@ def check_memory_config() -> None:
 
 
 def _method(value: Any) -> str:
-    from cudask.memory.pinned import METHODS
+    from cudask.memory.host.pinning import METHODS
 
     if value not in METHODS:
         raise OptionError(
@@ -193,7 +193,7 @@ def _fraction(value: Any, name: str, example: str = "0.5", within: str = "(0, 1]
 
 
 def _threads(value: Any) -> int | None:
-    """`memory.populate-threads`: None for "auto" (hostmem.default_threads)."""
+    """`memory.populate-threads`: None for "auto" (faulting.default_threads)."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -13,8 +13,8 @@ distributed's `ManualEvictProto` (checked statically at the end) and reports
 `cudask.memory.settings.StoreSettings`. How it works and why:
 docs/design/store.md.
 
-Does not cover: proxies and JIT-unspill (`cudask.memory.proxy_store` wraps this
-store), the RMM pool, or the cluster that constructs the store.
+Does not cover: proxies and JIT-unspill (`cudask.memory.jit.proxy_store` wraps
+this store), the RMM pool, or the cluster that constructs the store.
 
 Threading: every public method is thread-safe. One RLock (`lock`) guards every
 tier; device -> host copies are enqueued under it, host -> device copies are
@@ -35,8 +35,10 @@ from dask.typing import Key
 from dask.utils import format_bytes
 from distributed.spill import ManualEvictProto, SpilledSize
 
-from cudask.memory import dispatch
+from cudask.memory import handlers
 from cudask.memory.accounting import AllocationLedger, union_bytes
+from cudask.memory.backend import CopyBackend
+from cudask.memory.host.transfer import TransferEngine
 from cudask.memory.ondemand import SpillOnDemand
 from cudask.memory.settings import StoreSettings, store_limit, store_settings
 from cudask.memory.tiers import background
@@ -46,7 +48,6 @@ from cudask.memory.tiers.engine import LazyEngine
 from cudask.memory.tiers.host import HostTier
 from cudask.memory.tiers.inflight import InFlightCopies
 from cudask.memory.tiers.metrics import snapshot
-from cudask.memory.transfer import CopyBackend, TransferEngine
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -77,7 +78,7 @@ class TieredStore(MutableMapping[Key, object]):
         Directory for spilled files when not run by a worker (default: a new
         temporary directory, removed by `close()`).
     backend:
-        The CUDA boundary (`cudask.memory.transfer.CopyBackend`); default: CuPy,
+        The CUDA boundary (`cudask.memory.backend.CopyBackend`); default: CuPy,
         created when the first copy is needed. Tests inject a fake one.
     """
 
@@ -141,7 +142,7 @@ class TieredStore(MutableMapping[Key, object]):
     def __setitem__(self, key: Key, value: object) -> None:
         if self._unlimited and self._set_unlimited(key, value):
             return
-        ranges = dispatch.allocations(value) if dispatch.is_device_object(value) else None
+        ranges = handlers.allocations(value) if handlers.is_device_object(value) else None
         with self.lock:
             self._buffer.put(key, value, ranges)
             if ranges is not None and self.device_memory_limit is not None:
@@ -156,7 +157,7 @@ class TieredStore(MutableMapping[Key, object]):
         between tiers when its kind changes. The new place is written before
         the old one is cleared, so lock-free readers always find the key.
         Return False (nothing done) when the store has left this path."""
-        if dispatch.is_device_object(value):
+        if handlers.is_device_object(value):
             with self.lock:
                 if not self._unlimited:
                     return False
@@ -179,7 +180,7 @@ class TieredStore(MutableMapping[Key, object]):
             return
         for key, value in self._device.items():
             self._buffer.new_generation(key)
-            self._device.account(key, dispatch.allocations(value))
+            self._device.account(key, handlers.allocations(value))
         for key in self._host:
             self._buffer.new_generation(key)
         self._unlimited = False
@@ -333,7 +334,7 @@ class TieredStore(MutableMapping[Key, object]):
         """`device_bytes` (lock held)."""
         if self._unlimited:
             # no ledger on this path: computed on demand
-            return union_bytes(r for v in self._device.values() for r in dispatch.allocations(v))
+            return union_bytes(r for v in self._device.values() for r in handlers.allocations(v))
         return self._buffer.held_bytes()
 
     def metrics(self) -> dict[str, float]:
@@ -374,7 +375,7 @@ class TieredStore(MutableMapping[Key, object]):
             self._leave_fast_path()
             return self._buffer.spill(nbytes)
 
-    def peek_host_copy(self, key: Key) -> dispatch.AnyHostCopy | None:
+    def peek_host_copy(self, key: Key) -> handlers.AnyHostCopy | None:
         """The host copy of `key` when it is a device object moved to host or disk,
         without bringing it back to the device (read from disk into host memory
         if need be); None when `key` is on the device, a host value or absent.
@@ -382,7 +383,7 @@ class TieredStore(MutableMapping[Key, object]):
         with self.lock:
             if key not in self._buffer.spilled:
                 return None
-            return cast(dispatch.AnyHostCopy, self._host[key])
+            return cast(handlers.AnyHostCopy, self._host[key])
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:

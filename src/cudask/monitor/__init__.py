@@ -6,6 +6,9 @@ installs it; for a scheduler started by hand, preload this module:
     dask scheduler --preload cudask.monitor
 
 `dask_setup` below is that preload's hook. Nothing else happens at import.
+Does not cover: the plugin itself (cudask.monitor.state) and the page (.page).
+
+Threading: distributed calls `dask_setup` on the scheduler's event loop.
 """
 
 from __future__ import annotations

@@ -13,13 +13,10 @@ worker, host and GPU UUID (`SchedulerCollector`).
 
 Also `snapshot(dask_scheduler)` for `client.run_on_scheduler` (works without
 the plugin too, rates then unknown) and `install(client)`, which registers
-the plugin on a running scheduler that lacks it.
+the plugin on a running scheduler that lacks it (`cudask top` does; a
+LocalCUDACluster's scheduler has it, `dask scheduler --preload cudask.monitor` too).
 
-Where the plugin comes from: LocalCUDACluster's scheduler gets it; a
-`dask scheduler` gets it with `--preload cudask.monitor`; `cudask top`
-installs it when missing.
-
-Does not cover: the page's layout (`cudask.monitor.page`), the terminal view
+Does not cover: the page (`cudask.monitor.views`, `.document`, `.page`), the terminal view
 (`cudask.cli.top`), the workers' side (`cudask.worker.plugins.StoreMetrics`).
 
 Threading: everything runs on the scheduler's event loop, except the

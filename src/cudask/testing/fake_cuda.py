@@ -9,7 +9,7 @@ Covers:
   (as CuPy's handler does on a GPU) and rebuilds the same type.
 - `ForeignDeviceObject`: a bare object exposing only `__cuda_array_interface__`
   (the generic path, rebuilt by the backend as a `FakeDeviceArray`).
-- `FakeCopyBackend`: a `cudask.memory.transfer.CopyBackend` whose streams
+- `FakeCopyBackend`: a `cudask.memory.backend.CopyBackend` whose streams
   queue copies and run them later (optionally only when an event is
   synchronised, to exercise the in-flight paths), whose pinned memory is
   ordinary memory with a configurable refusal limit, and which records what
@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy
 
-from cudask.memory.dispatch import CudaArrayInterfaceHandler, register_handler
-from cudask.memory.transfer import TransferEngine
+from cudask.memory.handlers import CudaArrayInterfaceHandler, register_handler
+from cudask.memory.host.transfer import TransferEngine
 
 
 class FakeDeviceArray:
@@ -368,7 +368,7 @@ __all__ = [
 
 
 class FakeIPCBackend:
-    """A `cudask.comm.ipc.Backend` for one process: allocations are NumPy
+    """A `cudask.comm.ipc_cuda.Backend` for one process: allocations are NumPy
     buffers behind FakeDeviceArrays, named by a handle; `open` gives their
     address, copies are real memmoves; it records what was opened, closed and
     waited for."""
@@ -404,7 +404,7 @@ class FakeIPCBackend:
         return FakeDeviceArray(numpy.empty(shape, dtype=numpy.dtype(dtype), order="F" if order == "F" else "C"))
 
     def copy(self, out: FakeDeviceArray, src: int, strides: tuple[int, ...]) -> None:
-        from cudask.comm.ipc import extent
+        from cudask.comm.ipc_layout import extent
 
         target = out._array
         low, span = extent(src, target.shape, strides, target.itemsize)

@@ -3,10 +3,13 @@
 Covers: creating the primary CUDA context of device 0 of the process (its own
 GPU, since CUDA_VISIBLE_DEVICES is rotated per worker), making it current, and
 naming that device by UUID. The CUDA driver API of cuda-bindings does this
-where it is installed: its import takes about 40 ms, where CuPy's takes
-0.3-0.6 s, and the context is the same primary context every CUDA runtime
-library in the process (CuPy, RMM, PyTorch, Numba) then uses. Without it, CuPy
-creates the context, or Numba without CuPy. Does not cover: choosing the device.
+where it is installed (a far lighter import than CuPy's: docs/design/worker-start.md);
+the primary context is the one every CUDA runtime library in the process (CuPy,
+RMM, PyTorch, Numba) then uses. Without cuda-bindings CuPy creates it, or
+Numba without CuPy. Does not cover: choosing the device.
+
+Threading: the primary context is process-wide; `device0_uuid` makes it current
+on the calling thread only.
 """
 
 from __future__ import annotations

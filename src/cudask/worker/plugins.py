@@ -17,8 +17,11 @@
 
 Each has a stable name, is idempotent (a second setup on the same worker does
 nothing) and undoes what it did on teardown where that is possible.
-Covers: the plugins. Does not cover: deciding which ones a worker gets
-(cudask.worker.spec).
+Does not cover: deciding which ones a worker gets (cudask.worker.spec).
+
+Threading: distributed runs setup and teardown on the worker's event loop. The
+one thread started here imports CuPy and is joined at teardown; the metrics run
+where distributed and prometheus_client read them (a lock guards registration).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Any, ClassVar
 
 from distributed import WorkerPlugin
 
-from cudask.comm import ipc
+from cudask.comm import cudf_wire, ipc, ipc_cuda
 from cudask.devices.nvml import gpus_without_peer_access, transfer_counters
 from cudask.memory.store import worker_metrics
 from cudask.worker.context import device0_uuid
@@ -100,8 +103,9 @@ class CUDAContext(WorkerPlugin):
     def setup(self, worker: Any) -> None:
         if self.uuid is not None:
             return
-        # The driver holds no GIL while it creates the context (0.2-0.3 s), so the
-        # library imports run meanwhile rather than competing with the worker's start.
+        # The driver holds no GIL while it creates the context, so the library
+        # imports run meanwhile rather than competing with the worker's start
+        # (docs/design/worker-start.md).
         modules = [m for m in self.background_imports if importlib.util.find_spec(m) is not None]
         if modules:
             self.importer = threading.Thread(
@@ -154,14 +158,18 @@ class PreImport(WorkerPlugin):
 
 
 class CudfSpill(WorkerPlugin):
-    """Set cuDF's `spill` and `spill_stats` options in the worker process."""
+    """Set cuDF's spilling options in the worker process: `spill`, `spill_stats` and,
+    with spilling on, `spill_device_limit` (the worker's device memory limit, so cuDF
+    spills its least recently used buffers past it). With spilling on, the worker
+    also sends cuDF objects in a form any process can read (cudask.comm.cudf_wire)."""
 
     name = "cudask-cudf-spill"
 
-    def __init__(self, enable: bool, stats: int) -> None:
+    def __init__(self, enable: bool, stats: int, device_limit: int | None = None) -> None:
         self.enable = enable
         self.stats = stats
-        self.previous: tuple[Any, Any] | None = None
+        self.device_limit = device_limit if enable else None
+        self.previous: tuple[Any, Any, Any] | None = None
 
     def setup(self, worker: Any) -> None:
         if self.previous is not None:
@@ -172,9 +180,13 @@ class CudfSpill(WorkerPlugin):
             if self.enable:
                 raise
             return
-        self.previous = (cudf.get_option("spill"), cudf.get_option("spill_stats"))
+        self.previous = (cudf.get_option("spill"), cudf.get_option("spill_stats"),
+                         cudf.get_option("spill_device_limit"))
         cudf.set_option("spill", self.enable)
         cudf.set_option("spill_stats", self.stats)
+        cudf.set_option("spill_device_limit", self.device_limit)
+        if self.enable:
+            cudf_wire.register()
 
     def teardown(self, worker: Any) -> None:
         if self.previous is None:
@@ -183,6 +195,7 @@ class CudfSpill(WorkerPlugin):
 
         cudf.set_option("spill", self.previous[0])
         cudf.set_option("spill_stats", self.previous[1])
+        cudf.set_option("spill_device_limit", self.previous[2])
         self.previous = None
 
 
@@ -284,7 +297,7 @@ class DeviceIPC(WorkerPlugin):
         reason = self.unavailable()
         if reason is None:
             try:
-                backend = ipc.CudaBackend()
+                backend = ipc_cuda.CudaBackend()
             except ImportError as exc:
                 reason = f"{exc.name or exc} is not installed"
             else:

@@ -6,8 +6,13 @@ cudask.comm.lifetimes, or over managed memory) or the async
 allocator (CudaAsyncMemoryResource, optionally under a LimitingResourceAdaptor
 for rmm_maximum_pool_size), then logging and tracking adaptors — making it
 the current device resource, and routing CuPy's and PyTorch's allocations
-through it. Sizes arrive as bytes (parsed per device by the spec builder).
-Does not cover: option validation (cudask.options).
+through it; teardown restores the previous resource and CuPy allocator. Sizes
+arrive as bytes (parsed per device by the spec builder).
+Does not cover: option validation (cudask.options), which slabs stay mapped in
+the workers they are sent to (cudask.comm.lifetimes).
+
+Threading: setup and teardown run on the worker's event loop; the resource
+they set is process-wide, shared by every thread's allocations.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from cudask.comm import lifetimes
 
 
 class RMMSetup(WorkerPlugin):
+    """Make the rmm_* options' memory resource the worker's, and route the
+    `external_libs` (CuPy, PyTorch) through it."""
+
     name = "cudask-rmm"
 
     def __init__(

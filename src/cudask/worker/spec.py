@@ -5,6 +5,8 @@ CLI — per-device sizes, the rotated CUDA_VISIBLE_DEVICES, the data store,
 the ordered plugin list, names, ports, UCX config and resources.
 Does not cover: starting anything (cudask.deploy) or option rules
 (cudask.options).
+
+Threading: no state of its own; call it from any thread.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class DeviceSizes:
     """Sizes parsed against one device's memory (None: off)."""
 
     device_memory_limit: int | None
+    cudf_spill_limit: int | None
     rmm_pool_size: int | None
     rmm_maximum_pool_size: int | None
     rmm_release_threshold: int | None
@@ -62,12 +65,12 @@ def device_sizes(o: WorkerOptions, device: Device) -> DeviceSizes:
             f"device_memory_limit={o.device_memory_limit!r}: {device.label} ({device.gpu.name}) "
             "has no dedicated memory, so there is nothing to spill from; leave it 'default'"
         )
-    if o.enable_cudf_spill:
-        limit = None  # cuDF spills by itself; the device tier is not limited
-    else:
-        limit = parse_size(o.device_memory_limit, total=total, name="device_memory_limit" + where,
-                           auto=1.0 if dedicated else None, default=0.8 if dedicated else None,
-                           maximum=total)
+    limit = parse_size(o.device_memory_limit, total=total, name="device_memory_limit" + where,
+                       auto=1.0 if dedicated else None, default=0.8 if dedicated else None,
+                       maximum=total)
+    # With cuDF spilling, cuDF's spill manager holds the limit and the store's device
+    # tier is not limited (cuDF frames would otherwise be spilled twice).
+    store_limit, cudf_limit = (None, limit) if o.enable_cudf_spill else (limit, None)
 
     def rmm(name: str) -> int | None:
         return parse_size(o[name], total=total, name=name + where, auto=1.0, default=None,
@@ -77,7 +80,7 @@ def device_sizes(o: WorkerOptions, device: Device) -> DeviceSizes:
     if pool is not None and maximum is not None and maximum < pool:
         raise OptionError(f"rmm_maximum_pool_size={o.rmm_maximum_pool_size!r} is smaller than "
                           f"rmm_pool_size={o.rmm_pool_size!r}")
-    return DeviceSizes(limit, pool, maximum, rmm("rmm_release_threshold"))
+    return DeviceSizes(store_limit, cudf_limit, pool, maximum, rmm("rmm_release_threshold"))
 
 
 def check_devices(o: WorkerOptions, devices: Sequence[Device]) -> list[DeviceSizes]:
@@ -135,7 +138,7 @@ def data_store(o: WorkerOptions, sizes: DeviceSizes, memory_limit: int | None) -
     kwargs = {"device_memory_limit": sizes.device_memory_limit, "memory_limit": host,
               "max_spill": max_spill, "log_spilling": o.log_spilling}
     if o.jit_unspill:
-        from cudask.memory.proxy_store import ProxyStore
+        from cudask.memory.jit.proxy_store import ProxyStore
 
         return (ProxyStore, kwargs)
     from cudask.memory.store import TieredStore
@@ -164,7 +167,8 @@ def plugins(o: WorkerOptions, device: Device, sizes: DeviceSizes) -> list[Worker
     if o.pre_import:
         out.append(PreImport(o.pre_import))
     if o.enable_cudf_spill or o.cudf_spill_stats:
-        out.append(CudfSpill(bool(o.enable_cudf_spill), int(o.cudf_spill_stats or 0)))
+        out.append(CudfSpill(bool(o.enable_cudf_spill), int(o.cudf_spill_stats or 0),
+                             sizes.cudf_spill_limit))
     out.append(StoreMetrics())
     min_size = device_ipc_min_size(o)
     if min_size is not None:

@@ -90,7 +90,7 @@ def test_in_flight_copies_alone() -> None:
     and it is uncounted once it dies."""
     import gc
 
-    from cudask.memory import dispatch
+    from cudask.memory import handlers
     from cudask.memory.accounting import AllocationLedger
     from cudask.memory.tiers.inflight import InFlightCopies
 
@@ -108,7 +108,7 @@ def test_in_flight_copies_alone() -> None:
     inflight = InFlightCopies(ledger)
     value = dev(100, 1)
     copy = Copy()
-    inflight.add("k", value, copy, 1, dispatch.allocations(value))  # type: ignore[arg-type]
+    inflight.add("k", value, copy, 1, handlers.allocations(value))  # type: ignore[arg-type]
     assert inflight and inflight.nbytes == 100 and inflight.source("k") is value
     assert inflight.uncovered_bytes() == 100  # held by the copy, not in the ledger
 

@@ -31,24 +31,16 @@ from typing import cast
 from dask.typing import Key
 from dask.utils import format_bytes
 
-from cudask.memory import dispatch
+from cudask.memory import handlers
 from cudask.memory.accounting import Range, union_bytes
+from cudask.memory.backend import Copy, is_out_of_memory
 from cudask.memory.tiers.device import DeviceTier
 from cudask.memory.tiers.engine import LazyEngine
 from cudask.memory.tiers.host import HostTier
 from cudask.memory.tiers.inflight import InFlightCopies
 from cudask.memory.tiers.metrics import MoveCounters, moves
-from cudask.memory.transfer import Copy
 
 logger = logging.getLogger("cudask.memory")
-
-
-def _is_out_of_memory(exc: BaseException) -> bool:
-    return (
-        isinstance(exc, MemoryError)
-        or "OutOfMemory" in type(exc).__name__
-        or "out of memory" in str(exc).lower()
-    )
 
 
 class Unspill:
@@ -161,7 +153,7 @@ class DeviceBuffer:
         if shortcut is not None:
             self.install(key, shortcut, copied=0)
             return shortcut
-        host_copy = cast(dispatch.AnyHostCopy, self.host[key])
+        host_copy = cast(handlers.AnyHostCopy, self.host[key])
         return Unspill(*self.start_unspill(key, host_copy), gen)
 
     def finish(self, key: Key, unspill: Unspill, waited: float) -> object:
@@ -180,7 +172,7 @@ class DeviceBuffer:
         del self.host[key]
         self.spilled.discard(key)
         self.inflight.forget(key)
-        self.device.add(key, value, dispatch.allocations(value))
+        self.device.add(key, value, handlers.allocations(value))
         if self.log_spilling:
             how = f"copied {format_bytes(copied)}" if copied else "no copy: still in device memory"
             moves.info("cudask: unspilled %r host -> device (%s)", key, how)
@@ -190,28 +182,28 @@ class DeviceBuffer:
             if self.ledger.total > self.spill_target * self.limit:
                 self._notify()
 
-    def start_unspill(self, key: Key, host_copy: dispatch.AnyHostCopy) -> tuple[object, list[Copy]]:
+    def start_unspill(self, key: Key, host_copy: handlers.AnyHostCopy) -> tuple[object, list[Copy]]:
         """Allocate device memory and enqueue the copies back; out of device
         memory, let in-flight copies finish (freeing their sources) and retry once."""
         limit = self.limit
         if limit is not None:
             self.evict_until(max(limit - host_copy.nbytes, 0))
         try:
-            return dispatch.to_device(host_copy, self.lazy.get())
+            return handlers.to_device(host_copy, self.lazy.get())
         except Exception as exc:
-            if not _is_out_of_memory(exc):
+            if not is_out_of_memory(exc):
                 raise
         self.drain()
         with self._out_of_memory(key, host_copy):
-            return dispatch.to_device(host_copy, self.lazy.get())
+            return handlers.to_device(host_copy, self.lazy.get())
 
     @contextmanager
-    def _out_of_memory(self, key: Key, host_copy: dispatch.AnyHostCopy) -> Iterator[None]:
+    def _out_of_memory(self, key: Key, host_copy: handlers.AnyHostCopy) -> Iterator[None]:
         """An out-of-memory becomes a MemoryError that says what to do."""
         try:
             yield
         except Exception as exc:
-            if not _is_out_of_memory(exc):
+            if not is_out_of_memory(exc):
                 raise
             limit = self.limit
             raise MemoryError(
@@ -232,17 +224,17 @@ class DeviceBuffer:
                 continue
             if self.inflight.source(key) is not None:
                 continue
-            host_copy = cast(dispatch.AnyHostCopy, self.host[key])
+            host_copy = cast(handlers.AnyHostCopy, self.host[key])
             limit = self.limit
             if limit is not None and self.ledger.total + host_copy.nbytes > limit:
                 break
             try:
-                value, copies = dispatch.to_device(host_copy, self.lazy.get())
+                value, copies = handlers.to_device(host_copy, self.lazy.get())
             except Exception as exc:  # noqa: BLE001 - prefetch is best effort
                 logger.debug("cudask: prefetch of %r skipped: %s", key, exc)
                 break
             self.prefetched[key] = (value, copies, self.gen[key])
-            self.ledger.add(("p", key), dispatch.allocations(value))
+            self.ledger.add(("p", key), handlers.allocations(value))
             started += 1
         return started
 
@@ -258,8 +250,8 @@ class DeviceBuffer:
         value, ranges = self.device.take(key)
         try:
             engine = self.lazy.get()
-            engine.order_after_producers(dispatch.producer_streams(value))
-            host_copy = dispatch.to_host(value, engine)
+            engine.order_after_producers(handlers.producer_streams(value))
+            host_copy = handlers.to_host(value, engine)
         except Exception as exc:  # noqa: BLE001 - the key stays, see _not_copied
             return self._not_copied(key, value, ranges, exc)
         try:
@@ -280,7 +272,7 @@ class DeviceBuffer:
     def _not_copied(self, key: Key, value: object, ranges: list[Range], exc: Exception) -> int:
         """A key that cannot be copied to the host stays on the device: skipped from
         now on (0) when it is unspillable, else first in line and spilling stops (-1)."""
-        if isinstance(exc, dispatch.UnspillableError):
+        if isinstance(exc, handlers.UnspillableError):
             self.device.restore(key, value, ranges, front=False)
             self.device.unspillable.add(key)
             logger.warning("cudask: %r stays on the device: %s", key, exc)
@@ -340,7 +332,7 @@ class DeviceBuffer:
     def _is_current(self, key: Key, gen: int) -> bool:
         return self.gen.get(key) == gen and key in self.spilled
 
-    def _spill_done(self, copy: dispatch.AnyHostCopy) -> None:
+    def _spill_done(self, copy: handlers.AnyHostCopy) -> None:
         engine = self.lazy.current
         if engine is not None:
             self.metrics.spill_done(copy, engine.stream_seconds)

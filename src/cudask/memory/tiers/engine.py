@@ -8,8 +8,8 @@ tier nears its limit), off the task's path; and ramps up the pinned memory
 kept free ahead of spills (`provide_ahead`): nothing below
 `pinned-headroom-from` of the device limit, up to `pinned-headroom` at it.
 
-Does not cover: the copies (`cudask.memory.transfer`), the pool's own thread
-and slabs (`cudask.memory.pinned`), when the device tier spills
+Does not cover: the copies (`cudask.memory.host.transfer`), the pool's own thread
+and slabs (`cudask.memory.host.pool`), when the device tier spills
 (`cudask.memory.store`).
 
 Threading: `get()` may be called from any thread; the engine is created under
@@ -27,9 +27,10 @@ import threading
 import weakref
 from collections.abc import Callable
 
-from cudask.memory.pinned import PinnedPool
+from cudask.memory.backend import CopyBackend, default_backend
+from cudask.memory.host.pool import PinnedPool
+from cudask.memory.host.transfer import TransferEngine
 from cudask.memory.settings import StoreSettings
-from cudask.memory.transfer import CopyBackend, TransferEngine, default_backend
 
 logger = logging.getLogger("cudask.memory")
 

@@ -7,7 +7,7 @@ object a task still references becomes a ghost: its allocations stay in the
 store's ledger under ("g", key) until it dies, and a read of the key returns
 it as it is (`source`).
 
-Does not cover: making the copies (`cudask.memory.dispatch`), or telling
+Does not cover: making the copies (`cudask.memory.handlers`), or telling
 whether a copy is still the key's current one (the store passes `current`).
 
 Threading: not thread-safe; the store calls every method under its lock. The
@@ -24,7 +24,7 @@ from typing import Any
 
 from dask.typing import Key
 
-from cudask.memory import dispatch
+from cudask.memory import handlers
 from cudask.memory.accounting import AllocationLedger, Range
 
 # (generation, weak refs to the device leaves, weak ref to the whole value when
@@ -38,7 +38,7 @@ class InFlight:
     __slots__ = ("copy", "gen", "key", "nbytes", "ranges", "value")
 
     def __init__(
-        self, key: Key, value: object, copy: dispatch.AnyHostCopy, gen: int, ranges: list[Range]
+        self, key: Key, value: object, copy: handlers.AnyHostCopy, gen: int, ranges: list[Range]
     ) -> None:
         self.key = key
         self.value: object | None = value
@@ -68,7 +68,7 @@ class InFlightCopies:
         return sum(i.nbytes for i in self._queue)
 
     def add(
-        self, key: Key, value: object, copy: dispatch.AnyHostCopy, gen: int, ranges: list[Range]
+        self, key: Key, value: object, copy: handlers.AnyHostCopy, gen: int, ranges: list[Range]
     ) -> None:
         inflight = InFlight(key, value, copy, gen, ranges)
         self._queue.append(inflight)
@@ -101,7 +101,7 @@ class InFlightCopies:
     def reap(
         self,
         current: Callable[[Key, int], bool],
-        retired: Callable[[dispatch.AnyHostCopy], None],
+        retired: Callable[[handlers.AnyHostCopy], None],
         wait: bool = False,
     ) -> None:
         """Retire completed copies (all of them, waiting, with `wait`): drop the
@@ -136,10 +136,10 @@ class InFlightCopies:
         elsewhere, keep counting its allocations until it dies."""
         key, gen = head.key, head.gen
         value, head.value = head.value, None
-        ranges = dispatch.allocations(value)
+        ranges = handlers.allocations(value)
         callback = _ghost_callback(self._dead, key, gen)
         refs: list[weakref.ref[Any]] = []
-        for leaf, _ in dispatch.device_leaves(value):
+        for leaf, _ in handlers.device_leaves(value):
             try:
                 refs.append(weakref.ref(leaf, callback))
             except TypeError:

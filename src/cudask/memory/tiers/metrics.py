@@ -8,7 +8,7 @@ spill-on-demand counts and pinned-pool state into the flat dict of
 reports each move between tiers.
 
 Does not cover: the host tier's disk counters (distributed's SpillBuffer keeps
-them), the pool's own statistics (`cudask.memory.pinned`).
+them), the pool's own statistics (`cudask.memory.host.pool`).
 
 Threading: not thread-safe; the store updates the counters under its lock.
 """
@@ -19,9 +19,9 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 
-from cudask.memory import dispatch
+from cudask.memory import handlers
+from cudask.memory.backend import Copy
 from cudask.memory.ondemand import SpillOnDemand
-from cudask.memory.transfer import Copy
 
 # log_spilling's lines go where distributed logs its own spilling: a worker process
 # shows them at INFO, and Client.get_worker_logs() returns them ("cudask.memory" has
@@ -37,9 +37,9 @@ _MOVES = (
 )
 
 
-def copies_of(copy: dispatch.AnyHostCopy) -> list[Copy]:
+def copies_of(copy: handlers.AnyHostCopy) -> list[Copy]:
     """The raw copies that filled a host copy (those of each part of a container)."""
-    parts = copy.parts() if isinstance(copy, dispatch.ContainerCopy) else [copy]
+    parts = copy.parts() if isinstance(copy, handlers.ContainerCopy) else [copy]
     return [c for p in parts for c in p.copies if isinstance(c, Copy)]
 
 
@@ -62,7 +62,7 @@ class MoveCounters:
         self.values["device-to-host", "count"] += 1
         self.values["device-to-host", "bytes"] += nbytes
 
-    def spill_done(self, copy: dispatch.AnyHostCopy, seconds: Callable[[Copy], float]) -> None:
+    def spill_done(self, copy: handlers.AnyHostCopy, seconds: Callable[[Copy], float]) -> None:
         """A device -> host copy completed: its time on the stream."""
         self.values["device-to-host", "seconds"] += sum(seconds(c) for c in copies_of(copy))
 

@@ -1,0 +1,498 @@
+"""The pinned pool: page-locked host memory in slabs, made ready by its own thread.
+
+Covers: `PinnedPool`, which carves blocks for device -> host copies out of
+pinned slabs (first fit, coalesced on release; a block released while its copy
+is in flight goes back once the copy completes) and never waits for pinning:
+a request that finds no free pinned range gets a fallback block
+(`cudask.memory.host.fallback`) and asks the pool's thread for more. The
+thread ("cudask-pinned") reserves slabs up to a goal (`start_background`,
+`ensure_free`), registers large fallback blocks when idle, rests after
+pinning for `duty_cycle`, and gives slabs idle for `release_after` (or all
+free ones after `trim`) back, keeping the start goal. The footprint stays
+within `capacity` and `available_fraction` of the host memory available.
+Why these defaults: docs/design/host-memory.md.
+
+Does not cover: how memory is pinned (`cudask.memory.host.pinning`), the
+slab free lists (`cudask.memory.host.slabs`), copying
+(`cudask.memory.host.transfer`), or how much the store needs.
+
+Threading: every public method is thread-safe (one lock and a condition on
+it; faulting in and registering run outside it). A block must not be released
+while a copy into or out of it is in flight: `HostBlock.release(after=copy)`
+defers the release until the copy has completed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from cudask.memory.backend import Copy, CopyBackend
+from cudask.memory.host import fallback
+from cudask.memory.host.blocks import HostBlock
+from cudask.memory.host.fallback import Fallbacks
+from cudask.memory.host.faulting import round_up
+from cudask.memory.host.pinning import METHODS, Pinner
+from cudask.memory.host.slabs import Slab, Slabs
+
+logger = logging.getLogger(__name__)
+
+ALIGNMENT = 256
+
+
+def _available_memory() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+class PinnedPool:
+    """Pinned host memory up to `capacity` bytes, reserved `slab_size` at a time
+    by a background thread; see the module docstring.
+
+    `method`: "auto" (register where possible), "register" or "host-alloc".
+    `available`: bytes of host memory available now (default: psutil's
+    MemAvailable); `available_fraction`: the most of it (plus what the pool
+    holds) the pool pins. `populate_threads`: threads faulting memory in
+    (None: `faulting.default_threads()`). `duty_cycle`: the largest share of
+    time the pool's thread spends pinning (slabs and fallback blocks), in
+    (0, 1]; 1: no rests.
+    """
+
+    def __init__(
+        self,
+        backend: CopyBackend | None,
+        capacity: int,
+        slab_size: int,
+        *,
+        alignment: int = ALIGNMENT,
+        release_after: float | None = None,
+        method: str = "auto",
+        available: Callable[[], int] | None = None,
+        available_fraction: float = 0.5,
+        populate_threads: int | None = None,
+        duty_cycle: float = 1.0,
+    ) -> None:
+        if capacity < 0 or slab_size < 0:
+            raise ValueError(f"capacity={capacity} and slab_size={slab_size} must be >= 0")
+        if release_after is not None and release_after < 0:
+            raise ValueError(f"release_after={release_after} must be >= 0 seconds or None")
+        if method not in METHODS:
+            raise ValueError(f"method={method!r}; accepted: {', '.join(METHODS)}")
+        if not 0 < available_fraction <= 1:
+            raise ValueError(f"available_fraction={available_fraction} must be in (0, 1]")
+        if not 0 < duty_cycle <= 1:
+            raise ValueError(f"duty_cycle={duty_cycle} must be in (0, 1]")
+        self.backend = backend
+        self.capacity = capacity if backend is not None else 0
+        self.slab_size = max(round_up(slab_size or capacity or 1, alignment), alignment)
+        self.alignment = alignment
+        self.available = available or _available_memory
+        self.available_fraction = available_fraction
+        self.populate_threads = populate_threads
+        self.duty_cycle = duty_cycle
+        self.rest_seconds = 0.0  # the pool's thread rested this long between pinnings
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._fallbacks = Fallbacks(self._wake, populate_threads)
+        self._pinner = Pinner(backend, method, slab_size=self.slab_size,
+                              populate_threads=populate_threads,
+                              warn_once=self._fallbacks.warn_once)
+        self._slabs = Slabs()
+        self._reserving = 0  # bytes being reserved by threads outside the lock
+        self._pending: list[tuple[HostBlock, Copy]] = []
+        self._pin_failed = False
+        self._closed = False
+        # the pool's thread: growth, registering fallback blocks, giving idle slabs back
+        self._thread: threading.Thread | None = None
+        self.goal = 0  # bytes the thread reserves up to
+        self.keep = 0  # the start goal: never given back
+        self.headroom = 0
+        self._big = 0  # a request larger than a slab, for the thread
+        self.release_after = release_after
+        self._trim = False  # give every wholly free slab back now (trim())
+        self.released_bytes = 0
+        self._releasing = 0  # bytes out of the pool, being returned to the driver
+        # provisioning figures: bytes made ready and the seconds it took
+        self.provisioned_bytes = 0
+        self.provision_seconds = 0.0
+
+    # -- introspection -------------------------------------------------------------
+    @property
+    def reserved(self) -> int:
+        """Bytes of pinned memory reserved in slabs (and not yet given back)."""
+        return self._slabs.size + self._releasing
+
+    @property
+    def slabs(self) -> int:
+        return len(self._slabs)
+
+    @property
+    def in_use(self) -> int:
+        """Bytes of the slabs carved out as blocks not yet given back."""
+        return self._slabs.in_use
+
+    @property
+    def registered_fallback(self) -> int:
+        """Bytes of fallback blocks registered later, still alive."""
+        return self._fallbacks.registered
+
+    @property
+    def method(self) -> str:
+        """How slabs are pinned now: "register" or "host-alloc"."""
+        return self._pinner.method
+
+    # -- allocation ----------------------------------------------------------------
+    def allocate(self, nbytes: int) -> HostBlock:
+        """A block of at least `nbytes`: pinned when a free pinned range is ready,
+        else a fallback block (never waits for pinning)."""
+        if nbytes == 0 or self.capacity == 0:
+            return HostBlock.pageable(nbytes)
+        size = round_up(nbytes, self.alignment)
+        self._collect()
+        with self._lock:
+            block = self._take(nbytes, size)
+            if block is not None:
+                self._ask_ahead(0)
+                return block
+        # Copies still in flight may be holding blocks (for milliseconds at bus
+        # speed): wait for them and retry before falling back.
+        if self._collect(wait=True):
+            with self._lock:
+                block = self._take(nbytes, size)
+                if block is not None:
+                    return block
+        with self._lock:
+            reason = self._why_not(size)
+            if reason == "warmup":
+                self._ask_ahead(size)
+            why = fallback.message(
+                reason, capacity=self.capacity, reserved=self.reserved, goal=self.goal
+            )
+        return self._fallbacks.block(nbytes, reason, why, register_later=self.method == "register")
+
+    def preallocate(self, nbytes: int | None = None) -> int:
+        """Reserve slabs up to `nbytes` (default: the capacity) in the calling
+        thread; return the bytes reserved."""
+        goal = self.capacity if nbytes is None else min(nbytes, self.capacity)
+        while (remaining := goal - self.reserved - self._reserving) >= self.alignment:
+            if not self._grow(min(self.slab_size, remaining - remaining % self.alignment)):
+                break
+        return self.reserved
+
+    def start_background(self, goal: int, headroom: int | None = None) -> None:
+        """Reserve `goal` bytes in the background now and keep them (never given
+        back while idle); later keep `headroom` bytes (default: two slabs) free
+        ahead of use, up to the capacity. Returns at once; idempotent."""
+        with self._lock:
+            if self._closed or self.backend is None or self.capacity == 0:
+                return
+            self.headroom = 2 * self.slab_size if headroom is None else max(headroom, 0)
+            self.goal = max(self.goal, min(goal, self.capacity))
+            self.keep = max(self.keep, min(goal, self.capacity))
+            self._start_thread()
+            self._wake.notify_all()
+
+    def ensure_free(self, nbytes: int) -> None:
+        """Have `nbytes` of pinned memory free ahead of use (beyond the bytes in
+        use), reserved in the background up to the capacity. Cheap when already
+        asked: callable on every write."""
+        with self._lock:
+            if self._closed or self.backend is None or self.capacity == 0:
+                return
+            want = min(self.in_use + max(nbytes, 0), self.capacity)
+            if want - self.goal >= self.alignment:
+                self.goal = want
+                self._start_thread()
+                self._wake.notify_all()
+
+    def _start_thread(self) -> None:
+        """Start the pool's thread unless it runs (lock held)."""
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(
+                target=_pool_loop, args=(self,), name="cudask-pinned", daemon=True
+            )
+            self._thread.start()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until the goal is reserved (or pinning failed, the footprint limit
+        was reached, or the pool closed); return whether the goal is reserved."""
+        with self._lock:
+            def done() -> bool:
+                return (self._closed or self._pin_failed
+                        or (self._limited() and not self._reserving)
+                        or self.reserved >= min(self.goal, self.capacity))
+
+            self._wake.wait_for(done, timeout)
+            return self.reserved >= min(self.goal, self.capacity)
+
+    def _limited(self) -> bool:
+        """Whether one more slab would pass the available-memory limit (lock held)."""
+        return not self._fits(self.slab_size)
+
+    def _fits(self, size: int) -> bool:
+        """Whether `size` more pinned bytes stay within the capacity and the
+        available-memory limit (lock held)."""
+        held = self.reserved + self._reserving + self._fallbacks.registered
+        if held + size > self.capacity:
+            return False
+        return held + size <= self.available_fraction * (self.available() + held)
+
+    def _why_not(self, size: int) -> str:
+        """Why no pinned range serves `size` bytes now (lock held)."""
+        if self._pin_failed:
+            return "refused"
+        if self.reserved + self._reserving + size > self.capacity:
+            return "full"
+        if not self._fits(size):
+            return "available"
+        return "warmup"
+
+    def _ask_ahead(self, size: int) -> None:
+        """Raise the goal so `size` more bytes plus the headroom are free ahead of
+        use (lock held)."""
+        if size > self.slab_size:
+            self._big = max(self._big, size)
+        want = min(self.in_use + size + self.headroom, self.capacity)
+        if want > self.goal or self._big or self.reserved + self._reserving < self.goal:
+            # (a goal not met may have waited for memory to become available)
+            self.goal = max(self.goal, want)
+            self._start_thread()
+            self._wake.notify_all()
+
+    def _take(self, nbytes: int, size: int) -> HostBlock | None:
+        taken = self._slabs.take(size)
+        if taken is None:
+            return None
+        slab, offset = taken
+        return HostBlock(
+            slab.ptr + offset, nbytes, pinned=True, pool=self, slab=slab,
+            offset=offset, size=size,
+        )
+
+    # -- growth --------------------------------------------------------------------
+    def _grow(self, size: int, premap: bool = False) -> bool:
+        """Reserve one slab of at least `size` bytes (outside the lock); with
+        `premap` (the pool's thread), fault the next slab in meanwhile when the
+        goal needs one."""
+        slab_bytes = round_up(max(size, self.slab_size), self.slab_size)
+        with self._lock:
+            if self._pin_failed or self.backend is None or self._closed:
+                return False
+            if self.reserved + self._reserving + slab_bytes > self.capacity:
+                slab_bytes = self.capacity - self.reserved - self._reserving
+                slab_bytes -= slab_bytes % self.alignment
+                if slab_bytes < size or slab_bytes <= 0:
+                    return False
+            if not self._fits(slab_bytes):
+                return False
+            self._reserving += slab_bytes
+            more = premap and (
+                min(self.goal, self.capacity) - self.reserved - self._reserving >= self.slab_size
+            )
+        started = time.perf_counter()
+        try:
+            ptr, registered = self._pinner.pin(slab_bytes, premap_next=more)
+        except Exception as exc:  # noqa: BLE001 - the driver or kernel refused: stop trying
+            self._fallbacks.warn_once(
+                "refused", f"pinning {slab_bytes} bytes of host memory failed: {exc}"
+            )
+            with self._lock:
+                self._reserving -= slab_bytes
+                self._pin_failed = True
+                self._wake.notify_all()
+            return False
+        seconds = time.perf_counter() - started
+        with self._lock:
+            self._reserving -= slab_bytes
+            self.provisioned_bytes += slab_bytes
+            self.provision_seconds += seconds
+            if self._closed:  # closed while pinning: give it straight back
+                self._pinner.free(Slab(ptr, slab_bytes, registered))
+                return False
+            self._slabs.add(Slab(ptr, slab_bytes, registered))
+            self._wake.notify_all()
+        return True
+
+    # -- the pool's thread ---------------------------------------------------------
+    def _step(self) -> bool:
+        """One step of the pool's thread: reserve a slab if below the goal,
+        register a fallback block, or give back the slabs idle for
+        `release_after`; return False when closed. Waits while there is
+        nothing to do."""
+        idle: list[Slab] = []
+        size = 0
+        with self._lock:
+            while True:
+                if self._closed:
+                    return False
+                missing = min(self.goal, self.capacity) - self.reserved - self._reserving
+                if ((missing >= self.alignment or self._big) and not self._pin_failed
+                        and self._fits(min(max(missing, self.alignment), self.slab_size))):
+                    size = min(self.slab_size, max(missing - missing % self.alignment, 0))
+                    if self._big:
+                        size, self._big = max(size, self._big), 0
+                    break
+                if self._fallbacks.waiting:
+                    break
+                idle, wait = self._idle_slabs()
+                if idle:
+                    break
+                self._wake.wait(wait)
+        if idle:
+            self._give_back(idle)
+            return True
+        started = time.perf_counter()
+        if size:
+            self._grow(size, premap=self.duty_cycle >= 1)
+        elif not self._fallbacks.register_one(self._pinner, self._fits):
+            return True
+        self._rest((time.perf_counter() - started) * (1 / self.duty_cycle - 1))
+        return True
+
+    def _rest(self, seconds: float) -> None:
+        """Let the other threads' CUDA calls through for `seconds` (until closed)."""
+        if seconds <= 0:
+            return
+        started = time.monotonic()
+        with self._lock:
+            self._wake.wait_for(lambda: self._closed, seconds)
+            self.rest_seconds += time.monotonic() - started
+
+    def _idle_slabs(self) -> tuple[list[Slab], float | None]:
+        """Take out of the pool the slabs idle for `release_after`, newest first,
+        keeping the start goal (all the free ones after `trim()`); also return how
+        long until the next could go (None: until woken). Lock held."""
+        trim, self._trim = self._trim, False
+        idle, wait = self._slabs.take_idle(self.release_after, self.keep, trim=trim)
+        if idle:
+            self.goal = min(self.goal, self._slabs.size)
+            self._releasing += sum(slab.size for slab in idle)
+        return idle, wait
+
+    def trim(self) -> None:
+        """Give every wholly free slab beyond the start goal back to the operating
+        system now, without waiting for `release_after` (host memory is short:
+        the worker's memory manager is moving data to disk). Done by the pool's
+        thread; returns at once."""
+        with self._lock:
+            if self._slabs and not self._closed:
+                self._trim = True
+                self._start_thread()
+                self._wake.notify_all()
+
+    def _give_back(self, slabs: list[Slab]) -> None:
+        """Return wholly free slabs, already out of the pool, to the driver."""
+        for slab in slabs:
+            self._pinner.free(slab)
+        nbytes = sum(slab.size for slab in slabs)
+        with self._lock:
+            self._releasing -= nbytes
+            self.released_bytes += nbytes
+        logger.debug("cudask: gave %d bytes of idle pinned memory back", nbytes)
+
+    # -- release -------------------------------------------------------------------
+    def release_block(self, block: HostBlock, after: Copy | None) -> None:
+        """Take `block` back, once `after` has completed (`HostBlock.release`)."""
+        if after is not None and not after.ready():
+            with self._lock:
+                self._pending.append((block, after))
+            return
+        self._give(block)
+
+    def _give(self, block: HostBlock) -> None:
+        with self._lock:
+            if block.released:
+                return
+            block.released = True
+            assert block._slab is not None
+            self._slabs.give(block._slab, block._offset, block._size)
+            if block._slab.idle_since is not None and self.release_after is not None:
+                self._wake.notify_all()  # the pool's thread times its release
+
+    def _collect(self, wait: bool = False) -> bool:
+        """Return to the slabs the blocks whose copies completed (all of them when
+        `wait`); return whether any were."""
+        with self._lock:
+            if not self._pending:
+                return False
+            pending, self._pending = self._pending, []
+        done: list[HostBlock] = []
+        still: list[tuple[HostBlock, Copy]] = []
+        for block, copy in pending:
+            if wait:
+                copy.wait()
+            if wait or copy.ready():
+                done.append(block)
+            else:
+                still.append((block, copy))
+        if still:
+            with self._lock:
+                self._pending.extend(still)
+        for block in done:
+            self._give(block)
+        return bool(done)
+
+    def close(self) -> None:
+        """Stop the thread, wait for pending copies and return every slab to the
+        driver. Blocks still in use must not be touched afterwards."""
+        with self._lock:
+            self._closed = True
+            self._wake.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=60)  # at most one slab being pinned
+        self._pinner.close()
+        self._collect(wait=True)
+        with self._lock:
+            slabs = self._slabs.clear()
+        for slab in slabs:
+            self._pinner.free(slab)
+
+    def stats(self) -> dict[str, float]:
+        """Pool state for the store's metrics: capacity, reserved and in-use bytes,
+        readiness (1.0 when the goal is reserved), how fast memory was made ready
+        (`pinned-provision-*`, and fallback blocks registered later:
+        `pageable-registered-*`), pageable fallbacks (all causes; `-warmup-`
+        those waiting for the thread) and bytes given back while idle."""
+        with self._lock:
+            reserved = self.reserved
+            goal = min(self.goal, self.capacity)
+            ready = 1.0 if goal <= 0 else min(reserved / goal, 1.0)
+            fallbacks = self._fallbacks
+            rate = self.provisioned_bytes / self.provision_seconds if self.provision_seconds else 0.0
+            return {
+                "pinned-capacity-bytes": float(self.capacity),
+                "pinned-reserved-bytes": float(reserved),
+                "pinned-reserving-bytes": float(self._reserving),
+                "pinned-goal-bytes": float(goal),
+                "pinned-ready": ready,
+                "pinned-in-use-bytes": float(self.in_use),
+                "pinned-slabs": float(len(self._slabs)),
+                "pinned-provision-bytes": float(self.provisioned_bytes),
+                "pinned-provision-seconds": self.provision_seconds,
+                "pinned-provision-gbps": rate / 1e9,
+                "pinned-rest-seconds": self.rest_seconds,
+                "pinned-registered": 1.0 if self.method == "register" else 0.0,
+                "pinned-released-bytes": float(self.released_bytes),
+                "pageable-fallback-count": float(fallbacks.blocks),
+                "pageable-fallback-bytes": float(fallbacks.bytes),
+                "pageable-fallback-warmup-bytes": float(fallbacks.warmup_bytes),
+                "pageable-registered-bytes": float(fallbacks.upgraded_bytes),
+                "pageable-registered-seconds": fallbacks.upgrade_seconds,
+            }
+
+
+def _pool_loop(pool: PinnedPool) -> None:
+    """The pool's thread: reserve slabs as `goal` asks, register fallback
+    blocks, give idle slabs back, until closed."""
+    try:
+        while pool._step():
+            pass
+    except Exception:  # never kill the worker over pinning
+        logger.exception("cudask: the pinned-memory thread stopped")
+
+
+__all__ = ["ALIGNMENT", "PinnedPool"]

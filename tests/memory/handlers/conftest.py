@@ -1,0 +1,15 @@
+"""Fixtures of the handler tests: a transfer engine over the fake copy backend."""
+
+from __future__ import annotations
+
+import pytest
+
+from cudask.memory.host.pool import PinnedPool
+from cudask.memory.host.transfer import TransferEngine
+from cudask.testing.fake_cuda import FakeCopyBackend
+
+
+@pytest.fixture
+def engine() -> TransferEngine:
+    backend = FakeCopyBackend()
+    return TransferEngine(backend, PinnedPool(backend, 1 << 20, 1 << 16))
