@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cudask.bench.workloads import summarize
+from cudask_bench.measure import summarize
 
 GIB4 = 4 * 2**30
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cudask.bench import environment
-from cudask.cli.bench import bench
+from cudask_bench import environment
+from cudask_bench.cli import bench
 
 CPU = ["--backend", "dict", "--array-module", "numpy"]
 HAS_GPU = environment.gpus().get("available", False)
@@ -325,7 +325,7 @@ def test_startup_runs_fresh_processes(tmp_path: Path) -> None:
 
 def test_failing_variant_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A variant whose runner fails: the table says FAILED, JSON keeps the error, exit 1."""
-    from cudask.bench import harness
+    from cudask_bench import harness
 
     def failing_runner(*args: object, **kwargs: object) -> dict[str, object]:
         return {
@@ -419,7 +419,7 @@ def test_transfer_bad_input(args: list[str], named: str) -> None:
 
 
 def test_transfer_shuffle_without_dask_cudf(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cudask.bench import environment
+    from cudask_bench import environment
 
     monkeypatch.setattr(environment, "has_module", lambda name: name != "dask_cudf")
     code, out = invoke("transfer", "--shuffle-rows", "1000")
@@ -431,7 +431,7 @@ def test_transfer_shuffle_without_dask_cudf(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_transfer_needs_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cudask.bench import environment
+    from cudask_bench import environment
 
     monkeypatch.setattr(environment, "gpus", lambda: {"available": False, "reason": "NVML finds 0"})
     code, out = invoke("transfer")
@@ -439,7 +439,7 @@ def test_transfer_needs_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_transfer_placement_names_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cudask.bench import environment
+    from cudask_bench import environment
 
     monkeypatch.setattr(environment, "gpus", lambda: {"available": True, "devices": [{"index": 0}]})
     for placement in ("0", "0,1", "0,x", "0+1", "0+0", "0+00", "0,\u00b2"):
@@ -453,7 +453,7 @@ def test_transfer_placement_names_the_machine(monkeypatch: pytest.MonkeyPatch) -
 def test_transfer_placement_to_worker_processes(monkeypatch: pytest.MonkeyPatch, given: str | None,
                                                 expected: tuple[str, ...]) -> None:
     """By default one worker process over both GPUs (a worker per GPU, as users start them)."""
-    from cudask.bench import transfer as transfer_run
+    from cudask_bench import transfer as transfer_run
 
     monkeypatch.setattr(environment, "gpus", lambda: {"available": True, "devices": [{"index": 0}, {"index": 1}]})
     monkeypatch.setattr(environment, "has_module", lambda name: True)
@@ -476,7 +476,7 @@ def test_transfer_settings_and_dask_cuda_workers(tmp_path: Path) -> None:
     PYTHONPATH."""
     import sys
 
-    from cudask.bench.transfer import Setting, settings, worker_launch
+    from cudask_bench.transfer import Setting, settings, worker_launch
 
     dc = Setting("dask-cuda", "dask-cuda", "tcp", pythonpath=(str(tmp_path),))
     names = [s.name for s in settings(("tcp", "ucx"), dc)]
@@ -496,7 +496,7 @@ def test_transfer_settings_and_dask_cuda_workers(tmp_path: Path) -> None:
 
 
 def test_transfer_summary_compares_the_first_setting() -> None:
-    from cudask.bench.transfer import summary
+    from cudask_bench.transfer import summary
 
     def result(bw: float, seconds: float) -> dict:
         p2p = {"cold": {"GBps": bw / 2, "task_s": 0.1}, "warm_median_GBps": bw}
@@ -512,7 +512,7 @@ def test_transfer_summary_compares_the_first_setting() -> None:
 
 
 def test_transfer_summary_of_shuffles() -> None:
-    from cudask.bench.transfer import summary
+    from cudask_bench.transfer import summary
 
     def run(seconds: float) -> dict:
         return {"method": "p2p", "rows": 10**6, "partitions": 8, "bytes": 1.6e7, "seconds": seconds,
@@ -533,7 +533,7 @@ def test_transfer_summary_of_shuffles() -> None:
 def test_transfer_reports_the_store_figures() -> None:
     from types import SimpleNamespace
 
-    from cudask.bench.transfer import store_figures
+    from cudask_bench.counters import store_figures
 
     class Store(dict):
         def metrics(self) -> dict[str, float]:

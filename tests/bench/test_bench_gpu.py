@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from cudask.bench import environment
-from cudask.cli.bench import bench
+from cudask_bench import environment
+from cudask_bench.cli import bench
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

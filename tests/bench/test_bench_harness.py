@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from cudask.bench import environment, harness, spec
-from cudask.bench.run import RunnerError, check_honesty
 from cudask.errors import MissingDependencyError, OptionError
+from cudask_bench import environment, harness, report, spec, targets
+from cudask_bench.run import RunnerError, check_honesty
 
 GIB4 = 4 * 2**30
 
@@ -162,7 +162,7 @@ def test_runner_argv() -> None:
 
 
 def test_runner_parses_what_the_harness_writes() -> None:
-    from cudask.bench.run import parse_args
+    from cudask_bench.run import parse_args
 
     argv = spec.runner_argv(
         spec.Variant("cudask", GIB4, True),
@@ -190,14 +190,14 @@ def test_runner_parses_what_the_harness_writes() -> None:
 
 
 def _runner_args(*extra: str) -> Any:
-    from cudask.bench.run import parse_args
+    from cudask_bench.run import parse_args
 
     return parse_args(["--backend", "dict", "--json", "x.json", *extra])
 
 
 def test_planned_steps() -> None:
     """The progress total each runner announces: one per cluster start and per run."""
-    from cudask.bench.run import cluster_groups, planned_steps
+    from cudask_bench.run import cluster_groups, planned_steps
 
     spill = ("--workload", "spill", "--total", "8", "--chunk-size", "8")
     # warm: cluster up + (create, read) x (warm-ups + repetitions)
@@ -233,7 +233,7 @@ def test_modes_and_defaults() -> None:
 
 
 def test_comparisons(synthetic_document: dict[str, Any]) -> None:
-    pairs = harness.comparisons(synthetic_document["variants"])
+    pairs = report.comparisons(synthetic_document["variants"])
     by = {(c["kind"], c["metric"], c["variant"]): c for c in pairs}
     c = by[("vs dask-cuda", "create", "cudask 4 GiB")]
     assert c["reference"] == "dask-cuda 4 GiB"
@@ -253,7 +253,7 @@ def test_comparisons(synthetic_document: dict[str, Any]) -> None:
 def test_comparison_skips_failed_metric(synthetic_document: dict[str, Any]) -> None:
     dc = synthetic_document["variants"][4]
     dc["measurements"]["create"]["status"] = "failed"
-    pairs = harness.comparisons(synthetic_document["variants"])
+    pairs = report.comparisons(synthetic_document["variants"])
     assert not [c for c in pairs if c["reference"] == "dask-cuda 4 GiB" and c["metric"] == "create"]
     assert [
         c for c in pairs if c["reference"] == "dask-cuda 4 GiB" and c["metric"] == "read_verify"
@@ -280,7 +280,7 @@ def test_merge_runs_for_startup() -> None:
             "measurements": {"startup": {"times": [1.2], "warmup_times": []}},
         },
     ]
-    entry = harness.merge_runs(v, harness.Target(sys.executable), runs)
+    entry = report.merge_runs(v, targets.Target(sys.executable), runs)
     m = entry["measurements"]["startup"]
     assert m["times"] == [1.5, 1.2] and m["warmup_times"] == [2.0]
     assert m["median"] == pytest.approx(1.35) and m["min"] == 1.2 and m["max"] == 1.5
@@ -290,16 +290,16 @@ def test_merge_runs_for_startup() -> None:
 
 def test_merge_runs_failure() -> None:
     runs = [{"status": "failed", "error": "boom", "traceback": "tb", "measurements": {}}]
-    entry = harness.merge_runs(spec.Variant("dict"), harness.Target(sys.executable), runs)
+    entry = report.merge_runs(spec.Variant("dict"), targets.Target(sys.executable), runs)
     assert entry["status"] == "failed" and entry["error"] == "boom" and entry["traceback"] == "tb"
     assert entry["measurements"] == {}
 
 
 def test_table_and_json_roundtrip(tmp_path: Path, synthetic_document: dict[str, Any]) -> None:
-    synthetic_document["comparisons"] = harness.comparisons(synthetic_document["variants"])
-    harness.write_json(synthetic_document, tmp_path / "a" / "r.json")
+    synthetic_document["comparisons"] = report.comparisons(synthetic_document["variants"])
+    report.write_json(synthetic_document, tmp_path / "a" / "r.json")
     doc = json.loads((tmp_path / "a" / "r.json").read_text())
-    table = harness.format_table(doc)
+    table = report.format_table(doc)
     assert "0.157 (6.39x)" in table
     assert "FAILED dask-cuda 4 GiB +jit" in table
     assert "5.750 s (3.0 GB/s)" in table
@@ -314,7 +314,7 @@ def test_table_says_the_mode_and_puts_cold_before_warm(
             **{k + "_warm": dict(x, median=x["median"] / 2) for k, x in m.items()}, **m
         }
     synthetic_document["parameters"].update(mode="cold", warm_runs=2)
-    table = harness.format_table(synthetic_document)
+    table = report.format_table(synthetic_document)
     lines = table.splitlines()
     assert lines[1] == (
         "cold: first run on a fresh cluster, timed from the first submit; "
@@ -323,15 +323,15 @@ def test_table_says_the_mode_and_puts_cold_before_warm(
     rows = [line.split()[0] for line in lines[2:] if line.split()
             and line.split()[0] in {"create", "read_verify", "create_warm", "read_verify_warm"}]
     assert rows[:4] == ["create", "read_verify", "create_warm", "read_verify_warm"]
-    pairs = harness.comparisons(synthetic_document["variants"])
+    pairs = report.comparisons(synthetic_document["variants"])
     assert {c["metric"] for c in pairs} == {"create", "read_verify", "create_warm",
                                             "read_verify_warm"}
     synthetic_document["parameters"]["mode"] = "warm"
-    assert harness.format_table(synthetic_document).splitlines()[1] == (
+    assert report.format_table(synthetic_document).splitlines()[1] == (
         "warm: steady state after warm-ups"
     )
     synthetic_document["parameters"] = {}  # startup, or a file from before --mode
-    assert harness.format_table(synthetic_document).splitlines()[1].startswith("metric")
+    assert report.format_table(synthetic_document).splitlines()[1].startswith("metric")
 
 
 def test_comparisons_cover_cupy_cold_metrics(synthetic_document: dict[str, Any]) -> None:
@@ -340,7 +340,7 @@ def test_comparisons_cover_cupy_cold_metrics(synthetic_document: dict[str, Any])
             f"sum{suffix}": dict(x) for x in v["measurements"].values()
             for suffix in ("_input", "", "_total", "_warm")
         }
-    pairs = harness.comparisons(synthetic_document["variants"])
+    pairs = report.comparisons(synthetic_document["variants"])
     vs_dask_cuda = {c["metric"] for c in pairs if c["kind"] == "vs dask-cuda"}
     assert vs_dask_cuda == {"sum_input", "sum", "sum_total", "sum_warm"}
 
@@ -365,7 +365,7 @@ def test_progress_line() -> None:
 
 def test_chart_png(tmp_path: Path, synthetic_document: dict[str, Any]) -> None:
     pytest.importorskip("matplotlib")
-    from cudask.bench.chart import write_chart
+    from cudask_bench.chart import write_chart
 
     write_chart(synthetic_document, tmp_path / "c.png")
     data = (tmp_path / "c.png").read_bytes()
@@ -399,7 +399,7 @@ def test_machine_facts() -> None:
 
 def test_resolve_dask_cuda_2604_with_jit(tmp_path: Path, fake_dask_cuda: Callable[..., Path]) -> None:
     path = fake_dask_cuda(tmp_path / "dc", "26.04.00", proxy_object=True)
-    target = harness.resolve_dask_cuda(None, str(path), jit_unspill=True, array_module="numpy")
+    target = targets.resolve_dask_cuda(None, str(path), jit_unspill=True, array_module="numpy")
     assert target.pythonpath == (str(path),)
     assert target.probe is not None and target.probe["versions"]["dask_cuda"] == "26.04.00"
     assert target.probe["dask_cuda_has_proxy_object"] is True
@@ -407,16 +407,16 @@ def test_resolve_dask_cuda_2604_with_jit(tmp_path: Path, fake_dask_cuda: Callabl
 
 def test_resolve_dask_cuda_refuses_jit_on_2610(tmp_path: Path, fake_dask_cuda: Callable[..., Path]) -> None:
     path = fake_dask_cuda(tmp_path / "dc", "26.10.00", proxy_object=False)
-    harness.resolve_dask_cuda(None, str(path), jit_unspill=False, array_module="numpy")
+    targets.resolve_dask_cuda(None, str(path), jit_unspill=False, array_module="numpy")
     with pytest.raises(OptionError, match="removed JIT-unspill in 26.06"):
-        harness.resolve_dask_cuda(None, str(path), jit_unspill=True, array_module="numpy")
+        targets.resolve_dask_cuda(None, str(path), jit_unspill=True, array_module="numpy")
 
 
 @pytest.mark.skipif(environment.has_module("cupy"), reason="CuPy is installed here")
 def test_resolve_dask_cuda_needs_cupy_there(tmp_path: Path, fake_dask_cuda: Callable[..., Path]) -> None:
     path = fake_dask_cuda(tmp_path / "dc", "26.10.00", proxy_object=False)
     with pytest.raises(MissingDependencyError, match="cupy"):
-        harness.resolve_dask_cuda(None, str(path), jit_unspill=False, array_module="cupy")
+        targets.resolve_dask_cuda(None, str(path), jit_unspill=False, array_module="cupy")
 
 
 # --------------------------------------------------------------------------- runner process
@@ -424,7 +424,7 @@ def test_resolve_dask_cuda_needs_cupy_there(tmp_path: Path, fake_dask_cuda: Call
 
 def _runner(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cudask.bench.run", *args],
+        [sys.executable, "-m", "cudask_bench.run", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -497,7 +497,8 @@ def test_runner_rejects_jit_on_new_dask_cuda(tmp_path: Path, fake_dask_cuda: Cal
         "    def __init__(self, n_workers=None, device_memory_limit=None): pass\n"
     )
     out = tmp_path / "r.json"
-    env = dict(os.environ, PYTHONPATH=str(path))
+    src = targets.package_root("cudask_bench").parent  # the cudask_bench under test
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(path), str(src)]))
     proc = _runner(
         "--backend",
         "dask-cuda",
@@ -516,7 +517,7 @@ def test_runner_rejects_jit_on_new_dask_cuda(tmp_path: Path, fake_dask_cuda: Cal
 
 
 def test_honesty_check() -> None:
-    runner = ["cudask", "cudask.bench.run", "numpy"]
+    runner = ["cudask", "cudask_bench.run", "numpy"]
     result: dict[str, Any] = {"store": {"cudask_modules": ["cudask", "cudask.memory.store"]}}
     with pytest.raises(RunnerError, match="cudask.memory.store"):
         check_honesty("dask-cuda", result, runner)
@@ -530,9 +531,9 @@ def test_honesty_check() -> None:
     }
     with pytest.raises(RunnerError, match="cudask.worker.plugins"):
         check_honesty("dask-cuda", several, runner)
-    clean: dict[str, Any] = {"store": {"cudask_modules": ["cudask", "cudask.bench.workloads"]}}
+    clean: dict[str, Any] = {"store": {"cudask_modules": ["cudask", "cudask_bench.workloads"]}}
     check_honesty("dask-cuda", clean, runner)
-    assert clean["cudask_modules"] == ["cudask", "cudask.bench.run"]
+    assert clean["cudask_modules"] == ["cudask", "cudask_bench.run"]
 
 
 def tiny_host_spill_argv(repeat: int) -> list[str]:
@@ -554,15 +555,15 @@ def tiny_host_spill_argv(repeat: int) -> list[str]:
 
 
 def test_spawn_runner_through_another_interpreter(tmp_path: Path) -> None:
-    """A 'foreign' interpreter gets cudask through the one-package shim on PYTHONPATH."""
+    """A 'foreign' interpreter gets cudask and cudask_bench through the shim on PYTHONPATH."""
     wrapper = tmp_path / "otherpython"
     wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
-    target = harness.Target(str(wrapper))
+    target = targets.Target(str(wrapper))
     assert target.foreign
-    shim = harness.make_shim()
+    shim = targets.make_shim()
     try:
-        assert sorted(os.listdir(shim)) == ["cudask"]
+        assert sorted(os.listdir(shim)) == ["cudask", "cudask_bench"]
         events: list[tuple[int, int, str]] = []
         argv = tiny_host_spill_argv(repeat=1)
         result = harness.spawn_runner(
@@ -573,19 +574,18 @@ def test_spawn_runner_through_another_interpreter(tmp_path: Path) -> None:
             on_progress=lambda d, t, label: events.append((d, t, label)),
         )
     finally:
-        os.unlink(os.path.join(shim, "cudask"))
-        os.rmdir(shim)
+        targets.remove_shim(shim)
     assert result["status"] == "ok", result
     assert result["cudask_path"] == os.path.join(shim, "cudask")
     assert events[-1][0] == events[-1][1] == 3 and events[0][2] == "cluster up"
     assert result["measurements"]["read_verify_warm"]["times"]
-    assert "-m cudask.bench.run" in result["command"]
+    assert "-m cudask_bench.run" in result["command"]
 
 
 def test_runner_module_imports_no_workload_libraries() -> None:
     """Each worker the runner's cluster spawns re-runs the runner's module (multiprocessing's
     spawn re-imports the parent's main module), so its imports count in every start-up."""
-    code = "import sys, cudask.bench.run; print(sorted({'numpy', 'cupy'} & set(sys.modules)))"
+    code = "import sys, cudask_bench.run; print(sorted({'numpy', 'cupy'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -594,7 +594,7 @@ def test_spawn_runner_timeout_kills_the_group(tmp_path: Path) -> None:
     """A runner past --timeout is killed with its workers and reported, not waited for."""
     argv = tiny_host_spill_argv(repeat=1000)
     result = harness.spawn_runner(
-        harness.Target(sys.executable), argv, shim=None, timeout=1, on_progress=lambda *a: None
+        targets.Target(sys.executable), argv, shim=None, timeout=1, on_progress=lambda *a: None
     )
     assert result["status"] == "failed" and "timed out after 1 s" in result["error"]
 
@@ -602,7 +602,7 @@ def test_spawn_runner_timeout_kills_the_group(tmp_path: Path) -> None:
 def test_startup_rounds_go_through_the_variants_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
     """Machine drift must not favour the variant that runs last: startup processes
     alternate between variants; a failing variant is not run again."""
-    from cudask.bench import harness, spec
+    from cudask_bench import harness, spec
 
     order: list[str] = []
 
@@ -622,7 +622,7 @@ def test_startup_rounds_go_through_the_variants_in_turn(monkeypatch: pytest.Monk
     monkeypatch.setattr(harness.environment, "machine", dict)
     variants = [spec.Variant("dict"), spec.Variant("cudask", None),
                 spec.Variant("cudask", limit_set=False)]
-    target = harness.Target(sys.executable)
+    target = targets.Target(sys.executable)
     plan = harness.Plan(
         workload="startup", variants=variants,
         targets={"dict": target, "cudask": target},
@@ -639,7 +639,7 @@ def test_startup_rounds_go_through_the_variants_in_turn(monkeypatch: pytest.Monk
 def test_processes_take_turns_and_pool_their_repetitions(monkeypatch: pytest.MonkeyPatch) -> None:
     """--processes N: each variant runs in N fresh processes, alternating with the
     other variants; the median is over all their repetitions."""
-    from cudask.bench import harness, spec
+    from cudask_bench import harness, spec
 
     order: list[str] = []
 
@@ -654,7 +654,7 @@ def test_processes_take_turns_and_pool_their_repetitions(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(harness, "spawn_runner", runner)
     monkeypatch.setattr(harness.environment, "machine", dict)
-    target = harness.Target(sys.executable)
+    target = targets.Target(sys.executable)
     plan = harness.Plan(
         workload="cupy", variants=[spec.Variant("cudask", 1 << 30), spec.Variant("cudask", 1 << 30, jit_unspill=True)],
         targets={"cudask": target},
@@ -677,7 +677,7 @@ def test_cold_rounds_take_turns_one_process_per_repetition(
 ) -> None:
     """--mode cold: startup's rounds: the warm-up processes first, then one process per
     measured repetition, the variants alternating; --processes plays no part."""
-    from cudask.bench import harness, spec
+    from cudask_bench import harness, spec
 
     calls: list[tuple[str, str, str, str]] = []
 
@@ -695,7 +695,7 @@ def test_cold_rounds_take_turns_one_process_per_repetition(
 
     monkeypatch.setattr(harness, "spawn_runner", runner)
     monkeypatch.setattr(harness.environment, "machine", dict)
-    target = harness.Target(sys.executable)
+    target = targets.Target(sys.executable)
     plan = harness.Plan(
         workload="spill",
         variants=[spec.Variant("cudask", 1 << 30), spec.Variant("cudask", 1 << 30, True)],

@@ -8,22 +8,22 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cudask.bench import spec, workloads
+from cudask_bench import cupy_cases, measure, spec, tasks, workloads
 
 
 def test_chunk_fill_and_verify() -> None:
     base = workloads.spill_base(1, 2, 10)
-    chunk = workloads.make_chunk("numpy", base, 1000)
+    chunk = tasks.make_chunk("numpy", base, 1000)
     assert chunk.dtype == np.uint64 and chunk[0] == base and chunk[-1] == base + 999
-    assert workloads.verify_chunk(chunk, "numpy", base, 1000) == 0
+    assert tasks.verify_chunk(chunk, "numpy", base, 1000) == 0
     # another chunk's data, a flipped element, a zeroed chunk, a wrong shape all fail
-    assert workloads.verify_chunk(chunk, "numpy", workloads.spill_base(1, 3, 10), 1000) == 1000
+    assert tasks.verify_chunk(chunk, "numpy", workloads.spill_base(1, 3, 10), 1000) == 1000
     broken = chunk.copy()
     broken[517] ^= 1
-    assert workloads.verify_chunk(broken, "numpy", base, 1000) == 1
-    assert workloads.verify_chunk(np.zeros(1000, np.uint64), "numpy", base, 1000) == 1000
-    assert workloads.verify_chunk(chunk[:999], "numpy", base, 1000) == -1
-    assert workloads.verify_chunk(chunk.astype(np.int64), "numpy", base, 1000) == -1
+    assert tasks.verify_chunk(broken, "numpy", base, 1000) == 1
+    assert tasks.verify_chunk(np.zeros(1000, np.uint64), "numpy", base, 1000) == 1000
+    assert tasks.verify_chunk(chunk[:999], "numpy", base, 1000) == -1
+    assert tasks.verify_chunk(chunk.astype(np.int64), "numpy", base, 1000) == -1
 
 
 def test_spill_bases_are_distinct() -> None:
@@ -34,22 +34,22 @@ def test_spill_bases_are_distinct() -> None:
 
 def test_stencil_matches_formula() -> None:
     a = np.arange(25, dtype=float).reshape(5, 5) ** 2
-    out = workloads.stencil(a)
+    out = tasks.stencil(a)
     assert out[2, 2] == 4 * a[2, 2] - a[1, 2] - a[3, 2] - a[2, 1] - a[2, 3]
 
 
 def test_to_numpy_and_summary() -> None:
     a = np.ones(3)
-    assert workloads.to_numpy(a) is a
-    entry = workloads.summarize({"times": [3.0, 1.0, 2.0], "bytes": 2 * 10**9})
+    assert tasks.to_numpy(a) is a
+    entry = measure.summarize({"times": [3.0, 1.0, 2.0], "bytes": 2 * 10**9})
     assert entry["median"] == 2.0 and entry["min"] == 1.0 and entry["max"] == 3.0
     assert entry["gbps"] == pytest.approx(1.0)
-    empty = workloads.summarize({"times": [], "bytes": None})
+    empty = measure.summarize({"times": [], "bytes": None})
     assert empty["median"] is None and empty["gbps"] is None
 
 
 def test_measurement_json() -> None:
-    m = workloads.Measurement(nbytes=10)
+    m = measure.Measurement(nbytes=10)
     m.record(1.0, warmup=True)
     m.record(2.0, warmup=False)
     m.fail("x")
@@ -72,19 +72,19 @@ def client() -> Any:
 
 
 def test_schedules() -> None:
-    warm = workloads.schedule("warm", warmup=1, repeat=2, warm_runs=5)
+    warm = measure.schedule("warm", warmup=1, repeat=2, warm_runs=5)
     assert [(s.suffix, s.warmup, s.label) for s in warm] == [
         ("_warm", True, "warm-up 1/1"),
         ("_warm", False, "run 1/2"),
         ("_warm", False, "run 2/2"),
     ]
-    cold = workloads.schedule("cold", warmup=0, repeat=7, warm_runs=2)
+    cold = measure.schedule("cold", warmup=0, repeat=7, warm_runs=2)
     assert [(s.suffix, s.warmup) for s in cold] == [("", False), ("_warm", False), ("_warm", False)]
     # a cold warm-up process runs the same steps, none of them measured
-    assert all(s.warmup for s in workloads.schedule("cold", warmup=1, repeat=0, warm_runs=2))
-    assert len(workloads.schedule("cold", warmup=0, repeat=1, warm_runs=0)) == 1
-    with pytest.raises(workloads.BenchFailure, match="accepted: cold, warm"):
-        workloads.schedule("hot", warmup=0, repeat=1, warm_runs=0)
+    assert all(s.warmup for s in measure.schedule("cold", warmup=1, repeat=0, warm_runs=2))
+    assert len(measure.schedule("cold", warmup=0, repeat=1, warm_runs=0)) == 1
+    with pytest.raises(measure.BenchFailure, match="accepted: cold, warm"):
+        measure.schedule("hot", warmup=0, repeat=1, warm_runs=0)
 
 
 def test_cupy_operations_on_numpy(client: Any) -> None:
@@ -96,7 +96,7 @@ def test_cupy_operations_on_numpy(client: Any) -> None:
         module="numpy",
         operations=ops,
         shapes=shapes,
-        steps=workloads.schedule("warm", warmup=1, repeat=2, warm_runs=0),
+        steps=measure.schedule("warm", warmup=1, repeat=2, warm_runs=0),
         progress=events.append,
     )
     assert list(result) == [op + "_warm" for op in ops]
@@ -116,7 +116,7 @@ def test_cold_operation_times_input_and_total(client: Any) -> None:
         module="numpy",
         op="dot",
         shape=spec.operation_shape("dot", 200, 50, None),
-        steps=workloads.schedule("cold", warmup=0, repeat=1, warm_runs=2),
+        steps=measure.schedule("cold", warmup=0, repeat=1, warm_runs=2),
         progress=events.append,
         time_input=True,
     )
@@ -134,7 +134,7 @@ def test_cold_warmup_process_measures_nothing(client: Any) -> None:
         module="numpy",
         op="sum",
         shape=spec.operation_shape("sum", 200, 50, None),
-        steps=workloads.schedule("cold", warmup=1, repeat=0, warm_runs=1),
+        steps=measure.schedule("cold", warmup=1, repeat=0, warm_runs=1),
         progress=lambda s: None,
         time_input=True,
     )
@@ -149,7 +149,7 @@ def test_failing_operation_fails_every_figure(client: Any) -> None:
         module="numpy",
         op="fft",
         shape={"size": 100, "chunk": 50, "second": None},
-        steps=workloads.schedule("cold", warmup=0, repeat=1, warm_runs=1),
+        steps=measure.schedule("cold", warmup=0, repeat=1, warm_runs=1),
         progress=lambda s: None,
         time_input=True,
     )
@@ -163,7 +163,7 @@ def test_every_repetition_computes_its_result(client: Any) -> None:
 
     shapes = {"transpose_sum": spec.operation_shape("transpose_sum", 200, 50, None)}
     with get_task_stream(client) as stream:
-        steps = workloads.schedule("warm", warmup=1, repeat=4, warm_runs=0)
+        steps = measure.schedule("warm", warmup=1, repeat=4, warm_runs=0)
         result = workloads.run_cupy(client, module="numpy", operations=["transpose_sum"],
                                     shapes=shapes, steps=steps, progress=lambda s: None)
     assert result["transpose_sum_warm"].status == "ok"
@@ -181,9 +181,9 @@ def test_cupy_check_catches_a_wrong_result(client: Any) -> None:
         .random((100, 100), chunks=50)
         .persist()
     )
-    case = workloads._cupy_case("transpose_sum", [x], {"size": 100, "chunk": 50, "second": None})
+    case = cupy_cases.cupy_case("transpose_sum", [x], {"size": 100, "chunk": 50, "second": None})
     assert case.check(case.build()) == "equals 2 * x.sum()"
-    with pytest.raises(workloads.BenchFailure, match="expected 2 \\* x.sum"):
+    with pytest.raises(measure.BenchFailure, match="expected 2 \\* x.sum"):
         case.check(case.build() * (1 + 1e-6))
 
 
@@ -194,7 +194,7 @@ def test_spill_on_numpy(client: Any) -> None:
         module="numpy",
         total=2**20,
         chunk_size=2**18,
-        steps=workloads.schedule("warm", warmup=0, repeat=2, warm_runs=0),
+        steps=measure.schedule("warm", warmup=0, repeat=2, warm_runs=0),
         progress=events.append,
     )
     assert list(result) == ["create_warm", "read_verify_warm"]
@@ -215,7 +215,7 @@ def test_cold_spill_on_numpy(client: Any) -> None:
         module="numpy",
         total=2**20,
         chunk_size=2**18,
-        steps=workloads.schedule("cold", warmup=0, repeat=1, warm_runs=1),
+        steps=measure.schedule("cold", warmup=0, repeat=1, warm_runs=1),
         progress=events.append,
     )
     assert list(result) == ["create", "read_verify", "create_warm", "read_verify_warm"]

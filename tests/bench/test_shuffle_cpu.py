@@ -1,4 +1,4 @@
-"""cudask.bench.shuffle on host frames (pandas) in a local cluster: both methods keep
+"""cudask_bench.shuffle on host frames (pandas) in a local cluster: both methods keep
 every row and put each key in one partition; a failing method is recorded."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ pytest.importorskip("pyarrow")  # distributed's P2P shuffle moves arrow tables
 
 from distributed import Client, LocalCluster
 
-from cudask.bench.shuffle import METHODS, frame_shuffle
+from cudask_bench.shuffle import METHODS, frame_shuffle
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_keys_split_across_partitions_are_found(client: Any) -> None:
     """The check can fail: repartitioning without a shuffle leaves keys in several partitions."""
     import dask.dataframe as dd
 
-    from cudask.bench.shuffle import _distinct_keys, _partition
+    from cudask_bench.shuffle import _distinct_keys, _partition
 
     frame = dd.from_map(_partition, range(4), rows=50_000, module="pandas", meta=_partition(0, 0, "pandas"))
     held = client.compute([client.submit(_distinct_keys, p) for p in client.compute(frame.to_delayed())],
@@ -53,7 +53,7 @@ def test_a_failing_method_is_recorded(client: Any) -> None:
 
 
 def test_moved_counters_are_differences() -> None:
-    from cudask.bench.shuffle import _moved
+    from cudask_bench.shuffle import _moved
 
     before = {"a": {"ipc-received": 2.0, "ipc-mappings-open": 1.0}, "b": {"ipc-received": 0.0}}
     after = {"a": {"ipc-received": 5.0, "ipc-mappings-open": 1.0, "spill-device-to-host-count": 1.0,

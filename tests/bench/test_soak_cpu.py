@@ -11,7 +11,7 @@ import re
 import pytest
 from distributed import Client, LocalCluster
 
-from cudask.bench.soak import SoakPlan, soak_on
+from cudask_bench.soak import SoakPlan, soak_on
 
 
 @pytest.mark.timeout(400)

@@ -1,4 +1,4 @@
-"""`dask cuda` / `dask cudask` beside dask-cuda (cudask.cli.dask_cli).
+"""`dask cuda` / `dask cudask` beside dask-cuda (cudask.cli.dask_cli, .dask_cuda_owner).
 
 The subprocess tests install nothing: a temporary folder on PYTHONPATH holds a cudask
 dist-info whose entry points are read from pyproject.toml (it shadows the installed one, so
@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 import cudask
-from cudask.cli import dask_cli
+from cudask.cli import dask_cli, dask_cuda_owner
 from cudask.cli.main import cli, cuda, dask_cudask
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,7 +114,7 @@ def test_beside_dask_cuda_no_warning_and_dask_cuda_is_dask_cudas(
 
 
 def _eps(*pairs: tuple[str, str]) -> list[EntryPoint]:
-    return [EntryPoint(name, value, dask_cli.GROUP) for name, value in pairs]
+    return [EntryPoint(name, value, dask_cuda_owner.GROUP) for name, value in pairs]
 
 
 DISTRIBUTED = ("scheduler", "distributed.cli.dask_scheduler:main")
@@ -122,25 +122,25 @@ DISTRIBUTED = ("scheduler", "distributed.cli.dask_scheduler:main")
 
 def test_loaders_follow_what_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     ours = ("cuda", "cudask.cli.dask_cli:cuda")
-    monkeypatch.setattr(dask_cli, "entry_points", lambda group: _eps(DISTRIBUTED, ours))
+    monkeypatch.setattr(dask_cuda_owner, "entry_points", lambda group: _eps(DISTRIBUTED, ours))
     assert dask_cli.cuda is cuda and dask_cli.cudask is dask_cudask
     assert cuda.name == "cuda" and dask_cudask.name == "cudask"
     assert dask_cudask.commands == cuda.commands
     assert cuda.commands["worker"] is cli.commands["worker"]
-    runs = dask_cli.dask_cuda_runs()
+    runs = dask_cuda_owner.dask_cuda_runs()
     assert runs is not None and runs.startswith("cudask")
 
-    monkeypatch.setattr(dask_cli, "entry_points",
+    monkeypatch.setattr(dask_cuda_owner, "entry_points",
                         lambda group: _eps(DISTRIBUTED, ("cuda", "dask_cuda.cli:cuda"), ours))
     aside = dask_cli.cuda
     assert aside.name == dask_cli.STANDING_ASIDE and aside.hidden
     assert dask_cli.cudask is dask_cudask
-    assert dask_cli.dask_cuda_runs() == "dask_cuda"  # no distribution behind a bare EntryPoint
+    assert dask_cuda_owner.dask_cuda_runs() == "dask_cuda"  # no distribution behind the EntryPoint
     result = CliRunner().invoke(aside, [])
     assert "runs dask_cuda; cudask is `dask cudask ...`" in result.output
 
-    monkeypatch.setattr(dask_cli, "entry_points", lambda group: _eps(DISTRIBUTED))
-    assert dask_cli.dask_cuda_runs() is None
-    assert "`dask cuda` is not installed" in dask_cli.which_line()
+    monkeypatch.setattr(dask_cuda_owner, "entry_points", lambda group: _eps(DISTRIBUTED))
+    assert dask_cuda_owner.dask_cuda_runs() is None
+    assert "`dask cuda` is not installed" in dask_cuda_owner.which_line()
     with pytest.raises(AttributeError):
         dask_cli.nothing  # noqa: B018

@@ -222,6 +222,7 @@ def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any,
     registered, 6 MiB of fake device arrays on each: 2 MiB of it spilled."""
     from distributed import Client, LocalCluster, wait
 
+    from cudask.memory.settings import store_settings
     from cudask.memory.store import TieredStore
     from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
     from cudask.worker.plugins import StoreMetrics
@@ -232,8 +233,9 @@ def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any,
     def make_store() -> TieredStore:
         store = TieredStore(
             device_memory_limit=4 << 20, memory_limit=1 << 30, backend=FakeCopyBackend(),
-            background=False, pinned_preallocate=False, pinned_pool_size=16 << 20,
-            pinned_slab_size=1 << 20, local_directory=str(root / f"spill{len(stores)}"),
+            settings=store_settings(4 << 20, 1 << 30, background=False, pinned_preallocate=False,
+                                    pinned_pool_size=16 << 20, pinned_slab_size=1 << 20),
+            local_directory=str(root / f"spill{len(stores)}"),
         )
         stores.append(store)
         return store

@@ -16,9 +16,9 @@ pytest.importorskip("pandas")
 import dask.dataframe as dd
 from distributed import Client, LocalCluster
 
-from cudask.bench.shuffle import _distinct_keys, _partition
 from cudask.comm.explicit import NAME, ExplicitComms, ShuffleError, shuffle
 from cudask.testing import wait_for, workers_info
+from cudask_bench.shuffle import _distinct_keys, _partition
 
 
 @pytest.fixture(scope="module")

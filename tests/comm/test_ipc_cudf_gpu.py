@@ -43,8 +43,8 @@ def test_explicit_shuffle_of_dask_cudf_frames() -> None:
     pytest.importorskip("dask_cudf")
     import dask.dataframe as dd
 
-    from cudask.bench.shuffle import _distinct_keys, _partition
     from cudask.comm.explicit import shuffle
+    from cudask_bench.shuffle import _distinct_keys, _partition
 
     with worker_processes(["0", "0"], args=["--device-memory-limit", "16GB"]) as client:
         df = dd.from_map(_partition, range(8), rows=500_000, module="cudf", meta=_partition(0, 0, "cudf"))

@@ -41,7 +41,7 @@ def _write(config: pytest.Config) -> None:
     path = config.getoption("--fault-table")
     if not path or not ROWS:
         return
-    from cudask.bench import environment
+    from cudask_bench import environment
 
     document = {"rows": ROWS, "machine": environment.machine(),
                 "versions": environment.versions()}

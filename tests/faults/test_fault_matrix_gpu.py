@@ -429,6 +429,7 @@ def test_pinning_refused_by_the_driver(tmp_path: Path, fault_row: Row) -> None:
     import cupy
 
     from cudask.memory.host.fallback import PinnedMemoryWarning
+    from cudask.memory.settings import store_settings
     from cudask.memory.store import TieredStore
     from cudask.testing.integrity import Check
 
@@ -437,7 +438,8 @@ def test_pinning_refused_by_the_driver(tmp_path: Path, fault_row: Row) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PinnedMemoryWarning)
         store = TieredStore(device_memory_limit=256 * MiB, memory_limit=None, backend=backend,
-                            local_directory=str(tmp_path), pinned_preallocate=True)
+                            local_directory=str(tmp_path),
+                            settings=store_settings(256 * MiB, None, pinned_preallocate=True))
         try:
             start = time.perf_counter()
             for spec in specs:

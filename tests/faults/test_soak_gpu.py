@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cudask.cli.bench import bench
+from cudask_bench.cli import bench
 
 pytestmark = pytest.mark.gpu
 

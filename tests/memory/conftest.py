@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -9,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from cudask.memory.settings import store_settings
 from cudask.memory.store import TieredStore
 from cudask.testing import wait_for as poll_until
 from cudask.testing.fake_cuda import FakeCopyBackend
@@ -19,18 +21,29 @@ def backend() -> FakeCopyBackend:
     return FakeCopyBackend()
 
 
+# keywords of store_settings: the `cudask.memory.*` overrides
+_SETTINGS = set(inspect.signature(store_settings).parameters) - {"device_memory_limit", "memory_limit"}
+
+
 def _factory(tmp_path: Any, default: type) -> Iterator[Callable[..., Any]]:
-    """Stores with the fake copy backend and small pools, closed after the test."""
+    """Stores with the fake copy backend and small pools, closed after the test.
+    Keywords of `store_settings` (pinned_pool_size=..., background=...) go into
+    the store's `settings`, unless the store class takes them itself."""
     stores: list[Any] = []
 
     def make(cls: type | None = None, **kwargs: Any) -> Any:
+        cls = cls or default
         kwargs.setdefault("backend", FakeCopyBackend())
         kwargs.setdefault("background", False)
         kwargs.setdefault("pinned_preallocate", False)
         kwargs.setdefault("pinned_pool_size", 1 << 20)
         kwargs.setdefault("pinned_slab_size", 1 << 16)
         kwargs.setdefault("local_directory", str(tmp_path / f"spill{len(stores)}"))
-        store = (cls or default)(**kwargs)
+        own = set(inspect.signature(cls).parameters)
+        overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in _SETTINGS and k not in own}
+        kwargs["settings"] = store_settings(
+            kwargs.get("device_memory_limit"), kwargs.get("memory_limit"), **overrides)
+        store = cls(**kwargs)
         stores.append(store)
         return store
 

@@ -92,10 +92,12 @@ def test_proxy_of_a_cudf_frame(tmp_path: Any) -> None:
     from distributed.protocol import deserialize, serialize
 
     from cudask.memory.jit.proxy_store import ProxyStore
+    from cudask.memory.settings import store_settings
 
     left, _ = _frames(10_000)
-    store = ProxyStore(device_memory_limit=1 << 20, pinned_pool_size="64MB",
-                       pinned_preallocate=False, local_directory=str(tmp_path))
+    store = ProxyStore(device_memory_limit=1 << 20, local_directory=str(tmp_path),
+                       settings=store_settings(1 << 20, None, pinned_pool_size="64MB",
+                                               pinned_preallocate=False))
     try:
         store["df"] = cudf.from_pandas(left)
         for i in range(4):  # push "df" off the device

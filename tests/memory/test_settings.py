@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import dask
 import pytest
 
 from cudask.errors import OptionError
 from cudask.memory.settings import release_seconds, store_settings
+from cudask.memory.store import TieredStore
+
+MakeStore = Callable[..., TieredStore]
 
 
 @pytest.mark.parametrize(
@@ -63,3 +68,15 @@ def test_defaults_come_from_the_config():
 def test_bad_config_values_name_the_key(key, value, match):
     with dask.config.set({f"cudask.memory.{key}": value}), pytest.raises(OptionError, match=match):
         store_settings(1 << 30, 10 << 30)
+
+
+def test_pinned_pool_size_from_config(make_store: MakeStore) -> None:
+    with dask.config.set({"cudask.memory.pinned-pool-size": "auto"}):
+        store = make_store(device_memory_limit=1000, memory_limit=10_000, pinned_pool_size=None)
+    assert store.settings.pinned_pool_size == 5000  # half the host tier, however small the device limit
+    with dask.config.set({"cudask.memory.pinned-pool-size": "auto"}):
+        store = make_store(device_memory_limit=None, memory_limit=10_000, pinned_pool_size=None)
+    assert store.settings.pinned_pool_size == 0  # nothing to spill from the device
+    with dask.config.set({"cudask.memory.pinned-pool-size": 0.5}):
+        store = make_store(memory_limit=10_000, pinned_pool_size=None)
+    assert store.settings.pinned_pool_size == 5000

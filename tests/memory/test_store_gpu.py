@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from cudask.memory import handlers
+from cudask.memory.settings import store_settings
 from cudask.memory.store import TieredStore
 
 pytestmark = pytest.mark.gpu
@@ -22,13 +23,20 @@ pytestmark = pytest.mark.gpu
 MiB = 1 << 20
 
 
+def make(tmp_path: Any, device_memory_limit: int, memory_limit: int | None,
+         **overrides: Any) -> TieredStore:
+    """A store spilling under `tmp_path`, with these `cudask.memory.*` overrides."""
+    return TieredStore(device_memory_limit, memory_limit, local_directory=str(tmp_path),
+                       settings=store_settings(device_memory_limit, memory_limit, **overrides))
+
+
 @pytest.fixture
 def store(tmp_path: Any) -> Iterator[TieredStore]:
     pytest.importorskip("cupy")
-    s = TieredStore(
-        device_memory_limit=64 * MiB,
-        memory_limit=96 * MiB,
-        local_directory=str(tmp_path),
+    s = make(
+        tmp_path,
+        64 * MiB,
+        96 * MiB,
         pinned_pool_size=128 * MiB,
         pinned_slab_size=32 * MiB,
         pinned_preallocate=False,
@@ -127,9 +135,8 @@ def test_copies_land_in_memory_pinned_ahead(
 
 def test_fallback_blocks_are_registered_later(tmp_path: Any, wait_for: Callable[..., bool]) -> None:
     cp = pytest.importorskip("cupy")
-    s = TieredStore(device_memory_limit=8 * MiB, memory_limit=None, pinned_pool_size=64 * MiB,
-                    pinned_slab_size=32 * MiB, pinned_preallocate=False,
-                    local_directory=str(tmp_path))
+    s = make(tmp_path, 8 * MiB, None, pinned_pool_size=64 * MiB,
+             pinned_slab_size=32 * MiB, pinned_preallocate=False)
     try:
         s[0] = cp.full(MiB, 0.5, dtype="f8")
         s[1] = cp.full(MiB, 1.5, dtype="f8")  # spills 0 at once: nothing pinned yet
@@ -151,9 +158,8 @@ def test_pinned_pool_exhaustion_falls_back(tmp_path: Any) -> None:
     cp = pytest.importorskip("cupy")
     from cudask.memory.host.fallback import PinnedMemoryWarning
 
-    s = TieredStore(device_memory_limit=8 * MiB, memory_limit=None, pinned_pool_size=8 * MiB,
-                    pinned_slab_size=8 * MiB, pinned_preallocate=True,
-                    local_directory=str(tmp_path))
+    s = make(tmp_path, 8 * MiB, None, pinned_pool_size=8 * MiB,
+             pinned_slab_size=8 * MiB, pinned_preallocate=True)
     try:
         assert s.engine.pool.wait_ready(timeout=60)
 
@@ -289,9 +295,8 @@ def test_in_flight_copy_counts_until_done(store: TieredStore) -> None:
 
 def test_background_pinning_then_pinned_copies(tmp_path: Any) -> None:
     cp = pytest.importorskip("cupy")
-    s = TieredStore(device_memory_limit=64 * MiB, memory_limit=None, pinned_pool_size=128 * MiB,
-                    pinned_slab_size=32 * MiB, pinned_preallocate=64 * MiB,
-                    local_directory=str(tmp_path))
+    s = make(tmp_path, 64 * MiB, None, pinned_pool_size=128 * MiB,
+             pinned_slab_size=32 * MiB, pinned_preallocate=64 * MiB)
     try:
         assert s.engine.pool.wait_ready(timeout=120)  # pinned in the background
         m = s.metrics()
@@ -324,9 +329,9 @@ def test_idle_pinned_slabs_go_back_and_copy_times_come_from_events(
     tmp_path: Any, wait_for: Callable[..., bool]
 ) -> None:
     cp = pytest.importorskip("cupy")
-    s = TieredStore(device_memory_limit=64 * MiB, memory_limit=512 * MiB, local_directory=str(tmp_path),
-                    pinned_pool_size=256 * MiB, pinned_slab_size=32 * MiB, pinned_preallocate=False,
-                    pinned_release_after=0.2)
+    s = make(tmp_path, 64 * MiB, 512 * MiB,
+             pinned_pool_size=256 * MiB, pinned_slab_size=32 * MiB, pinned_preallocate=False,
+             pinned_release_after=0.2)
     try:
         for i in range(16):  # 16 x 16 MiB through a 64 MiB device tier
             s[i] = cp.full(2 * MiB, i, dtype="f8")

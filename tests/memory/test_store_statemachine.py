@@ -20,6 +20,7 @@ from hypothesis.stateful import (
 
 from cudask.memory import handlers
 from cudask.memory.accounting import union_bytes
+from cudask.memory.settings import store_settings
 from cudask.memory.store import TieredStore
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray, as_numpy
 
@@ -82,15 +83,15 @@ class StoreMachine(RuleBasedStateMachine):
     @initialize(lag=st.sampled_from([0, 0, 2, 50]), disk=st.booleans())
     def make(self, lag: int, disk: bool) -> None:
         self.backend = FakeCopyBackend(lag=lag)
+        memory_limit = 1500 if disk else None
         self.store = TieredStore(
             device_memory_limit=LIMIT,
-            memory_limit=1500 if disk else None,
+            memory_limit=memory_limit,
             local_directory=self.tmp,
             backend=self.backend,
-            pinned_pool_size=6000,
-            pinned_slab_size=2048,
-            pinned_preallocate=False,
-            background=False,
+            settings=store_settings(LIMIT, memory_limit, pinned_pool_size=6000,
+                                    pinned_slab_size=2048, pinned_preallocate=False,
+                                    background=False),
         )
 
     def _put(self, key: Any, value: Any) -> None:
@@ -190,14 +191,14 @@ class StoreMachine(RuleBasedStateMachine):
             return
         store = self.store
         with store.lock:
-            store._reap()
+            store._buffer.reap()
             objects = list(store._device.values())
-            objects += [v for v, _, _ in store._prefetched.values()]
-            for _, refs, _ in store._ghosts.values():
+            objects += [v for v, _, _ in store._buffer.prefetched.values()]
+            for _, refs, _ in store._buffer.inflight.ghosts.values():
                 objects += [r() for r in refs if r() is not None]
             expected = union_bytes(r for obj in objects for r in handlers.allocations(obj))
             assert store._ledger.total == expected
-            if not self.held and not store._ghosts:
+            if not self.held and not store._buffer.inflight.ghosts:
                 assert (
                     store._ledger.total <= LIMIT
                     or set(store._device) <= {self.last_read}

@@ -10,6 +10,7 @@ import pytest
 from distributed import Client, Scheduler, Worker
 from distributed.worker import DEFAULT_METRICS
 
+from cudask.memory.settings import store_settings
 from cudask.memory.store import TieredStore, worker_metrics
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
 
@@ -32,8 +33,8 @@ def test_worker_with_tiered_store(tmp_path: object) -> None:
                 "device_memory_limit": 4000,
                 "memory_limit": 6000,
                 "backend": FakeCopyBackend(lag=2),
-                "pinned_preallocate": False,
-                "pinned_pool_size": 1 << 16,
+                "settings": store_settings(4000, 6000, pinned_preallocate=False,
+                                           pinned_pool_size=1 << 16),
             }
             async with Worker(
                 scheduler.address,
@@ -44,7 +45,7 @@ def test_worker_with_tiered_store(tmp_path: object) -> None:
             ) as worker:
                 store = worker.data
                 assert isinstance(store, TieredStore)
-                assert str(worker.local_directory) in str(store._host.slow.data.d.directory)
+                assert str(worker.local_directory) in str(store._host.data.slow.data.d.directory)
                 async with Client(scheduler.address, asynchronous=True) as client:
                     chunks = client.map(make_chunk, range(20))
                     await client.gather(chunks)

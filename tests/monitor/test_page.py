@@ -37,6 +37,7 @@ from tornado.netutil import bind_sockets
 from tornado.web import Application
 from tornado.websocket import WebSocketClosedError, websocket_connect
 
+from cudask.memory.settings import store_settings
 from cudask.memory.store import TieredStore
 from cudask.monitor.document import page_html
 from cudask.monitor.page import page_link, routes
@@ -459,8 +460,10 @@ def running() -> Iterator[Running]:
     def make_store(worker_local_directory: str) -> TieredStore:
         store = TieredStore(device_memory_limit=DEVICE_LIMIT, memory_limit=16 * MiB,
                             worker_local_directory=worker_local_directory,
-                            backend=FakeCopyBackend(), pinned_preallocate=False,
-                            pinned_pool_size=128 * MiB, pinned_slab_size=8 * MiB)
+                            backend=FakeCopyBackend(),
+                            settings=store_settings(DEVICE_LIMIT, 16 * MiB, pinned_preallocate=False,
+                                                    pinned_pool_size=128 * MiB,
+                                                    pinned_slab_size=8 * MiB))
         stores.append(store)
         return store
 

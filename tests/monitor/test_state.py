@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from distributed import Client, LocalCluster
 
+from cudask.memory.settings import store_settings
 from cudask.memory.store import TieredStore
 from cudask.monitor import dask_setup
 from cudask.monitor.state import MonitorPlugin, install, snapshot, worker_row
@@ -73,7 +74,8 @@ def test_a_worker_without_cudask_metrics_is_shown_as_such() -> None:
 
 def _store() -> TieredStore:
     return TieredStore(device_memory_limit=MiB, memory_limit=1 << 30, backend=FakeCopyBackend(),
-                       pinned_pool_size=4 * MiB, pinned_slab_size=MiB)
+                       settings=store_settings(MiB, 1 << 30, pinned_pool_size=4 * MiB,
+                                               pinned_slab_size=MiB))
 
 
 def _fill(n: int, dask_worker: Any) -> dict[str, float]:

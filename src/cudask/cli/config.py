@@ -2,7 +2,8 @@
 
 Covers: connecting to a scheduler and printing, per worker, its GPU, CPU
 affinity, memory limits, data store, RMM set-up, protocol, device IPC and plugins.
-Does not cover: changing anything.
+Does not cover: changing anything. Threading: the command's thread (a synchronous
+Client).
 """
 
 from __future__ import annotations

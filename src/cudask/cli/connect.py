@@ -10,7 +10,7 @@ TCP connection), or a scheduler that does not answer within the timeout, exits 1
 with one line naming the file or the address and why.
 
 Does not cover: what commands do once connected, nor `cudask worker`, whose
-scheduler options are worker options (cudask.options).
+scheduler options are worker options (cudask.options). Threading: the command's thread.
 """
 
 from __future__ import annotations

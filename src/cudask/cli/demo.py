@@ -4,7 +4,8 @@ Covers: starting LocalCUDACluster on all GPUs with a device memory limit,
 running a CuPy dask.array workload whose data outgrow that limit (so it
 spills to host), with a progress bar, then printing per-GPU time and spill
 figures and the dashboard address. Needs a GPU and CuPy; without them it says
-so and exits 1. Does not cover: benchmarking (`cudask bench`).
+so and exits 1. Does not cover: benchmarking (`cudask bench`). Threading: the
+command's thread drives the cluster through a synchronous Client.
 """
 
 from __future__ import annotations

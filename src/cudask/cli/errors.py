@@ -3,7 +3,8 @@
 Covers: a click Group whose commands turn cudask's user-facing errors into a
 click error message; CommandError, a failure printed as `<command>: <message>`;
 and ConfigError, a bad value from an environment variable or a config file.
-Does not cover: the commands themselves.
+Does not cover: the commands themselves. Threading: raised and printed in the
+command's thread.
 """
 
 from __future__ import annotations

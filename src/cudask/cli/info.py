@@ -2,8 +2,8 @@
 
 Covers: formatting a Machine for people and for programs. With no GPU or no
 NVML library it says so and exits 0. Its last line says which package `dask cuda`
-runs (cudask, or dask-cuda where that is installed; cudask.cli.dask_cli). Does not cover:
-discovery itself.
+runs (cudask, or dask-cuda where that is installed; cudask.cli.dask_cuda_owner).
+Does not cover: discovery itself. Threading: runs in the command's thread only.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 
 import click
 
-from cudask.cli.dask_cli import dask_cuda_runs, which_line
+from cudask.cli.dask_cuda_owner import dask_cuda_runs, which_line
 from cudask.devices import Machine, discover
 from cudask.devices.topology import format_cpus
 from cudask.sizes import format_bytes

@@ -10,7 +10,7 @@ accepted; nothing is contacted. Without --namespace the manifest names none, so
 `kubectl apply` puts it in the current context's namespace.
 
 Does not cover: building the resources (cudask.deploy.kube_spec) or creating them
-(cudask.deploy.kubernetes).
+(cudask.deploy.kubernetes). Threading: the command's thread; pure text out.
 """
 
 from __future__ import annotations

@@ -2,27 +2,41 @@
 
 Covers: wiring subcommands together. `cudask worker`/`cudask config`/`cudask top`/
 `cudask kubernetes`, `dask cudask worker|config|top|kubernetes` and `dask cuda
-worker|config|top|kubernetes` (through dask's
-`dask_cli` entry points) are the same commands; `python -m cudask.cli worker`
-works too. Does not cover: the commands (one module each), nor when `dask cuda` is
-cudask's rather than dask-cuda's (cudask.cli.dask_cli decides).
+worker|config|top|kubernetes` (through dask's `dask_cli` entry points) are the same
+commands; `python -m cudask.cli worker` works too. `cudask bench` lives in the
+cudask_bench package and is attached by name (cudask.cli.lazy): it is imported only when
+`cudask bench ...` runs, never by another command. Does not cover: the commands (one
+module each), nor when `dask cuda` is cudask's rather than dask-cuda's
+(cudask.cli.dask_cli decides). Threading: click runs a command in the calling thread.
 """
 
 from __future__ import annotations
 
 import click
 
-from cudask.cli.bench import bench
 from cudask.cli.config import config
 from cudask.cli.demo import demo
 from cudask.cli.errors import UserErrorGroup
 from cudask.cli.info import info
 from cudask.cli.kubernetes import kubernetes
+from cudask.cli.lazy import LazyCommand, LazyGroup
 from cudask.cli.top import top
 from cudask.cli.worker import worker
 
+#: Subcommands of `cudask` from other packages of the distribution, imported when they run.
+LAZY_COMMANDS = (
+    LazyCommand(
+        "bench",
+        "cudask_bench.cli:bench",
+        "Benchmarks: spilling, CuPy dask.array workloads, cluster start-up, soak, "
+        "device data between workers (transfer).",
+    ),
+)
 
-@click.group(cls=UserErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
+
+@click.group(
+    cls=LazyGroup, lazy=LAZY_COMMANDS, context_settings={"help_option_names": ["-h", "--help"]}
+)
 @click.version_option(package_name="cudask")
 def cli() -> None:
     """cudask: one dask.distributed worker per NVIDIA GPU."""
@@ -40,7 +54,6 @@ def dask_cudask() -> None:
 
 cli.add_command(info)
 cli.add_command(demo)
-cli.add_command(bench)
 
 
 @cli.command("options")

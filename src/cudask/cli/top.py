@@ -11,7 +11,8 @@ prints the snapshot itself, for programs. Ctrl-C stops it with status 0.
 
 Does not cover: gathering the numbers (cudask.monitor.state, on the scheduler;
 cudask.worker.plugins.StoreMetrics, on the workers), the dashboard page
-(cudask.monitor.page), nor finding the scheduler (cudask.cli.connect).
+(cudask.monitor.page), nor finding the scheduler (cudask.cli.connect). Threading: the
+command's thread asks, waits and redraws (Live without its refresh thread).
 """
 
 from __future__ import annotations

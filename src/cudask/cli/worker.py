@@ -3,7 +3,8 @@
 Covers: the click command, whose flags are generated from cudask.options
 (declared once), and running CUDAWorker until it finishes or is interrupted.
 Errors in flags, config, devices or optional libraries are reported before
-any process starts. Does not cover: the workers (cudask.deploy.node).
+any process starts. Does not cover: the workers (cudask.deploy.node). Threading: the
+command's thread runs the workers' event loop until they finish.
 """
 
 from __future__ import annotations

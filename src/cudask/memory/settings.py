@@ -1,16 +1,19 @@
 """The `cudask.memory.*` settings of a store, parsed and checked in one place.
 
-Covers: `StoreSettings` and `store_settings`, which turn the config keys (or a
-store's keyword overrides) into numbers for given device and host limits:
-spill target, background spilling, pinned pool size, slab size, preallocation,
-idle release, how memory is pinned, how much is made ready ahead of spills,
-the share of available memory the pool may pin, the threads faulting
-memory in and spilling on an allocator's out-of-memory. The worker's store calls it when it starts; the cluster and
-the CLI call it before any worker process starts, so a bad value fails there
-with an `OptionError` that names the key and what it accepts.
+Covers: `StoreSettings`, the numbers a `TieredStore` runs with (spill target,
+background spilling, the pinned pool: size, slabs, preallocation, idle
+release, pinning method, headroom ahead of spills, share of available memory,
+duty cycle, populate threads; spill on demand), and `store_settings`, which
+reads them from the config keys (or keyword overrides) for given device and
+host limits. The worker's store calls it when it starts; the cluster and the
+CLI call it before any worker process starts, so a bad value fails there with
+an `OptionError` that names the key and what it accepts.
 
 Does not cover: the store itself (`cudask.memory.store`), the pool
-(`cudask.memory.host.pool`).
+(`cudask.memory.host.pool`). Why the defaults are what they are:
+docs/design/store.md.
+
+Threading: pure functions and a frozen dataclass; reads dask.config.
 """
 
 from __future__ import annotations
@@ -50,8 +53,8 @@ class StoreSettings:
 
 
 def store_settings(
-    device_memory_limit: int | None,
-    memory_limit: int | None,
+    device_memory_limit: int | None = None,
+    memory_limit: int | None = None,
     *,
     spill_target: float | None = None,
     background: bool | None = None,
@@ -67,8 +70,11 @@ def store_settings(
     populate_threads: int | str | None = None,
     spill_on_demand: bool | None = None,
 ) -> StoreSettings:
-    """The settings of a store with these limits (`memory_limit`: its host tier);
-    a keyword left None takes the config key of the same name."""
+    """The settings of a store with these limits (`memory_limit`: its host tier;
+    0 or None: no limit); a keyword left None takes the config key of the same
+    name."""
+    device_memory_limit = store_limit(device_memory_limit, "device_memory_limit")
+    memory_limit = store_limit(memory_limit, "memory_limit")
     target = _fraction(
         config.get("memory.spill-target") if spill_target is None else spill_target,
         "cudask.memory.spill-target", example="0.9",
@@ -123,6 +129,15 @@ def store_settings(
         ),
         spill_on_demand=spill_on_demand_setting(spill_on_demand),
     )
+
+
+def store_limit(value: int | None, name: str) -> int | None:
+    """A store's limit in bytes: None for no limit (None, 0 or False)."""
+    if value is None or value is False:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise OptionError(f"{name}={value!r}: give a number of bytes (int >= 0) or None")
+    return value or None
 
 
 def spill_on_demand_setting(value: bool | None = None) -> bool:
@@ -207,9 +222,8 @@ def _pool_bytes(value: Any, device_memory_limit: int | None, memory_limit: int |
     if isinstance(value, str) and value.strip().lower() == "auto":
         if device_memory_limit is None:
             return 0
-        # Spilled data stay in the pool while on the host: a cap below the host tier
-        # sends the rest through pageable memory, 5x slower (map_overlap at a 4 GB
-        # limit on an H100: 7.2 s with 16 GiB, 2.0 s with 48 GiB).
+        # Half the host tier: spilled data stay in the pool while on the host
+        # (docs/design/store.md says why).
         return (memory_limit or system_memory()) // 2
     total = memory_limit or system_memory()
     return parse_size(value, total=total, name="cudask.memory.pinned-pool-size") or 0
@@ -237,4 +251,4 @@ def system_memory() -> int:
     return int(MEMORY_LIMIT)
 
 
-__all__ = ["AUTO_HEADROOM_CAP", "AUTO_PREALLOCATE_CAP", "StoreSettings", "check_memory_config", "parse_flag", "release_seconds", "store_settings", "system_memory"]
+__all__ = ["AUTO_HEADROOM_CAP", "AUTO_PREALLOCATE_CAP", "StoreSettings", "check_memory_config", "parse_flag", "release_seconds", "store_limit", "store_settings", "system_memory"]

@@ -10,7 +10,9 @@
   periodic refresh may replace, at any moment, with one listing no workers).
 Fake device objects for the store live in cudask.testing.fake_cuda; a Worker
 subclass for `worker_class` checks in cudask.testing.workers, and a preload
-for `--preload` checks in cudask.testing.preload.
+for `--preload` checks in cudask.testing.preload. Does not cover: test fixtures
+(tests/conftest.py); runtime code never imports this package. Threading: the helpers
+keep no state; `wait_for` polls from the caller's thread.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Covers: FakeBackend, which stands where NVML would (8 GPUs, MIG, SoC parts
 without dedicated memory, no NVML at all, a restricted cpuset, NICs near a
 GPU), and a few ready-made machines. Tests pass it to `cudask.devices.discover`
 and to the spec builder; runtime code never looks for it.
-Does not cover: fake device *objects* for the store (fake_cuda.py).
+Does not cover: fake device *objects* for the store (fake_cuda.py). Threading: a
+FakeBackend is read-only once built.
 """
 
 from __future__ import annotations

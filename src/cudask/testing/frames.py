@@ -8,7 +8,8 @@ drawn at random, customers' keys even numbers in a range per partition).
 
 They live in the package, not in a test module, because a task graph names its
 functions by reference and a worker process cannot import a test module.
-cuDF and CuPy are imported when a function runs.
+cuDF and CuPy are imported when a function runs. Does not cover: checking results
+(the tests compare summaries). Threading: pure functions, run in worker threads.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ and sorts the keys into identical, lost and changed.
 Does not cover: creating the cluster or the faults; timings.
 
 The functions run on workers: they import CuPy only when a device kind is asked
-for, and `digest` needs it only for device arrays.
+for, and `digest` needs it only for device arrays. Threading: pure functions (any
+worker thread); `settle` and `check_keys` block the calling client thread.
 """
 
 from __future__ import annotations

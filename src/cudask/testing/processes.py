@@ -3,7 +3,11 @@ any command such as dask-cuda's), joined to a scheduler in this process: how
 `cudask bench transfer` and the IPC tests put two workers on one GPU (["0", "0"]),
 one on each of two, each process seeing its GPU alone (["0", "1"]), or one
 process over two GPUs, which starts a worker per GPU with the others visible
-(["0,1"]: as `dask cuda worker` on a node and LocalCUDACluster do)."""
+(["0,1"]: as `dask cuda worker` on a node and LocalCUDACluster do).
+
+Covers: `worker_processes(placement, ...)`, the scheduler, the worker processes and
+their logs, stopped on exit. Does not cover: what runs on them. Threading: the caller's
+thread; the scheduler runs on the cluster's event-loop thread."""
 
 from __future__ import annotations
 

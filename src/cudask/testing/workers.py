@@ -3,7 +3,7 @@
 Covers: `TaggedWorker` and `TaggedNanny`, a distributed.Worker and a
 distributed.Nanny that only add a class attribute, importable as
 "cudask.testing.workers.TaggedWorker" / ".TaggedNanny". Does not cover:
-anything a real custom worker would do.
+anything a real custom worker would do. Threading: as their distributed bases.
 """
 
 from __future__ import annotations

@@ -130,14 +130,16 @@ def test_inputs_three_times_the_limit_touched_one_at_a_time(jit: bool) -> None:
 def test_spill_on_demand_in_process(tmp_path: Any) -> None:
     cupy = pytest.importorskip("cupy")
     from cudask.memory.jit.proxy_store import ProxyStore
+    from cudask.memory.settings import store_settings
 
     pool = cupy.get_default_memory_pool()
     pool.free_all_blocks()
     previous_limit = pool.get_limit()
     original = cupy.cuda.get_allocator()
     pool.set_limit(size=1024 * MiB)  # a 1 GiB "device"
-    kwargs: dict[str, Any] = {"device_memory_limit": None, "pinned_pool_size": "1GB",
-                              "pinned_preallocate": False,
+    kwargs: dict[str, Any] = {"device_memory_limit": None,
+                              "settings": store_settings(pinned_pool_size="1GB",
+                                                         pinned_preallocate=False),
                               "local_directory": str(tmp_path)}
     try:
         off = ProxyStore(spill_on_demand=False, **kwargs)

@@ -21,6 +21,7 @@ from cudask.memory.handlers import register_handler
 from cudask.memory.jit.proxy import ProxyObject, asproxy, location, unproxy
 from cudask.memory.jit.proxy_store import ProxyStore
 from cudask.memory.ondemand import SpillOnDemand
+from cudask.memory.settings import store_settings
 from cudask.memory.store import TieredStore
 from cudask.testing import workers_info
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray, FakeHandler
@@ -321,8 +322,10 @@ def test_cluster_with_proxy_store_and_transfers_between_workers(tmp_path: Any) -
 
     data = (ProxyStore, {"device_memory_limit": 3000, "memory_limit": None,
                          "log_spilling": False, "backend": FakeCopyBackend(),
-                         "background": False, "pinned_pool_size": 1 << 20,
-                         "pinned_slab_size": 1 << 16, "pinned_preallocate": False})
+                         "settings": store_settings(3000, None, background=False,
+                                                    pinned_pool_size=1 << 20,
+                                                    pinned_slab_size=1 << 16,
+                                                    pinned_preallocate=False)})
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp",
                       dashboard_address=":0", data=data,
                       local_directory=str(tmp_path)) as cluster, Client(cluster) as client:

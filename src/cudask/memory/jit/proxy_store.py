@@ -33,6 +33,7 @@ import uuid
 import weakref
 from collections import defaultdict, deque
 from collections.abc import Callable, Collection, Iterator, MutableMapping, Sized
+from dataclasses import replace
 from typing import Any
 
 from dask.typing import Key
@@ -51,7 +52,7 @@ from cudask.memory.jit.cell import (
 )
 from cudask.memory.jit.proxy import ProxyObject, register_dask_dispatch
 from cudask.memory.ondemand import SpillOnDemand
-from cudask.memory.settings import spill_on_demand_setting
+from cudask.memory.settings import spill_on_demand_setting, store_settings
 from cudask.memory.store import TieredStore
 
 logger = logging.getLogger("cudask.memory")
@@ -88,9 +89,10 @@ class ProxyStore(MutableMapping[Key, object]):
         **tiered: Any,
     ) -> None:
         # The proxies' spill on demand is this store's (it counts what it frees).
+        settings = tiered.pop("settings", None) or store_settings(device_memory_limit, memory_limit)
         self._inner = TieredStore(device_memory_limit, memory_limit, log_spilling,
                                   max_spill if max_spill else False, worker_local_directory,
-                                  spill_on_demand=False, **tiered)
+                                  settings=replace(settings, spill_on_demand=False), **tiered)
         spill_on_demand = spill_on_demand_setting(spill_on_demand)
         self.lock = self._inner.lock
         self.device_memory_limit = self._inner.device_memory_limit

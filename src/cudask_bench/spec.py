@@ -1,14 +1,15 @@
 """What a benchmark run is made of: workloads, operations, variants, parameters.
 
-Covers: the names the harness accepts (workloads, backends, cupy operations
-and their default shapes, the cold/warm measuring modes and their defaults,
-the metric suffixes each mode writes), the `Variant` a runner process executes
-(backend x device limit x JIT-unspill), building the variant matrix a command
-asks for, and turning one variant plus its parameters into the runner's argv.
-Pure data and validation: nothing here imports dask, CuPy or any cluster.
+Covers: the names the harness accepts (workloads, backends, cupy operations and their
+default shapes, the cold/warm measuring modes and their defaults, the metric suffixes
+each mode writes), the `Variant` a runner process executes (backend x device limit x
+JIT-unspill), building the variant matrix a command asks for, and turning one variant
+plus its parameters into the runner's argv. Pure data and validation: nothing here
+imports distributed, CuPy or any cluster (dask.utils formats sizes).
 
-Does not cover: running anything (cudask.bench.harness spawns runners,
-cudask.bench.run is the runner, cudask.bench.workloads holds the work).
+Does not cover: running anything (cudask_bench.harness spawns runners,
+cudask_bench.run is the runner, cudask_bench.workloads holds the work).
+Threading: immutable data and pure functions.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ PROGRESS_PREFIX = "##cudask-bench## "
 
 #: JSON format tag written into every result file.
 RESULT_FORMAT = "cudask-bench/1"
+
+#: The top-level packages whose loaded modules a result lists (`cudask_modules`).
+PACKAGES: tuple[str, ...] = ("cudask", "cudask_bench")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,7 +288,7 @@ def runner_argv(
     second_size: int | None = None,
     json_path: str | None = None,
 ) -> list[str]:
-    """Arguments (after `python -m cudask.bench.run`) that run `variant` once.
+    """Arguments (after `python -m cudask_bench.run`) that run `variant` once.
 
     `mode` (one of MODES) is required for spill and cupy; `warm_runs` applies to
     cold mode. The harness appends `--json PATH` itself unless `json_path` is given.
@@ -343,6 +347,7 @@ __all__ = [
     "MAX_SPILL_CHUNK",
     "MODES",
     "MODE_DESCRIPTIONS",
+    "PACKAGES",
     "PROGRESS_PREFIX",
     "RESULT_FORMAT",
     "TOTAL_SUFFIX",

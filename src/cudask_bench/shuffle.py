@@ -1,26 +1,26 @@
 """DataFrame shuffles between workers, for `cudask bench transfer`.
 
-Covers: `frame_shuffle(client, rows, partitions, method, module)`: a DataFrame
-of `rows` rows (an int64 key drawn from `KEYS` values, a float64 value
-0 .. rows-1) made on the workers in `partitions` partitions and held there,
-then shuffled on the key by `method` (one of `METHODS`: dask's task-based
-shuffle, distributed's P2P shuffle, or cudask's explicit-comms shuffle,
-cudask.comm.explicit), timed from the submit of the shuffle until every
-output partition is held, and checked: every row kept (count and
-sum of values) and every key in one output partition only; with each worker's
-IPC counters and store figures that moved while it ran (`workers`: what a
-slow run spent its time on). `module` is
-"cudf" (dask-cuDF frames, the benchmark) or "pandas" (host frames, for the
-CPU tests of this module). A method that fails is recorded with its error.
+Covers: `frame_shuffle(client, rows, partitions, method, module)`: a DataFrame of `rows`
+rows (an int64 key drawn from `KEYS` values, a float64 value 0 .. rows-1) made on the
+workers in `partitions` partitions and held there, then shuffled on the key by `method`
+(one of `METHODS`: dask's task-based shuffle, distributed's P2P shuffle, or cudask's
+explicit-comms shuffle, cudask.comm.explicit), timed from the submit of the shuffle
+until every output partition is held, and checked: every row kept (count and sum of
+values) and every key in one output partition only; with the worker counters that moved
+while it ran (cudask_bench.counters). `module` is "cudf" (dask-cuDF frames, the
+benchmark) or "pandas" (host frames, for the CPU tests). A method that fails is recorded
+with its error.
 
-Does not cover: the clusters and the report (cudask.bench.transfer), which
-method dask picks when none is named.
+Does not cover: the clusters and the report (cudask_bench.transfer), which method dask
+picks when none is named. Threading: called from the command's thread.
 """
 
 from __future__ import annotations
 
 import time
 from typing import Any
+
+from cudask_bench.counters import worker_counters
 
 KEYS = 1 << 20
 METHODS = ("tasks", "p2p", "explicit")
@@ -63,8 +63,6 @@ def frame_shuffle(client: Any, rows: int, partitions: int, method: str, module: 
     import dask
     import dask.dataframe as dd
     from distributed import wait
-
-    from cudask.bench.transfer import worker_counters
 
     per = rows // partitions
     total = per * partitions

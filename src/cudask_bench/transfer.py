@@ -1,26 +1,24 @@
 """`cudask bench transfer`: device data between workers of one host, CUDA IPC
 (cudask.comm.ipc) against TCP through host memory, in fresh clusters.
 
-Covers: per setting (`settings`: cudask over TCP with `cudask.comm.device-ipc`
-on and off, cudask over UCX, and dask-cuda's workers over TCP and UCX when
-asked), a fresh scheduler in this process and one worker process per placement
-entry (its CUDA_VISIBLE_DEVICES; a worker per GPU in it: ("0", "0") puts two
-workers on GPU 0, ("0", "1") one on each of two GPUs seeing its own alone,
-("0,1",) one process over both, as users start them), then
-- point to point: an array made on worker A is used by a task on worker B.
-  The first transfer of each size is the cold figure, the median of the
-  repeats the warm one; bandwidth is what distributed's transfer log on B
-  records (bytes / duration of the get_data exchange), beside the task's time
-  from submit;
-- all-to-all: an N x N float64 CuPy array in row blocks rechunked to column
-  blocks (task-based: see cudask.comm.rechunk), from the first submit, checked
-  by its sum; the first run after the point-to-point ones is the cold figure,
-  a second one in the same cluster the warm one (`all_to_all_warm`);
-- shuffle (when the plan has rows for it: dask-cuDF installed): a DataFrame
-  shuffled on a key by each of the plan's methods, twice (cold, warm), in the
-  same cluster (cudask.bench.shuffle);
-then each worker's IPC counters and its store's pinned-pool and spill figures.
-Does not cover: the CLI's checks of the plan (cudask.cli.bench).
+Covers: per setting (`settings`: cudask over TCP with `cudask.comm.device-ipc` on and
+off, cudask over UCX, and dask-cuda's workers over TCP and UCX when asked), a fresh
+scheduler in this process and one worker process per placement entry (its
+CUDA_VISIBLE_DEVICES, a worker per GPU in it: ("0", "0") two workers on GPU 0, ("0",
+"1") one on each of two GPUs seeing its own alone, ("0,1",) one process over both), then
+- point to point: an array made on worker A is used by a task on worker B; the first
+  transfer of each size is the cold figure, the median of the repeats the warm one;
+  bandwidth is what distributed's transfer log on B records;
+- all-to-all: an N x N float64 CuPy array in row blocks rechunked to column blocks
+  (task-based, cudask.comm.rechunk), checked by its sum; cold, then warm in the same
+  cluster (`all_to_all_warm`);
+- shuffle (with dask-cuDF): a DataFrame shuffled on a key by each of the plan's
+  methods, cold and warm (cudask_bench.shuffle);
+then each worker's IPC counters and store figures (cudask_bench.counters).
+
+Does not cover: the CLI's checks of the plan (cudask_bench.cli.transfer).
+Threading: the command's thread; the functions named `_fill`, `_last`, `_cells` run on
+workers.
 """
 
 from __future__ import annotations
@@ -31,6 +29,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from cudask_bench.counters import incoming, ipc_stats, store_figures
+from cudask_bench.shuffle import frame_shuffle
 
 PROTOCOLS = ("tcp", "ucx")
 LOG_LENGTH = 1 << 20  # each bench worker's distributed.admin.low-level-log-length
@@ -83,11 +84,11 @@ def worker_launch(setting: Setting) -> tuple[list[str] | None, dict[str, str]]:
     """The worker command (None: `cudask worker`) and the environment it adds."""
     if setting.backend == "cudask":
         return None, {"DASK_CUDASK__COMM__DEVICE_IPC": str(setting.device_ipc)}
-    from cudask.bench.harness import Target, make_shim
+    from cudask_bench.targets import Target, make_shim  # the parent's side only
 
     target = Target(setting.python or sys.executable, setting.pythonpath)
-    # The measuring functions live in cudask.bench.transfer: another interpreter
-    # gets cudask (alone) on its path.
+    # The measuring functions live in cudask_bench: another interpreter gets cudask and
+    # cudask_bench (alone) on its path.
     env = target.env(make_shim() if target.foreign else None)
     return [target.python, "-m", "dask_cuda.cli"], {"PYTHONPATH": env.get("PYTHONPATH", "")}
 
@@ -102,39 +103,6 @@ def _last(x: Any) -> float:
     return float(x[-1])
 
 
-def _incoming(dask_worker: Any) -> list[dict[str, float]]:
-    return [{"total": e["total"], "duration": e["duration"]} for e in dask_worker.transfer_incoming_log]
-
-
-def _ipc_stats() -> dict[str, Any]:
-    from cudask.comm import ipc
-
-    return {**ipc.stats(), "declined-because": ipc.declined()}
-
-
-def store_figures(dask_worker: Any) -> dict[str, float]:
-    """The cudask store's pinned-pool and spill figures (nothing for other stores):
-    pinning ahead of spills runs while the device tier is past
-    `memory.pinned-headroom-from` of its limit and can slow the worker's GPU work
-    (docs/device-transfers.md)."""
-    metrics = getattr(dask_worker.data, "metrics", None)
-    if not callable(metrics):
-        return {}
-    return {k: v for k, v in metrics().items()  # cumulative: a figure never falls to 0
-            if v and ("provision" in k or k.startswith(("spill-", "unspill-")))}
-
-
-def worker_counters(dask_worker: Any) -> dict[str, float]:
-    """This worker's IPC counters (`ipc-*`), what it fetched from other workers
-    (distributed's transfer log: count, bytes, seconds) and its store's figures."""
-    from cudask.comm import ipc
-
-    log = _incoming(dask_worker)
-    fetched = {"fetches": float(len(log)), "fetched-bytes": float(sum(e["total"] for e in log)),
-               "fetch-seconds": float(sum(e["duration"] for e in log))}
-    return {**{f"ipc-{k}": float(v) for k, v in ipc.stats().items()}, **fetched, **store_figures(dask_worker)}
-
-
 def _cells(block_info: Any = None, n: int = 0) -> Any:
     import cupy
 
@@ -147,14 +115,14 @@ def _point_to_point(client: Any, a: str, b: str, size: int, repeat: int) -> dict
 
     runs = []
     for i in range(repeat + 1):
-        before = len(client.run(_incoming, workers=[b])[b])
+        before = len(client.run(incoming, workers=[b])[b])
         x = client.submit(_fill, size, float(i + 1), workers=[a], pure=False)
         wait(x)
         start = time.perf_counter()
         if client.submit(_last, x, workers=[b], pure=False).result() != float(i + 1):
             raise RuntimeError(f"worker {b} read a wrong value from {a}")
         task_s = time.perf_counter() - start
-        log = client.run(_incoming, workers=[b])[b][before:]
+        log = client.run(incoming, workers=[b])[b][before:]
         moved = sum(e["total"] for e in log)
         seconds = sum(e["duration"] for e in log)
         runs.append({"bytes": moved, "transfer_s": seconds, "task_s": task_s,
@@ -209,13 +177,11 @@ def run_setting(setting: Setting, plan: TransferPlan) -> dict[str, Any]:
         out["all_to_all"] = all_to_all(client, plan.n, plan.blocks)
         out["all_to_all_warm"] = all_to_all(client, plan.n, plan.blocks)
         if plan.shuffle_rows:
-            from cudask.bench.shuffle import frame_shuffle
-
             out["shuffle"] = {
                 method: {run: frame_shuffle(client, plan.shuffle_rows, plan.blocks, method, plan.shuffle_module)
                          for run in ("cold", "warm")}
                 for method in plan.shuffle_methods}
-        out["ipc"] = client.run(_ipc_stats)
+        out["ipc"] = client.run(ipc_stats)
         out["store"] = client.run(store_figures)
         return out
 

@@ -1,29 +1,26 @@
 """The benchmark runner: one process, one backend, one variant, one JSON result.
 
-    python -m cudask.bench.run --backend cudask|dask-cuda|dict --workload spill|cupy|startup \
+    python -m cudask_bench.run --backend cudask|dask-cuda|dict --workload spill|cupy|startup \
         [--mode cold|warm] [--device-memory-limit BYTES] [--jit-unspill] ... --json result.json
 
 Covers: importing the backend's cluster class (cudask.LocalCUDACluster,
-dask_cuda.LocalCUDACluster, or distributed.LocalCluster with `data=dict` as the
-plain-dict-store baseline), starting a one-worker cluster on one GPU with the
-given options (in cold mode `cupy` starts one per operation, each closed
-before the next), running one workload (cudask.bench.workloads), and writing a
-JSON result: status, error, measurements, versions seen by this process and
-by the worker, the worker's store facts. Progress events go to stderr as
-lines starting with PROGRESS_PREFIX. Exit status 0 when the run succeeded,
-1 when it failed (the JSON then says why), 2 for bad arguments.
+dask_cuda.LocalCUDACluster, or distributed.LocalCluster with `data=dict`), starting a
+one-worker cluster on one GPU with the given options (in cold mode `cupy` starts one per
+operation, each closed before the next), running one workload (cudask_bench.workloads),
+and writing a JSON result: status, error, measurements, versions seen here and by the
+worker, the worker's store facts. Progress events go to stderr as lines starting with
+PROGRESS_PREFIX. Exit status 0 when the run succeeded, 1 when it failed (the JSON then
+says why), 2 for bad arguments. Cold mode keeps the worker cold until the timed run:
+only a ping round trip (`_ping`) precedes the first submit.
 
-Cold mode keeps the worker cold until the timed run: after the cluster starts,
-only a ping round trip (`_ping`) precedes the workload's first submit; the
-worker's device facts are asked for afterwards. One process makes one cold
-run (a warm-up when --warmup > 0, as for startup).
+Honesty: with --backend dask-cuda this process never imports cudask's cluster, store or
+worker code; the result lists the cudask and cudask_bench modules loaded here and on the
+worker, and the run fails if any of them is cluster code. It may run under another
+interpreter, with cudask and cudask_bench only on PYTHONPATH.
 
-Honesty: with --backend dask-cuda this process never imports cudask's cluster,
-store or worker code; the result lists the cudask modules loaded here and on
-the worker, and the run fails if any of them is cluster code. It may run under
-another interpreter, where cudask is only on PYTHONPATH.
-
-Does not cover: choosing variants, comparing them, charts (cudask.bench.harness).
+Does not cover: choosing variants, comparing them, charts (cudask_bench.harness).
+Threading: the process's main thread; the module imports nothing heavy, since every
+worker process that multiprocessing spawns re-imports it as its main module.
 """
 
 from __future__ import annotations
@@ -42,12 +39,12 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from cudask.bench import environment, spec
+from cudask_bench import environment, spec
 
 if TYPE_CHECKING:
-    from cudask.bench.workloads import Measurement, Step
+    from cudask_bench.measure import Measurement, Step
 
-# Nothing heavier at module level (numpy comes with cudask.bench.workloads): with
+# Nothing heavier at module level (numpy comes with cudask_bench.workloads): with
 # multiprocessing's "spawn", every worker process the cluster starts first re-runs the
 # parent's main module, which is this one, so its imports would count in every
 # backend's start-up. `main` and `execute` import the workloads.
@@ -62,7 +59,7 @@ class RunnerError(Exception):
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m cudask.bench.run",
+        prog="python -m cudask_bench.run",
         description="Run one cudask bench workload on one backend and write a JSON result. "
         "Normally started by `cudask bench`, one process per variant.",
     )
@@ -134,7 +131,7 @@ class Progress:
 
 def steps_of(args: argparse.Namespace) -> list[Step]:
     """The runs of a spill or cupy workload in this process."""
-    from cudask.bench.workloads import schedule
+    from cudask_bench.measure import schedule
 
     return schedule(args.mode, warmup=args.warmup, repeat=args.repeat, warm_runs=args.warm_runs)
 
@@ -278,19 +275,19 @@ def fresh_cluster(
 
 def record_device(client: Any, args: argparse.Namespace, result: dict[str, Any]) -> None:
     """The device the worker computes on (the first cluster's, where a process starts several)."""
-    from cudask.bench import workloads
+    from cudask_bench import tasks
 
     if "worker" not in result:
-        facts = client.run(workloads.device_facts, args.array_module)
+        facts = client.run(tasks.device_facts, args.array_module)
         result["worker"] = next(iter(facts.values()), {})
 
 
 def record_store(client: Any, result: dict[str, Any]) -> dict[str, Any]:
     """Record the worker's store facts and versions (the first cluster's, where a process
     starts several); return this cluster's store facts."""
-    from cudask.bench import workloads
+    from cudask_bench import tasks
 
-    store: dict[str, Any] = next(iter(client.run(workloads.store_facts).values()), {})
+    store: dict[str, Any] = next(iter(client.run(tasks.store_facts).values()), {})
     result.setdefault("store", store)
     result.setdefault("worker_versions", next(iter(client.run(environment.versions).values())))
     return store
@@ -301,11 +298,12 @@ def run_startup(
     progress: Progress,
 ) -> dict[str, Measurement]:
     """Time the import, the cluster, the first round trip, the first array task, closing."""
-    from cudask.bench import workloads
+    from cudask_bench.measure import Measurement
+    from cudask_bench.tasks import first_array_task
 
     times = ClusterTimes()
     with fresh_cluster(args, cluster_class, result, progress, times) as client:
-        total = client.submit(workloads.first_array_task, args.array_module, pure=False).result()
+        total = client.submit(first_array_task, args.array_module, pure=False).result()
         t_array = time.perf_counter()
         expected = 1023 * 1024 // 2  # sum(0..1023)
         if total != expected:
@@ -322,7 +320,7 @@ def run_startup(
         ("ready_for_arrays", import_s + (t_array - times.start)),
         ("close", times.close_s),
     ):
-        m = workloads.Measurement()
+        m = Measurement()
         m.record(seconds, args.warmup > 0)
         measured[name] = m
     return measured
@@ -340,7 +338,7 @@ def cluster_groups(args: argparse.Namespace) -> list[list[str]]:
 def run_in_cluster(
     client: Any, args: argparse.Namespace, operations: list[str], progress: Progress
 ) -> dict[str, Measurement]:
-    from cudask.bench import workloads
+    from cudask_bench import workloads
 
     steps = steps_of(args)
     if args.workload == "spill":
@@ -379,7 +377,7 @@ def preload() -> None:
     """Import what every backend shares before the backend's own import is timed."""
     import distributed  # noqa: F401
 
-    from cudask.bench import workloads  # noqa: F401
+    from cudask_bench import workloads  # noqa: F401
 
 
 def execute(args: argparse.Namespace, result: dict[str, Any]) -> None:
@@ -417,7 +415,7 @@ def check_honesty(
     import cudask
 
     names = sys.modules if loaded is None else loaded
-    here = sorted(m for m in names if m.split(".")[0] == "cudask")
+    here = sorted(m for m in names if m.split(".")[0] in spec.PACKAGES)
     result["cudask_modules"] = here
     result["cudask_path"] = os.path.dirname(cudask.__file__)
     if backend == "cudask":
@@ -433,7 +431,7 @@ def check_honesty(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from cudask.bench import workloads
+    from cudask_bench.measure import BenchFailure
 
     args = parse_args(argv)
     result: dict[str, Any] = {
@@ -452,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             execute(args, result)
         finally:
             check_honesty(args.backend, result)
-    except (RunnerError, workloads.BenchFailure) as exc:
+    except (RunnerError, BenchFailure) as exc:
         result.update(status="failed", error=str(exc))
         code = 1
     except Exception as exc:  # noqa: BLE001 - the parent needs the reason, not a crash

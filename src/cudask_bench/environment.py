@@ -1,15 +1,15 @@
 """Where a benchmark ran: machine facts, library versions, other Python environments.
 
-Covers: a description of the machine (GPUs through nvidia-ml-py when it is
-there, driver and CUDA driver version, CPU model and count, host memory,
-hostname, OS), the versions of the libraries a result depends on (read from
-package metadata, so nothing heavy is imported), and probing another Python
-interpreter (the dask-cuda environment) for the same facts with a
-stdlib-only snippet. Everything is guarded: a missing library or NVML is
-reported as absent, never raised.
+Covers: a description of the machine (GPUs through nvidia-ml-py when it is there,
+driver and CUDA driver version, CPU model and count, host memory, hostname, OS), the
+versions of the libraries a result depends on (read from package metadata, so nothing
+heavy is imported), and probing another Python interpreter (the dask-cuda environment)
+for the same facts with a stdlib-only snippet. Everything is guarded: a missing library
+or NVML is reported as absent, never raised.
 
-Does not cover: GPU discovery for the cluster (cudask.devices does that; this
-module reads NVML for the record only).
+Does not cover: GPU discovery for the cluster (cudask.devices; this module reads NVML
+for the record only). Threading: each call initialises and shuts NVML down itself; call
+from one thread at a time.
 """
 
 from __future__ import annotations

@@ -1,0 +1,349 @@
+"""The device tier over the host tier, joined by copies: spilling and unspilling.
+
+Covers: `DeviceBuffer`, built from the parts (`DeviceTier`, `HostTier`,
+`InFlightCopies`, `LazyEngine`) as zict.Buffer is built from a fast and a slow
+mapping. It keeps each key in exactly one tier, with a generation per key so
+that a copy that completes late never resurrects an old value; spills least
+recently used device keys to the host (`evict_until`, `evict_key`: the copy is
+only enqueued), a key that cannot be copied staying on the device; reads a
+spilled key back (`read`, then `finish` once its copies are waited for), from
+its still-alive original when there is one, retrying once after letting
+in-flight copies finish when the device is out of memory; and prefetches.
+
+Does not cover: locking, the dict path of a store without a device limit, the
+background thread, spill on demand, the `ManualEvictProto` members
+(`cudask.memory.store.TieredStore` does those).
+
+Threading: not thread-safe; every method is called with the store's lock held,
+which `notify` (called when the device tier passes its spill target) belongs
+to. The copies of an `Unspill` are waited for without it, between `read` and
+`finish`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from typing import cast
+
+from dask.typing import Key
+from dask.utils import format_bytes
+
+from cudask.memory import handlers
+from cudask.memory.accounting import Range, union_bytes
+from cudask.memory.backend import Copy, is_out_of_memory
+from cudask.memory.tiers.device import DeviceTier
+from cudask.memory.tiers.engine import LazyEngine
+from cudask.memory.tiers.host import HostTier
+from cudask.memory.tiers.inflight import InFlightCopies
+from cudask.memory.tiers.metrics import MoveCounters, moves
+
+logger = logging.getLogger("cudask.memory")
+
+
+class Unspill:
+    """A value whose host -> device copies are under way."""
+
+    __slots__ = ("copies", "gen", "value")
+
+    def __init__(self, value: object, copies: list[Copy], gen: int) -> None:
+        self.value = value
+        self.copies = copies
+        self.gen = gen
+
+    def wait(self) -> float:
+        """Wait for the copies (without the store's lock); return the seconds waited."""
+        started = time.perf_counter()
+        for c in self.copies:
+            c.wait()
+        return time.perf_counter() - started
+
+
+class DeviceBuffer:
+    """Device objects in `device` (LRU, limited), spilled to `host` through copies."""
+
+    def __init__(
+        self,
+        device: DeviceTier,
+        host: HostTier,
+        inflight: InFlightCopies,
+        lazy: LazyEngine,
+        *,
+        spill_target: float,
+        memory_limit: int | None,
+        log_spilling: bool,
+        notify: Callable[[], None],
+    ) -> None:
+        self.device = device
+        self.host = host
+        self.inflight = inflight
+        self.lazy = lazy
+        self.ledger = device.ledger
+        self.limit = device.limit
+        self.spill_target = spill_target
+        self.memory_limit = memory_limit  # of the host tier, for messages
+        self.log_spilling = log_spilling
+        self._notify = notify
+        self.metrics = MoveCounters()
+        self.spilled: set[Key] = set()  # keys of the host tier holding host copies
+        self.gen: dict[Key, int] = {}
+        self._next_gen = 0
+        self.prefetched: dict[Key, tuple[object, list[Copy], int]] = {}
+
+    # ------------------------------------------------------------------ writes
+    def new_generation(self, key: Key) -> None:
+        self._next_gen += 1
+        self.gen[key] = self._next_gen
+
+    def put(self, key: Key, value: object, ranges: list[Range] | None) -> None:
+        """Store `value` in place of what `key` held: in the device tier when
+        `ranges` (its allocations) are given, else in the host tier."""
+        self.reap()
+        self.discard(key)
+        self.new_generation(key)
+        if ranges is None:
+            self.host[key] = value
+        else:
+            self.device.add(key, value, ranges)
+
+    def fit(self, key: Key, ranges: list[Range]) -> None:
+        """Keep the device tier within its limit after `key` was written."""
+        limit = self.limit
+        assert limit is not None
+        if self.ledger.total > self.lazy.provision_from:
+            self.lazy.provide_ahead(self.ledger.total)
+        if union_bytes(ranges) > limit:
+            # Larger than the whole tier: straight to host, sparing the rest.
+            self.evict_key(key)
+        if self.ledger.total > limit:
+            self.evict_until(limit)
+        if self.ledger.total > self.spill_target * limit:
+            self._notify()
+
+    def discard(self, key: Key) -> None:
+        """Forget `key` wherever it is."""
+        self.gen.pop(key, None)
+        self.device.remove(key)
+        if key in self.host:
+            del self.host[key]
+        self.spilled.discard(key)
+        self.inflight.forget(key)
+        if self.prefetched.pop(key, None) is not None:
+            self.ledger.discard(("p", key))
+        self.device.unspillable.discard(key)
+
+    # ------------------------------------------------------------------ reads
+    def read(self, key: Key) -> object:
+        """`key`'s value, or an `Unspill` to wait for and `finish`."""
+        self.reap()
+        value = self.device.touch(key)
+        if value is not None:
+            self.metrics.device_read()
+            return value
+        if key not in self.spilled:
+            return self.host[key]
+        gen = self.gen[key]
+        prefetched = self.prefetched.pop(key, None)
+        if prefetched is not None:
+            self.ledger.discard(("p", key))
+            return Unspill(prefetched[0], prefetched[1], gen)
+        shortcut = self.inflight.source(key)
+        if shortcut is not None:
+            self.install(key, shortcut, copied=0)
+            return shortcut
+        host_copy = cast(handlers.AnyHostCopy, self.host[key])
+        return Unspill(*self.start_unspill(key, host_copy), gen)
+
+    def finish(self, key: Key, unspill: Unspill, waited: float) -> object:
+        """After the copies back were waited for: install the value unless the key
+        changed meanwhile; return what the read gets."""
+        engine = self.lazy.get()
+        nbytes = self.metrics.unspilled(unspill.copies, waited, engine.stream_seconds)
+        if self.gen.get(key) == unspill.gen and key in self.spilled:
+            self.install(key, unspill.value, copied=nbytes)
+        elif key in self.device:
+            return self.device[key]
+        return unspill.value
+
+    def install(self, key: Key, value: object, *, copied: int) -> None:
+        """Move a spilled key back into the device tier."""
+        del self.host[key]
+        self.spilled.discard(key)
+        self.inflight.forget(key)
+        self.device.add(key, value, handlers.allocations(value))
+        if self.log_spilling:
+            how = f"copied {format_bytes(copied)}" if copied else "no copy: still in device memory"
+            moves.info("cudask: unspilled %r host -> device (%s)", key, how)
+        if self.limit is not None:
+            if self.ledger.total > self.limit:
+                self.evict_until(self.limit, keep=key)
+            if self.ledger.total > self.spill_target * self.limit:
+                self._notify()
+
+    def start_unspill(self, key: Key, host_copy: handlers.AnyHostCopy) -> tuple[object, list[Copy]]:
+        """Allocate device memory and enqueue the copies back; out of device
+        memory, let in-flight copies finish (freeing their sources) and retry once."""
+        limit = self.limit
+        if limit is not None:
+            self.evict_until(max(limit - host_copy.nbytes, 0))
+        try:
+            return handlers.to_device(host_copy, self.lazy.get())
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+        self.drain()
+        with self._out_of_memory(key, host_copy):
+            return handlers.to_device(host_copy, self.lazy.get())
+
+    @contextmanager
+    def _out_of_memory(self, key: Key, host_copy: handlers.AnyHostCopy) -> Iterator[None]:
+        """An out-of-memory becomes a MemoryError that says what to do."""
+        try:
+            yield
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            limit = self.limit
+            raise MemoryError(
+                f"cudask: cannot bring {key!r} ({format_bytes(host_copy.nbytes)}) back to the "
+                f"device: out of device memory with {format_bytes(self.ledger.total)} held by "
+                f"this store (device_memory_limit="
+                f"{'None' if limit is None else format_bytes(limit)}). The key stays in host "
+                "memory; lower device_memory_limit or free device memory held outside the store."
+            ) from exc
+
+    def prefetch(self, keys: Collection[Key]) -> int:
+        """Start copying spilled keys among `keys` back, as far as the device limit
+        allows without spilling; return how many were started."""
+        started = 0
+        self.reap()
+        for key in keys:
+            if key not in self.spilled or key in self.prefetched:
+                continue
+            if self.inflight.source(key) is not None:
+                continue
+            host_copy = cast(handlers.AnyHostCopy, self.host[key])
+            limit = self.limit
+            if limit is not None and self.ledger.total + host_copy.nbytes > limit:
+                break
+            try:
+                value, copies = handlers.to_device(host_copy, self.lazy.get())
+            except Exception as exc:  # noqa: BLE001 - prefetch is best effort
+                logger.debug("cudask: prefetch of %r skipped: %s", key, exc)
+                break
+            self.prefetched[key] = (value, copies, self.gen[key])
+            self.ledger.add(("p", key), handlers.allocations(value))
+            started += 1
+        return started
+
+    # ------------------------------------------------------------------ spilling
+    def evict_until(self, target: float, keep: Key | None = None) -> None:
+        """Spill least recently used keys until the device tier is at most `target`."""
+        self.device.evict_until(target, self.evict_key, keep)
+
+    def evict_key(self, key: Key) -> int:
+        """Move one key from the device tier to the host tier. Return the device
+        bytes released from the tier's count, or -1."""
+        before = self.ledger.total
+        value, ranges = self.device.take(key)
+        try:
+            engine = self.lazy.get()
+            engine.order_after_producers(handlers.producer_streams(value))
+            host_copy = handlers.to_host(value, engine)
+        except Exception as exc:  # noqa: BLE001 - the key stays, see _not_copied
+            return self._not_copied(key, value, ranges, exc)
+        try:
+            self.host[key] = host_copy
+        except Exception as exc:  # noqa: BLE001 - the key stays, see _not_stored
+            return self._not_stored(key, value, ranges, exc)
+        self.spilled.add(key)
+        self.inflight.add(key, value, host_copy, self.gen[key], ranges)
+        nbytes = host_copy.nbytes
+        self.metrics.spilled(nbytes)
+        if self.log_spilling:
+            moves.info(
+                "cudask: spilled %r device -> host (%s, %s)",
+                key, format_bytes(nbytes), "pinned" if host_copy.pinned() else "pageable",
+            )
+        return before - self.ledger.total
+
+    def _not_copied(self, key: Key, value: object, ranges: list[Range], exc: Exception) -> int:
+        """A key that cannot be copied to the host stays on the device: skipped from
+        now on (0) when it is unspillable, else first in line and spilling stops (-1)."""
+        if isinstance(exc, handlers.UnspillableError):
+            self.device.restore(key, value, ranges, front=False)
+            self.device.unspillable.add(key)
+            logger.warning("cudask: %r stays on the device: %s", key, exc)
+            return 0
+        self.device.restore(key, value, ranges, front=True)
+        logger.error(
+            "cudask: could not spill %r from the device (device_memory_limit=%s): %s. "
+            "It stays on the device.",
+            key, _fmt(self.limit), exc,
+        )
+        return -1
+
+    def _not_stored(self, key: Key, value: object, ranges: list[Range], exc: Exception) -> int:
+        """A host copy the host tier refuses: the key stays on the device, first in
+        line, and spilling stops (-1)."""
+        self.device.restore(key, value, ranges, front=True)
+        logger.error(
+            "cudask: could not store the host copy of %r (memory_limit=%s): %s. "
+            "It stays on the device.",
+            key, _fmt(self.memory_limit), exc,
+        )
+        return -1
+
+    def spill(self, nbytes: int) -> int:
+        """Spill until `nbytes` of device memory are released, and wait for the
+        copies; return the bytes released."""
+        self.reap()
+        before = self.held_bytes()
+        self.evict_until(max(self.ledger.total - nbytes, 0))
+        self.drain()
+        return max(before - self.held_bytes(), 0)
+
+    def background_step(self) -> bool:
+        """Spill one key while the device tier is past its spill target; return
+        whether there is more to do."""
+        self.reap()
+        limit = self.limit
+        if limit is None:
+            return False
+        target = self.spill_target * limit
+        if self.ledger.total <= target:
+            return False
+        key = self.device.victim()
+        if key is None:
+            return False
+        self.evict_key(key)
+        return self.ledger.total > target
+
+    # ------------------------------------------------------------------ copies
+    def reap(self, wait: bool = False) -> None:
+        """Retire completed device -> host copies (all of them, waiting, with `wait`)."""
+        self.inflight.reap(self._is_current, self._spill_done, wait)
+
+    def drain(self) -> None:
+        self.reap(wait=True)
+
+    def _is_current(self, key: Key, gen: int) -> bool:
+        return self.gen.get(key) == gen and key in self.spilled
+
+    def _spill_done(self, copy: handlers.AnyHostCopy) -> None:
+        engine = self.lazy.current
+        if engine is not None:
+            self.metrics.spill_done(copy, engine.stream_seconds)
+
+    def held_bytes(self) -> int:
+        """Device memory held: the ledger, plus what copies in flight still hold."""
+        return self.ledger.total + self.inflight.uncovered_bytes()
+
+
+def _fmt(nbytes: int | None) -> str:
+    return "None" if nbytes is None else format_bytes(nbytes)
+
+
+__all__ = ["DeviceBuffer", "Unspill"]

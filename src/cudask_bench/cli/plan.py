@@ -1,0 +1,239 @@
+"""From the options of `cudask bench spill|cupy|startup` to a harness Plan, and running it.
+
+Covers: every check that can be made before a process starts, in this order: the
+backends and the dask-cuda paths, JIT-unspill modes, matplotlib for --chart, the
+spelling of sizes, this interpreter's libraries, the dask-cuda environment, the GPU
+(`build_plan`); --mode against --processes/--warm-runs and the --warmup default
+(`mode_settings`); running a plan and printing its table (`run_plan`); `command`, which
+turns cudask's user errors into one-line click errors. Does not cover: the options
+(cudask_bench.cli.options), the harness. Threading: the command's thread only.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from cudask.errors import CudaskError, DeviceError, NoGPUError, OptionError
+from cudask.sizes import parse_size
+from cudask_bench import environment, harness, spec, targets
+from cudask_bench.report import format_table, write_json
+
+
+def command(f: Callable[[click.Context, dict[str, Any]], None]) -> Callable[..., None]:
+    """A click callback `f(ctx, options)` whose CudaskError is printed on one line."""
+
+    @functools.wraps(f)
+    def wrapper(**kw: Any) -> None:
+        try:
+            f(click.get_current_context(), kw)
+        except CudaskError as exc:
+            raise click.ClickException(str(exc)) from None
+
+    return wrapper
+
+
+def given(ctx: click.Context, name: str) -> bool:
+    """Whether option `name` was given on the command line (not defaulted)."""
+    return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+
+
+def size(value: str, name: str) -> int | None:
+    return parse_size(value, total=None, name=name)
+
+
+def _device_limit(value: str | None, total: int | None) -> tuple[int | None, bool]:
+    """(bytes or None for no limit, whether to pass the keyword at all)."""
+    if value is None or value.strip().lower() == "default":
+        return None, False
+    return (
+        parse_size(value, total=total, name="--device-memory-limit", auto=1.0, maximum=total),
+        True,
+    )
+
+
+def _check_device(device: str, gpus: dict[str, Any], needs_gpu: bool) -> None:
+    if not needs_gpu:
+        return
+    if not gpus.get("available"):
+        raise NoGPUError(
+            f"cudask bench needs an NVIDIA GPU and NVML finds none ({gpus.get('reason')}); "
+            "to check the harness without a GPU run --backend dict --array-module numpy"
+        )
+    known = [str(d["index"]) for d in gpus["devices"]] + [
+        str(d["uuid"]) for d in gpus["devices"] if d.get("uuid")
+    ]
+    if device not in known:
+        indices = ", ".join(str(d["index"]) for d in gpus["devices"])
+        raise DeviceError(
+            f"--device={device!r} names no GPU; accepted: an index ({indices}) or a GPU UUID"
+        )
+
+
+def _backends(kw: dict[str, Any]) -> list[str]:
+    """--backend, with dask-cuda added by --against; its paths checked."""
+    backends: list[str] = list(dict.fromkeys(kw["backends"]))
+    if kw["against"] == "dask-cuda" and "dask-cuda" not in backends:
+        backends.append("dask-cuda")
+    if (kw["dask_cuda_python"] or kw["dask_cuda_path"]) and "dask-cuda" not in backends:
+        raise OptionError(
+            "--dask-cuda-python/--dask-cuda-path given without --against dask-cuda; "
+            "add --against dask-cuda"
+        )
+    if "dask-cuda" in backends:
+        targets.check_dask_cuda_paths(kw["dask_cuda_python"], kw["dask_cuda_path"])
+    return backends
+
+
+def _jit_modes(ctx: click.Context, kw: dict[str, Any], backends: list[str]) -> tuple[str, str]:
+    """(cudask's JIT-unspill mode, dask-cuda's); checks --chart's matplotlib on the way,
+    where the checks always stood."""
+    jit_mode = kw["jit_unspill"]
+    if kw["no_jit_unspill"]:
+        if given(ctx, "jit_unspill"):
+            raise OptionError("--jit-unspill and --no-jit-unspill given together; give one")
+        jit_mode = "off"
+    if kw["chart"]:
+        from cudask_bench.chart import require_matplotlib
+
+        require_matplotlib()
+    if jit_mode != "off" and set(backends) <= {"dict"}:
+        raise OptionError("--jit-unspill needs --backend cudask or --against dask-cuda")
+    if kw["against_jit_unspill"] and "dask-cuda" not in backends:
+        raise OptionError("--against-jit-unspill given without --against dask-cuda; "
+                          "add --against dask-cuda")
+    return jit_mode, kw["against_jit_unspill"] or jit_mode
+
+
+def _check_spelling(kw: dict[str, Any]) -> None:
+    """The spelling of sizes, before anything is installed or looked up (a huge stand-in
+    total lets fractions through)."""
+    for name, key in (
+        ("--device-memory-limit", "device_memory_limit"),
+        ("--rmm-pool-size", "rmm_pool_size"),
+        ("--memory-limit", "memory_limit"),
+    ):
+        value = kw[key]
+        if value is not None and value.strip().lower() != "default":
+            parse_size(value, total=2**62, name=name)
+
+
+def _targets(kw: dict[str, Any], backends: list[str], against_jit: str) -> dict[str, Any]:
+    """Where each backend runs; installation problems are found here, no GPU needed."""
+    targets.check_local(backends, kw["array_module"])
+    found = {b: targets.Target(sys.executable) for b in backends if b != "dask-cuda"}
+    if "dask-cuda" in backends:
+        found["dask-cuda"] = targets.resolve_dask_cuda(
+            kw["dask_cuda_python"],
+            kw["dask_cuda_path"],
+            jit_unspill=against_jit != "off",
+            array_module=kw["array_module"],
+        )
+    return found
+
+
+def _recorded(
+    kw: dict[str, Any], found: dict[str, Any], backends: list[str], limit: int | str | None,
+    jit_modes: tuple[str, str], rmm_pool: int | None,
+) -> dict[str, Any]:
+    """The parameters a result records of the common options, in their order."""
+    return {
+        "backends": backends,
+        "device_memory_limit": limit,
+        "jit_unspill": jit_modes[0],
+        "against_jit_unspill": jit_modes[1],
+        "baseline": kw["baseline"],
+        "device": kw["device"],
+        "memory_limit": kw["memory_limit"],
+        "rmm_pool_size": rmm_pool,
+        "protocol": kw["protocol"],
+        "array_module": kw["array_module"],
+        "dask_cuda_python": found["dask-cuda"].python if "dask-cuda" in found else None,
+        "dask_cuda_path": kw["dask_cuda_path"],
+    }
+
+
+def build_plan(
+    workload: str,
+    ctx: click.Context,
+    kw: dict[str, Any],
+    workload_options: dict[str, Any],
+    parameters: dict[str, Any],
+) -> harness.Plan:
+    """Check the common options of `workload` and decide its variants and runners."""
+    backends = _backends(kw)
+    jit_mode, against_jit = _jit_modes(ctx, kw, backends)
+    needs_gpu = kw["array_module"] == "cupy" or bool({"cudask", "dask-cuda"} & set(backends))
+    _check_spelling(kw)
+    found = _targets(kw, backends, against_jit)
+    gpus = environment.gpus() if needs_gpu else {"available": False, "devices": []}
+    _check_device(kw["device"], gpus, needs_gpu)
+    total = environment.device_total(gpus, kw["device"])
+    limit, limit_set = _device_limit(kw["device_memory_limit"], total)
+    rmm_pool = (
+        parse_size(kw["rmm_pool_size"], total=total, name="--rmm-pool-size", maximum=total)
+        if kw["rmm_pool_size"]
+        else None
+    )
+    variants = spec.build_variants(backends, device_memory_limit=limit, limit_set=limit_set,
+                                   jit_mode=jit_mode, against_jit_mode=against_jit,
+                                   baseline=kw["baseline"])
+    for variant in variants:  # baselines may add backends (the dict store) run here
+        found.setdefault(variant.backend, targets.Target(sys.executable))
+    runner_options = {"array_module": kw["array_module"], "device": kw["device"],
+                      "memory_limit": kw["memory_limit"], "rmm_pool_size": rmm_pool,
+                      "protocol": kw["protocol"], **workload_options}
+    recorded = _recorded(kw, found, backends, limit if limit_set else "default",
+                         (jit_mode, against_jit), rmm_pool)
+    return harness.Plan(workload=workload, variants=variants, targets=found,
+                        runner_options=runner_options, repeat=kw["repeat"], warmup=kw["warmup"],
+                        processes=kw.get("processes", 1), timeout=kw["timeout"],
+                        parameters={**parameters, **recorded}, argv=list(sys.argv))
+
+
+def mode_settings(ctx: click.Context, kw: dict[str, Any], workload: str) -> dict[str, Any]:
+    """Check --mode against --processes/--warm-runs, resolve --warmup; the runner's
+    mode options (also recorded in the result's parameters)."""
+    mode = kw["mode"]
+    if mode == "cold" and given(ctx, "processes"):
+        raise OptionError(
+            "--processes applies to --mode warm; in cold mode every repetition is its own process"
+        )
+    if mode == "warm" and given(ctx, "warm_runs"):
+        raise OptionError(
+            "--warm-runs applies to --mode cold; in warm mode every measured repetition "
+            "is a warm run"
+        )
+    if kw["warmup"] is None:
+        kw["warmup"] = spec.default_warmup(workload, mode)
+    return {"mode": mode, "warm_runs": kw["warm_runs"] if mode == "cold" else None}
+
+
+def run_plan(plan: harness.Plan, kw: dict[str, Any]) -> None:
+    """Run `plan`, print its table, write the JSON and chart asked for; exit 1 on failures."""
+    progress = harness.ProgressLine(kw["progress"])
+    document = harness.execute(plan, progress)
+    click.echo(format_table(document))
+    if kw["output"]:
+        write_json(document, kw["output"])
+        click.echo(f"results: {kw['output']}")
+    if kw["chart"]:
+        from cudask_bench.chart import write_chart
+
+        try:
+            write_chart(document, kw["chart"])
+            click.echo(f"chart: {kw['chart']}")
+        except ValueError as exc:
+            click.echo(f"chart not written: {exc}", err=True)
+    failed = [v["name"] for v in document["variants"] if v["status"] != "ok"]
+    if failed:
+        raise click.ClickException(
+            f"{len(failed)} of {len(document['variants'])} variants failed: {', '.join(failed)}"
+        )
+
+
+__all__ = ["build_plan", "command", "given", "mode_settings", "run_plan", "size"]

@@ -1,0 +1,255 @@
+"""The side-by-side harness: spawn one runner per variant and assemble the result.
+
+Covers: spawning `python -m cudask_bench.run` per variant (per repetition for `startup`
+and cold-mode `spill`/`cupy`, whose every measurement is a fresh process; the variants
+take turns either way, `plan_rounds`), killing a runner past its timeout with its
+workers, a progress line on stderr, and `execute(plan)`, which returns the result
+document (cudask_bench.report) with machine facts and versions. Does not cover: where
+runners run (cudask_bench.targets), the workloads (cudask_bench.workloads), the runner
+(cudask_bench.run), charts, click options (cudask_bench.cli). Threading: called from
+the command's thread; each runner's output is read by one daemon thread of its own.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime as _dt
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any
+
+from cudask_bench import environment, spec
+from cudask_bench.report import comparisons, merge_runs
+from cudask_bench.targets import Target, make_shim, remove_shim
+
+
+class ProgressLine:
+    """A one-line progress display on a terminal stream (or silent when disabled)."""
+
+    def __init__(self, enabled: bool, stream: IO[str] | None = None, width: int = 24) -> None:
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.width = width
+        self.started = time.monotonic()
+        self._last = 0
+
+    def render(self, position: str, variant: str, done: int, total: int, label: str) -> str:
+        fraction = min(1.0, done / total) if total else 0.0
+        filled = round(fraction * self.width)
+        bar = "#" * filled + "-" * (self.width - filled)
+        elapsed = time.monotonic() - self.started
+        return f"[{position}] {variant}: [{bar}] {done}/{total} {label} ({elapsed:.0f} s)"
+
+    def update(self, position: str, variant: str, done: int, total: int, label: str) -> None:
+        if not self.enabled:
+            return
+        text = self.render(position, variant, done, total, label)
+        pad = max(0, self._last - len(text))
+        self.stream.write("\r" + text + " " * pad)
+        self.stream.flush()
+        self._last = len(text)
+
+    def finish(self, text: str) -> None:
+        if not self.enabled:
+            return
+        pad = max(0, self._last - len(text))
+        self.stream.write("\r" + text + " " * pad + "\n")
+        self.stream.flush()
+        self._last = 0
+
+
+def spawn_runner(
+    target: Target,
+    argv: Sequence[str],
+    *,
+    shim: str | None,
+    timeout: float,
+    on_progress: Callable[[int, int, str], None],
+) -> dict[str, Any]:
+    """Run one runner process; return its JSON result (or a failed one saying why)."""
+    fd, json_path = tempfile.mkstemp(prefix="cudask-bench-", suffix=".json")
+    os.close(fd)
+    os.unlink(json_path)
+    cmd = [target.python, "-m", "cudask_bench.run", *argv, "--json", json_path]
+    tail: collections.deque[str] = collections.deque(maxlen=40)
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=target.env(shim if target.foreign else None),
+        text=True,
+        bufsize=1,
+        start_new_session=True,  # its workers share its process group: one kill ends all
+    )
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith(spec.PROGRESS_PREFIX):
+                try:
+                    event = json.loads(line[len(spec.PROGRESS_PREFIX) :])
+                    on_progress(int(event["done"]), int(event["total"]), str(event["label"]))
+                except (ValueError, KeyError, TypeError):
+                    tail.append(line.rstrip())
+            else:
+                tail.append(line.rstrip())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+    reader.join(timeout=10)
+    wall = time.perf_counter() - started
+    result: dict[str, Any]
+    try:
+        with open(json_path) as fh:
+            result = json.load(fh)
+        os.unlink(json_path)
+    except (OSError, ValueError):
+        last = next((line for line in reversed(tail) if line.strip()), "no output")
+        why = (
+            f"timed out after {timeout:.0f} s"
+            if timed_out
+            else f"runner exited with status {proc.returncode} without a result: {last}"
+        )
+        result = {"status": "failed", "error": why, "measurements": {}}
+    if timed_out:
+        result.update(status="failed", error=f"timed out after {timeout:.0f} s")
+    result["returncode"] = proc.returncode
+    result["process_wall_s"] = wall
+    result["command"] = shlex.join(cmd[:-2])
+    if result.get("status") != "ok":
+        result["log_tail"] = list(tail)
+    return result
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@dataclasses.dataclass
+class Plan:
+    """Everything a `cudask bench` command decided before starting a process."""
+
+    workload: str
+    variants: list[spec.Variant]
+    targets: dict[str, Target]
+    runner_options: dict[str, Any]
+    repeat: int
+    warmup: int
+    parameters: dict[str, Any]
+    processes: int = 1  # warm mode: per variant, taking turns (see plan_rounds)
+    timeout: float = 3600.0
+    argv: list[str] = dataclasses.field(default_factory=list)
+
+
+def _gpu_used(machine: Mapping[str, Any], device: str) -> dict[str, Any] | None:
+    for entry in machine.get("gpus", {}).get("devices", []):
+        if str(entry.get("index")) == device or entry.get("uuid") == device:
+            return dict(entry)
+    return None
+
+
+def plan_rounds(plan: Plan) -> list[tuple[int, int]]:
+    """(warm-ups, measured repetitions) of each process a variant runs, in order.
+
+    The rounds go through the variants in turn, so drift on the machine (caches
+    warming up, clocks) falls on every variant alike rather than on whichever
+    runs first. In startup and cold mode every repetition is a fresh process,
+    the warm-ups included; in warm mode each of the `processes` makes the
+    warm-ups and repetitions itself.
+    """
+    if spec.process_per_repetition(plan.workload, plan.runner_options.get("mode")):
+        return [(1, 0)] * plan.warmup + [(0, 1)] * plan.repeat
+    return [(plan.warmup, plan.repeat)] * plan.processes
+
+
+def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
+    """Run every variant of `plan` in its own process(es) and assemble the result document."""
+    started = _dt.datetime.now(_dt.UTC)
+    t0 = time.perf_counter()
+    machine = environment.machine()
+    machine["gpu_used"] = _gpu_used(machine, str(plan.runner_options.get("device", "0")))
+    shim = make_shim() if any(t.foreign for t in plan.targets.values()) else None
+    entries: list[dict[str, Any]] = []
+    count = len(plan.variants)
+
+    def run_once(index: int, label: str, warmup: int, repeat: int) -> dict[str, Any]:
+        variant = plan.variants[index]
+        position = f"{index + 1}/{count}"
+        argv = spec.runner_argv(
+            variant, plan.workload, repeat=repeat, warmup=warmup, **plan.runner_options
+        )
+
+        def on_progress(done: int, total: int, text: str) -> None:
+            progress.update(position, label, done, total, text)
+
+        progress.update(position, label, 0, 1, "starting")
+        return spawn_runner(plan.targets[variant.backend], argv, shim=shim,
+                            timeout=plan.timeout, on_progress=on_progress)
+
+    def finish(index: int, runs: list[dict[str, Any]]) -> None:
+        variant = plan.variants[index]
+        entry = merge_runs(variant, plan.targets[variant.backend], runs)
+        entries.append(entry)
+        status = "ok" if entry["status"] == "ok" else f"FAILED: {entry['error']}"
+        progress.finish(f"[{index + 1}/{count}] {variant.name}: {status}")
+
+    rounds = plan_rounds(plan)
+    try:
+        runs: list[list[dict[str, Any]]] = [[] for _ in plan.variants]
+        for number, (warmup, repeat) in enumerate(rounds):
+            for index, variant in enumerate(plan.variants):
+                if runs[index] and runs[index][-1].get("status") != "ok":
+                    continue  # a failing configuration fails the same way again
+                label = variant.name if len(rounds) == 1 else (
+                    f"{variant.name} process {number + 1}/{len(rounds)}")
+                runs[index].append(run_once(index, label, warmup, repeat))
+        for index in range(count):
+            finish(index, runs[index])
+    finally:
+        if shim is not None:
+            remove_shim(shim)
+    document: dict[str, Any] = {
+        "format": spec.RESULT_FORMAT,
+        "workload": plan.workload,
+        "command": shlex.join(plan.argv),
+        "started_at": started.isoformat(timespec="seconds"),
+        "finished_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "wall_s": time.perf_counter() - t0,
+        "machine": machine,
+        "harness": {"python": sys.executable, "versions": environment.versions()},
+        "parameters": {**plan.parameters, "repeat": plan.repeat, "warmup": plan.warmup,
+                       "processes": len(rounds)},
+        "variants": entries,
+    }
+    document["comparisons"] = comparisons(entries)
+    document["status"] = "ok" if all(e["status"] == "ok" for e in entries) else "failed"
+    return document
+
+
+__all__ = ["Plan", "ProgressLine", "execute", "plan_rounds", "spawn_runner"]
