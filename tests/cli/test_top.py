@@ -318,9 +318,9 @@ def test_ctrl_c_exits_zero_without_traceback(gpu_cluster: tuple[Any, list[Any]],
     fetches: list[float] = []  # run_on_scheduler calls: the plugin check, then snapshots
     run_function = scheduler.handlers["run_function"]
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
+    def counted(comm: Any, **kwargs: Any) -> Any:  # "comm" first, as distributed looks for
         fetches.append(time.monotonic())
-        return run_function(*args, **kwargs)
+        return run_function(comm, **kwargs)
 
     monkeypatch.setitem(scheduler.handlers, "run_function", counted)
     env = {**os.environ, "COLUMNS": "250"}
@@ -331,8 +331,12 @@ def test_ctrl_c_exits_zero_without_traceback(gpu_cluster: tuple[Any, list[Any]],
         connected = wait_for(lambda: bool(set(scheduler.clients) - before)
                              and "cudask-monitor" in scheduler.plugins, timeout=90)
         assert connected and proc.poll() is None, proc.communicate(timeout=30)
+        from cudask.monitor.state import snapshot
+
+        # the workers' metrics reached the plugin (heartbeats), then a few refreshes
+        reported = wait_for(lambda: snapshot(scheduler).get("cudask_workers") == 2, timeout=90)
         seen = len(fetches)
-        refreshed = wait_for(lambda: len(fetches) >= seen + 3, timeout=90)  # a few refreshes
+        refreshed = reported and wait_for(lambda: len(fetches) >= seen + 3, timeout=90)
         assert refreshed and proc.poll() is None, (fetches, proc.communicate(timeout=30))
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)

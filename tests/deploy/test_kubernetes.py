@@ -30,6 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import dask.config
 import jsonschema
 import pytest
 import yaml
@@ -658,6 +659,15 @@ def test_cli_bad_input_is_a_usage_error(args: list[str], flag: str, value: str,
         assert f"Invalid value for {flag}" in error, error
     _check_message(error, value, accepted)
     assert not re.search(r"(?<![\w-])[a-z]+(_[a-z]+)*=['\d]", error), error  # flags, not keywords
+
+
+def test_cli_config_value_is_not_called_a_flag() -> None:
+    """A bad value of the local config names its key, not a flag nobody gave."""
+    with dask.config.set({"cudask.worker.device-memory-limit": "banana"}):
+        result = CliRunner().invoke(cli, ["kubernetes", "manifest", *EXAMPLE])
+    assert result.exit_code == 2 and "Usage:" not in result.output, result.output
+    assert "config key cudask.worker.device-memory-limit: device_memory_limit='banana'" in \
+        " ".join(result.output.split())
 
 
 def test_cli_missing_image_speaks_flags() -> None:

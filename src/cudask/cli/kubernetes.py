@@ -22,6 +22,7 @@ from typing import Any
 import click
 import yaml
 
+from cudask.cli.errors import ConfigError
 from cudask.cli.worker import click_option
 from cudask.options import BY_NAME, options_for
 
@@ -104,6 +105,8 @@ def _check(values: dict[str, Any]) -> Any:
     try:
         return check_pods(env=env or None, resources=resources or None, **given)
     except OptionError as exc:
+        if exc.origin is not None:  # a value of the config here, not a flag
+            raise ConfigError(str(exc)) from None
         key = exc.option or ""
         message = speak_flags(str(exc))
         if key and key in given or key == "env" and env or key == "resources" and resources:

@@ -149,8 +149,9 @@ def check_interface(value: Any) -> None:
 
 
 def check_port(label: str, value: Any) -> None:
-    """A port number: 0 (any free port) to 65535."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PORT:
+    """A port number: 0 (any free port) to 65535 (also as digits, as distributed takes it)."""
+    port = int(value) if isinstance(value, str) and value.strip().isdigit() else value
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= MAX_PORT:
         raise option_error(label, f"{label}={value!r} is not a port; accepted: a whole number "
                                   f"from 0 (any free port) to {MAX_PORT}, e.g. {label}=8786")
 
