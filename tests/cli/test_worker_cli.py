@@ -103,3 +103,13 @@ def test_one_worker_options_with_two_gpus(monkeypatch, args, message):
     result = CliRunner().invoke(cli, ["worker", "tcp://127.0.0.1:8786", *args])
     assert result.exit_code == 1 and message in result.output, result.output
     assert "Traceback" not in result.output
+
+
+def test_scheduler_file_beats_the_environment(tmp_path):
+    """--scheduler-file on the command line wins over DASK_SCHEDULER_ADDRESS (as for
+    `cudask top`): no conflict, and the address in the environment is not checked."""
+    result = CliRunner().invoke(cli, ["worker", "--scheduler-file", str(tmp_path / "s.json"),
+                                      "--nthreads", "0"],
+                                env={"DASK_SCHEDULER_ADDRESS": "banana"})
+    assert result.exit_code == 2, result.output
+    assert "nthreads=0" in result.output and "banana" not in result.output

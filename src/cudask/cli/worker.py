@@ -2,8 +2,11 @@
 
 Covers: the click command, whose flags are generated from cudask.options
 (declared once), and running CUDAWorker until it finishes or is interrupted.
-Errors in flags, config, devices or optional libraries are reported before
-any process starts. Does not cover: the workers (cudask.deploy.node). Threading: the
+Errors in flags, the scheduler's address, config, devices or optional libraries
+are reported before any process starts, on one line with exit status 2; one from
+an environment variable or a config file names it, without click's usage block.
+An address on the command line and --scheduler-file conflict; a file given beats
+DASK_SCHEDULER_ADDRESS. Does not cover: the workers (cudask.deploy.node). Threading: the
 command's thread runs the workers' event loop until they finish.
 """
 
