@@ -1,17 +1,22 @@
-"""Bad input is caught before any GPU is looked for (issue 16, item 3).
+"""Bad input is caught before any GPU is looked for.
 
-Each row is one bad value given to LocalCUDACluster, CUDAWorker, `cudask worker`
-or a `cudask.*` config key. `discover()` is replaced by a function that fails the
-test, so every row proves its check runs before discovery (the machine these run
-on may have no GPU at all: the message must then not be "no NVIDIA GPU found").
-Each message must name the bad value and what is accepted.
+Each row is one bad value given to LocalCUDACluster, CUDAWorker, `cudask worker`,
+a `cudask.*` config key or an environment variable. `discover()` is replaced by a
+function that fails the test, so every row proves its check runs before discovery
+(the machine these run on may have no GPU at all: the message must then not be
+"no NVIDIA GPU found"). Each message must name the bad value, where it came from
+(a keyword, a flag, an environment variable or a config key) and what is accepted,
+on one line; the CLI exits with status 2, with click's usage block only for flags.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import dask.config
@@ -19,10 +24,11 @@ import pytest
 from click.testing import CliRunner
 
 from cudask import LocalCUDACluster
+from cudask import config as cudask_config
 from cudask.cli.main import cli
 from cudask.deploy import local, node
 from cudask.deploy.node import CUDAWorker
-from cudask.errors import OptionError
+from cudask.errors import MissingDependencyError, OptionError
 
 SCHEDULER = "tcp://127.0.0.1:1"
 
@@ -56,8 +62,9 @@ CLUSTER = [
     ({"protocol": 5}, "protocol=5", "accepted: a string"),
     ({"rmm_async": True, "rmm_managed_memory": True}, "rmm_async=True", "choose one"),
     ({"jit_unspill": True, "enable_cudf_spill": True}, "jit_unspill=True", "choose one"),
-    ({"jit_unspill": "maybe"}, "jit_unspill='maybe'", "accepted: True or False"),
-    ({"rmm_async": "sometimes"}, "rmm_async='sometimes'", "accepted: True or False"),
+    ({"jit_unspill": "maybe"}, "jit_unspill='maybe'", "accepted: true or false (also"),
+    ({"jit_unspill": "maybe"}, "jit_unspill='maybe'", "yes/no, on/off and 1/0"),
+    ({"rmm_async": "sometimes"}, "rmm_async='sometimes'", "accepted: true or false"),
     ({"threads_per_worker": 0}, "nthreads=0", "at least 1"),
     ({"threads_per_worker": "four"}, "nthreads='four'", "whole number"),
     ({"n_workers": 0}, "n_workers=0", "at least 1"),
@@ -74,6 +81,31 @@ CLUSTER = [
     ({"enable_rdmacm": True}, "enable_rdmacm=True", "needs enable_infiniband=True"),
     ({"enable_infiniband": True, "protocol": "tcp"}, "protocol='tcp'", "needs protocol='ucx'"),
     ({"local_directory": 5}, "local_directory=5", "e.g. local_directory="),
+    # LocalCluster's own keywords, and the network and files of this machine
+    ({"dashboard_address": 12.5}, "dashboard_address=12.5", "':8787'"),
+    ({"dashboard_address": "banana"}, "dashboard_address='banana'", "does not resolve"),
+    ({"worker_dashboard_address": ":99999"}, "worker_dashboard_address=':99999'",
+     "out of range"),
+    ({"scheduler_port": -5}, "scheduler_port=-5", "from 0 (any free port) to 65535"),
+    ({"scheduler_port": "eighty"}, "scheduler_port='eighty'", "a whole number"),
+    ({"scheduler_port": 70000}, "scheduler_port=70000", "to 65535"),
+    ({"silence_logs": "loud"}, "silence_logs='loud'", "'warning'"),
+    ({"interface": "nosuchif0"}, "interface='nosuchif0'", "accepted: one of"),
+    ({"host": "999.1.1.1"}, "host='999.1.1.1'", "a name or IP address of this machine"),
+    ({"protocol": "tls"}, "protocol='tls' needs TLS certificates", "security=True"),
+    ({"host": "tls://127.0.0.1"}, "host='tls://127.0.0.1' needs TLS certificates",
+     "security=True"),
+    ({"local_directory": "/proc/nope"}, "local_directory='/proc/nope'", "a writable directory"),
+    ({"local_directory": "/etc/hostname"}, "local_directory='/etc/hostname'",
+     "a writable directory"),
+    ({"rmm_log_directory": "/proc/nope"}, "rmm_log_directory='/proc/nope'",
+     "a writable directory"),
+    ({"cudf_spill_stats": 5}, "cudf_spill_stats=5", "from 0 to 2"),
+    ({"pre_import": "no_such_module_xyz"}, "pre_import='no_such_module_xyz'",
+     "a module importable"),
+    ({"pre_import": "no_such_package_xyz.sub"}, "'no_such_package_xyz.sub'",
+     "a module importable"),
+    ({"rmm_async": "maybe"}, "rmm_async='maybe'", "yes/no"),
 ]
 
 WORKER = [
@@ -93,6 +125,44 @@ WORKER = [
     ({"protocol": "carrier-pigeon"}, "protocol='carrier-pigeon'", "accepted: inproc, tcp"),
     ({"env:CUDA_VISIBLE_DEVICES": "0,,x"}, "CUDA_VISIBLE_DEVICES='0,,x'", "e.g. '0,1'"),
     ({"env:CUDA_VISIBLE_DEVICES": "GPU-a,GPU-a"}, "'GPU-a'", "each once"),
+    # the scheduler's address, parsed as distributed parses it
+    ({"scheduler": "not-an-address"}, "scheduler='not-an-address'", "tcp://10.0.0.1:8786"),
+    ({"scheduler": "foo://127.0.0.1:8786"}, "unknown scheme 'foo'", "tcp://10.0.0.1:8786"),
+    ({"scheduler": "tcp://10.0.0.1:70000"}, "port 70000 is out of range", "tcp://10.0.0.1"),
+    ({"scheduler": "tcp://:8786"}, "names no host", "tcp://10.0.0.1:8786"),
+    ({"scheduler": "-oops"}, "scheduler='-oops' looks like a flag", "tcp://10.0.0.1:8786"),
+    ({"scheduler": None, "env:DASK_SCHEDULER_ADDRESS": "banana"},
+     "environment variable DASK_SCHEDULER_ADDRESS: scheduler='banana'", "tcp://10.0.0.1:8786"),
+    ({"scheduler_file": "/tmp/scheduler.json"}, f"address ({SCHEDULER}) or scheduler_file",
+     "not both"),
+    ({"scheduler": "tls://127.0.0.1:1"}, "scheduler='tls://127.0.0.1:1' needs TLS",
+     "--tls-ca-file, --tls-cert and --tls-key"),
+    # this node's addresses, ports and interfaces
+    ({"listen_address": "banana"}, "listen_address='banana'", "of this machine"),
+    ({"listen_address": "foo://0.0.0.0:9000"}, "unknown scheme 'foo'", "tcp://0.0.0.0:9000"),
+    ({"contact_address": "tcp://node1:99999", "listen_address": "tcp://127.0.0.1:9000"},
+     "contact_address='tcp://node1:99999'", "out of range"),
+    ({"dashboard_address": "banana"}, "dashboard_address='banana'", "':8787'"),
+    ({"host": "999.1.1.1"}, "host='999.1.1.1'", "of this machine"),
+    ({"interface": "nosuchif0"}, "interface='nosuchif0'", "accepted: one of"),
+    ({"worker_port": "70000"}, "worker_port='70000'", "from 1 to 65535"),
+    ({"worker_port": "9000:70000"}, "worker_port='9000:70000'", "from 1 to 65535"),
+    ({"name": ""}, "name=''", "e.g. name='node1'"),
+    ({"name": "  "}, "name='  '", "e.g. name='node1'"),
+    # modules, files and TLS
+    ({"preload": ["no_such_module_xyz"]}, "preload='no_such_module_xyz'", "a .py file"),
+    ({"preload": ["/no/such/setup.py"]}, "preload='/no/such/setup.py': no such file",
+     "a .py file"),
+    ({"pid_file": "/proc/nope/x"}, "pid_file='/proc/nope/x'", "an existing writable directory"),
+    ({"pid_file": "/tmp"}, "pid_file='/tmp' is a directory", "an existing writable directory"),
+    ({"local_directory": "/proc/nope"}, "local_directory='/proc/nope'", "a writable directory"),
+    ({"protocol": "tls"}, "protocol='tls' needs TLS certificates", "--tls-ca-file"),
+    ({"tls_ca_file": "/no/ca.pem", "tls_cert": "/no/c.pem", "tls_key": "/no/k.pem"},
+     "tls_ca_file='/no/ca.pem': no such file", "a readable PEM file"),
+    ({"cudf_spill_stats": 5}, "cudf_spill_stats=5", "from 0 to 2"),
+    # messages that used to mislead
+    ({"death_timeout": -5}, "death_timeout=-5 is negative", "seconds (0 or more)"),
+    ({"death_timeout": "-5s"}, "death_timeout='-5s' is negative", "seconds (0 or more)"),
 ]
 
 CLI = [
@@ -113,11 +183,78 @@ CLI = [
      "'distributed.Worker'"),
     (["--multiprocessing-method", "thread"], "'thread'", "'spawn'"),
     (["env:CUDA_VISIBLE_DEVICES", "0,,x"], "CUDA_VISIBLE_DEVICES='0,,x'", "e.g. '0,1'"),
+    (["--listen-address", "banana"], "listen_address='banana'", "of this machine"),
+    (["--dashboard-address", "banana"], "dashboard_address='banana'", "':8787'"),
+    (["--host", "999.1.1.1"], "host='999.1.1.1'", "of this machine"),
+    (["--interface", "nosuchif0"], "interface='nosuchif0'", "accepted: one of"),
+    (["--worker-port", "70000"], "worker_port='70000'", "from 1 to 65535"),
+    (["--name", ""], "name=''", "e.g. name='node1'"),
+    (["--preload", "no_such_module_xyz"], "preload='no_such_module_xyz'", "a .py file"),
+    (["--pre-import", "no_such_module_xyz"], "pre_import='no_such_module_xyz'",
+     "a module importable"),
+    (["--cudf-spill-stats", "5"], "cudf_spill_stats=5", "from 0 to 2"),
+    (["--pid-file", "/proc/nope/x"], "pid_file='/proc/nope/x'", "an existing writable"),
+    (["--local-directory", "/proc/nope"], "local_directory='/proc/nope'", "a writable directory"),
+    (["--rmm-log-directory", "/proc/nope"], "rmm_log_directory='/proc/nope'",
+     "a writable directory"),
+    (["--protocol", "tls"], "protocol='tls' needs TLS certificates", "--tls-ca-file"),
+    (["--tls-ca-file", "/no/ca.pem", "--tls-cert", "/no/c.pem", "--tls-key", "/no/k.pem"],
+     "tls_ca_file='/no/ca.pem': no such file", "a readable PEM file"),
+    (["--death-timeout", "-5"], "death_timeout='-5' is negative", "seconds (0 or more)"),
+    (["--enable-jit-unspill", "--enable-cudf-spill"], "jit_unspill=True", "choose one"),
+    (["--scheduler-file", "/tmp/scheduler.json"], f"address ({SCHEDULER}) or scheduler_file",
+     "not both"),
+]
+
+# (arguments of `cudask worker` in place of the scheduler's address, text naming the
+# value, text saying what is accepted): bad addresses, usage errors that name SCHEDULER
+CLI_SCHEDULER = [
+    (["not-an-address"], "scheduler='not-an-address'", "tcp://10.0.0.1:8786"),
+    (["foo://127.0.0.1:8786"], "unknown scheme 'foo'", "tcp://10.0.0.1:8786"),
+    (["tls://127.0.0.1:1"], "scheduler='tls://127.0.0.1:1' needs TLS", "--tls-ca-file"),
+]
+
+# (environment, arguments after the scheduler, text naming the variable and value, text
+# saying what is accepted): values from the environment, which are not misused flags
+ENV = [
+    ({"DASK_SCHEDULER_ADDRESS": "banana"}, None,
+     "environment variable DASK_SCHEDULER_ADDRESS: scheduler='banana'", "tcp://10.0.0.1:8786"),
+    ({"DASK_CUDASK__WORKER__RMM_POOLSIZE": "1GB"}, [],
+     ("environment variable DASK_CUDASK__WORKER__RMM_POOLSIZE: unknown config key "
+     "cudask.worker.rmm-poolsize"), "did you mean cudask.worker.rmm-pool-size?"),
+    ({"DASK_CUDASK__WROKER__RMM_POOL_SIZE": "1GB"}, [],
+     "environment variable DASK_CUDASK__WROKER__RMM_POOL_SIZE", "cudask.worker.rmm-pool-size"),
+    ({"DASK_CUDASK__MEMORY__PINNED_SLAB_SIZE": "auto"}, [],
+     ("environment variable DASK_CUDASK__MEMORY__PINNED_SLAB_SIZE: "
+     "cudask.memory.pinned-slab-size='auto'"), 'a byte string such as "256MiB"'),
+    ({"DASK_CUDASK__WORKER__DEVICE_MEMORY_LIMIT": "banana"}, [],
+     ("environment variable DASK_CUDASK__WORKER__DEVICE_MEMORY_LIMIT: "
+     "device_memory_limit='banana'"), '"40GB"'),
+    ({"DASK_CUDASK__WORKER__JIT_UNSPILL": "maybe"}, [],
+     "environment variable DASK_CUDASK__WORKER__JIT_UNSPILL: jit_unspill='maybe'",
+     "yes/no, on/off"),
+    ({"DASK_CUDASK__WORKER__INTERFACE": "nosuchif0"}, [],
+     "environment variable DASK_CUDASK__WORKER__INTERFACE: interface='nosuchif0'",
+     "accepted: one of"),
+    ({"DASK_CUDASK__WORKER__LOCAL_DIRECTORY": "/proc/nope"}, [],
+     "environment variable DASK_CUDASK__WORKER__LOCAL_DIRECTORY: local_directory='/proc/nope'",
+     "a writable directory"),
+    ({"DASK_CUDASK__WORKER__CUDF_SPILL_STATS": "5"}, [],
+     "environment variable DASK_CUDASK__WORKER__CUDF_SPILL_STATS: cudf_spill_stats=5",
+     "from 0 to 2"),
+    ({"DASK_CUDASK__WORKER__RMM_ASYNC": "true"}, ["--rmm-managed-memory"],
+     "rmm_async from environment variable DASK_CUDASK__WORKER__RMM_ASYNC", "choose one"),
+    ({"DASK_CUDASK__MEMORY__SPILL_TARGET": "2"}, [],
+     "environment variable DASK_CUDASK__MEMORY__SPILL_TARGET: cudask.memory.spill-target=2",
+     "e.g. 0.9"),
+    ({"DASK_CUDASK__COMM__DEVICE_IPC": "often"}, [],
+     "environment variable DASK_CUDASK__COMM__DEVICE_IPC: cudask.comm.device-ipc='often'",
+     "true or false"),
 ]
 
 CONFIG = [
     ({"cudask.worker.device-memory-limit": "banana"}, "device_memory_limit='banana'", '"40GB"'),
-    ({"cudask.worker.rmm-async": "banana"}, "rmm_async='banana'", "True or False"),
+    ({"cudask.worker.rmm-async": "banana"}, "rmm_async='banana'", "true or false"),
     ({"cudask.worker.threads-per-worker": -1}, "nthreads=-1", "at least 1"),
     ({"cudask.worker.protocol": "tcpx"}, "protocol='tcpx'", "accepted: inproc, tcp"),
     ({"cudask.worker.memory-limit": "lots"}, "memory_limit='lots'", '"40GB"'),
@@ -143,6 +280,16 @@ CONFIG = [
      '"40GB"'),
     ({"cudask.memory.pinned-preallocate": "banana"},
      "cudask.memory.pinned-preallocate='banana'", '"40GB"'),
+    ({"cudask.memory.pinned-slab-size": "auto"}, "cudask.memory.pinned-slab-size='auto'",
+     'a byte string such as "256MiB"'),
+    ({"cudask.worker.rmm-poolsize": "1GB"}, "unknown config key cudask.worker.rmm-poolsize",
+     "did you mean cudask.worker.rmm-pool-size?"),
+    ({"cudask.memory.spill-targte": 0.5}, "unknown config key cudask.memory.spill-targte",
+     "did you mean cudask.memory.spill-target?"),
+    ({"cudask.worker": "fast"}, "cudask.worker is a section of keys", "accepted: the keys"),
+    ({"cudask.worker.cudf-spill-stats": 3}, ("config key cudask.worker.cudf-spill-stats: "
+     "cudf_spill_stats=3"), "from 0 to 2"),
+    ({"cudask.worker.jit-unspill": "maybe"}, "jit_unspill='maybe'", "yes/no"),
 ]
 
 
@@ -160,14 +307,29 @@ def test_local_cuda_cluster(kwargs: dict[str, Any], value: str, accepted: str) -
     _check_message(str(info.value), value, accepted)
 
 
+@pytest.fixture
+def environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[dict[str, str]], None]]:
+    """Set environment variables and read them into dask.config, as at a process's
+    start; both are restored afterwards."""
+
+    def set_environment(env: dict[str, str]) -> None:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        dask.config.refresh()
+
+    yield set_environment
+    monkeypatch.undo()
+    dask.config.refresh()
+
+
 @pytest.mark.parametrize("kwargs, value, accepted", WORKER)
 def test_cuda_worker(kwargs: dict[str, Any], value: str, accepted: str,
-                     monkeypatch: pytest.MonkeyPatch) -> None:
+                     environment: Callable[[dict[str, str]], None]) -> None:
     kwargs = dict(kwargs)
-    for key in [k for k in kwargs if k.startswith("env:")]:
-        monkeypatch.setenv(key[4:], kwargs.pop(key))
+    environment({key[4:]: kwargs.pop(key) for key in [k for k in kwargs if k.startswith("env:")]})
+    scheduler = kwargs.pop("scheduler", SCHEDULER)
     with pytest.raises(OptionError) as info:
-        CUDAWorker(SCHEDULER, **kwargs)
+        CUDAWorker(scheduler, **kwargs)
     _check_message(str(info.value), value, accepted)
 
 
@@ -186,6 +348,43 @@ def test_cli_flag(args: list[str], value: str, accepted: str) -> None:
     _check_message(" ".join(error.split()), value, accepted)
 
 
+@pytest.mark.parametrize("args, value, accepted", CLI_SCHEDULER)
+def test_cli_scheduler_address(args: list[str], value: str, accepted: str) -> None:
+    result = CliRunner().invoke(cli, ["worker", *args])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+    error = " ".join(result.output.split("Error: ", 1)[1].split())
+    assert "Invalid value for 'SCHEDULER'" in error, error
+    _check_message(error, value, accepted)
+
+
+def _config_error(result: Any) -> str:
+    """The one line of a CLI error about a config value or environment variable:
+    exit 2, no traceback, no usage block (no flag was misused)."""
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+    assert "Usage:" not in result.output and "--help" not in result.output, result.output
+    assert result.output.startswith("Error: "), result.output
+    return result.output[len("Error: "):]
+
+
+@pytest.mark.parametrize("env, args, value, accepted", ENV)
+def test_environment_variable(env: dict[str, str], args: list[str] | None, value: str,
+                              accepted: str,
+                              environment: Callable[[dict[str, str]], None]) -> None:
+    environment(env)
+    command = ["worker"] if args is None else ["worker", SCHEDULER, *args]
+    _check_message(_config_error(CliRunner().invoke(cli, command)), value, accepted)
+    if args is None:
+        with pytest.raises(OptionError) as info:
+            CUDAWorker()
+        _check_message(str(info.value), value, accepted)
+    elif not args:
+        with pytest.raises(OptionError) as info:
+            LocalCUDACluster()
+        _check_message(str(info.value), value, accepted)
+
+
 @pytest.mark.parametrize("settings, value, accepted", CONFIG)
 def test_config_key(settings: dict[str, Any], value: str, accepted: str) -> None:
     with dask.config.set(settings), pytest.raises(OptionError) as info:
@@ -193,8 +392,21 @@ def test_config_key(settings: dict[str, Any], value: str, accepted: str) -> None
     _check_message(str(info.value), value, accepted)
     with dask.config.set(settings):
         result = CliRunner().invoke(cli, ["worker", SCHEDULER])
-    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-    assert value in " ".join(result.output.split())
+    _check_message(_config_error(result), value, accepted)
+
+
+def test_ucx_transport_alone_names_it() -> None:
+    """--enable-nvlink without UCX installed names the flag the user gave, not a
+    protocol='ucx' they never asked for."""
+    if importlib.util.find_spec("distributed_ucxx") is not None:
+        pytest.skip("distributed-ucxx is installed here")
+    with pytest.raises(MissingDependencyError) as info:
+        LocalCUDACluster(enable_nvlink=True)
+    message = str(info.value)
+    assert message.startswith("enable_nvlink=True (a UCX transport") and "distributed_ucxx" in message
+    assert "no NVIDIA GPU found" not in message
+    result = CliRunner().invoke(cli, ["worker", SCHEDULER, "--enable-nvlink"])
+    assert "enable_nvlink=True (a UCX transport" in result.output, result.output
 
 
 def test_cli_flag_names_the_flag() -> None:
@@ -203,7 +415,8 @@ def test_cli_flag_names_the_flag() -> None:
 
 
 def test_table_is_large_enough() -> None:
-    assert len(CLUSTER) + len(WORKER) + len(CLI) + len(CONFIG) >= 50
+    rows = len(CLUSTER) + len(WORKER) + len(CLI) + len(CLI_SCHEDULER) + len(ENV) + len(CONFIG)
+    assert rows >= 160, rows
 
 
 def test_subprocess_without_gpu_lookup() -> None:
@@ -219,3 +432,41 @@ def test_subprocess_without_gpu_lookup() -> None:
     assert "no NVIDIA GPU found" not in out.stderr
     _check_message(" ".join(out.stderr.split("Error: ", 1)[1].split()),
                    "device_memory_limit='banana'", '"40GB"')
+
+
+def _fresh_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items()
+            if k != "CUDA_VISIBLE_DEVICES" and not k.startswith("DASK_")}
+    return subprocess.run([sys.executable, "-m", "cudask.cli", *args], capture_output=True,
+                          text=True, env={**base, **env}, timeout=120, check=False)
+
+
+def test_subprocess_config_key_typo_in_the_environment() -> None:
+    """A typo in a key is an error before discovery, naming the variable and the key
+    meant: it once started workers with no RMM pool and no word."""
+    out = _fresh_cli(["worker", SCHEDULER], {"DASK_CUDASK__WORKER__RMM_POOLSIZE": "1GB"})
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and "Usage:" not in out.stderr, out.stderr
+    assert "no NVIDIA GPU found" not in out.stderr
+    assert out.stderr.strip().splitlines() == [
+        ("Error: environment variable DASK_CUDASK__WORKER__RMM_POOLSIZE: unknown config key "
+        "cudask.worker.rmm-poolsize; did you mean cudask.worker.rmm-pool-size? (accepted: "
+        f"the keys of cudask.yaml ({cudask_config.DEFAULTS_FILE}))")], out.stderr
+
+
+def test_subprocess_config_file_names_the_file(tmp_path: Path) -> None:
+    """A bad value or key in a dask config file names the file and the key."""
+    path = tmp_path / "gpu.yaml"
+    path.write_text("cudask:\n  worker:\n    device-memory-limit: banana\n")
+    out = _fresh_cli(["worker", SCHEDULER], {"DASK_CONFIG": str(tmp_path)})
+    assert out.returncode == 2 and "Usage:" not in out.stderr, out.stderr
+    assert "no NVIDIA GPU found" not in out.stderr
+    _check_message(" ".join(out.stderr.split()),
+                   f"config file {path} (key cudask.worker.device-memory-limit): "
+                   "device_memory_limit='banana'", '"40GB"')
+    path.write_text("cudask:\n  memory:\n    spill_targt: 0.5\n")
+    out = _fresh_cli(["worker", SCHEDULER], {"DASK_CONFIG": str(tmp_path)})
+    assert out.returncode == 2 and "Usage:" not in out.stderr, out.stderr
+    _check_message(" ".join(out.stderr.split()),
+                   f"config file {path} (key cudask.memory.spill_targt): unknown config key",
+                   "did you mean cudask.memory.spill-target?")

@@ -43,7 +43,7 @@ def test_cluster_keyword_names_and_node_only_options():
         ({"threads_per_worker": 0}, "at least 1"),
         ({"threads_per_worker": "many"}, "not an integer"),
         ({"rmm_allocator_external_lib_list": "cupy,tensorflow"}, "'tensorflow' not accepted"),
-        ({"rmm_async": "perhaps"}, "True or False"),
+        ({"rmm_async": "perhaps"}, "true or false"),
     ],
 )
 def test_rules(values, match):
@@ -81,6 +81,7 @@ def test_lists_accept_strings_and_lists(monkeypatch):
 
 def test_reference_lists_every_option():
     text = options.reference()
+    assert len(OPTIONS) >= 40  # the loop below checks something
     for o in OPTIONS:
         assert o.cli_flag in text
 
@@ -107,3 +108,26 @@ def test_none_means_the_default_for_counts_choices_and_booleans():
                          "device_memory_limit": None}, "worker")
     assert w.nthreads == 1 and w.multiprocessing_method == "spawn"
     assert w.device_memory_limit is None  # a size: None is "off"
+
+
+@pytest.mark.parametrize("word, meaning", [
+    (True, True), (False, False), (1, True), (0, False), ("true", True), ("False", False),
+    ("yes", True), ("NO", False), ("on", True), ("Off", False), ("1", True), ("0", False)])
+def test_one_boolean_rule_for_options_and_config_keys(word, meaning):
+    """Keywords, flags and every config key read the same words as booleans."""
+    from cudask.memory.settings import parse_flag
+
+    assert resolve({"jit_unspill": word}, "cluster").jit_unspill is meaning
+    assert parse_flag(word, "cudask.memory.background-spill") is meaning
+    with dask.config.set({"cudask.worker.log-spilling": word}):
+        assert resolve({}, "cluster").log_spilling is meaning
+
+
+@pytest.mark.parametrize("word", ["maybe", 2, "", None, 0.5])
+def test_the_boolean_rule_is_in_the_message(word):
+    from cudask.memory.settings import parse_flag
+
+    for check in (lambda: resolve({"rmm_async": word if word is not None else "none"}, "cluster"),
+                  lambda: parse_flag(word, "cudask.memory.background-spill")):
+        with pytest.raises(OptionError, match="true or false .also True/False, yes/no, on/off"):
+            check()

@@ -20,9 +20,11 @@ class CudaskError(Exception):
 class OptionError(CudaskError, ValueError):
     """An option, flag or config value that cannot be accepted. `option` names the
     declared option (cudask.options) when one value alone is at fault, so the CLI
-    can name its flag."""
+    can name its flag; `origin` says where a value from the config was set (an
+    environment variable, a config file), so the CLI does not call it a misused flag."""
 
     option: str | None = None
+    origin: str | None = None
 
 
 class DeviceError(CudaskError, ValueError):
@@ -44,6 +46,19 @@ class MissingDependencyError(CudaskError, ImportError):
             f"{needed_for} needs {library}, which is not installed. "
             f"Install it with: {install}"
         )
+
+
+class UnknownModuleError(MissingDependencyError, OptionError):
+    """A module an option names (pre_import, preload) that is not found here: a
+    missing dependency, or a misspelt name; an OptionError as well."""
+
+    def __init__(self, module: str, option: str, accepted: str) -> None:
+        CudaskError.__init__(self, f"{option}={module!r}: no module {module!r} is found here "
+                                   f"(not installed, or misspelt?); accepted: {accepted}")
+        self.library = module
+        self.needed_for = f"{option}={module!r}"
+        self.install = f"install {module} where the workers run"
+        self.option = option
 
 
 def require(module: str, *, needed_for: str, install: str) -> object:

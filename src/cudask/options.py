@@ -18,52 +18,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from cudask import config
-from cudask.errors import MissingDependencyError, OptionError
-from cudask.sizes import check_size
+from cudask.errors import MissingDependencyError, OptionError, UnknownModuleError
+from cudask.option_value import ALL, UCX_PROTOCOLS, Option, Surface, coerce
 
-Kind = Literal["int", "str", "path", "size", "bool", "tristate", "list", "choice", "any"]
-Surface = Literal["cluster", "worker", "cli"]
-
-ALL: frozenset[Surface] = frozenset({"cluster", "worker", "cli"})
 NODE: frozenset[Surface] = frozenset({"worker", "cli"})  # one node's workers, not LocalCUDACluster
-
-
-@dataclass(frozen=True)
-class Option:
-    """One option. `name` is the keyword; the flag is derived from it unless
-    given. A `config` key under `cudask.worker` holds the default."""
-
-    name: str
-    kind: Kind
-    help: str
-    config: str | None = None
-    default: Any = None
-    flag: str | None = None
-    secondary: str | None = None  # the "off" flag of a boolean: --no-x / --disable-x
-    choices: tuple[str, ...] = ()
-    surfaces: frozenset[Surface] = ALL
-    cluster_name: str | None = None  # LocalCUDACluster's keyword where it differs
-    group: str = "worker"
-    minimum: int | None = None
-    extra_flags: tuple[str, ...] = ()
-
-    @property
-    def cli_flag(self) -> str:
-        return self.flag or "--" + self.name.replace("_", "-")
-
-    @property
-    def cluster_keyword(self) -> str:
-        return self.cluster_name or self.name
-
-    def default_value(self) -> Any:
-        if self.config is not None:
-            return config.get(f"worker.{self.config}")
-        return self.default
 
 
 def _bool(name: str, help: str, cfg: str | None = None, *, on: str | None = None,
@@ -134,7 +98,7 @@ OPTIONS: tuple[Option, ...] = (
           "enable-cudf-spill",
           on="--enable-cudf-spill", off="--disable-cudf-spill", group="cudf"),
     Option("cudf_spill_stats", "int", "cuDF spill statistics level: 0, 1 or 2.",
-           config="cudf-spill-stats", group="cudf", minimum=0),
+           config="cudf-spill-stats", group="cudf", minimum=0, maximum=2),
     Option("pre_import", "list", "Modules each worker imports at start; a missing one fails the "
            "start (comma-separated or a list).", config="pre-import", group="cudf"),
     # --- one node's workers (CUDAWorker and the CLI)
@@ -196,9 +160,13 @@ def options_for(surface: Surface) -> list[Option]:
 
 @dataclass
 class WorkerOptions(Mapping[str, Any]):
-    """Canonical values of every option (by `Option.name`), defaults filled in."""
+    """Canonical values of every option (by `Option.name`), defaults filled in;
+    `origins`: where those taken from a changed config key were set (config.origin);
+    `implied`: options set by a rule, and the option that implied them."""
 
     settings: dict[str, Any] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)
+    implied: dict[str, str] = field(default_factory=dict)
 
     def __getitem__(self, key: str) -> Any:
         return self.settings[key]
@@ -216,131 +184,13 @@ class WorkerOptions(Mapping[str, Any]):
             raise AttributeError(key) from None
 
 
-def _split_list(opt: Option, value: Any) -> list[str] | None:
-    if value is None or value == "" or value == []:
-        return None
-    if isinstance(value, str):
-        items = [v.strip() for v in value.split(",") if v.strip()]
-    elif isinstance(value, Iterable):
-        items = []
-        for v in value:
-            if not isinstance(v, str):
-                raise OptionError(f"{opt.name}={value!r}: every entry must be a string; accepted: "
-                                  "a comma-separated string or a list of strings, e.g. 'json,numpy'")
-            items.extend(s.strip() for s in v.split(",") if s.strip())
-    else:
-        raise OptionError(
-            f"{opt.name}={value!r} is not a list; give a comma-separated string such as "
-            "'cupy,torch' or a list of strings"
-        )
-    if opt.choices:
-        bad = [i for i in items if i not in opt.choices]
-        if bad:
-            raise OptionError(
-                f"{opt.name}={value!r}: {', '.join(map(repr, bad))} not accepted; accepted: "
-                f"{', '.join(opt.choices)}"
-            )
-    return items or None
-
-
-def _at_least(opt: Option) -> str:
-    return f" of at least {opt.minimum}" if opt.minimum is not None else ""
-
-
-_EXAMPLES = {"protocol": "tcp", "interface": "eth0", "host": "10.0.0.1",
-             "worker_port": "9000:9003", "listen_address": "tcp://0.0.0.0:9000",
-             "contact_address": "tcp://node1:9000", "dashboard_address": ":8787"}
-
-
-def _example(opt: Option) -> str:
-    return _EXAMPLES.get(opt.name, "value")
-
-
-def coerce(opt: Option, value: Any) -> Any:
-    """Check one value's type and turn it into its canonical form (sizes stay
-    unparsed: they are parsed per device)."""
-    if opt.kind in ("bool", "tristate"):
-        if value is None and opt.kind == "tristate":
-            return None
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
-            return value.lower() in ("true", "1", "yes")
-        if not isinstance(value, bool):
-            raise OptionError(f"{opt.name}={value!r} is not accepted; accepted: True or False "
-                              f"(or 'true'/'false'), e.g. {opt.name}=True")
-        return value
-    if opt.kind == "int":
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise OptionError(f"{opt.name}={value!r} is not an integer; accepted: a whole number"
-                              f"{_at_least(opt)}, e.g. {opt.name}={max(opt.minimum or 0, 1)}")
-        if opt.minimum is not None and value < opt.minimum:
-            raise OptionError(f"{opt.name}={value!r} must be at least {opt.minimum}; accepted: a "
-                              f"whole number{_at_least(opt)}, e.g. {opt.name}={max(opt.minimum, 1)}")
-        return value
-    if opt.kind == "list":
-        return _split_list(opt, value)
-    if opt.kind == "choice":
-        if value not in opt.choices:
-            raise OptionError(
-                f"{opt.name}={value!r} is not accepted; accepted: {', '.join(opt.choices)}, "
-                f"e.g. {opt.name}={opt.choices[0]!r}"
-            )
-        return value
-    if opt.kind == "path" and value is not None:
-        if not isinstance(value, (str, os.PathLike)):
-            raise OptionError(f"{opt.name}={value!r} is not a path; accepted: a string or "
-                              f"os.PathLike, e.g. {opt.name}='/tmp/dask'")
-        return os.fspath(value) or None  # "" (dask-mpi's default): not given
-    if opt.kind == "str" and value is not None and not isinstance(value, str):
-        raise OptionError(f"{opt.name}={value!r} is not a string; accepted: a string, e.g. "
-                          f"{opt.name}={_example(opt)!r}")
-    if opt.kind == "size" and value is not None:
-        _check_size(opt, value)
-    if opt.name == "protocol" and value is not None:
-        return _protocol(value)
-    return value
-
-
-def _check_size(opt: Option, value: Any) -> None:
-    """The form of a size ("banana", -1, 1.5 are refused); what a fraction or "auto"
-    comes to is worked out per device (device sizes) or per host (memory_limit) later."""
-    if opt.name == "memory_limit":
-        if isinstance(value, str) and value.strip().lower() == "default":
-            raise OptionError(f"memory_limit={value!r} is not accepted; accepted: bytes, a byte "
-                              "string such as '40GB', a fraction of system memory such as 0.5, "
-                              "'auto' or 0/None for no limit")
-        if isinstance(value, float) and value > 1 and value.is_integer():
-            return  # a byte count given as a float (1e9), as distributed accepts
-    check_size(value, name=opt.name)
-
-
-def known_protocols() -> list[str]:
-    """Comm backends distributed knows (tcp, tls, inproc, ws, wss, ucx, ...) and UCX's."""
-    from importlib.metadata import entry_points
-
-    from distributed.comm.registry import backends
-
-    names = set(backends) | set(UCX_PROTOCOLS)
-    names |= {e.name for e in entry_points(group="distributed.comm.backends")}
-    return sorted(names)
-
-
-def _protocol(value: str) -> str:
-    name = value.removesuffix("://")
-    accepted = known_protocols()
-    if name not in accepted:
-        raise OptionError(f"protocol={value!r} is not a known protocol; accepted: "
-                          f"{', '.join(accepted)} (e.g. protocol='tcp')")
-    return name
-
-
 def resolve(values: Mapping[str, Any], surface: Surface, *,
             libraries: bool = True) -> WorkerOptions:
     """Every option of `surface`, from `values` (keyed by the surface's keyword
     names) or, for options not given, the config default; coerced and validated.
     An explicit None keeps its meaning (e.g. device_memory_limit=None: no spilling),
     except for booleans, counts and choices, where it means the default.
+    An error in a value from the config names where it was set (config.origin).
     `libraries=False` leaves the optional libraries to a later check_libraries()
     (cudask.deploy.checks.check_input checks every syntax first)."""
     table = BY_CLUSTER_KEYWORD if surface == "cluster" else {o.name: o for o in options_for(surface)}
@@ -349,30 +199,57 @@ def resolve(values: Mapping[str, Any], surface: Surface, *,
         raise OptionError(
             f"unknown option(s) {', '.join(unknown)}; accepted: {', '.join(sorted(table))}"
         )
-    out: dict[str, Any] = {}
+    resolved = WorkerOptions()
     for keyword, opt in table.items():
         value = values[keyword] if keyword in values else opt.default_value()
+        if keyword not in values and opt.config is not None:
+            where = config.origin(f"cudask.worker.{opt.config}")
+            if where is not None:
+                resolved.origins[opt.name] = where
         if value is None and opt.kind in ("bool", "int", "choice"):
             # no "off" for None to mean here (False, a count, a method): None is the
             # default, as dask-mpi's nthreads=None expects
             value = opt.default_value()
         try:
-            out[opt.name] = coerce(opt, value) if value is not None else None
+            resolved.settings[opt.name] = coerce(opt, value) if value is not None else None
         except OptionError as exc:
-            exc.option = opt.name
-            raise
-    resolved = WorkerOptions(out)
-    check_rules(resolved)
+            raise from_config(exc, resolved.origins, opt.name) from None
+    try:
+        check_rules(resolved)
+    except OptionError as exc:
+        raise from_config(exc, resolved.origins) from None
     if libraries:
         check_libraries(resolved)
     return resolved
 
 
+def from_config(exc: OptionError, origins: Mapping[str, str],
+                 option: str | None = None) -> OptionError:
+    """`exc`, naming where the values it names were set when they came from the
+    config (an environment variable, a config file): `option`'s as a prefix, those
+    of a rule between options as a suffix."""
+    if option is not None:
+        exc.option = option
+        if option not in origins:
+            return exc
+        out = OptionError(f"{origins[option]}: {exc}")
+        out.option, out.origin = option, origins[option]
+        return out
+    named = [n for n in origins if re.search(rf"\b{n}=", str(exc))]
+    if not named:
+        return exc
+    out = OptionError(f"{exc} ({'; '.join(f'{n} from {origins[n]}' for n in named)})")
+    out.origin = origins[named[0]]
+    return out
+
+
 def _library(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # "a.b" without a package "a", or "" or ".a"
+        return False
 
 
-UCX_PROTOCOLS = ("ucx", "ucxx")
 EXTRAS = {
     "rmm": ("rmm", "pip install 'cudask[rmm]'  (rmm-cu13)"),
     "cudf": ("cudf", "pip install cudf-cu13"),
@@ -390,7 +267,8 @@ def require_library(extra: str, needed_for: str) -> None:
 def check_rules(o: WorkerOptions) -> None:
     """Rules that span options; the same for cluster, CUDAWorker and CLI. Runs
     before any process starts. Sets protocol to 'ucx' when a UCX transport is
-    asked for and no protocol given (as dask-cuda does)."""
+    asked for and no protocol given (as dask-cuda does), and says so in
+    `o.implied`."""
     v = o.settings
     if v.get("rmm_async") and v.get("rmm_managed_memory"):
         raise OptionError("rmm_async=True and rmm_managed_memory=True cannot be combined; "
@@ -415,6 +293,7 @@ def check_rules(o: WorkerOptions) -> None:
     if ucx_asked:
         if v.get("protocol") is None:
             v["protocol"] = "ucx"
+            o.implied["protocol"] = ucx_asked[0]
         elif v["protocol"] not in UCX_PROTOCOLS:
             raise OptionError(f"{ucx_asked[0]}=True needs protocol='ucx', not "
                               f"protocol={v['protocol']!r}")
@@ -430,9 +309,13 @@ def check_rules(o: WorkerOptions) -> None:
         raise OptionError("TLS needs all of tls_ca_file, tls_cert and tls_key")
 
 
+PRELOAD_ACCEPTED = ("a module importable where the workers run, a .py file or an http(s) URL, "
+                    "e.g. preload='cudask.monitor'")
+
+
 def check_libraries(o: WorkerOptions) -> None:
-    """The optional libraries the options need (rmm, cuDF, UCX, pre_import
-    modules), before any process starts."""
+    """The optional libraries the options need (rmm, cuDF, UCX), and the modules
+    of pre_import and preload, found (not imported), before any process starts."""
     v = o.settings
     if v.get("rmm_pool_size") is not None or v.get("rmm_managed_memory") or v.get("rmm_async") \
             or v.get("rmm_track_allocations") or v.get("rmm_log_directory") \
@@ -445,11 +328,22 @@ def check_libraries(o: WorkerOptions) -> None:
     if v.get("enable_cudf_spill"):
         require_library("cudf", "enable_cudf_spill=True")
     if v.get("protocol") in UCX_PROTOCOLS:
-        require_library("ucx", f"protocol={v['protocol']!r}")
+        by = o.implied.get("protocol")
+        require_library("ucx", f"{by}=True (a UCX transport, so protocol 'ucx')" if by
+                        else f"protocol={v['protocol']!r}")
     for module in v.get("pre_import") or ():
         if not _library(module):
-            raise MissingDependencyError(module, f"pre_import={module!r}",
-                                         f"install {module} where the workers run")
+            raise UnknownModuleError(module, "pre_import", "a module importable where the "
+                                     "workers run, e.g. pre_import='json'")
+    for item in v.get("preload") or ():
+        if item.startswith(("http://", "https://")):
+            continue  # distributed downloads it when the worker starts
+        if item.endswith(".py"):
+            if not os.path.isfile(item):
+                raise OptionError(f"preload={item!r}: no such file; accepted: "
+                                  f"{PRELOAD_ACCEPTED}")
+        elif not _library(item):
+            raise UnknownModuleError(item, "preload", PRELOAD_ACCEPTED)
 
 
 def flag_args(opt: Option, value: Any) -> list[str]:

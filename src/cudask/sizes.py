@@ -26,6 +26,11 @@ ACCEPTED = (
 )
 
 
+#: What a size with no total to refer to accepts (no fractions, so no "auto").
+ACCEPTED_BYTES = (
+    'an integer number of bytes or a byte string such as "256MiB" or "1GB", or 0/None for off'
+)
+
 _OFF_WORDS = ("", "0", "none", "off", "false")
 
 
@@ -49,6 +54,11 @@ def parse_size(
     if isinstance(value, str):
         text = value.strip().lower()
         if text in ("auto", "default"):
+            meaning = auto if text == "auto" else default
+            if total is None and isinstance(meaning, float):
+                raise OptionError(f"{name}={value!r} is not accepted: {text!r} stands for a "
+                                  "fraction of a total, and this size has none; accepted: "
+                                  f"{ACCEPTED_BYTES}")
             return parse_size(
                 auto if text == "auto" else default,
                 total=total,
@@ -69,7 +79,7 @@ def parse_size(
                 maximum=maximum,
                 alignment=alignment,
             )
-        nbytes = _byte_string(value, name)
+        nbytes = _byte_string(value, name, total)
     else:
         nbytes = _nbytes(value, total, name)
     return _bounded(value, nbytes, name, maximum, alignment)
@@ -94,12 +104,13 @@ def _number_in_text(value: str, number: float, name: str) -> int | float:
     return int(number) if number.is_integer() and number > 1 else number
 
 
-def _byte_string(value: str, name: str) -> int:
+def _byte_string(value: str, name: str, total: int | None) -> int:
     """A byte string such as "40GB" or "512 MiB"."""
     try:
         nbytes = parse_bytes(value)
     except (ValueError, TypeError):
-        raise OptionError(f"{name}={value!r} is not a size; accepted: {ACCEPTED}") from None
+        accepted = ACCEPTED if total is not None else ACCEPTED_BYTES
+        raise OptionError(f"{name}={value!r} is not a size; accepted: {accepted}") from None
     if nbytes < 0:
         raise OptionError(f"{name}={value!r} is negative; accepted: {ACCEPTED}")
     return nbytes
@@ -158,4 +169,4 @@ def check_size(value: SizeValue, *, name: str) -> None:
     parse_size(value, total=1 << 60, name=name)
 
 
-__all__ = ["ACCEPTED", "SizeValue", "check_size", "format_bytes", "parse_size"]
+__all__ = ["ACCEPTED", "ACCEPTED_BYTES", "SizeValue", "check_size", "format_bytes", "parse_size"]

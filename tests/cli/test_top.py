@@ -199,14 +199,19 @@ def cudask_command() -> list[str]:
     return [found]
 
 
-def test_unreachable_scheduler_one_line() -> None:
-    out = subprocess.run([*cudask_command(), "top", "tcp://127.0.0.1:1", "--timeout", "3"],
-                         capture_output=True, text=True, timeout=120, check=False)
+def test_unreachable_scheduler_one_line_at_once() -> None:
+    """A refused connection fails at once, not after --timeout (here 120 s)."""
+    started = time.monotonic()
+    out = subprocess.run([*cudask_command(), "top", "tcp://127.0.0.1:1", "--once",
+                          "--timeout", "120"],
+                         capture_output=True, text=True, timeout=240, check=False)
+    elapsed = time.monotonic() - started
     assert out.returncode == 1, out.stderr
     lines = out.stderr.strip().splitlines()
-    assert lines == [("cudask top: cannot reach the scheduler at tcp://127.0.0.1:1 within 3 s: "
+    assert lines == [("cudask top: cannot reach the scheduler at tcp://127.0.0.1:1: "
                       "Connection refused")], out.stderr
     assert out.stdout == ""
+    assert elapsed < 60, elapsed  # the process's start included, on a busy machine
 
 
 # ------------------------------------------------------------------ a live scheduler
@@ -305,10 +310,19 @@ def test_env_address_yields_to_a_scheduler_file(gpu_cluster: tuple[Any, list[Any
     assert json.loads(result.output)["cudask_workers"] == 2
 
 
-def test_ctrl_c_exits_zero_without_traceback(gpu_cluster: tuple[Any, list[Any]]) -> None:
+def test_ctrl_c_exits_zero_without_traceback(gpu_cluster: tuple[Any, list[Any]],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     cluster, _ = gpu_cluster
     scheduler = cluster.scheduler
     before = set(scheduler.clients)
+    fetches: list[float] = []  # run_on_scheduler calls: the plugin check, then snapshots
+    run_function = scheduler.handlers["run_function"]
+
+    def counted(comm: Any, **kwargs: Any) -> Any:  # "comm" first, as distributed looks for
+        fetches.append(time.monotonic())
+        return run_function(comm, **kwargs)
+
+    monkeypatch.setitem(scheduler.handlers, "run_function", counted)
     env = {**os.environ, "COLUMNS": "250"}
     proc = subprocess.Popen(
         [*cudask_command(), "top", cluster.scheduler_address, "--interval", "0.2"],
@@ -317,7 +331,13 @@ def test_ctrl_c_exits_zero_without_traceback(gpu_cluster: tuple[Any, list[Any]])
         connected = wait_for(lambda: bool(set(scheduler.clients) - before)
                              and "cudask-monitor" in scheduler.plugins, timeout=90)
         assert connected and proc.poll() is None, proc.communicate(timeout=30)
-        time.sleep(1.0)  # a few refreshes
+        from cudask.monitor.state import snapshot
+
+        # the workers' metrics reached the plugin (heartbeats), then a few refreshes
+        reported = wait_for(lambda: snapshot(scheduler).get("cudask_workers") == 2, timeout=90)
+        seen = len(fetches)
+        refreshed = reported and wait_for(lambda: len(fetches) >= seen + 3, timeout=90)
+        assert refreshed and proc.poll() is None, (fetches, proc.communicate(timeout=30))
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
     finally:

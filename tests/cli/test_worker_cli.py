@@ -12,8 +12,10 @@ from cudask.options import options_for
 
 def test_every_option_has_a_flag():
     help_text = CliRunner().invoke(cli, ["worker", "--help"], terminal_width=200).output
-    for opt in options_for("cli"):
-        assert opt.cli_flag in help_text
+    flags = [opt.cli_flag for opt in options_for("cli")]
+    assert len(flags) >= 40, flags  # the loop below checks something
+    for flag in flags:
+        assert flag in help_text
 
 
 def test_dask_cuda_group_has_the_same_commands():
@@ -44,13 +46,13 @@ def test_bad_flags_give_one_line_no_traceback(args, message):
 
 def test_scheduler_looking_like_a_flag():
     result = CliRunner().invoke(cli, ["worker", "--", "-oops"])
-    assert result.exit_code == 1 and "looks like a flag" in result.output
+    assert result.exit_code == 2 and "looks like a flag" in result.output
 
 
 def test_no_scheduler(monkeypatch):
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
     result = CliRunner().invoke(cli, ["worker"])
-    assert result.exit_code == 1 and "no scheduler" in result.output
+    assert result.exit_code == 2 and "no scheduler" in result.output  # a usage error
 
 
 def test_entry_points_installed():
@@ -101,3 +103,13 @@ def test_one_worker_options_with_two_gpus(monkeypatch, args, message):
     result = CliRunner().invoke(cli, ["worker", "tcp://127.0.0.1:8786", *args])
     assert result.exit_code == 1 and message in result.output, result.output
     assert "Traceback" not in result.output
+
+
+def test_scheduler_file_beats_the_environment(tmp_path):
+    """--scheduler-file on the command line wins over DASK_SCHEDULER_ADDRESS (as for
+    `cudask top`): no conflict, and the address in the environment is not checked."""
+    result = CliRunner().invoke(cli, ["worker", "--scheduler-file", str(tmp_path / "s.json"),
+                                      "--nthreads", "0"],
+                                env={"DASK_SCHEDULER_ADDRESS": "banana"})
+    assert result.exit_code == 2, result.output
+    assert "nthreads=0" in result.output and "banana" not in result.output

@@ -15,7 +15,7 @@ from distributed import Client
 
 from cudask import LocalCUDACluster
 from cudask.devices import discover
-from cudask.testing import cpu_affinity, current_gpu_uuid, workers_info
+from cudask.testing import cpu_affinity, current_gpu_uuid, wait_for, workers_info
 
 pytestmark = pytest.mark.gpu
 
@@ -83,7 +83,14 @@ def test_dashboard_gpu_pages_show_every_worker(machine):
     with LocalCUDACluster(dashboard_address=":0", device_memory_limit="1GB") as cluster, \
             Client(cluster) as client:
         client.wait_for_workers(len(machine.gpus))
-        time.sleep(2)  # heartbeats carry the GPU metrics
+
+        def reported() -> bool:  # heartbeats carry the GPU metrics
+            diag = client.run_on_scheduler(_gpu_metrics)
+            return len(diag) == len(machine.gpus) and all(
+                d["gpu-memory-total"] is not None and d["gpu_memory_used"] is not None
+                for d in diag.values())
+
+        assert wait_for(reported, timeout=90, interval=0.5), client.run_on_scheduler(_gpu_metrics)
         diag = client.run_on_scheduler(_gpu_metrics)
         assert len(diag) == len(machine.gpus)
         for d in diag.values():

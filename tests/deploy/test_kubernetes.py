@@ -23,12 +23,14 @@ import asyncio
 import copy
 import logging
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import dask.config
 import jsonschema
 import pytest
 import yaml
@@ -213,7 +215,7 @@ def chart_worker_deployment(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_helm_values_run_cudask_workers_with_their_memory_share() -> None:
-    values = helm_values(check_pods(**{**PLATFORM, "namespace": None}, require_namespace=False,
+    values = helm_values(check_pods(**{**PLATFORM, "namespace": None},
                                     device_memory_limit=0.8))
     argv = chart_worker_argv(values, "gpu-cluster-worker-5d8f9c-abcde")
     given = _worker_values(argv)
@@ -509,6 +511,20 @@ def test_cluster_creates_the_checked_spec_scales_in_pods_and_closes(
     assert fake.closed == 1
 
 
+def test_cluster_without_namespace_leaves_it_to_kube_cluster(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No namespace: KubeCluster takes the current context's when it starts (its own
+    rule), and the DaskCluster resource names none."""
+    fake = FakeKube(monkeypatch)
+    cluster = kube.KubeCUDACluster(**{**PLATFORM, "namespace": None}, quiet=True)
+    try:
+        (started,) = fake.started
+        assert started["namespace"] is None  # KubeCluster._start asks the context
+        assert "namespace" not in started["spec"]["metadata"]
+    finally:
+        cluster.close()
+
+
 def test_dask_cuda_cluster_is_the_platform_interface(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeKube(monkeypatch)
     cluster = kube.DaskCudaCluster(num_workers=2, worker_cpu=4, nvidia_gpu=2, worker_memory=12,
@@ -557,7 +573,6 @@ BAD = [
     ({"nvidia_gpu": True}, "nvidia_gpu=True", "whole number"),
     ({"image": None}, "image is missing", "e.g. image="),
     ({"image": "my image"}, "image='my image'", "without spaces"),
-    ({"namespace": None}, "namespace is missing", "e.g. namespace="),
     ({"namespace": "Dask_GPU"}, "namespace='Dask_GPU'", "lowercase letters"),
     ({"name": "My_Cluster"}, "name='My_Cluster'", "at most 53"),
     ({"worker_memory": 0}, "worker_memory=0", "GiB as a number"),
@@ -616,15 +631,19 @@ def test_bad_input_before_anything_is_created(kwargs: dict[str, Any], value: str
 
 
 CLI_BAD = [
-    (["--nvidia-gpu", "0"], "'--nvidia-gpu'", "nvidia_gpu=0", "at least 1"),
-    (["--worker-memory", "lots"], "'--worker-memory'", "worker_memory='lots'", "'12Gi'"),
-    (["--memory-limit", "10GB"], "'--memory-limit'", "memory_limit='10GB'", "at most 6.00 GiB"),
+    (["--nvidia-gpu", "0"], "'--nvidia-gpu'", "--nvidia-gpu 0", "at least 1"),
+    (["--worker-memory", "lots"], "'--worker-memory'", "--worker-memory lots", "'12Gi'"),
+    (["--memory-limit", "10GB"], "'--memory-limit'", "--memory-limit 10GB", "at most 6.00 GiB"),
     (["--device-memory-limit", "banana"], "'--device-memory-limit'",
-     "device_memory_limit='banana'", '"40GB"'),
+     "--device-memory-limit banana", '"40GB"'),
     (["--env", "CUDA_VISIBLE_DEVICES=0"], "'--env'", "CUDA_VISIBLE_DEVICES", "leave it out"),
     (["--env", "NOEQUALS"], "'--env'", "'NOEQUALS'", "NAME=VALUE"),
-    (["--limit", "nvidia.com/gpu=4"], "'--limit/--request'", "'nvidia.com/gpu'", "nvidia_gpu="),
-    (["--namespace", "Dask_GPU"], "'--namespace'", "namespace='Dask_GPU'", "lowercase"),
+    (["--limit", "nvidia.com/gpu=4"], "'--limit/--request'", "'nvidia.com/gpu'",
+     "--nvidia-gpu gives"),
+    (["--namespace", "Dask_GPU"], "'--namespace'", "--namespace Dask_GPU", "lowercase"),
+    (["--enable-rdmacm"], "", "--enable-rdmacm", "needs --enable-infiniband"),
+    (["--listen-address", "tcp://0.0.0.0:9000"], "'--listen-address'",
+     "--listen-address tcp://0.0.0.0:9000", "give --nvidia-gpu 1"),
 ]
 
 
@@ -636,19 +655,43 @@ def test_cli_bad_input_is_a_usage_error(args: list[str], flag: str, value: str,
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and "Usage:" in result.output
     error = " ".join(result.output.split("Error: ", 1)[1].split())
-    assert f"Invalid value for {flag}" in error, error
+    if flag:
+        assert f"Invalid value for {flag}" in error, error
     _check_message(error, value, accepted)
+    assert not re.search(r"(?<![\w-])[a-z]+(_[a-z]+)*=['\d]", error), error  # flags, not keywords
 
 
-@pytest.mark.parametrize("missing, value", [("--image", "image is missing"),
-                                            ("--namespace", "namespace is missing")])
-def test_cli_missing_image_or_namespace(missing: str, value: str) -> None:
-    args = [*EXAMPLE, "--namespace", "dask-gpu"]
-    i = args.index(missing)
+def test_cli_config_value_is_not_called_a_flag() -> None:
+    """A bad value of the local config names its key, not a flag nobody gave."""
+    with dask.config.set({"cudask.worker.device-memory-limit": "banana"}):
+        result = CliRunner().invoke(cli, ["kubernetes", "manifest", *EXAMPLE])
+    assert result.exit_code == 2 and "Usage:" not in result.output, result.output
+    assert "config key cudask.worker.device-memory-limit: device_memory_limit='banana'" in \
+        " ".join(result.output.split())
+
+
+def test_cli_missing_image_speaks_flags() -> None:
+    args = [*EXAMPLE]
+    i = args.index("--image")
     del args[i:i + 2]
     result = CliRunner().invoke(cli, ["kubernetes", "manifest", *args])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-    assert value in result.output
+    error = " ".join(result.output.split("Error: ", 1)[1].split())
+    assert error.startswith("--image is missing") and "e.g. --image registry." in error, error
+
+
+def test_manifest_without_namespace_names_none() -> None:
+    """kubectl puts a resource without a namespace in the current context's (or -n's),
+    as dask-kubernetes' KubeCluster does when given none."""
+    result = CliRunner().invoke(cli, ["kubernetes", "manifest", "--name", "gpu",
+                                      "--num-workers", "2", "--nvidia-gpu", "2", "--image",
+                                      "img:1"])
+    assert result.exit_code == 0, result.output
+    manifest = yaml.safe_load(result.output)
+    assert "namespace" not in manifest["metadata"] and manifest["metadata"]["name"] == "gpu"
+    help_text = CliRunner().invoke(cli, ["kubernetes", "manifest", "--help"]).output
+    assert "required" not in " ".join(help_text.split("--namespace", 1)[1].split("--", 1)[0].split())
+    assert check_pods(**{**PLATFORM, "namespace": None}).namespace is None
 
 
 def test_cli_leaves_out_what_the_pods_decide() -> None:
@@ -670,4 +713,4 @@ def test_the_class_and_the_checks_declare_the_same_pod_parameters() -> None:
     assert len(shared) >= 15
     for name in shared:
         assert cls[name].default == checks[name].default, name
-    assert [n for n in checks if n not in cls] == ["worker_resources", "require_namespace"]
+    assert [n for n in checks if n not in cls] == ["worker_resources"]

@@ -321,7 +321,7 @@ def test_bad_worker_options_say_what_the_cli_says(worker_options: dict[str, Any]
 ONLY_AS_KEYWORDS = [
     ({"multiprocessing_method": "thread"}, "multiprocessing_method='thread'",
      "accepted: spawn, fork, forkserver"),
-    ({"jit_unspill": "maybe"}, "jit_unspill='maybe'", "accepted: True or False"),
+    ({"jit_unspill": "maybe"}, "jit_unspill='maybe'", "accepted: true or false"),
     ({"nthreads": "four"}, "nthreads='four'", "whole number"),
     ({"local_directory": 5}, "local_directory=5", "e.g. local_directory="),
     ({"resources": 5}, "resources=5", "'GPU=1 MEM=10e9'"),

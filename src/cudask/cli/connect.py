@@ -5,7 +5,8 @@ that connects to one (`scheduler_options`): an address argument (or
 DASK_SCHEDULER_ADDRESS), --scheduler-file, --timeout and the TLS files; checking
 them; and connecting a Client with one-line errors. Neither or both of an
 address and a scheduler file is a usage error (exit 2); a scheduler file that
-cannot be read, or a scheduler that does not answer within the timeout, exits 1
+cannot be read, a scheduler address where nothing listens (at once, from a plain
+TCP connection), or a scheduler that does not answer within the timeout, exits 1
 with one line naming the file or the address and why.
 
 Does not cover: what commands do once connected, nor `cudask worker`, whose
@@ -192,6 +193,10 @@ def connect(target: SchedulerTarget) -> Client:
             raise click.BadParameter(str(exc), ctx=click.get_current_context(silent=True),
                                      param_hint=f"scheduler address {target.address!r}") from None
         raise CommandError(f"{target.describe()} is not a scheduler address: {exc}") from None
+    reason = probe(target.address, target.timeout)
+    if reason is not None:  # refused or unresolvable: say so now, not after the timeout
+        within = f" within {target.timeout:g} s" if "timed out" in reason else ""
+        raise CommandError(f"cannot reach the scheduler at {target.describe()}{within}: {reason}")
     try:
         return Client(target.address, timeout=target.timeout, security=target.security,
                       set_as_default=False)

@@ -1,7 +1,8 @@
 """How the CLI reports user errors: one line, no traceback, non-zero exit.
 
 Covers: a click Group whose commands turn cudask's user-facing errors into a
-click error message, and CommandError, a failure printed as `<command>: <message>`.
+click error message; CommandError, a failure printed as `<command>: <message>`;
+and ConfigError, a bad value from an environment variable or a config file.
 Does not cover: the commands themselves. Threading: raised and printed in the
 command's thread.
 """
@@ -38,3 +39,11 @@ class CommandError(click.ClickException):
 
     def show(self, file: IO[Any] | None = None) -> None:
         click.echo(f"{self.command}: {self.format_message()}", file=file, err=True)
+
+
+class ConfigError(click.ClickException):
+    """A bad value from an environment variable or a config file (the message names
+    which): `Error: <message>` on one line, exit status 2 as for bad flags, but
+    without click's usage block, since no flag was misused."""
+
+    exit_code = 2

@@ -5,8 +5,9 @@ commands print, for `kubectl apply -f -`, the DaskCluster resource that
 KubeCUDACluster creates (`manifest`), or values for the dask Helm chart
 (`helm-values`), from the same flags: pod sizes, image, namespace, env, extra
 resources, and every `cudask worker` flag (generated from cudask.options). A bad
-value is a usage error (exit status 2) with one line naming it and what is
-accepted; nothing is contacted.
+value is a usage error (exit status 2) with one line naming its flag and what is
+accepted; nothing is contacted. Without --namespace the manifest names none, so
+`kubectl apply` puts it in the current context's namespace.
 
 Does not cover: building the resources (cudask.deploy.kube_spec) or creating them
 (cudask.deploy.kubernetes). Threading: the command's thread; pure text out.
@@ -14,12 +15,14 @@ Does not cover: building the resources (cudask.deploy.kube_spec) or creating the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 import click
 import yaml
 
+from cudask.cli.errors import ConfigError
 from cudask.cli.worker import click_option
 from cudask.options import BY_NAME, options_for
 
@@ -73,7 +76,9 @@ def _pod_options(fn: Callable[..., Any], *, namespace: bool) -> Callable[..., An
     ]
     if namespace:
         decorators += [
-            click.option("--namespace", help="Namespace of the cluster (required)."),
+            click.option("--namespace", help="Namespace of the cluster; default: none in the "
+                                             "manifest, so `kubectl apply` puts it in the "
+                                             "current context's namespace (or -n's)."),
             click.option("--scheduler-service-type", default="ClusterIP", show_default=True,
                          type=click.Choice(["ClusterIP", "NodePort", "LoadBalancer"])),
             click.option("--idle-timeout", type=int, default=0, show_default=True,
@@ -85,8 +90,9 @@ def _pod_options(fn: Callable[..., Any], *, namespace: bool) -> Callable[..., An
     return fn
 
 
-def _check(values: dict[str, Any], *, require_namespace: bool) -> Any:
-    """kube_spec.check_pods on the flags; its OptionError is a usage error (exit 2)."""
+def _check(values: dict[str, Any]) -> Any:
+    """kube_spec.check_pods on the flags; its OptionError is a usage error (exit 2)
+    that names flags, not keywords (speak_flags)."""
     from cudask.deploy.kube_spec import check_pods
     from cudask.errors import OptionError
 
@@ -97,15 +103,57 @@ def _check(values: dict[str, Any], *, require_namespace: bool) -> Any:
     given: dict[str, Any] = {k: (list(v) if isinstance(v, tuple) else v)
                              for k, v in values.items() if v is not None and v != ()}
     try:
-        return check_pods(env=env or None, resources=resources or None,
-                          require_namespace=require_namespace, **given)
+        return check_pods(env=env or None, resources=resources or None, **given)
     except OptionError as exc:
+        if exc.origin is not None:  # a value of the config here, not a flag
+            raise ConfigError(str(exc)) from None
         key = exc.option or ""
-        flag = BY_NAME[key].cli_flag if key in BY_NAME else "--" + key.replace("_", "-")
+        message = speak_flags(str(exc))
         if key and key in given or key == "env" and env or key == "resources" and resources:
-            flag = {"env": "--env", "resources": "--limit/--request"}.get(key, flag)
-            raise click.BadParameter(str(exc), param_hint=f"'{flag}'") from None
-        raise click.UsageError(str(exc)) from None
+            raise click.BadParameter(message, param_hint=f"'{_flag(key)}'") from None
+        raise click.UsageError(message) from None
+
+
+def _flag(keyword: str) -> str:
+    """The flag of a keyword of check_pods (a pod's, or a `cudask worker` option)."""
+    special = {"env": "--env", "resources": "--limit/--request"}
+    if keyword in special:
+        return special[keyword]
+    return BY_NAME[keyword].cli_flag if keyword in BY_NAME else "--" + keyword.replace("_", "-")
+
+
+_ASSIGNED = re.compile(r"(?<![\w.\-\[])([a-z][a-z0-9_]*)=(?:'([^']*)'|\b([\w.:/+-]+)\b)?")
+_MENTIONED = re.compile(r"(?<![\w.\-'])([a-z]+_[a-z0-9_]+)(?![\w'=\[-])|^([a-z]+)(?= is missing)")
+
+
+def speak_flags(message: str) -> str:
+    """A check_pods message with keywords written as this command's flags:
+    "namespace='Dask_GPU'" -> "--namespace Dask_GPU", "nvidia_gpu=True" (a boolean
+    option) -> its flag, "worker_memory" -> "--worker-memory"."""
+    from cudask.deploy.kube_checks import POD_KEYWORDS
+
+    keywords = (set(POD_KEYWORDS) | set(BY_NAME)) - {"worker_command"}  # no flag: a keyword
+
+    def assigned(m: re.Match[str]) -> str:
+        keyword, text = m.group(1), m.group(2) if m.group(2) is not None else m.group(3)
+        if keyword not in keywords:
+            return m.group(0)
+        opt = BY_NAME.get(keyword)
+        if opt is not None and opt.kind in ("bool", "tristate") and text in ("True", "False"):
+            return opt.cli_flag if text == "True" else str(opt.secondary)
+        if text is None:
+            return _flag(keyword)
+        word = text if re.fullmatch(r"[\w.:/@%+=-]+", text) else f"'{text}'"
+        return f"{_flag(keyword)} {word}"
+
+    def mentioned(m: re.Match[str]) -> str:
+        keyword = m.group(1) or m.group(2)
+        return _flag(keyword) if keyword in keywords else m.group(0)
+
+    message = re.sub(r"resources\['(limits|requests)'\]",
+                     lambda m: "--limit" if m.group(1) == "limits" else "--request", message)
+    message = message.replace("out of resources", "out of --limit/--request")
+    return _MENTIONED.sub(mentioned, _ASSIGNED.sub(assigned, message))
 
 
 def _echo_yaml(header: str, data: Any) -> None:
@@ -125,7 +173,7 @@ def manifest_command(**values: Any) -> None:
     installed in the cluster (docs/kubernetes.md)."""
     from cudask.deploy.kube_spec import cluster_spec
 
-    pods = _check(values, require_namespace=True)
+    pods = _check(values)
     _echo_yaml(f"# cudask kubernetes manifest: DaskCluster {pods.name!r} for the dask-kubernetes "
                "operator (kubectl apply -f <this file>)\n", cluster_spec(pods))
 
@@ -138,7 +186,7 @@ def helm_values_command(**values: Any) -> None:
     version must provide."""
     from cudask.deploy.kube_spec import helm_values
 
-    pods = _check(values, require_namespace=False)
+    pods = _check(values)
     _echo_yaml(f"# cudask kubernetes helm-values: the dask Helm chart with cudask GPU workers "
                f"(helm install {pods.name} dask/dask -f <this file>)\n", helm_values(pods))
 

@@ -2,8 +2,11 @@
 
 Covers: the click command, whose flags are generated from cudask.options
 (declared once), and running CUDAWorker until it finishes or is interrupted.
-Errors in flags, config, devices or optional libraries are reported before
-any process starts. Does not cover: the workers (cudask.deploy.node). Threading: the
+Errors in flags, the scheduler's address, config, devices or optional libraries
+are reported before any process starts, on one line with exit status 2; one from
+an environment variable or a config file names it, without click's usage block.
+An address on the command line and --scheduler-file conflict; a file given beats
+DASK_SCHEDULER_ADDRESS. Does not cover: the workers (cudask.deploy.node). Threading: the
 command's thread runs the workers' event loop until they finish.
 """
 
@@ -16,7 +19,11 @@ from collections.abc import Callable
 from typing import Any
 
 import click
+import dask.config
+from click.core import ParameterSource
 
+from cudask import config
+from cudask.cli.errors import ConfigError
 from cudask.options import BY_NAME, Option, options_for
 
 SCHEDULER_HELP = (
@@ -70,7 +77,8 @@ async def _run(scheduler: str | None, values: dict[str, Any]) -> None:
 @click.command("worker", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("scheduler", required=False, envvar="DASK_SCHEDULER_ADDRESS")
 @worker_options
-def worker(scheduler: str | None, **values: Any) -> None:
+@click.pass_context
+def worker(ctx: click.Context, scheduler: str | None, **values: Any) -> None:
     """Start one dask worker per local GPU, joined to SCHEDULER.
 
     GPUs are those of CUDA_VISIBLE_DEVICES (all when unset): under mpirun, set
@@ -78,20 +86,39 @@ def worker(scheduler: str | None, **values: Any) -> None:
     """
     given = {k: (list(v) if isinstance(v, tuple) else v) for k, v in values.items()
              if v is not None and v != ()}
-    check_flags(given)
+    origin = None
+    if ctx.get_parameter_source("scheduler") is ParameterSource.ENVIRONMENT:
+        origin = "environment variable DASK_SCHEDULER_ADDRESS"
+        if given.get("scheduler_file"):
+            scheduler = origin = None  # a file given on the command line beats the environment
+    elif scheduler is None and not given.get("scheduler_file"):
+        scheduler = dask.config.get("scheduler-address", None)
+        origin = config.origin("scheduler-address")
+    check_flags(given, scheduler, origin)
+    if scheduler is None and not given.get("scheduler_file"):
+        raise click.UsageError("no scheduler: give its address (e.g. tcp://10.0.0.1:8786), "
+                               "--scheduler-file FILE, or set DASK_SCHEDULER_ADDRESS")
     # CUDAWorker validates the rest (devices, sizes per GPU) before any process starts.
     asyncio.run(_run(scheduler, given))
 
 
-def check_flags(given: dict[str, Any]) -> None:
+def check_flags(given: dict[str, Any], scheduler: str | None = None,
+                origin: str | None = None) -> None:
     """Every check that needs no GPU (cudask.deploy.checks), before any GPU is looked
-    for: a bad flag, config value or CUDA_VISIBLE_DEVICES is a usage error (exit 2)."""
+    for: a bad flag, config value or CUDA_VISIBLE_DEVICES is a usage error (exit 2);
+    one from an environment variable or a config file says which, without click's
+    usage block (cli.errors.ConfigError)."""
     from cudask.deploy.checks import check_input
     from cudask.errors import OptionError
 
     try:
-        check_input(given, "cli", visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+        check_input(given, "cli", visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                    scheduler=scheduler, scheduler_origin=origin)
     except OptionError as exc:
+        if exc.origin is not None:
+            raise ConfigError(str(exc)) from None
+        if exc.option == "scheduler":
+            raise click.BadParameter(str(exc), param_hint="'SCHEDULER'") from None
         opt = BY_NAME.get(exc.option or "")
         if opt is not None and opt.name in given:
             raise click.BadParameter(str(exc), param_hint=f"'{opt.cli_flag}'") from None

@@ -1,12 +1,16 @@
 """Every check of user input that needs no GPU, run before any GPU is looked for.
 
 Covers: `check_input`, the one function LocalCUDACluster, CUDAWorker and
-`dask cuda worker` call before `discover()`: option types, choices and the form of
-sizes and protocols (cudask.options.resolve), the rules between options, worker
-ports, resources, death_timeout, worker_class, the form of CUDA_VISIBLE_DEVICES,
-n_workers, every `cudask.memory.*` config key, and last the optional libraries.
-So a typo ("banana" for a size, "0,,x" for the devices) gets its own error on any
-machine, with or without a GPU.
+`dask cuda worker` call before `discover()`: keys under `cudask.` that cudask.yaml
+does not know, option types, choices and the form of sizes and protocols
+(cudask.options.resolve), the rules between options, the scheduler's address (and
+its conflict with a scheduler file), addresses, ports, interfaces and dashboard
+addresses (cudask.deploy.check_network), directories, the pid file and TLS
+(cudask.deploy.check_files), resources, death_timeout, worker_class, the name, the
+form of CUDA_VISIBLE_DEVICES, n_workers, LocalCluster's own keywords, every
+`cudask.memory.*` and `cudask.comm.*` key, and last the optional libraries and
+the modules to preload. So a typo gets its own one-line error on any machine, with
+or without a GPU; a value from the config names where it was set.
 
 Does not cover: what needs the device — a fraction or byte size against *this*
 GPU's memory, device indices or UUIDs that name no GPU, n_workers against the
@@ -17,27 +21,44 @@ Threading: no state of its own; call it from any thread.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from dask.utils import parse_timedelta
 
+from cudask import config
 from cudask.comm.settings import device_ipc_min_size
+from cudask.deploy import check_files as files
+from cudask.deploy import check_network as net
 from cudask.devices.discovery import check_visible_devices
 from cudask.errors import OptionError
 from cudask.memory.settings import check_memory_config
-from cudask.options import Surface, WorkerOptions, check_libraries, resolve
+from cudask.options import Surface, WorkerOptions, check_libraries, from_config, resolve
 from cudask.worker.spec import parse_ports, parse_resources, worker_class
 
 
-def _death_timeout(value: Any) -> None:
+def _seconds(value: Any) -> float | None:
+    """`value` in seconds as dask reads a duration (also a negative one), or None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and value.strip().startswith("-"):
+        positive = _seconds(value.strip()[1:])
+        return None if positive is None else -positive
     try:
-        seconds = parse_timedelta(value, default="seconds")
+        return float(parse_timedelta(value, default="seconds"))
     except (TypeError, ValueError, KeyError, AttributeError):
-        seconds = None
-    if isinstance(value, bool) or seconds is None or seconds < 0:
-        raise OptionError(f"death_timeout={value!r} is not a duration; accepted: seconds or a "
-                          "string such as '60s' or '5 minutes', e.g. death_timeout=60")
+        return None
+
+
+def _death_timeout(value: Any) -> None:
+    seconds = None if isinstance(value, bool) else _seconds(value)
+    accepted = ("accepted: seconds (0 or more) or a string such as '60s' or '5 minutes', e.g. "
+                "death_timeout=60")
+    if seconds is None:
+        raise OptionError(f"death_timeout={value!r} is not a duration; {accepted}")
+    if seconds < 0:
+        raise OptionError(f"death_timeout={value!r} is negative; {accepted}")
 
 
 def _resources(value: Any) -> None:
@@ -47,11 +68,40 @@ def _resources(value: Any) -> None:
     parse_resources(value)
 
 
-_NODE_CHECKS: dict[str, Callable[[Any], object]] = {
+def _name(value: Any) -> None:
+    if isinstance(value, str) and not value.strip():
+        raise OptionError(f"name={value!r} is empty; accepted: a worker name such as 'node1' "
+                          "(several GPUs: node1-0, node1-1, ...) or an int, e.g. name='node1'")
+
+
+_OPTION_CHECKS: dict[str, Callable[[Any], object]] = {
     "worker_port": lambda v: parse_ports(v, 1),  # the count per GPU is checked once known
     "resources": _resources,
     "death_timeout": _death_timeout,
     "worker_class": worker_class,
+    "name": _name,
+    "host": net.check_host,
+    "listen_address": net.check_listen_address,
+    "contact_address": net.check_contact_address,
+    "dashboard_address": lambda v: net.check_dashboard_address("dashboard_address", v),
+    "interface": net.check_interface,
+    "local_directory": lambda v: files.check_directory("local_directory", v),
+    "rmm_log_directory": lambda v: files.check_directory("rmm_log_directory", v),
+    "pid_file": files.check_pid_file,
+}
+
+# Checks of a value's form alone, also for workers that run on another machine
+# (the others look at this machine: its addresses, interfaces, files).
+_FORM_ONLY = ("worker_port", "resources", "death_timeout", "worker_class", "name",
+              "contact_address")
+
+_CLUSTER_CHECKS: dict[str, Callable[[Any], object]] = {
+    "host": net.check_host,
+    "scheduler_port": lambda v: net.check_port("scheduler_port", v),
+    "dashboard_address": lambda v: net.check_dashboard_address("dashboard_address", v),
+    "worker_dashboard_address":
+        lambda v: net.check_dashboard_address("worker_dashboard_address", v),
+    "silence_logs": net.check_silence_logs,
 }
 
 
@@ -64,6 +114,81 @@ def check_n_workers(n_workers: Any) -> None:
                           "every visible GPU")
 
 
+def check_config_keys() -> None:
+    """No key under `cudask.` that cudask.yaml does not know (a typo is not ignored)."""
+    for key, close in config.unknown_keys():
+        where = config.origin(key) or f"config key {key}"
+        key = key.replace("_", "-")
+        accepted = f"accepted: the keys of cudask.yaml ({config.DEFAULTS_FILE})"
+        if close and close.startswith(key + "."):
+            exc = OptionError(f"{where}: {key} is a section of keys such as {close}, not a "
+                              f"value; {accepted}")
+        else:
+            hint = f"did you mean {close}?" if close else "no known key is close"
+            exc = OptionError(f"{where}: unknown config key {key}; {hint} ({accepted})")
+        exc.origin = where
+        raise exc
+
+
+def _config_origin(check: Callable[[], object]) -> None:
+    """Run a check of `cudask.*` keys; its error names where the key was set."""
+    try:
+        check()
+    except OptionError as exc:
+        key = re.match(r"(cudask\.[\w.-]+)=", str(exc))
+        where = config.origin(key.group(1)) if key else None
+        if where is None:
+            raise
+        out = OptionError(str(exc) if where.startswith("config key ") else f"{where}: {exc}")
+        out.origin = where
+        raise out from None
+
+
+def _check_scheduler(options: WorkerOptions, scheduler: Any, origin: str | None) -> str | None:
+    """The scheduler's address (and its scheme), or a scheduler file, not both."""
+    if scheduler is None:
+        return None
+    if options.scheduler_file is not None:
+        exc = OptionError(f"give the scheduler's address ({scheduler}) or scheduler_file "
+                          f"({options.scheduler_file}), not both")
+        exc.option = "scheduler_file"
+        raise exc
+    try:
+        return net.check_scheduler_address(scheduler)
+    except OptionError as exc:
+        exc.option = "scheduler"
+        if origin is None:
+            raise
+        out = OptionError(f"{origin}: {exc}")
+        out.option, out.origin = "scheduler", origin
+        raise out from None
+
+
+def _tls_asked(options: WorkerOptions, scheduler: Any, scheme: str | None,
+               host: Any) -> tuple[str, str] | None:
+    """The option that asks for TLS and its value (for the message), or None."""
+    if options.protocol == "tls":
+        return "protocol", "protocol='tls'"
+    if scheme == "tls":
+        return "scheduler", f"scheduler={scheduler!r}"
+    for name, value in (("listen_address", options.get("listen_address")), ("host", host)):
+        if isinstance(value, str) and value.startswith("tls://"):
+            return name, f"{name}={value!r}"
+    return None
+
+
+def _check_options(options: WorkerOptions, checks: Mapping[str, Callable[[Any], object]],
+                   values: Mapping[str, Any]) -> None:
+    for name, check in checks.items():
+        value = values.get(name)
+        if value is None:
+            continue
+        try:
+            check(value)
+        except OptionError as exc:
+            raise from_config(exc, options.origins, name) from None
+
+
 def check_input(
     values: Mapping[str, Any],
     surface: Surface,
@@ -71,30 +196,41 @@ def check_input(
     visible_devices: Any = None,
     n_workers: Any = None,
     libraries: bool = True,
+    scheduler: Any = None,
+    scheduler_origin: str | None = None,
+    security: Any = None,
+    cluster: Mapping[str, Any] | None = None,
 ) -> WorkerOptions:
     """The resolved options, once every check that needs no GPU has passed.
 
     `values` are the surface's keywords (LocalCUDACluster's, CUDAWorker's or the
     CLI's); `visible_devices` is CUDA_VISIBLE_DEVICES (the keyword, or the
-    environment variable for a node). Raises OptionError (with `option` set
-    where one value is at fault) or MissingDependencyError; never looks at a GPU.
-    `libraries=False` leaves out the optional libraries, for options checked on one
-    machine for workers that run on another (cudask.deploy.jobqueue).
+    environment variable for a node); `scheduler` the scheduler's address and
+    `scheduler_origin` where it came from when not an argument (e.g. "environment
+    variable DASK_SCHEDULER_ADDRESS"); `security` a distributed.Security given
+    beside the options; `cluster` LocalCluster's own keywords. Raises OptionError
+    (with `option` set where one value is at fault, `origin` where it came from the
+    config) or MissingDependencyError; never looks at a GPU. `libraries=False`
+    leaves out the optional libraries, the modules to preload and the files, for
+    options checked on one machine for workers that run on another
+    (cudask.deploy.jobqueue, cudask.deploy.kube_checks).
     """
+    check_config_keys()
     options = resolve(values, surface, libraries=False)
-    for name, check in _NODE_CHECKS.items():
-        value = options.settings.get(name)
-        if value is None:
-            continue
-        try:
-            check(value)
-        except OptionError as exc:
-            exc.option = name
-            raise
+    local = {k: v for k, v in _OPTION_CHECKS.items() if libraries or k in _FORM_ONLY}
+    _check_options(options, local, options.settings)
+    if cluster is not None:
+        _check_options(options, _CLUSTER_CHECKS, cluster)
+    scheme = _check_scheduler(options, scheduler, scheduler_origin)
+    if libraries:
+        files.check_tls_files(options.settings)
+        host = (cluster or {}).get("host", options.get("host"))
+        files.check_tls_needs(_tls_asked(options, scheduler, scheme, host), options.settings,
+                              (cluster or {}).get("security", security), cluster=cluster is not None)
     check_visible_devices(visible_devices)
     check_n_workers(n_workers)
-    check_memory_config()
-    device_ipc_min_size()  # the cudask.comm keys
+    _config_origin(check_memory_config)
+    _config_origin(device_ipc_min_size)  # the cudask.comm keys
     if libraries:
         check_libraries(options)
     return options

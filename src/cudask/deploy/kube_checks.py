@@ -199,14 +199,11 @@ def check_image(value: Any) -> str:
     return value
 
 
-def check_namespace(value: Any) -> str:
+def check_namespace(value: Any) -> str | None:
+    """A namespace, or None (also for ''): the current kubectl context's, as
+    dask-kubernetes' KubeCluster and `kubectl apply` take it."""
     if value is None or value == "":
-        raise option_error(
-            "namespace",
-            "namespace is missing: give the Kubernetes namespace the "
-            "cluster goes in (it must exist: `kubectl get namespaces`), "
-            "e.g. namespace='dask-gpu'",
-        )
+        return None
     return check_dns_label("namespace", value, 63, "dask-gpu")
 
 

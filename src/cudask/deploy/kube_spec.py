@@ -73,7 +73,7 @@ class GPUPods:
     """Checked inputs: one scheduler pod and `num_workers` worker pods of `gpus` GPUs."""
 
     name: str
-    namespace: str | None
+    namespace: str | None  # None: the current kubectl context's
     image: str
     num_workers: int
     gpus: int
@@ -123,7 +123,6 @@ def check_pods(
     scheduler_service_type: str = "ClusterIP",
     idle_timeout: int = 0,
     worker_resources: Any = None,
-    require_namespace: bool = True,
     **worker_options: Any,
 ) -> GPUPods:
     """Every input checked, nothing created. Memory in GiB when a number ('12Gi' etc.
@@ -131,6 +130,7 @@ def check_pods(
     GPUs and as many dask workers; `resources` are the worker pods' extra Kubernetes
     resources; `worker_options` are `cudask worker`'s (docs/options.md), with
     `worker_resources` for its `resources` (dask's abstract resources, 'GPU=1').
+    `namespace` None: the current kubectl context's (the manifest names none).
     Raises OptionError (`option` names the keyword at fault)."""
     check_known(worker_options)
     if worker_resources is not None:
@@ -144,8 +144,7 @@ def check_pods(
         name=check_dns_label("name", name, MAX_CLUSTER_NAME, "gpu-cluster")
         if name is not None
         else f"cudask-{uuid.uuid4().hex[:10]}",
-        namespace=(check_namespace(namespace)
-                   if require_namespace or namespace is not None else None),
+        namespace=check_namespace(namespace),
         image=check_image(image),
         num_workers=check_count("num_workers", num_workers, 0, 2),
         gpus=gpus,

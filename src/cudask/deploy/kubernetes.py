@@ -64,9 +64,10 @@ class KubeCUDACluster(KubeCluster):  # type: ignore[misc]
     `gpu_resource`), `worker_cpu` cores and `worker_memory` (GiB as a number, or
     '12Gi'), and run `cudask worker`: one worker per GPU, each with host memory
     `worker_memory / nvidia_gpu`. The scheduler pod gets `scheduler_cpu` and
-    `scheduler_memory` and no GPU. `image` (with cudask installed) and `namespace`
-    are required; `env` goes to every pod, `resources` (limits/requests) to the
-    worker pods; other keywords are `cudask worker` options (docs/options.md).
+    `scheduler_memory` and no GPU. `image` (with cudask installed) is required;
+    `namespace` defaults to the current kubectl context's, as KubeCluster's does;
+    `env` goes to every pod, `resources` (limits/requests) to the worker pods;
+    other keywords are `cudask worker` options (docs/options.md).
 
     Every input is checked before anything is created. The start waits at most
     `scheduler_timeout` seconds for the scheduler; past that it deletes the
@@ -146,16 +147,18 @@ class KubeCUDACluster(KubeCluster):  # type: ignore[misc]
             seen = self._last_seen()
             await self._give_up()
             p = self.pods
+            namespace = getattr(self, "namespace", None) or p.namespace  # None: the context's
+            where = f"-n {namespace} " if namespace else ""
             if deadline.expired():
                 raise SchedulerTimeoutError(
-                    f"the scheduler of cluster {p.name!r} (namespace {p.namespace!r}) was not up "
+                    f"the scheduler of cluster {p.name!r} (namespace {namespace!r}) was not up "
                     f"within scheduler_timeout={self.scheduler_timeout:g} s ({seen}); its "
-                    f"DaskCluster was deleted. See `kubectl -n {p.namespace} describe pods -l "
+                    f"DaskCluster was deleted. See `kubectl {where}describe pods -l "
                     f"dask.org/cluster-name={p.name}` (image pull? no node with the CPU or "
                     "memory asked for?), or give a longer scheduler_timeout"
                 ) from None
             raise SchedulerTimeoutError(
-                f"cluster {p.name!r} (namespace {p.namespace!r}) did not start after "
+                f"cluster {p.name!r} (namespace {namespace!r}) did not start after "
                 f"{time.monotonic() - started:.0f} s: {exc} ({seen}); is the dask-kubernetes "
                 "operator running (`kubectl get pods -A -l "
                 "app.kubernetes.io/name=dask-kubernetes-operator`)?"

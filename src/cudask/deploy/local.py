@@ -93,7 +93,7 @@ class LocalCUDACluster(LocalCluster):
             )
         # every check that needs no GPU, before any GPU is looked for
         options = check_input(worker_values, "cluster", visible_devices=CUDA_VISIBLE_DEVICES,
-                              n_workers=n_workers)
+                              n_workers=n_workers, cluster=kwargs)
         machine = discover()
         devices = select_devices(machine, CUDA_VISIBLE_DEVICES, n_workers)
         check_devices(options, devices)  # sizes and libraries, before any process

@@ -29,6 +29,7 @@ import dask.config
 from distributed import Nanny, Worker
 from distributed.security import Security
 
+from cudask import config
 from cudask.deploy import mpi
 from cudask.deploy.checks import check_input
 from cudask.deploy.preflight import check_tls, scheduler_address
@@ -105,17 +106,18 @@ class CUDAWorker:
                 f"accepted: {', '.join(sorted(o.name for o in options_for('worker')))} and "
                 "distributed.Nanny's keywords"
             )
-        if isinstance(scheduler, str) and scheduler.startswith("-"):
-            raise OptionError(f"scheduler address {scheduler!r} looks like a flag; is an option "
-                              "misspelt? See `dask cuda worker --help`")
-        # every check that needs no GPU, before any GPU is looked for
-        options = check_input(values, "worker",
-                              visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
-        if scheduler is None and options.scheduler_file is None:
-            scheduler = dask.config.get("scheduler-address", None)
+        origin = None
+        if scheduler is None and not values.get("scheduler_file"):
+            scheduler = dask.config.get("scheduler-address", None)  # dask-mpi sets it
+            origin = config.origin("scheduler-address")
             if scheduler is None:
                 raise OptionError("no scheduler: give its address (e.g. tcp://10.0.0.1:8786), "
                                   "--scheduler-file, or DASK_SCHEDULER_ADDRESS")
+        # every check that needs no GPU, before any GPU is looked for
+        options = check_input(values, "worker",
+                              visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                              scheduler=scheduler, scheduler_origin=origin,
+                              security=kwargs.get("security"))
         rank = mpi.check_rank(os.environ)  # dask-mpi: the launcher's local rank, checked here
         machine = require_gpus(discover())
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")

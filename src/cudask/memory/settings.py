@@ -147,11 +147,10 @@ def spill_on_demand_setting(value: bool | None = None) -> bool:
 
 
 def parse_flag(value: Any, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
-        return value.strip().lower() in ("true", "1", "yes")
-    raise OptionError(f"{name}={value!r}; accepted: true or false, e.g. false")
+    flag = config.as_bool(value)
+    if flag is None:
+        raise OptionError(f"{name}={value!r} is not a boolean; accepted: {config.BOOL_ACCEPTED}")
+    return flag
 
 
 def check_memory_config() -> None:

@@ -207,6 +207,9 @@ def ucx_config(o: WorkerOptions) -> dict[str, Any]:
     return {f"{ns}.{k}": v for ns in UCX_CONFIG_NAMESPACES for k, v in ucx.items()}
 
 
+MAX_PORT = 65535
+
+
 def parse_ports(value: str | int | None, n: int) -> list[int | None]:
     """--worker-port: a port for one GPU, or FIRST:LAST split across n GPUs."""
     if value is None or value == "" or value == 0 or value == "0":
@@ -220,6 +223,9 @@ def parse_ports(value: str | int | None, n: int) -> list[int | None]:
     last = int(m.group(2)) if m.group(2) else first
     if last < first:
         raise OptionError(f"worker_port={value!r}: the range ends before it starts")
+    if last > MAX_PORT:
+        raise OptionError(f"worker_port={value!r}: port {last} is out of range; accepted: ports "
+                          f"from 1 to {MAX_PORT}, e.g. worker_port=9000 or 9000:9003")
     count = last - first + 1
     if count < n:
         raise OptionError(f"worker_port={value!r} gives {count} port(s) for {n} GPU workers; "
