@@ -12,16 +12,13 @@ import pytest
 
 from cudask.errors import OptionError
 from cudask.memory.store import TieredStore
-from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray, as_numpy
+from cudask.testing.fake_cuda import FakeCopyBackend, as_numpy, filled
 
 MakeStore = Callable[..., TieredStore]
 InThreads = Callable[[Callable[[int], None], int], list[BaseException]]
 
 
-def dev(n: int, fill: float = 0, dtype: str = "u1") -> FakeDeviceArray:
-    a = FakeDeviceArray.empty(n, dtype)
-    a.fill(fill)
-    return a
+dev = filled  # a fake device array of n elements, each `fill`
 
 
 def test_behaves_like_a_dict_without_limits(make_store: MakeStore) -> None:

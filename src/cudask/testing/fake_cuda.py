@@ -345,6 +345,13 @@ class FakeCopyBackend:
             return sum(len(stream.ops) for stream in self.streams)
 
 
+def filled(n: int, fill: float = 0, dtype: str = "u1") -> FakeDeviceArray:
+    """A fake device array of `n` elements, each `fill`."""
+    a = FakeDeviceArray.empty(n, dtype)
+    a.fill(fill)
+    return a
+
+
 def as_numpy(value: Any) -> Any:
     """Host image of a (possibly nested) fake device value, for comparisons."""
     if isinstance(value, FakeDeviceArray):
@@ -364,6 +371,7 @@ __all__ = [
     "FakeHandler",
     "ForeignDeviceObject",
     "as_numpy",
+    "filled",
 ]
 
 

@@ -6,16 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cudask.memory.store import TieredStore
-from cudask.testing.fake_cuda import FakeDeviceArray
+from cudask.testing.fake_cuda import filled
 
 MakeStore = Callable[..., TieredStore]
 WaitFor = Callable[..., bool]
 
 
-def dev(n: int, fill: float = 0, dtype: str = "u1") -> FakeDeviceArray:
-    a = FakeDeviceArray.empty(n, dtype)
-    a.fill(fill)
-    return a
+dev = filled  # a fake device array of n elements, each `fill`
 
 
 def test_background_spilling_keeps_the_tier_below_target(

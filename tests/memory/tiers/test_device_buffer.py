@@ -9,15 +9,12 @@ from typing import Any
 import pytest
 
 from cudask.memory.store import TieredStore
-from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
+from cudask.testing.fake_cuda import FakeCopyBackend, filled
 
 MakeStore = Callable[..., TieredStore]
 
 
-def dev(n: int, fill: float = 0, dtype: str = "u1") -> FakeDeviceArray:
-    a = FakeDeviceArray.empty(n, dtype)
-    a.fill(fill)
-    return a
+dev = filled  # a fake device array of n elements, each `fill`
 
 
 class OOMOnce(FakeCopyBackend):

@@ -9,15 +9,12 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from cudask.memory.store import TieredStore
-from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
+from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray, filled
 
 MakeStore = Callable[..., TieredStore]
 
 
-def dev(n: int, fill: float = 0, dtype: str = "u1") -> FakeDeviceArray:
-    a = FakeDeviceArray.empty(n, dtype)
-    a.fill(fill)
-    return a
+dev = filled  # a fake device array of n elements, each `fill`
 
 
 def test_spills_least_recently_used_and_reads_back(make_store: MakeStore) -> None:

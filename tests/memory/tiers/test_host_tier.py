@@ -15,15 +15,12 @@ import pytest
 from distributed.spill import SpillBuffer
 
 from cudask.memory.store import TieredStore
-from cudask.testing.fake_cuda import FakeDeviceArray, as_numpy
+from cudask.testing.fake_cuda import FakeDeviceArray, as_numpy, filled
 
 MakeStore = Callable[..., TieredStore]
 
 
-def dev(n: int, fill: float = 0, dtype: str = "u1") -> FakeDeviceArray:
-    a = FakeDeviceArray.empty(n, dtype)
-    a.fill(fill)
-    return a
+dev = filled  # a fake device array of n elements, each `fill`
 
 
 def test_disk_tier_roundtrip_and_protocols(make_store: MakeStore) -> None:

@@ -7,15 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cudask.memory.store import TieredStore
-from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
+from cudask.testing.fake_cuda import FakeCopyBackend, filled
 
 MakeStore = Callable[..., TieredStore]
 
 
-def dev(n: int, fill: float = 0, dtype: str = "u1") -> FakeDeviceArray:
-    a = FakeDeviceArray.empty(n, dtype)
-    a.fill(fill)
-    return a
+dev = filled  # a fake device array of n elements, each `fill`
 
 
 def test_spilled_object_referenced_elsewhere_still_counts(make_store: MakeStore) -> None:

@@ -10,16 +10,13 @@ import warnings
 from collections.abc import Callable
 
 from cudask.memory.store import TieredStore
-from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
+from cudask.testing.fake_cuda import FakeCopyBackend, filled
 
 MakeStore = Callable[..., TieredStore]
 WaitFor = Callable[..., bool]
 
 
-def dev(n: int, fill: float = 0, dtype: str = "u1") -> FakeDeviceArray:
-    a = FakeDeviceArray.empty(n, dtype)
-    a.fill(fill)
-    return a
+dev = filled  # a fake device array of n elements, each `fill`
 
 
 def test_pinned_memory_is_made_ready_ahead_and_idle_memory_goes_back(

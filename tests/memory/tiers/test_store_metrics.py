@@ -10,15 +10,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from cudask.memory.store import TieredStore, worker_metrics
-from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
+from cudask.testing.fake_cuda import FakeCopyBackend, filled
 
 MakeStore = Callable[..., TieredStore]
 
 
-def dev(n: int, fill: float = 0, dtype: str = "u1") -> FakeDeviceArray:
-    a = FakeDeviceArray.empty(n, dtype)
-    a.fill(fill)
-    return a
+dev = filled  # a fake device array of n elements, each `fill`
 
 
 def test_log_spilling_logs_each_move(make_store: MakeStore, caplog: Any) -> None:
