@@ -175,8 +175,9 @@ def default_backend() -> CopyBackend:
 @dataclass
 class Copy:
     """One enqueued copy: `done` is recorded after it on its stream. `source`, when
-    set, is a device object the copy reads that nothing else keeps alive: it is
-    held until the copy is seen complete."""
+    set, is what the copy reads (a device object, or the host copy it brings
+    back), held until the copy is seen complete so that its memory cannot be
+    freed or reused under the copy."""
 
     nbytes: int
     start: Any

@@ -56,3 +56,53 @@ def test_prefetch_starts_copies_ahead(make_store: MakeStore) -> None:
     for i in range(3):
         assert (store[i].get() == i).all()
     assert sum(d == "h2d" for d, _ in backend.copies) == 3
+
+
+def test_host_copy_outlives_the_copy_back_while_the_key_goes_to_disk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read waits for its host -> device copy without the store's lock; if the
+    memory manager meanwhile moves the key's host copy to disk (evict) and new
+    spills take pinned memory, the copy back must still read the old host copy."""
+    import gc
+
+    import numpy
+
+    from cudask.memory.backend import Copy
+    from cudask.memory.settings import store_settings
+    from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
+
+    kib = 1024
+    backend = FakeCopyBackend(lag=3)  # copies complete only when waited for or drained
+    settings = store_settings(100 * kib, 1 << 20, background=False, pinned_pool_size=1 << 20,
+                              pinned_slab_size=64 * kib, spill_on_demand=False)
+    store = TieredStore(100 * kib, 1 << 20, settings=settings, backend=backend)
+    try:
+        store.engine.pool.preallocate(256 * kib)
+        for i in range(4):
+            store[f"k{i}"] = FakeDeviceArray(numpy.full(60 * kib, i + 1, dtype="u1"))
+        backend.drain()
+        assert store.where("k0") == "host"
+        original_wait = Copy.wait
+        interfered: list[str] = []
+        started: list[bool] = []
+
+        def wait(copy: Copy) -> None:
+            if not started:  # once, at the first wait: the read's copy back
+                started.append(True)
+                while store.evict() > 0:  # distributed's memory manager, without the lock
+                    pass
+                gc.collect()
+                interfered.append(store.where("k0"))
+                store["other"] = FakeDeviceArray(numpy.full(60 * kib, 99, dtype="u1"))
+                store["other2"] = FakeDeviceArray(numpy.full(60 * kib, 98, dtype="u1"))
+                backend.drain()  # the new device -> host copies run first
+            original_wait(copy)
+
+        monkeypatch.setattr(Copy, "wait", wait)
+        value = store["k0"]
+        backend.drain()
+        assert interfered == ["disk"]
+        assert (value.get() == 1).all()
+    finally:
+        store.close()

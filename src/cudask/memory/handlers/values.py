@@ -109,7 +109,11 @@ def to_device(copy: AnyHostCopy, engine: TransferEngine) -> tuple[Any, list[Copy
             assert copy.keys is not None
             return dict(zip(copy.keys, items)), pending
         return (tuple(items) if copy.kind == "tuple" else items), pending
-    return handler_named(copy.handler).to_device(copy, engine)
+    value, copies = handler_named(copy.handler).to_device(copy, engine)
+    for c in copies:  # the host copy outlives the copies that read it
+        if c.source is None:
+            c.source = copy
+    return value, copies
 
 
 __all__ = [
