@@ -97,8 +97,10 @@ def _package_dir(name: str) -> Path | None:
 def source(stamp_file: Path = STAMP_FILE, package: str = "cudask") -> dict[str, Any]:
     """The code that ran: its git checkout, else the wheel's stamp, else why unknown."""
     directory = _package_dir(package)
-    found = git_source(directory) if directory is not None else None
-    if found is not None:
+    tracked = directory is not None and _git(directory, "ls-files", "--error-unmatch",
+                                             "__init__.py") is not None
+    found = git_source(directory) if tracked and directory is not None else None
+    if found is not None:  # (a package installed inside some checkout is not tracked there)
         return found
     try:
         stamp = json.loads(stamp_file.read_text())
