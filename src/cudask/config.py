@@ -137,8 +137,8 @@ def _lookup(tree: Any, key: str) -> Any:
 
 def origin(key: str) -> str | None:
     """Where the value of `key` (dotted, e.g. "cudask.worker.rmm-pool-size") was set,
-    for messages: "environment variable DASK_...", "config file PATH (key ...)" or
-    "config key ..." (set in Python); None while it holds cudask.yaml's default."""
+    for messages: ``"environment variable DASK_..."``, ``"config file PATH (key ...)"`` or
+    ``"config key ..."`` (set in Python); None while it holds cudask.yaml's default."""
     value = dask.config.get(key, default=None)
     if _lookup(defaults, key) == value:
         return None

@@ -29,7 +29,7 @@ def store_figures(dask_worker: Any) -> dict[str, float]:
     """The cudask store's pinned-pool and spill figures (nothing for other stores):
     pinning ahead of spills runs while the device tier is past
     `memory.pinned-headroom-from` of its limit and can slow the worker's GPU work
-    (docs/device-transfers.md)."""
+    (docs/design/device-transfers.md)."""
     metrics = getattr(dask_worker.data, "metrics", None)
     if not callable(metrics):
         return {}

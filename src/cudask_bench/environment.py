@@ -144,6 +144,7 @@ def machine() -> dict[str, Any]:
     return {
         "hostname": socket.gethostname(),
         "os": platform.platform(),
+        "kernel": platform.release(),
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "host_memory": _host_memory(),

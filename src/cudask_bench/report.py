@@ -4,8 +4,10 @@ Covers: merging a variant's runner results (one per process) into its entry with
 medians (`merge_runs`), the ratios variant / reference of pairs measured in the same run
 (`comparisons`: cudask against dask-cuda, cudask with no limit against the dict store,
 JIT-unspill on against off), the plain-text table a command prints, and writing the
-JSON file. Does not cover: running anything (cudask_bench.harness), charts
-(cudask_bench.chart). Pure functions over plain data; no threads.
+JSON file, stamped with its provenance (cudask_bench.provenance: commit, configuration,
+versions, cold or warm per figure). Does not cover: running anything
+(cudask_bench.harness), charts (cudask_bench.chart). Pure functions over plain data but
+`write_json`, which runs git; no threads.
 """
 
 from __future__ import annotations
@@ -13,10 +15,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from cudask_bench import spec
+from cudask_bench import provenance, spec
 from cudask_bench.measure import summarize
 from cudask_bench.targets import Target
 
@@ -203,10 +204,8 @@ def format_table(document: Mapping[str, Any]) -> str:
 
 
 def write_json(document: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        json.dump(document, fh, indent=1, default=str)
-        fh.write("\n")
+    """Write `document` to `path` with its provenance added (`provenance.write`)."""
+    provenance.write(path, dict(document))
 
 
 __all__ = ["comparisons", "fmt_seconds", "format_table", "merge_runs", "write_json"]

@@ -4,7 +4,6 @@ PATH (JSON) and PATH with .md (a Markdown table) as each row comes."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,11 +40,9 @@ def _write(config: pytest.Config) -> None:
     path = config.getoption("--fault-table")
     if not path or not ROWS:
         return
-    from cudask_bench import environment
+    from cudask_bench import provenance
 
-    document = {"rows": ROWS, "machine": environment.machine(),
-                "versions": environment.versions()}
-    Path(path).write_text(json.dumps(document, indent=1, default=str) + "\n")
+    provenance.write(path, {"rows": ROWS})  # with commit, config, machine and versions
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(str(r.get(c, "")) for c in COLUMNS) + " |" for r in ROWS]
     Path(path).with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -21,7 +21,7 @@ not with UCX) and the per-worker setup (`DeviceIPC` in cudask.worker.plugins).
 
 Threading: `dumps` runs in distributed's serialization threads, `loads` on the
 receiving side; counters and the switch are guarded by one lock, mappings by
-their own (cudask.comm.lifetimes). Design: docs/device-transfers.md.
+their own (cudask.comm.lifetimes). Design: docs/design/device-transfers.md.
 """
 
 from __future__ import annotations

@@ -1,0 +1,139 @@
+"""Figures in README.md and docs/ against their result files (scripts/results-index).
+
+Fails when: a file under bench/results is missing from catalogue.toml (or the other way),
+bench/results/README.md or a generated block differs from what the files give, a number
+marked `<!-- figure FILE#KEY -->` differs from its file, README.md or a user-guide page
+quotes a timing or rate that is neither generated nor marked, a catalogue commit is not
+the commit git history gives for the file's content, or a quoted result file predates a
+change to the code its benchmark measures that catalogue.toml does not explain. The git
+checks skip where git or the history is missing (a tarball, a shallow clone).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import re
+import shutil
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load() -> ModuleType:
+    path = ROOT / "scripts" / "results-index"
+    loader = importlib.machinery.SourceFileLoader("results_index", str(path))
+    spec = importlib.util.spec_from_loader("results_index", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+ri = _load()
+
+#: A timing, rate or ratio in prose: what must be generated or carry a figure marker.
+QUOTED = re.compile(r"(?<![\w.])\d+(?:\.\d+)?\s?(?:ms|s|GB/s|×)(?![\w/])")
+#: Pages for users (the design notes keep their history and name their files).
+USER_PAGES = ["README.md"]
+
+
+def _needs_history(commit: str) -> None:
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    if not ri.knows(ROOT, commit):
+        pytest.skip(f"this checkout's history does not have {commit} (not a git clone, or shallow)")
+
+
+def test_catalogue_and_files_agree() -> None:
+    missing, gone = ri.unlisted(ROOT)
+    assert missing == [], "add these to bench/results/catalogue.toml"
+    assert gone == [], "these catalogue entries have no file"
+
+
+def test_index_blocks_and_figures_match_their_files() -> None:
+    assert ri.check(ROOT) == []
+
+
+def test_user_pages_quote_only_generated_or_marked_figures() -> None:
+    for page in USER_PAGES:
+        text = ri.BLOCK.sub("", (ROOT / page).read_text())
+        text = ri.FIGURE.sub("", text)
+        text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+        assert QUOTED.findall(text) == [], f"{page}: figures without their result file"
+
+
+def _copy(tmp_path: Path) -> Path:
+    """README.md, docs/ and bench/results in a tree of their own."""
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    shutil.copytree(ROOT / "docs", tmp_path / "docs",
+                    ignore=shutil.ignore_patterns("_build", "*.png"))
+    shutil.copytree(ROOT / "bench", tmp_path / "bench")
+    return tmp_path
+
+
+def test_a_value_changed_by_hand_fails(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    assert ri.check(root) == []
+    path = root / "bench/results/spill-cold-h100.json"
+    document = json.loads(path.read_text())
+    ri.lookup(document, "variants[backend=cudask].measurements")["create"]["median"] = 1.25
+    path.write_text(json.dumps(document, indent=1) + "\n")
+    problems = ri.check(root)
+    assert problems == [
+        "README.md: a generated block differs from the files: run scripts/results-index"]
+    ri.write_all(root)  # what the script does: the README then quotes the file again
+    assert "| 1.25 s |" in (root / "README.md").read_text()
+    assert ri.check(root) == []
+
+
+def test_a_marked_figure_must_equal_its_file(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    key = "variants[backend=dask-cuda].measurements.read_verify.median"
+    page = root / "docs" / "figure-check.md"
+    page.write_text(f"Read back in **7.05 s**<!-- figure spill-cold-h100.json#{key} -->, "
+                    f"{7050.6} ms<!-- figure spill-cold-h100.json#{key} -->.\n")
+    assert ri.check(root) == []
+    page.write_text(f"Read back in 7.2 s<!-- figure spill-cold-h100.json#{key} -->.\n")
+    assert ri.check(root) == [
+        f"docs/figure-check.md: 7.2 s (spill-cold-h100.json#{key}): the file says 7.051"]
+    page.write_text("In 1 s<!-- figure spill-cold-h100.json#variants[backend=none].x -->.\n")
+    assert "cannot read the value" in ri.check(root)[0]
+
+
+def test_catalogue_commits_are_what_git_history_gives() -> None:
+    catalogue = ri.catalogue(ROOT)["files"]
+    _needs_history(next(e["commit"] for e in catalogue.values() if e.get("commit")))
+    wrong = {}
+    for name, entry in catalogue.items():
+        if not entry.get("commit"):
+            continue
+        found = ri.content_commit(ROOT, name)
+        if found is None or not found.startswith(entry["commit"][:7]):
+            wrong[name] = (entry["commit"], found)
+    assert wrong == {}, "catalogue commit != the commit that first wrote this content"
+
+
+def test_quoted_results_are_newer_than_the_code_they_measure() -> None:
+    quoted = ri.quoted(ROOT)
+    assert "spill-cold-h100.json" in quoted  # the README's headline table
+    catalogue = ri.catalogue(ROOT)["files"]
+    for name in quoted:
+        commit, _ = ri.commit_of(ROOT, name, catalogue.get(name, {}))
+        _needs_history(commit.split()[0])
+    stale = {name: ri.stale(ROOT, name) for name in quoted}
+    assert {k: v for k, v in stale.items() if v} == {}, (
+        "re-measure, stop quoting, or explain in bench/results/catalogue.toml [[unaffected]]")
+
+
+def test_an_unexplained_change_makes_a_quoted_file_stale() -> None:
+    _needs_history("2a3925e")
+    # cupy figures are not covered by the spill A/B of the restructured memory core
+    assert any(line.startswith("bf8c4b5") for line in ri.stale(ROOT, "cupy-cold-h100.json"))
+    # and the pinning-ahead ramp changes the transfer runs' 30 GB limit (headroom 8 GiB)
+    assert any(line.startswith("72b591f") for line in ri.stale(ROOT, "transfer-h200x2.json"))
+    assert ri.stale(ROOT, "spill-cold-h100.json") == []
