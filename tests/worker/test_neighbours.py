@@ -87,3 +87,27 @@ def test_report_logs_once_and_never_raises(gpu: FakeBackend, caplog: pytest.LogC
         assert neighbours.report("w", uuid, backend=FakeBackend.no_nvml()) is None
         assert neighbours.report("w", "GPU-unknown", backend=gpu) is None
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_the_cuda_context_plugin_reports_once(gpu: FakeBackend, monkeypatch: pytest.MonkeyPatch,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    import os
+    import types
+
+    from cudask.worker import plugins
+
+    uuid = gpu.gpu_list[0].uuid
+    gpu.add_context(os.getpid(), 0)
+    gpu.add_context(OTHER, 0)
+    monkeypatch.setattr(plugins, "device0_uuid", lambda: uuid)
+    monkeypatch.setattr(neighbours, "default_backend", lambda: gpu)
+    plugin = plugins.CUDAContext(uuid)
+    plugin.background_imports = ()  # type: ignore[misc]
+    worker = types.SimpleNamespace(name="0-1")
+    with caplog.at_level(logging.WARNING, logger="cudask.worker"):
+        plugin.setup(worker)
+        plugin.setup(worker)  # idempotent: said once
+    assert plugin.neighbours is not None
+    listed = [n.process.pid for n in plugin.neighbours]
+    assert OTHER in listed and os.getpid() not in listed
+    assert len(caplog.records) == 1 and "worker 0-1" in caplog.records[0].getMessage()
