@@ -105,6 +105,7 @@ def test_cudask_worker_warns_for_its_nannies_process(backend: FakeBackend,
     assert record[0].filename == __file__
     # without a nanny this process is the worker: its context is the worker's own
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # a worker in this process sets it
     with warnings.catch_warnings():
         warnings.simplefilter("error", CUDAContextWarning)
         _node(nanny=False)
