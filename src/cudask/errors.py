@@ -1,7 +1,8 @@
 """User-facing exception types.
 
 Covers: the errors cudask raises for bad input (options, sizes, device ids,
-missing optional libraries, no GPU). Each message names the bad value, what is
+missing optional libraries, no GPU), and the warning about a CUDA context where
+it costs the workers memory. Each message names the bad value, what is
 accepted, and where it helps an example that works. The CLI turns these into a
 one-line message and a non-zero exit, never a traceback.
 
@@ -74,3 +75,10 @@ def require(module: str, *, needed_for: str, install: str) -> object:
 class TLSRefusedError(CudaskError, ConnectionError):
     """A TLS handshake with the scheduler failed on a certificate: this node's is not
     accepted there, or the scheduler's is not trusted here."""
+
+
+class CUDAContextWarning(RuntimeWarning):
+    """A process of the cluster (the client, scheduler or nannies) holds a CUDA context
+    on a GPU its workers use, so the memory that context holds is lost to them. A
+    warning, so existing code keeps running; make it an error with
+    `warnings.filterwarnings("error", category=cudask.errors.CUDAContextWarning)`."""

@@ -43,6 +43,11 @@ OPTIONS: tuple[Option, ...] = (
     # --- resources of each worker
     Option("nthreads", "int", "Threads of each worker.", config="threads-per-worker",
            cluster_name="threads_per_worker", minimum=1),
+    Option("workers_per_gpu", "int", "Workers on each GPU (several for many small tasks, or a "
+           "GPU shared by jobs): each gets 1/N of device_memory_limit, of the RMM pool sizes and "
+           "release threshold, an even share of 'auto' host memory and of the GPU's CPUs; "
+           "LocalCUDACluster names them GPU-K ('0-1'), a named node NAME-0, NAME-1, ... "
+           "(docs/workers-per-gpu.md).", config="workers-per-gpu", minimum=1),
     Option("memory_limit", "size", "Host memory of each worker, past which data spills from "
            "host to disk: bytes, a string such as '40GB', a fraction of system memory, 'auto' "
            "(an even share of system memory) or 0/None for no limit.", config="memory-limit"),
@@ -113,9 +118,9 @@ OPTIONS: tuple[Option, ...] = (
            surfaces=NODE, group="node"),
     Option("contact_address", "str", "Address the workers advertise to the scheduler.",
            surfaces=NODE, group="node"),
-    Option("name", "any", "Worker name (a string, or an int such as dask-mpi's rank): one GPU "
-           "registers exactly it, several register NAME-0, NAME-1, ...; default: none (each "
-           "worker is known by its address, as in distributed).",
+    Option("name", "any", "Worker name (a string, or an int such as dask-mpi's rank): one "
+           "worker registers exactly it, several (GPUs x workers_per_gpu) register NAME-0, "
+           "NAME-1, ...; default: none (each worker is known by its address, as in distributed).",
            surfaces=NODE, group="node"),
     Option("resources", "any", "Abstract resources of each worker, e.g. 'GPU=1 MEM=10e9'.",
            surfaces=NODE, group="node"),
@@ -297,6 +302,7 @@ def check_rules(o: WorkerOptions) -> None:
         elif v["protocol"] not in UCX_PROTOCOLS:
             raise OptionError(f"{ucx_asked[0]}=True needs protocol='ucx', not "
                               f"protocol={v['protocol']!r}")
+    _check_workers_per_gpu(v)
     if v.get("contact_address") and not v.get("listen_address"):
         raise OptionError(f"contact_address={v['contact_address']!r} needs listen_address, the "
                           "address the worker binds to (e.g. --listen-address tcp://0.0.0.0:9000 "
@@ -307,6 +313,22 @@ def check_rules(o: WorkerOptions) -> None:
     tls = [v.get(k) for k in ("tls_ca_file", "tls_cert", "tls_key")]
     if any(tls) and not all(tls):
         raise OptionError("TLS needs all of tls_ca_file, tls_cert and tls_key")
+
+
+def _check_workers_per_gpu(v: Mapping[str, Any]) -> None:
+    """Options that name one worker process, refused with several workers per GPU."""
+    n = v.get("workers_per_gpu") or 1
+    if n == 1:
+        return
+    if v.get("nanny") is False:
+        raise OptionError(f"workers_per_gpu={n} starts {n} worker processes per GPU, each under "
+                          "a nanny, but nanny=False (--no-nanny, the default in an MPI rank) runs "
+                          "one worker in this process; give nanny=True (--nanny) or "
+                          "workers_per_gpu=1")
+    if v.get("listen_address"):
+        raise OptionError(f"listen_address={v['listen_address']!r} binds one worker, but "
+                          f"workers_per_gpu={n} starts {n} per GPU; give --host with a "
+                          "--worker-port range instead, or workers_per_gpu=1")
 
 
 PRELOAD_ACCEPTED = ("a module importable where the workers run, a .py file or an http(s) URL, "

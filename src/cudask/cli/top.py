@@ -136,9 +136,24 @@ def row_cells(row: Row) -> list[str]:
     ]
 
 
+def _one_per_gpu(rows: Sequence[Row]) -> list[Row]:
+    """One row per GPU (host and UUID; rows of an unknown GPU each count): NVML's
+    figures are the GPU's, shown alike by each of several workers on it."""
+    seen: set[tuple[Any, Any]] = set()
+    out = []
+    for r in rows:
+        key = (r.get("host"), r.get("gpu_uuid"))
+        if key[1] is None or key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
 def total_cells(rows: Sequence[Row]) -> list[str]:
-    """The totals row (utilization: the mean of the known ones)."""
-    utilization = [float(r["gpu_utilization"]) for r in rows
+    """The totals row (utilization: the mean of the known ones; NVML's GPU-wide
+    figures counted once per GPU)."""
+    gpus = _one_per_gpu(rows)
+    utilization = [float(r["gpu_utilization"]) for r in gpus
                    if r.get("gpu_utilization") is not None]
     hosts = len({r.get("host") for r in rows})
     return [
@@ -152,9 +167,9 @@ def total_cells(rows: Sequence[Row]) -> list[str]:
         _rate(_sum(rows, "spill_gbps")),
         _rate(_sum(rows, "unspill_gbps")),
         f"avg {sum(utilization) / len(utilization):.0f}%" if utilization else "",
-        _used_of(_sum(rows, "gpu_memory_used_bytes"), _sum(rows, "gpu_memory_total_bytes")),
-        _pair(_sum(rows, "pcie_tx_gbps"), _sum(rows, "pcie_rx_gbps")),
-        _pair(_sum(rows, "nvlink_tx_gbps"), _sum(rows, "nvlink_rx_gbps")),
+        _used_of(_sum(gpus, "gpu_memory_used_bytes"), _sum(gpus, "gpu_memory_total_bytes")),
+        _pair(_sum(gpus, "pcie_tx_gbps"), _sum(gpus, "pcie_rx_gbps")),
+        _pair(_sum(gpus, "nvlink_tx_gbps"), _sum(gpus, "nvlink_rx_gbps")),
     ]
 
 

@@ -5,10 +5,10 @@ Covers: `job_kwargs()`, the keywords that make a dask-jobqueue cluster
 as a local process) run `python -m cudask.cli worker` in each job:
 
 - `worker_command="cudask.cli worker"` (jobqueue runs `python -m <worker_command>`),
-- `processes` = GPUs per job: `cudask worker` starts one worker per GPU the job
-  sees, named NAME-0, NAME-1, ... as jobqueue names the processes of a job, and
-  jobqueue hands each process `cores / processes` threads and `memory / processes`
-  of host memory,
+- `processes` = GPUs per job (x workers_per_gpu): `cudask worker` starts one
+  worker per GPU the job sees (or N), named NAME-0, NAME-1, ... as jobqueue names
+  the processes of a job, and jobqueue hands each process `cores / processes`
+  threads and `memory / processes` of host memory,
 - the GPU request: `#SBATCH --gres=gpu:N` (SLURM), `#PBS -l select=1:ncpus=C:ngpus=N:mem=M`
   (PBS),
 - cudask's worker options as `cudask worker` flags (`worker_extra_args`), checked
@@ -129,10 +129,18 @@ def job_kwargs(
         raise OptionError(f"memory={memory!r} is not accepted; accepted: the job's host memory "
                           "as bytes or a string such as '64GB'")
     resolved = _check(worker_options)
+    per_gpu = int(resolved["workers_per_gpu"] or 1)
+    if per_gpu > 1:
+        if cores < gpus_per_job * per_gpu:
+            raise OptionError(f"cores={cores!r} is fewer than the job's {gpus_per_job * per_gpu} "
+                              f"workers (gpus_per_job={gpus_per_job} x workers_per_gpu="
+                              f"{per_gpu}); each needs a thread, e.g. "
+                              f"cores={8 * gpus_per_job * per_gpu}")
+        worker_options = {**worker_options, "workers_per_gpu": per_gpu}  # as the workers see it
     kwargs: dict[str, Any] = {
         "cores": cores,
         "memory": memory,
-        "processes": gpus_per_job,
+        "processes": gpus_per_job * per_gpu,
         "worker_command": WORKER_COMMAND,
         "worker_extra_args": _flags([k for k in worker_options if k not in JOB_KEYWORDS],
                                     resolved),

@@ -328,20 +328,21 @@ def check_worker_options(values: Mapping[str, Any], gpus: int, pod_memory: int) 
                     f"pod runs {gpus} GPU workers; leave it out (each worker "
                     "listens on the pod's address) or give nvidia_gpu=1",
                 )
+    workers = gpus * int(resolved["workers_per_gpu"] or 1)  # dask workers of each pod
     if given.get("worker_port") is not None:
         try:
-            parse_ports(given["worker_port"], gpus)
+            parse_ports(given["worker_port"], workers)
         except OptionError as exc:
             raise option_error("worker_port", str(exc)) from None
-    given["memory_limit"] = _memory_limit(given.get("memory_limit", "unset"), gpus, pod_memory)
+    given["memory_limit"] = _memory_limit(given.get("memory_limit", "unset"), workers, pod_memory)
     # a pod given fewer GPUs than its limit fails at start, naming both numbers
     given.setdefault("expected_gpus", gpus)
     return given
 
 
 def _memory_limit(value: Any, gpus: int, pod_memory: int) -> Any:
-    """Each GPU worker's host memory limit: the pod's memory / GPUs unless given, and a
-    given one must fit the pod (gpus of them)."""
+    """Each GPU worker's host memory limit: the pod's memory / its `gpus` workers (GPUs
+    x workers_per_gpu) unless given, and a given one must fit the pod (gpus of them)."""
     per = pod_memory // gpus
     if value == "unset":
         return size_text(per)
@@ -349,7 +350,7 @@ def _memory_limit(value: Any, gpus: int, pod_memory: int) -> Any:
         return value  # no limit, or distributed's share of the pod's (cgroup) memory
     fits = (
         f"accepted: at most {format_bytes(per)} per worker (the pod's "
-        f"{format_bytes(pod_memory)} / {gpus} GPUs), e.g. memory_limit={size_text(per)!r}"
+        f"{format_bytes(pod_memory)} / {gpus} GPU workers), e.g. memory_limit={size_text(per)!r}"
     )
     if isinstance(value, float) and 0 < value <= 1:  # a fraction of the pod's memory, each
         if value * gpus > 1:

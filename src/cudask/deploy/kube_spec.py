@@ -90,9 +90,14 @@ class GPUPods:
     idle_timeout: int = 0
 
     @property
+    def workers_per_pod(self) -> int:
+        """dask workers of each pod: its GPUs x workers_per_gpu."""
+        return self.gpus * int(self.worker_options.get("workers_per_gpu") or 1)
+
+    @property
     def memory_per_worker(self) -> int:
-        """Host memory of each GPU worker: the pod's, shared evenly by its GPUs."""
-        return self.worker_memory // self.gpus
+        """Host memory of each GPU worker: the pod's, shared evenly by its workers."""
+        return self.worker_memory // self.workers_per_pod
 
     def worker_flags(self) -> list[str]:
         """`cudask worker` flags for the worker options (memory_limit always among them)."""
@@ -189,7 +194,7 @@ def scheduler_resources(p: GPUPods) -> dict[str, dict[str, str]]:
 
 def scheduler_args(p: GPUPods) -> list[str]:
     """`dask scheduler` with cudask's monitor page and the pod-counting /api/v1."""
-    return [*SCHEDULER_COMMAND, "--gpus-per-pod", str(p.gpus)]
+    return [*SCHEDULER_COMMAND, "--gpus-per-pod", str(p.workers_per_pod)]  # workers, each pod
 
 
 def scheduler_env(p: GPUPods) -> list[dict[str, Any]]:

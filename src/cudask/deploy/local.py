@@ -1,7 +1,10 @@
-"""LocalCUDACluster: one worker per visible GPU of this machine.
+"""LocalCUDACluster: one worker per visible GPU of this machine (or N per GPU).
 
 Covers: turning dask-cuda's keywords (and LocalCluster's own) into one Nanny
-spec per GPU through cudask.worker.spec, and scale() within the visible GPUs.
+spec per worker through cudask.worker.spec, scale() within the visible GPUs'
+workers (one on each GPU before a second on any), and, at start, a warning naming
+a CUDA context this process holds on a GPU a worker will own
+(cudask.deploy.contexts).
 Everything else — the scheduler, the dashboard, the sync/async context
 manager — is distributed's LocalCluster.
 Does not cover: option rules (cudask.options) or what a worker does at start
@@ -23,11 +26,13 @@ from distributed import LocalCluster, Nanny, Worker
 
 from cudask.comm.rechunk import prefer_task_rechunk
 from cudask.deploy.checks import check_input
+from cudask.deploy.contexts import warn_own_contexts
 from cudask.devices import Device, Machine, discover, parse_visible_devices, require_gpus
 from cudask.errors import DeviceError, OptionError
 from cudask.monitor.state import NAME as MONITOR
 from cudask.monitor.state import MonitorPlugin
 from cudask.options import BY_CLUSTER_KEYWORD, WorkerOptions, options_for
+from cudask.worker.sharing import cluster_slots, workers_per_gpu
 from cudask.worker.spec import (
     check_devices,
     gpu_name,
@@ -43,18 +48,25 @@ def select_devices(
     machine: Machine,
     visible: str | int | Sequence[str | int] | None,
     n_workers: int | None,
+    per_gpu: int = 1,
 ) -> list[Device]:
     """The GPUs the cluster may use (CUDA_VISIBLE_DEVICES, default: all) and check
-    n_workers against them."""
+    n_workers against them (`per_gpu` workers each)."""
     devices = parse_visible_devices(visible, require_gpus(machine))
     if not devices:
         raise DeviceError("CUDA_VISIBLE_DEVICES is empty: no GPU to start a worker on")
     if n_workers is not None:
         if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
             raise OptionError(f"n_workers={n_workers!r} must be a whole number of at least 1")
-        if n_workers > len(devices):
-            raise OptionError(f"n_workers={n_workers} is more than the {len(devices)} visible "
-                              f"GPU(s) ({', '.join(d.label for d in devices)}); one worker per GPU")
+        if n_workers > len(devices) * per_gpu:
+            if per_gpu == 1:
+                raise OptionError(f"n_workers={n_workers} is more than the {len(devices)} visible "
+                                  f"GPU(s) ({', '.join(d.label for d in devices)}); one worker "
+                                  "per GPU")
+            raise OptionError(f"n_workers={n_workers} is more than the {len(devices) * per_gpu} "
+                              f"workers of the {len(devices)} visible GPU(s) "
+                              f"({', '.join(d.label for d in devices)}) with workers_per_gpu="
+                              f"{per_gpu}")
     return devices
 
 
@@ -95,10 +107,13 @@ class LocalCUDACluster(LocalCluster):
         options = check_input(worker_values, "cluster", visible_devices=CUDA_VISIBLE_DEVICES,
                               n_workers=n_workers, cluster=kwargs)
         machine = discover()
-        devices = select_devices(machine, CUDA_VISIBLE_DEVICES, n_workers)
+        per_gpu = workers_per_gpu(options)
+        devices = select_devices(machine, CUDA_VISIBLE_DEVICES, n_workers, per_gpu)
         check_devices(options, devices)  # sizes and libraries, before any process
+        warn_own_contexts(devices)  # this process (client, scheduler, nannies) on their GPUs
         self.options: WorkerOptions = options
         self.devices: list[Device] = devices
+        self.slots: list[tuple[int, int]] = cluster_slots(len(devices), per_gpu)
         self.machine = machine
         self._user_data = kwargs.pop("data", None)
         self._extra_worker_kwargs = {
@@ -126,34 +141,41 @@ class LocalCUDACluster(LocalCluster):
             scheduler_kwargs=scheduler_kwargs,
             **kwargs,
         )
-        self.scale(n_workers if n_workers is not None else len(devices))
+        self.scale(n_workers if n_workers is not None else len(self.slots))
         if not self.asynchronous:
             self.sync(self._correct_state)
 
-    def _next_device(self) -> int:
+    def _worker_name(self, i: int, k: int) -> int | str:
+        return gpu_name(self.devices[i], k, workers_per_gpu(self.options))
+
+    def _next_slot(self) -> tuple[int, int]:
         used = set(self.worker_spec)
-        for i, d in enumerate(self.devices):
-            if gpu_name(d) not in used:
-                return i
-        raise OptionError(f"cannot scale beyond the {len(self.devices)} visible GPU(s) "
+        for i, k in self.slots:
+            if self._worker_name(i, k) not in used:
+                return i, k
+        raise OptionError(f"cannot scale beyond the {len(self.slots)} workers of the "
+                          f"{len(self.devices)} visible GPU(s) "
                           f"({', '.join(d.label for d in self.devices)})")
 
     def new_worker_spec(self) -> dict[Any, dict[str, Any]]:
-        i = self._next_device()
-        name = gpu_name(self.devices[i])
+        i, k = self._next_slot()
+        name = self._worker_name(i, k)
         options = dict(self.new_spec["options"])
         options.update(self._extra_worker_kwargs)
         options.update(
-            nanny_options(self.options, self.devices, i, n_workers=len(self.devices), name=name)
+            nanny_options(self.options, self.devices, i, n_workers=len(self.slots), name=name,
+                          k=k)
         )
         if self._user_data is not None:
             options["data"] = self._user_data
         return {name: {"cls": nanny_class(self.options), "options": options}}
 
     def scale(self, n: int = 0, memory: Any = None, cores: Any = None) -> Any:
-        if memory is None and cores is None and n > len(self.devices):
+        if memory is None and cores is None and n > len(self.slots):
+            per_gpu = workers_per_gpu(self.options)
+            each = "one worker each" if per_gpu == 1 else f"{per_gpu} workers each"
             raise OptionError(f"cannot scale to {n} workers: {len(self.devices)} visible GPU(s) "
-                              f"({', '.join(d.label for d in self.devices)}), one worker each")
+                              f"({', '.join(d.label for d in self.devices)}), {each}")
         return super().scale(n, memory=memory, cores=cores)
 
 

@@ -1,12 +1,13 @@
-"""CUDAWorker: the workers of one node, one per local GPU, joined to a scheduler.
+"""CUDAWorker: the workers of one node, one per local GPU (or N), joined to a scheduler.
 
 Covers: what `dask cuda worker` runs and what dask-mpi, dask-jobqueue runners,
-SSHCluster and `dask spec` use as a worker class — one Nanny per GPU named
-NAME (one GPU) or NAME-0, NAME-1, ... (several), each telling the scheduler NAME
+SSHCluster and `dask spec` use as a worker class — one Nanny per GPU (N per GPU)
+named NAME (one worker) or NAME-0, NAME-1, ... (several), each telling the scheduler NAME
 (WorkerState.extra["cudask_node"], so a Kubernetes pod's workers map back to
 it), awaitable, an async context
 manager, finished() and close(); and a no-nanny mode (one GPU per process)
-for sites that forbid forking. GPUs are those of the process's
+for sites that forbid forking. At start, a CUDA context this process holds on
+one of its workers' GPUs is named (cudask.deploy.contexts). GPUs are those of the process's
 CUDA_VISIBLE_DEVICES (all when unset), so `mpirun ... CUDA_VISIBLE_DEVICES=
 $LOCAL_RANK dask cuda worker` gives one worker per rank; in a process that has
 initialized MPI (dask-mpi), one worker on the GPU of its local rank
@@ -32,10 +33,12 @@ from distributed.security import Security
 from cudask import config
 from cudask.deploy import mpi
 from cudask.deploy.checks import check_input
+from cudask.deploy.contexts import warn_own_contexts
 from cudask.deploy.preflight import check_tls, scheduler_address
 from cudask.devices import Device, discover, parse_visible_devices, require_gpus
 from cudask.errors import CudaskError, DeviceError, OptionError
 from cudask.options import BY_NAME, WorkerOptions, options_for
+from cudask.worker.sharing import node_slots, workers_per_gpu
 from cudask.worker.spec import (
     check_devices,
     nanny_class,
@@ -148,6 +151,12 @@ class CUDAWorker:
                 "--worker-port range instead, or one GPU per process (CUDA_VISIBLE_DEVICES)"
             )
         check_devices(options, devices)  # sizes and libraries, before any process
+        per_gpu = workers_per_gpu(options)
+        slots = node_slots(self.indices, per_gpu)
+        names = worker_names(options.name, devices, per_gpu)
+        ports = parse_ports(options.worker_port, len(slots))
+        if options.nanny:  # without one, this process is the worker: its context is the worker's
+            warn_own_contexts(devices, "the nannies' process", stacklevel=4)
         ucx = ucx_config(options)
         if ucx:  # the nannies of this process speak UCX too
             dask.config.set(ucx)
@@ -155,9 +164,8 @@ class CUDAWorker:
         self.devices: list[Device] = devices
         self.scheduler = scheduler
         self.nannies: list[Nanny | Worker] = [
-            self._make(scheduler, i, name, port, kwargs)
-            for i, name, port in zip(self.indices, worker_names(options.name, devices),
-                                     parse_ports(options.worker_port, len(devices)))
+            self._make(scheduler, i, k, name, port, kwargs)
+            for (i, k), name, port in zip(slots, names, ports)
         ]
 
     def _node_kwargs(self, port: int | None) -> dict[str, Any]:
@@ -180,7 +188,8 @@ class CUDAWorker:
         if o.dashboard_prefix:
             kw["http_prefix"] = o.dashboard_prefix
         if o.name is not None:  # which node (pod) each worker is of, for the scheduler
-            kw["startup_information"] = node_information(o.name, len(self.devices))
+            kw["startup_information"] = node_information(
+                o.name, len(self.devices) * workers_per_gpu(o))
         return {k: v for k, v in kw.items() if v is not None}
 
     def _security(self) -> Security | None:
@@ -190,12 +199,13 @@ class CUDAWorker:
         return Security(tls_ca_file=o.tls_ca_file, tls_worker_cert=o.tls_cert,
                         tls_worker_key=o.tls_key, require_encryption=True)
 
-    def _make(self, scheduler: str | None, i: int, name: Any, port: int | None,
+    def _make(self, scheduler: str | None, i: int, k: int, name: Any, port: int | None,
               extra: dict[str, Any]) -> Nanny | Worker:
         # i indexes the visible GPUs: the worker's CUDA_VISIBLE_DEVICES lists them all,
-        # its own first; 'auto' memory is a share per visible GPU
-        opts = nanny_options(self.options, self.visible, i, n_workers=len(self.visible),
-                             name=name, extra={**self._node_kwargs(port), **extra})
+        # its own first; 'auto' memory is a share per worker of every visible GPU
+        opts = nanny_options(self.options, self.visible, i,
+                             n_workers=len(self.visible) * workers_per_gpu(self.options),
+                             name=name, extra={**self._node_kwargs(port), **extra}, k=k)
         if self.options.nanny:
             return nanny_class(self.options)(scheduler, **opts)
         cls, opts, env = worker_options(opts)

@@ -2,7 +2,8 @@
 
 Covers: `discover()`, every GPU NVML sees (index, UUID, MIG instances, name,
 memory, dedicated memory, PCI bus id, NUMA node, CPU affinity within this
-process's CPU set, nearest NICs); `parse_visible_devices()`, which reads
+process's CPU set, nearest NICs); the processes holding a CUDA context on a GPU
+(`ProcessBackend`); `parse_visible_devices()`, which reads
 CUDA_VISIBLE_DEVICES; `rotate()`, which gives worker i a list starting with its
 GPU. Nothing here touches NVML at import.
 
@@ -22,16 +23,27 @@ from cudask.devices.discovery import (
     require_gpus,
     rotate,
 )
-from cudask.devices.model import GPU, DeviceBackend, Machine, MIGInstance, NVMLUnavailable, RawGPU
+from cudask.devices.model import (
+    GPU,
+    DeviceBackend,
+    GPUProcess,
+    Machine,
+    MIGInstance,
+    NVMLUnavailable,
+    ProcessBackend,
+    RawGPU,
+)
 from cudask.devices.nvml import default_backend
 
 __all__ = [
     "GPU",
     "Device",
     "DeviceBackend",
+    "GPUProcess",
     "MIGInstance",
     "Machine",
     "NVMLUnavailable",
+    "ProcessBackend",
     "RawGPU",
     "cuda_visible_devices",
     "default_backend",

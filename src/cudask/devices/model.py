@@ -1,7 +1,8 @@
 """The facts cudask knows about a machine's GPUs, as plain frozen records.
 
 Covers: GPU, MIGInstance and Machine records, and the DeviceBackend protocol
-through which discovery reads them. The real backend talks to NVML
+through which discovery reads them; GPUProcess, a process holding a CUDA
+context on a GPU, and the ProcessBackend protocol that lists them. The real backend talks to NVML
 (cudask.devices.nvml); cudask.testing.FakeBackend describes any machine for
 tests. Does not cover: how the facts are read or combined (discovery.py).
 
@@ -92,6 +93,25 @@ class DeviceBackend(Protocol):
     def allowed_cpus(self) -> set[int]: ...
 
     def nics_near(self, pci_bus_id: str) -> tuple[str, ...]: ...
+
+
+@dataclass(frozen=True)
+class GPUProcess:
+    """A process holding a CUDA context on a GPU (or MIG instance), as NVML lists it:
+    its pid as the driver numbers it (in a container with its own pid namespace, the
+    host's), the device's UUID and the device memory it holds (None: not known)."""
+
+    pid: int
+    uuid: str
+    used_memory: int | None
+
+
+class ProcessBackend(Protocol):
+    """Where the processes holding a CUDA context on a device are read. Raises
+    NVMLUnavailable when the backend cannot tell (no NVML, unknown UUID, a part
+    that does not list its processes)."""
+
+    def compute_processes(self, uuid: str) -> list[GPUProcess]: ...
 
 
 class NVMLUnavailable(Exception):

@@ -3,8 +3,9 @@
 Covers: reading each GPU's UUID, name, memory, PCI bus id, NUMA node, NVML CPU
 affinity and MIG instances, and the driver and CUDA versions. Every NVML call
 that a part does not support degrades to "unknown" rather than failing.
-Also `default_backend()`, the process's one NVMLBackend, and two cheap reads
-for running workers: `transfer_counters` and `gpus_without_peer_access`.
+Also the processes holding a CUDA context on a device (`compute_processes`),
+`default_backend()`, the process's one NVMLBackend, and two cheap reads for
+running workers: `transfer_counters` and `gpus_without_peer_access`.
 Does not cover: combining these with the process's own CPU set and the PCI
 tree (discovery.py, topology.py).
 
@@ -20,7 +21,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from cudask.devices import topology
-from cudask.devices.model import MIGInstance, NVMLUnavailable, RawGPU
+from cudask.devices.model import GPUProcess, MIGInstance, NVMLUnavailable, RawGPU
 
 T = TypeVar("T")
 
@@ -126,6 +127,20 @@ class NVMLBackend:
 
     def allowed_cpus(self) -> set[int]:
         return set(os.sched_getaffinity(0))
+
+    def compute_processes(self, uuid: str) -> list[GPUProcess]:
+        """The processes with a CUDA context on the GPU or MIG instance `uuid`."""
+        nv = self._init()
+        try:
+            handle = nv.nvmlDeviceGetHandleByUUID(uuid)
+            listed = nv.nvmlDeviceGetComputeRunningProcesses(handle)
+        except (nv.NVMLError, AttributeError) as exc:
+            raise NVMLUnavailable(f"NVML cannot list the processes on {uuid}: {exc}") from exc
+        out = []
+        for p in listed:
+            used = getattr(p, "usedGpuMemory", None)  # None: NVML_VALUE_NOT_AVAILABLE
+            out.append(GPUProcess(int(p.pid), uuid, int(used) if used is not None else None))
+        return out
 
     def nics_near(self, pci_bus_id: str) -> tuple[str, ...]:
         return topology.nearest_nics(pci_bus_id, self._sysfs)

@@ -2,7 +2,7 @@
 
 Covers: FakeBackend, which stands where NVML would (8 GPUs, MIG, SoC parts
 without dedicated memory, no NVML at all, a restricted cpuset, NICs near a
-GPU), and a few ready-made machines. Tests pass it to `cudask.devices.discover`
+GPU, processes holding CUDA contexts on a GPU), and a few ready-made machines. Tests pass it to `cudask.devices.discover`
 and to the spec builder; runtime code never looks for it.
 Does not cover: fake device *objects* for the store (fake_cuda.py). Threading: a
 FakeBackend is read-only once built.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from cudask.devices.model import MIGInstance, NVMLUnavailable, RawGPU
+from cudask.devices.model import GPUProcess, MIGInstance, NVMLUnavailable, RawGPU
 
 GiB = 1 << 30
 
@@ -62,6 +62,7 @@ class FakeBackend:
     driver: str = "580.159.04"
     cuda: str = "13.0"
     nvml: bool = True
+    processes: list[GPUProcess] = field(default_factory=list)  # contexts on the GPUs
 
     def _check(self) -> None:
         if not self.nvml:
@@ -84,6 +85,18 @@ class FakeBackend:
 
     def nics_near(self, pci_bus_id: str) -> tuple[str, ...]:
         return tuple(self.nics.get(pci_bus_id, ()))
+
+    def compute_processes(self, uuid: str) -> list[GPUProcess]:
+        self._check()
+        known = {g.uuid for g in self.gpu_list} | {m.uuid for g in self.gpu_list for m in g.mig}
+        if uuid not in known:
+            raise NVMLUnavailable(f"no GPU {uuid} (fake)")
+        return [p for p in self.processes if p.uuid == uuid]
+
+    def add_context(self, pid: int, gpu: int = 0, used_memory: int | None = 512 << 20) -> None:
+        """Say that process `pid` holds a CUDA context on GPU `gpu` (its index)."""
+        uuid = next(g.uuid for g in self.gpu_list if g.index == gpu)
+        self.processes.append(GPUProcess(pid, uuid, used_memory))
 
     @classmethod
     def dgx(cls, n: int = 8, *, cores: int = 128, memory: int = 80 * GiB) -> FakeBackend:

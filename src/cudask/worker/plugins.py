@@ -3,7 +3,8 @@
 1. ``cudask-cpu-affinity``: pins every thread of the worker process to the CPUs
    nearest its GPU (within the CPUs the process may use).
 2. ``cudask-cuda-context``: creates the CUDA context on the worker's GPU (device
-   0 of its rotated CUDA_VISIBLE_DEVICES) at start, checks it is that GPU, and
+   0 of its rotated CUDA_VISIBLE_DEVICES) at start, checks it is that GPU, logs
+   once the other processes holding contexts there (cudask.worker.neighbours), and
    imports CuPy in a background thread while the worker registers, so the first
    task using it does not wait for the whole import.
 3. ``cudask-rmm``: the RMM memory resource stack and external allocators
@@ -41,6 +42,7 @@ from distributed import WorkerPlugin
 from cudask.comm import cudf_wire, ipc, ipc_cuda
 from cudask.devices.nvml import gpus_without_peer_access, transfer_counters
 from cudask.memory.store import worker_metrics
+from cudask.worker import neighbours
 from cudask.worker.context import device0_uuid
 
 logger = logging.getLogger("cudask.worker")
@@ -89,7 +91,8 @@ class CUDAContext(WorkerPlugin):
     `seconds` is how long creating it took. The context comes from the CUDA driver
     (cudask.worker.context), so CuPy is not imported on the start path; a thread
     imports it (when installed) while the driver creates the context, and teardown
-    waits for that thread."""
+    waits for that thread. `neighbours`: the other processes found holding a
+    context on the GPU at start (None: NVML could not tell)."""
 
     name = "cudask-cuda-context"
     background_imports = ("cupy",)
@@ -99,6 +102,7 @@ class CUDAContext(WorkerPlugin):
         self.uuid: str | None = None
         self.seconds: float | None = None
         self.importer: threading.Thread | None = None
+        self.neighbours: list[neighbours.Neighbour] | None = None
 
     def setup(self, worker: Any) -> None:
         if self.uuid is not None:
@@ -122,6 +126,7 @@ class CUDAContext(WorkerPlugin):
                 "CUDA numbers the GPUs differently from NVML here (CUDA_DEVICE_ORDER="
                 f"{os.environ.get('CUDA_DEVICE_ORDER')!r}; PCI_BUS_ID matches NVML)"
             )
+        self.neighbours = neighbours.report(worker.name, expected or self.uuid)
 
     def teardown(self, worker: Any) -> None:
         # The context lives as long as its process; an import still running must not

@@ -1,8 +1,9 @@
-"""Worker specs: one Nanny (or Worker) per GPU, from resolved options.
+"""Worker specs: one Nanny (or Worker) per GPU, or N (workers_per_gpu), from resolved options.
 
 Covers: the one spec builder behind LocalCUDACluster, CUDAWorker and the
-CLI — per-device sizes, the rotated CUDA_VISIBLE_DEVICES, the data store,
-the ordered plugin list, names, ports, UCX config and resources.
+CLI — per-device sizes (each worker's share: cudask.worker.sharing), the rotated
+CUDA_VISIBLE_DEVICES, the data store, the ordered plugin list, names, ports, UCX
+config and resources.
 Does not cover: starting anything (cudask.deploy) or option rules
 (cudask.options).
 
@@ -40,13 +41,15 @@ from cudask.worker.plugins import (
     StoreMetrics,
 )
 from cudask.worker.rmm import RMMSetup
+from cudask.worker.sharing import cpu_share, share, workers_per_gpu
 
 RMM_ALIGNMENT = 256
 
 
 @dataclass(frozen=True)
 class DeviceSizes:
-    """Sizes parsed against one device's memory (None: off)."""
+    """Sizes of one worker, parsed against its device's memory (None: off); with
+    several workers per GPU, each worker's share of them."""
 
     device_memory_limit: int | None
     cudf_spill_limit: int | None
@@ -56,7 +59,8 @@ class DeviceSizes:
 
 
 def device_sizes(o: WorkerOptions, device: Device) -> DeviceSizes:
-    """Parse the per-device sizes; a limit larger than the device is an error."""
+    """Parse the per-device sizes; a limit larger than the device is an error. With
+    workers_per_gpu N, each worker gets 1/N of each (RMM sizes kept 256-aligned)."""
     total = device.memory_total
     where = f" on {device.label} ({device.gpu.name})"
     dedicated = device.gpu.dedicated_memory
@@ -80,7 +84,10 @@ def device_sizes(o: WorkerOptions, device: Device) -> DeviceSizes:
     if pool is not None and maximum is not None and maximum < pool:
         raise OptionError(f"rmm_maximum_pool_size={o.rmm_maximum_pool_size!r} is smaller than "
                           f"rmm_pool_size={o.rmm_pool_size!r}")
-    return DeviceSizes(store_limit, cudf_limit, pool, maximum, rmm("rmm_release_threshold"))
+    n = workers_per_gpu(o)
+    return DeviceSizes(share(store_limit, n), share(cudf_limit, n),
+                       share(pool, n, RMM_ALIGNMENT), share(maximum, n, RMM_ALIGNMENT),
+                       share(rmm("rmm_release_threshold"), n, RMM_ALIGNMENT))
 
 
 def check_devices(o: WorkerOptions, devices: Sequence[Device]) -> list[DeviceSizes]:
@@ -146,10 +153,12 @@ def data_store(o: WorkerOptions, sizes: DeviceSizes, memory_limit: int | None) -
     return (TieredStore, kwargs)
 
 
-def plugins(o: WorkerOptions, device: Device, sizes: DeviceSizes) -> list[WorkerPlugin]:
-    """The ordered plugin list of one worker (see cudask.worker.plugins)."""
+def plugins(o: WorkerOptions, device: Device, sizes: DeviceSizes,
+            k: int = 0) -> list[WorkerPlugin]:
+    """The ordered plugin list of one worker, worker k on its GPU (see
+    cudask.worker.plugins)."""
     out: list[WorkerPlugin] = [
-        CPUAffinity(device.gpu.cpu_affinity),
+        CPUAffinity(cpu_share(device.gpu.cpu_affinity, workers_per_gpu(o), k)),
         CUDAContext(device.uuid),
     ]
     rmm = RMMSetup(
@@ -249,13 +258,16 @@ def parse_resources(value: str | dict | None) -> dict[str, float] | None:
     return out
 
 
-def worker_names(name: str | None, devices: Sequence[Device]) -> list[Any]:
-    """CUDAWorker names: exactly `name` for one GPU, name-0, name-1, ... for several."""
+def worker_names(name: str | None, devices: Sequence[Device], per_gpu: int = 1) -> list[Any]:
+    """CUDAWorker names: exactly `name` for one worker, name-0, name-1, ... for several
+    (GPU by GPU, its `per_gpu` workers in turn: the names dask-jobqueue gives the
+    processes of a job)."""
+    count = len(devices) * per_gpu
     if name is None:
-        return [None] * len(devices)
-    if len(devices) == 1:
+        return [None] * count
+    if count == 1:
         return [name]
-    return [f"{name}-{i}" for i in range(len(devices))]
+    return [f"{name}-{j}" for j in range(count)]
 
 
 #: What each worker of a named CUDAWorker tells the scheduler when it registers
@@ -285,9 +297,11 @@ def node_information(name: Any, n_workers: int) -> dict[str, Constant]:
     return {NODE_KEY: Constant(name), NODE_WORKERS_KEY: Constant(n_workers)}
 
 
-def gpu_name(device: Device) -> int | str:
-    """LocalCUDACluster names each worker after its GPU (as dask-cuda does)."""
-    return device.uuid if device.mig else device.gpu.index
+def gpu_name(device: Device, k: int = 0, per_gpu: int = 1) -> int | str:
+    """LocalCUDACluster names each worker after its GPU (as dask-cuda does); with
+    several workers per GPU, worker k of a GPU is GPU-k ("0-1")."""
+    name = device.uuid if device.mig else device.gpu.index
+    return name if per_gpu == 1 else f"{name}-{k}"
 
 
 def nanny_options(
@@ -298,8 +312,10 @@ def nanny_options(
     n_workers: int,
     name: Any,
     extra: dict[str, Any] | None = None,
+    k: int = 0,
 ) -> dict[str, Any]:
-    """Keyword arguments of the Nanny (and through it the Worker) for GPU i."""
+    """Keyword arguments of the Nanny (and through it the Worker) for GPU i (worker
+    k on it); `n_workers` is how many share 'auto' host memory."""
     device = devices[i]
     sizes = device_sizes(o, device)
     memory_limit = host_memory_limit(o, n_workers)
@@ -308,7 +324,7 @@ def nanny_options(
         "memory_limit": memory_limit or 0,
         "data": data_store(o, sizes, memory_limit),
         "env": worker_env(devices, i),
-        "plugins": plugins(o, device, sizes),
+        "plugins": plugins(o, device, sizes, k),
         "name": name,
         "config": {**ucx_config(o)},
     }
