@@ -8,6 +8,7 @@ something cudask made there was left behind."""
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import shutil
 import subprocess
@@ -59,6 +60,7 @@ def session_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         else:
             os.environ["TMPDIR"] = saved[0]
         tempfile.tempdir = saved[1]
+        gc.collect()  # what unreferenced objects remove when collected is not left behind
         left = sorted(name for name in os.listdir(root) if name.startswith("cudask"))
         shutil.rmtree(root, ignore_errors=True)
     if left:
