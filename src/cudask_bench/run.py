@@ -259,10 +259,12 @@ def fresh_cluster(
             k: (v if isinstance(v, (int, float, str, bool, type(None))) else repr(v))
             for k, v in kwargs.items()
         })
-        times.start = time.perf_counter()
-        cluster = cluster_class(**kwargs)
-        times.constructed = time.perf_counter()
+        cluster = None
         try:
+            times.start = time.perf_counter()
+            with stopping.deferred():  # SIGTERM waits until the cluster is there to close
+                cluster = cluster_class(**kwargs)
+            times.constructed = time.perf_counter()
             with Client(cluster) as client:
                 client.wait_for_workers(1)
                 client.submit(_ping, pure=False).result()
@@ -270,9 +272,10 @@ def fresh_cluster(
                 progress("cluster up")
                 yield client
         finally:
-            closing = time.perf_counter()
-            cluster.close()
-            times.close_s = time.perf_counter() - closing
+            if cluster is not None:
+                closing = time.perf_counter()
+                cluster.close()
+                times.close_s = time.perf_counter() - closing
 
 
 def record_device(client: Any, args: argparse.Namespace, result: dict[str, Any]) -> None:

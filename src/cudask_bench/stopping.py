@@ -57,7 +57,7 @@ class Interrupted(BaseException):
 class _State:
     """The main thread's interrupt bookkeeping (only the main thread touches it)."""
 
-    received: int | None = None  # the first signal since `interrupts` was entered
+    received: int | None = None  # the first signal since `interrupts`/`runner_lifeline`
     raised = False
     deferring = 0
 
@@ -118,15 +118,22 @@ def _exited(pid: int) -> bool:
         return True
 
 
-def wait_exited(proc: subprocess.Popen[str], timeout: float) -> bool:
-    """Whether `proc` ended within `timeout` seconds; it is left unreaped, so that
-    `stop_group` can still address its process group."""
+def _wait(proc: subprocess.Popen[str], timeout: float, check: bool) -> bool:
     deadline = time.monotonic() + timeout
     while not _exited(proc.pid):
         if time.monotonic() >= deadline:
             return False
+        if check:
+            check_stop()
         time.sleep(0.05)
     return True
+
+
+def wait_exited(proc: subprocess.Popen[str], timeout: float) -> bool:
+    """Whether `proc` ended within `timeout` seconds; it is left unreaped, so that
+    `stop_group` can still address its process group. Raises `Interrupted` where a
+    signal was received (`check_stop`)."""
+    return _wait(proc, timeout, check=True)
 
 
 def stop_group(proc: subprocess.Popen[str], grace: float) -> None:
@@ -136,28 +143,20 @@ def stop_group(proc: subprocess.Popen[str], grace: float) -> None:
     if proc.returncode is None and not _exited(proc.pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGTERM)
-        wait_exited(proc, grace)
+        _wait(proc, grace, check=False)  # stopping already: no second interrupt here
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
 
 
-#: The signal that asked this runner to stop (see `runner_lifeline`), once one did.
-_RUNNER_STOP: list[int] = []
-
-
-def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
-    signal.signal(signum, signal.SIG_IGN)  # once: closing the cluster must not be cut
-    _RUNNER_STOP.append(signum)
-    raise Interrupted(signum)
-
-
 def check_stop() -> None:
-    """Raise `Interrupted` again where a runner was asked to stop: an exception raised
-    by a signal handler while a finalizer (`__del__`, a weakref callback) runs is
-    printed and dropped, so the runner also checks at each step of its work."""
-    if _RUNNER_STOP:
-        raise Interrupted(_RUNNER_STOP[0])
+    """Raise `Interrupted` again where a signal was received (outside a `deferred`
+    section): an exception raised by a signal handler while a finalizer (`__del__`, a
+    weakref callback) runs is printed and dropped, so a runner also checks at each step
+    of its work, and the harness while it waits for a runner."""
+    if _STATE.received is not None and not _STATE.deferring:
+        _STATE.raised = True
+        raise Interrupted(_STATE.received)
 
 
 def _watch_parent(parent: int, grace: float) -> None:
@@ -171,11 +170,12 @@ def _watch_parent(parent: int, grace: float) -> None:
 
 
 def runner_lifeline(grace: float = 30.0) -> None:
-    """In a runner: SIGTERM raises `Interrupted` in the main thread (once; `check_stop`
-    raises it again), and the process sends itself SIGTERM when its parent process is
-    gone, then SIGKILL to itself (and its process group, where it leads one) if it is
-    still running `grace` seconds later."""
-    signal.signal(signal.SIGTERM, _raise_interrupted)
+    """In a runner: SIGTERM raises `Interrupted` in the main thread (once, or at the end
+    of a `deferred` section; `check_stop` raises it again), and the process sends
+    itself SIGTERM when its parent process is gone, then SIGKILL to itself (and its
+    process group, where it leads one) if it is still running `grace` seconds later."""
+    _STATE.received, _STATE.raised, _STATE.deferring = None, False, 0
+    signal.signal(signal.SIGTERM, _handler)
     threading.Thread(target=_watch_parent, args=(os.getppid(), grace), daemon=True,
                      name="cudask-bench-parent-watch").start()
 

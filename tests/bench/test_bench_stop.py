@@ -111,12 +111,15 @@ time.sleep(3600)
 @pytest.mark.timeout(400)
 def test_runner_stops_when_its_parent_is_killed(tmp_path: Path) -> None:
     """SIGKILL gives the harness no chance to stop its runner: the runner sees its
-    parent gone and stops, closing its workers."""
+    parent gone and stops, closing its workers and removing its local directory."""
     argv = ["--backend", "dict", "--workload", "spill", "--array-module", "numpy",
             "--mode", "warm", "--repeat", "1000000", "--total", str(2**24),
             "--chunk-size", str(2**22), "--json", str(tmp_path / "result.json")]
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path / "log"), *argv],
-                              stdout=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TMPDIR": str(tmp)})
     try:
         assert parent.stdout is not None
         runner = psutil.Process(int(parent.stdout.readline()))
@@ -134,6 +137,9 @@ def test_runner_stops_when_its_parent_is_killed(tmp_path: Path) -> None:
     _, alive = psutil.wait_procs(processes, timeout=90)
     assert not alive, [p.cmdline() for p in alive]
     assert "stopped by SIGTERM" in (tmp_path / "result.json").read_text()
+    # its cluster's local directory is gone (the scheduler's dask-scratch-space is
+    # dask's, removed with the harness's directory of the runner)
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("cudask")] == []
 
 
 @pytest.mark.skipif(HAS_GPU, reason="a GPU is present")
@@ -160,3 +166,34 @@ def test_suggested_cpu_command_finishes_with_progress(tmp_path: Path, workload: 
     assert re.search(r"\[1/1\] dict store[^:]*: \[[#-]+\] \d+/\d+ ", progress), run.stderr
     assert "[1/1] dict store: ok" in progress, run.stderr
     assert sorted(os.listdir(tmp)) == []
+
+
+def test_a_signal_in_a_deferred_section_raises_at_its_end() -> None:
+    """The harness starts a runner and records it in such a section: an interrupt there
+    must not leave a process nobody stops. Later signals, while stopping, are let be."""
+    from cudask_bench import stopping
+
+    before = signal.getsignal(signal.SIGTERM)
+    reached = []
+    with pytest.raises(stopping.Interrupted) as info, stopping.interrupts():
+        with stopping.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)
+            reached.append("end of the section")
+        reached.append("after the section")
+    assert reached == ["end of the section"]
+    assert info.value.exit_code == 143 and info.value.name == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_an_ignored_sigint_stays_ignored() -> None:
+    """A background job's SIGINT is ignored by its shell; the bench leaves it so."""
+    from cudask_bench import stopping
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with stopping.interrupts():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGINT, before)
