@@ -6,7 +6,7 @@ one backend (cudask, dask-cuda, or distributed with a plain dict store), the har
 that runs variants side by side, compares them and writes JSON and PNG results, and the
 click commands (cudask_bench.cli). Layers, top down: cli -> harness/soak/transfer ->
 report, targets, run -> workloads, cupy_cases, shuffle -> measure, tasks, counters,
-chart -> spec, provenance -> environment (docs/design/benchmarks.md). Every JSON result
+chart -> spec, stopping, provenance -> environment (docs/design/benchmarks.md). Every JSON result
 is written through provenance (commit, configuration, versions, cold or warm).
 
 Does not cover: anything the runtime needs. cudask never imports this package: `cudask

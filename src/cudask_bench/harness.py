@@ -2,9 +2,11 @@
 
 Covers: spawning `python -m cudask_bench.run` per variant (per repetition for `startup`
 and cold-mode `spill`/`cupy`, whose every measurement is a fresh process; the variants
-take turns either way, `plan_rounds`), killing a runner past its timeout with its
-workers, a progress line on stderr, and `execute(plan)`, which returns the result
-document (cudask_bench.report) with machine facts and versions. Does not cover: where
+take turns either way, `plan_rounds`), each in a temporary directory of its own,
+removed after it; stopping a runner with its workers past its timeout or when the
+command is interrupted (cudask_bench.stopping); a progress line on stderr; and
+`execute(plan)`, which returns the result document (cudask_bench.report) with machine
+facts and versions. Does not cover: where
 runners run (cudask_bench.targets), the workloads (cudask_bench.workloads), the runner
 (cudask_bench.run), charts, click options (cudask_bench.cli). Threading: called from
 the command's thread; each runner's output is read by one daemon thread of its own.
@@ -18,7 +20,7 @@ import datetime as _dt
 import json
 import os
 import shlex
-import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
-from cudask_bench import environment, spec
+from cudask_bench import environment, spec, stopping
 from cudask_bench.report import comparisons, merge_runs
 from cudask_bench.targets import Target, make_shim, remove_shim
 
@@ -58,6 +60,13 @@ class ProgressLine:
         self.stream.flush()
         self._last = len(text)
 
+    def end_line(self) -> None:
+        """End a line left open (before a message of someone else's)."""
+        if self.enabled and self._last:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._last = 0
+
     def finish(self, text: str) -> None:
         if not self.enabled:
             return
@@ -65,6 +74,10 @@ class ProgressLine:
         self.stream.write("\r" + text + " " * pad + "\n")
         self.stream.flush()
         self._last = 0
+
+
+#: Seconds a runner gets to close its cluster after SIGTERM, before SIGKILL to its group.
+STOP_GRACE_S = 15.0
 
 
 def spawn_runner(
@@ -75,51 +88,56 @@ def spawn_runner(
     timeout: float,
     on_progress: Callable[[int, int, str], None],
 ) -> dict[str, Any]:
-    """Run one runner process; return its JSON result (or a failed one saying why)."""
-    fd, json_path = tempfile.mkstemp(prefix="cudask-bench-", suffix=".json")
-    os.close(fd)
-    os.unlink(json_path)
+    """Run one runner process; return its JSON result (or a failed one saying why).
+
+    The runner gets a temporary directory of its own as TMPDIR (its result file, its
+    cluster's local directory, whatever it and its workers put in temporary files),
+    removed on return. It leads a process group, which its workers join; past
+    `timeout`, or when an exception such as `stopping.Interrupted` ends the wait, the
+    runner and its group are stopped (`stopping.stop_group`) before this returns or
+    raises.
+    """
+    workdir = tempfile.mkdtemp(prefix="cudask-bench-run-")
+    try:
+        return _run_in(workdir, target, argv, shim=shim, timeout=timeout,
+                       on_progress=on_progress)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_in(
+    workdir: str,
+    target: Target,
+    argv: Sequence[str],
+    *,
+    shim: str | None,
+    timeout: float,
+    on_progress: Callable[[int, int, str], None],
+) -> dict[str, Any]:
+    json_path = os.path.join(workdir, "result.json")
     cmd = [target.python, "-m", "cudask_bench.run", *argv, "--json", json_path]
+    env = {**target.env(shim if target.foreign else None), "TMPDIR": workdir}
     tail: collections.deque[str] = collections.deque(maxlen=40)
     started = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=target.env(shim if target.foreign else None),
-        text=True,
-        bufsize=1,
-        start_new_session=True,  # its workers share its process group: one kill ends all
-    )
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith(spec.PROGRESS_PREFIX):
-                try:
-                    event = json.loads(line[len(spec.PROGRESS_PREFIX) :])
-                    on_progress(int(event["done"]), int(event["total"]), str(event["label"]))
-                except (ValueError, KeyError, TypeError):
-                    tail.append(line.rstrip())
-            else:
-                tail.append(line.rstrip())
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    with stopping.deferred():  # an interrupt waits until the process is ours to stop
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env=env, text=True, bufsize=1,
+            start_new_session=True,  # its workers share its process group: one kill ends all
+        )
     timed_out = False
     try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc)
+        reader = threading.Thread(target=_read, args=(proc, tail, on_progress), daemon=True)
+        reader.start()
+        timed_out = not stopping.wait_exited(proc, timeout)
+    finally:
+        stopping.stop_group(proc, STOP_GRACE_S)
     reader.join(timeout=10)
     wall = time.perf_counter() - started
     result: dict[str, Any]
     try:
         with open(json_path) as fh:
             result = json.load(fh)
-        os.unlink(json_path)
     except (OSError, ValueError):
         last = next((line for line in reversed(tail) if line.strip()), "no output")
         why = (
@@ -138,17 +156,22 @@ def spawn_runner(
     return result
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=10)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def _read(
+    proc: subprocess.Popen[str],
+    tail: collections.deque[str],
+    on_progress: Callable[[int, int, str], None],
+) -> None:
+    """A runner's output: progress events to `on_progress`, other lines to `tail`."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith(spec.PROGRESS_PREFIX):
+            try:
+                event = json.loads(line[len(spec.PROGRESS_PREFIX) :])
+                on_progress(int(event["done"]), int(event["total"]), str(event["label"]))
+            except (ValueError, KeyError, TypeError):
+                tail.append(line.rstrip())
+        else:
+            tail.append(line.rstrip())
 
 
 @dataclasses.dataclass
@@ -194,7 +217,7 @@ def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
     t0 = time.perf_counter()
     machine = environment.machine()
     machine["gpu_used"] = _gpu_used(machine, str(plan.runner_options.get("device", "0")))
-    shim = make_shim() if any(t.foreign for t in plan.targets.values()) else None
+    shim: str | None = None
     entries: list[dict[str, Any]] = []
     count = len(plan.variants)
 
@@ -221,6 +244,9 @@ def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
 
     rounds = plan_rounds(plan)
     try:
+        if any(t.foreign for t in plan.targets.values()):
+            with stopping.deferred():  # made and recorded, or not made
+                shim = make_shim()
         runs: list[list[dict[str, Any]]] = [[] for _ in plan.variants]
         for number, (warmup, repeat) in enumerate(rounds):
             for index, variant in enumerate(plan.variants):

@@ -10,7 +10,8 @@ operation, each closed before the next), running one workload (cudask_bench.work
 and writing a JSON result: status, error, measurements, versions seen here and by the
 worker, the worker's store facts. Progress events go to stderr as lines starting with
 PROGRESS_PREFIX. Exit status 0 when the run succeeded, 1 when it failed (the JSON then
-says why), 2 for bad arguments. Cold mode keeps the worker cold until the timed run:
+says why), 2 for bad arguments, 143 when stopped by SIGTERM (it closes its cluster
+first), which it also sends itself when its parent is gone (cudask_bench.stopping). Cold mode keeps the worker cold until the timed run:
 only a ping round trip (`_ping`) precedes the first submit.
 
 Honesty: with --backend dask-cuda this process never imports cudask's cluster, store or
@@ -39,7 +40,7 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from cudask_bench import environment, spec
+from cudask_bench import environment, spec, stopping
 
 if TYPE_CHECKING:
     from cudask_bench.measure import Measurement, Step
@@ -123,6 +124,7 @@ class Progress:
         self.done = 0
 
     def __call__(self, label: str) -> None:
+        stopping.check_stop()
         self.done += 1
         event = {"done": self.done, "total": self.total, "label": label}
         sys.stderr.write(spec.PROGRESS_PREFIX + json.dumps(event) + "\n")
@@ -257,10 +259,12 @@ def fresh_cluster(
             k: (v if isinstance(v, (int, float, str, bool, type(None))) else repr(v))
             for k, v in kwargs.items()
         })
-        times.start = time.perf_counter()
-        cluster = cluster_class(**kwargs)
-        times.constructed = time.perf_counter()
+        cluster = None
         try:
+            times.start = time.perf_counter()
+            with stopping.deferred():  # SIGTERM waits until the cluster is there to close
+                cluster = cluster_class(**kwargs)
+            times.constructed = time.perf_counter()
             with Client(cluster) as client:
                 client.wait_for_workers(1)
                 client.submit(_ping, pure=False).result()
@@ -268,9 +272,10 @@ def fresh_cluster(
                 progress("cluster up")
                 yield client
         finally:
-            closing = time.perf_counter()
-            cluster.close()
-            times.close_s = time.perf_counter() - closing
+            if cluster is not None:
+                closing = time.perf_counter()
+                cluster.close()
+                times.close_s = time.perf_counter() - closing
 
 
 def record_device(client: Any, args: argparse.Namespace, result: dict[str, Any]) -> None:
@@ -434,6 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cudask_bench.measure import BenchFailure
 
     args = parse_args(argv)
+    stopping.runner_lifeline()
     result: dict[str, Any] = {
         "format": spec.RESULT_FORMAT,
         "backend": args.backend,
@@ -453,6 +459,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RunnerError, BenchFailure) as exc:
         result.update(status="failed", error=str(exc))
         code = 1
+    except stopping.Interrupted as exc:  # its cluster closed and its directory gone
+        result.update(status="failed", error=f"stopped by {exc.name}")
+        code = exc.exit_code
     except Exception as exc:  # noqa: BLE001 - the parent needs the reason, not a crash
         result.update(
             status="failed",

@@ -26,6 +26,8 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -80,17 +82,25 @@ class TransferPlan:
     shuffle_module: str = "cudf"
 
 
-def worker_launch(setting: Setting) -> tuple[list[str] | None, dict[str, str]]:
-    """The worker command (None: `cudask worker`) and the environment it adds."""
+@contextmanager
+def worker_launch(setting: Setting) -> Iterator[tuple[list[str] | None, dict[str, str]]]:
+    """The worker command (None: `cudask worker`) and the environment it adds; for
+    another interpreter, the shim directory on its path lasts as long as the block."""
     if setting.backend == "cudask":
-        return None, {"DASK_CUDASK__COMM__DEVICE_IPC": str(setting.device_ipc)}
-    from cudask_bench.targets import Target, make_shim  # the parent's side only
+        yield None, {"DASK_CUDASK__COMM__DEVICE_IPC": str(setting.device_ipc)}
+        return
+    from cudask_bench.targets import Target, make_shim, remove_shim  # the parent's side only
 
     target = Target(setting.python or sys.executable, setting.pythonpath)
     # The measuring functions live in cudask_bench: another interpreter gets cudask and
     # cudask_bench (alone) on its path.
-    env = target.env(make_shim() if target.foreign else None)
-    return [target.python, "-m", "dask_cuda.cli"], {"PYTHONPATH": env.get("PYTHONPATH", "")}
+    shim = make_shim() if target.foreign else None
+    try:
+        env = target.env(shim)
+        yield [target.python, "-m", "dask_cuda.cli"], {"PYTHONPATH": env.get("PYTHONPATH", "")}
+    finally:
+        if shim is not None:
+            remove_shim(shim)
 
 
 def _fill(nbytes: int, value: float) -> Any:
@@ -156,12 +166,18 @@ def all_to_all(client: Any, n: int, blocks: int) -> dict[str, Any]:
 
 def run_setting(setting: Setting, plan: TransferPlan) -> dict[str, Any]:
     """Start the setting's workers and measure."""
-    from cudask.testing.processes import worker_processes
-
     log_dir = Path(plan.log_dir) / f"transfer-{setting.name}" if plan.log_dir else None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-    command, env = worker_launch(setting)
+    with worker_launch(setting) as (command, launch_env):
+        return _measure(setting, plan, log_dir, command, launch_env)
+
+
+def _measure(setting: Setting, plan: TransferPlan, log_dir: Path | None,
+             command: list[str] | None, env: dict[str, str]) -> dict[str, Any]:
+    """The setting's worker processes, started with `command` and `env`, measured."""
+    from cudask.testing.processes import worker_processes
+
     # distributed keeps a worker's last `low-level-log-length` fetches (1000); the
     # bench reads differences of that log, so it keeps every fetch of the run
     env = {**env, "DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH": str(LOG_LENGTH)}

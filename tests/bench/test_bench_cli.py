@@ -483,16 +483,19 @@ def test_transfer_settings_and_dask_cuda_workers(tmp_path: Path) -> None:
     assert names == ["cudask-ipc", "cudask-tcp", "cudask-ucx", "dask-cuda-tcp", "dask-cuda-ucx"]
     assert [s.name for s in settings(("tcp",), None)] == ["cudask-ipc", "cudask-tcp"]
     ipc, tcp = settings(("tcp",), None)
-    assert worker_launch(ipc) == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True"})
-    assert worker_launch(tcp) == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "False"})
-    command, env = worker_launch(settings(("tcp",), dc)[-1])
-    assert command == [sys.executable, "-m", "dask_cuda.cli"]
-    assert env["PYTHONPATH"].split(":")[0] == str(tmp_path)
+    with worker_launch(ipc) as launch:
+        assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True"})
+    with worker_launch(tcp) as launch:
+        assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "False"})
+    with worker_launch(settings(("tcp",), dc)[-1]) as (command, env):
+        assert command == [sys.executable, "-m", "dask_cuda.cli"]
+        assert env["PYTHONPATH"].split(":")[0] == str(tmp_path)
     other = Setting("dask-cuda-tcp", "dask-cuda", "tcp", python="/usr/bin/python3")
-    command, env = worker_launch(other)
-    assert command[0] == "/usr/bin/python3"
-    shim = env["PYTHONPATH"].split(":")[0]
-    assert (Path(shim) / "cudask").is_symlink()
+    with worker_launch(other) as (command, env):
+        assert command[0] == "/usr/bin/python3"
+        shim = Path(env["PYTHONPATH"].split(":")[0])
+        assert (shim / "cudask").is_symlink()
+    assert not shim.exists()  # the shim lasts as long as the workers
 
 
 def test_transfer_summary_compares_the_first_setting() -> None:

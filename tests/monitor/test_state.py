@@ -90,9 +90,17 @@ def _store_metrics(dask_worker: Any) -> dict[str, float]:
 
 @pytest.fixture
 def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(n_workers=2, processes=False, dashboard_address=":0", data=_store,
+    stores: list[TieredStore] = []
+
+    def store() -> TieredStore:
+        stores.append(_store())
+        return stores[-1]
+
+    with LocalCluster(n_workers=2, processes=False, dashboard_address=":0", data=store,
                       scheduler_kwargs={"plugins": [MonitorPlugin()]}) as c:
         yield c
+    for made in stores:  # a worker does not close the store it was given (its disk folder)
+        made.close()
 
 
 def test_snapshot_and_prometheus_show_what_the_stores_hold(cluster: LocalCluster) -> None:

@@ -3,9 +3,11 @@
 Covers: every check that can be made before a process starts, in this order: the
 backends and the dask-cuda paths, JIT-unspill modes, matplotlib for --chart, the
 spelling of sizes, this interpreter's libraries, the dask-cuda environment, the GPU
-(`build_plan`); --mode against --processes/--warm-runs and the --warmup default
+(`build_plan`; without one, the error names `cpu_check_command`, a run on host memory
+that ends in seconds); --mode against --processes/--warm-runs and the --warmup default
 (`mode_settings`); running a plan and printing its table (`run_plan`); `command`, which
-turns cudask's user errors into one-line click errors. Does not cover: the options
+turns cudask's user errors into one-line click errors, and SIGINT or SIGTERM into one
+line and exit status 130 or 143 after what the command started is stopped. Does not cover: the options
 (cudask_bench.cli.options), the harness. Threading: the command's thread only.
 """
 
@@ -20,19 +22,27 @@ import click
 
 from cudask.errors import CudaskError, DeviceError, NoGPUError, OptionError
 from cudask.sizes import parse_size
-from cudask_bench import environment, harness, spec, targets
+from cudask_bench import environment, harness, spec, stopping, targets
 from cudask_bench.report import format_table, write_json
 
 
 def command(f: Callable[[click.Context, dict[str, Any]], None]) -> Callable[..., None]:
-    """A click callback `f(ctx, options)` whose CudaskError is printed on one line."""
+    """A click callback `f(ctx, options)` whose CudaskError is printed on one line, and
+    which SIGINT or SIGTERM ends (once what it started is stopped) with one line and
+    exit status 130 or 143."""
 
     @functools.wraps(f)
     def wrapper(**kw: Any) -> None:
+        ctx = click.get_current_context()
         try:
-            f(click.get_current_context(), kw)
+            with stopping.interrupts():
+                f(ctx, kw)
         except CudaskError as exc:
             raise click.ClickException(str(exc)) from None
+        except stopping.Interrupted as exc:
+            click.echo(f"{ctx.command_path}: interrupted by {exc.name}; its processes are "
+                       "stopped and its temporary files removed", err=True)
+            ctx.exit(exc.exit_code)
 
     return wrapper
 
@@ -56,13 +66,28 @@ def _device_limit(value: str | None, total: int | None) -> tuple[int | None, boo
     )
 
 
-def _check_device(device: str, gpus: dict[str, Any], needs_gpu: bool) -> None:
+#: Options of each workload for a check of the harness on a machine without a GPU: the
+#: plain-dict store on host memory, small enough to end in seconds, with progress.
+CPU_CHECK: dict[str, str] = {
+    "spill": "--total 256MiB --chunk-size 32MiB --repeat 1 --progress",
+    "cupy": "--operation dot --size 2000 --chunk-size 500 --repeat 1 --progress",
+    "startup": "--repeat 1 --progress",
+}
+
+
+def cpu_check_command(workload: str) -> str:
+    """The command that checks `workload`'s harness without a GPU."""
+    return f"cudask bench {workload} --backend dict --array-module numpy {CPU_CHECK[workload]}"
+
+
+def _check_device(workload: str, device: str, gpus: dict[str, Any], needs_gpu: bool) -> None:
     if not needs_gpu:
         return
     if not gpus.get("available"):
         raise NoGPUError(
             f"cudask bench needs an NVIDIA GPU and NVML finds none ({gpus.get('reason')}); "
-            "to check the harness without a GPU run --backend dict --array-module numpy"
+            f"to check the harness without a GPU (host memory, seconds): "
+            f"{cpu_check_command(workload)}"
         )
     known = [str(d["index"]) for d in gpus["devices"]] + [
         str(d["uuid"]) for d in gpus["devices"] if d.get("uuid")
@@ -171,7 +196,7 @@ def build_plan(
     _check_spelling(kw)
     found = _targets(kw, backends, against_jit)
     gpus = environment.gpus() if needs_gpu else {"available": False, "devices": []}
-    _check_device(kw["device"], gpus, needs_gpu)
+    _check_device(workload, kw["device"], gpus, needs_gpu)
     total = environment.device_total(gpus, kw["device"])
     limit, limit_set = _device_limit(kw["device_memory_limit"], total)
     rmm_pool = (
@@ -216,7 +241,11 @@ def mode_settings(ctx: click.Context, kw: dict[str, Any], workload: str) -> dict
 def run_plan(plan: harness.Plan, kw: dict[str, Any]) -> None:
     """Run `plan`, print its table, write the JSON and chart asked for; exit 1 on failures."""
     progress = harness.ProgressLine(kw["progress"])
-    document = harness.execute(plan, progress)
+    try:
+        document = harness.execute(plan, progress)
+    except stopping.Interrupted:
+        progress.end_line()
+        raise
     click.echo(format_table(document))
     if kw["output"]:
         write_json(document, kw["output"])
@@ -236,4 +265,13 @@ def run_plan(plan: harness.Plan, kw: dict[str, Any]) -> None:
         )
 
 
-__all__ = ["build_plan", "command", "given", "mode_settings", "run_plan", "size"]
+__all__ = [
+    "CPU_CHECK",
+    "build_plan",
+    "command",
+    "cpu_check_command",
+    "given",
+    "mode_settings",
+    "run_plan",
+    "size",
+]
