@@ -33,6 +33,7 @@ from dask.utils import parse_bytes
 from cudask.deploy.checks import check_input
 from cudask.errors import OptionError
 from cudask.options import BY_NAME, WorkerOptions, flag_args
+from cudask.worker import sharing
 from cudask.worker.spec import parse_resources
 
 WORKER_COMMAND = "cudask.cli worker"
@@ -129,7 +130,7 @@ def job_kwargs(
         raise OptionError(f"memory={memory!r} is not accepted; accepted: the job's host memory "
                           "as bytes or a string such as '64GB'")
     resolved = _check(worker_options)
-    per_gpu = int(resolved["workers_per_gpu"] or 1)
+    per_gpu = sharing.workers_per_gpu(resolved)
     if per_gpu > 1:
         if cores < gpus_per_job * per_gpu:
             raise OptionError(f"cores={cores!r} is fewer than the job's {gpus_per_job * per_gpu} "

@@ -26,6 +26,7 @@ from dask.utils import format_bytes, parse_bytes
 from cudask.deploy.checks import check_input
 from cudask.errors import OptionError
 from cudask.options import options_for
+from cudask.worker import sharing
 from cudask.worker.spec import parse_ports
 
 GiB = 2**30
@@ -328,7 +329,7 @@ def check_worker_options(values: Mapping[str, Any], gpus: int, pod_memory: int) 
                     f"pod runs {gpus} GPU workers; leave it out (each worker "
                     "listens on the pod's address) or give nvidia_gpu=1",
                 )
-    workers = gpus * int(resolved["workers_per_gpu"] or 1)  # dask workers of each pod
+    workers = gpus * sharing.workers_per_gpu(resolved)  # dask workers of each pod
     if given.get("worker_port") is not None:
         try:
             parse_ports(given["worker_port"], workers)

@@ -51,6 +51,7 @@ from cudask.deploy.kube_checks import (
 )
 from cudask.errors import require
 from cudask.options import BY_NAME, flag_args
+from cudask.worker import sharing
 
 SCHEDULER_COMMAND = (
     "dask",
@@ -92,7 +93,7 @@ class GPUPods:
     @property
     def workers_per_pod(self) -> int:
         """dask workers of each pod: its GPUs x workers_per_gpu."""
-        return self.gpus * int(self.worker_options.get("workers_per_gpu") or 1)
+        return self.gpus * sharing.workers_per_gpu(self.worker_options)
 
     @property
     def memory_per_worker(self) -> int:

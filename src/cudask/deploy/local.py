@@ -55,18 +55,15 @@ def select_devices(
     devices = parse_visible_devices(visible, require_gpus(machine))
     if not devices:
         raise DeviceError("CUDA_VISIBLE_DEVICES is empty: no GPU to start a worker on")
-    if n_workers is not None:
-        if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
-            raise OptionError(f"n_workers={n_workers!r} must be a whole number of at least 1")
-        if n_workers > len(devices) * per_gpu:
-            if per_gpu == 1:
-                raise OptionError(f"n_workers={n_workers} is more than the {len(devices)} visible "
-                                  f"GPU(s) ({', '.join(d.label for d in devices)}); one worker "
-                                  "per GPU")
-            raise OptionError(f"n_workers={n_workers} is more than the {len(devices) * per_gpu} "
-                              f"workers of the {len(devices)} visible GPU(s) "
-                              f"({', '.join(d.label for d in devices)}) with workers_per_gpu="
-                              f"{per_gpu}")
+    if n_workers is not None and (isinstance(n_workers, bool) or not isinstance(n_workers, int)
+                                  or n_workers < 1):
+        raise OptionError(f"n_workers={n_workers!r} must be a whole number of at least 1")
+    if n_workers is not None and n_workers > len(devices) * per_gpu:
+        gpus = f"{len(devices)} visible GPU(s) ({', '.join(d.label for d in devices)})"
+        raise OptionError(
+            f"n_workers={n_workers} is more than the {gpus}; one worker per GPU" if per_gpu == 1
+            else f"n_workers={n_workers} is more than the {len(devices) * per_gpu} workers of "
+                 f"the {gpus} with workers_per_gpu={per_gpu}")
     return devices
 
 
