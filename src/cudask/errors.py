@@ -24,8 +24,14 @@ class OptionError(CudaskError, ValueError):
     can name its flag; `origin` says where a value from the config was set (an
     environment variable, a config file), so the CLI does not call it a misused flag."""
 
-    option: str | None = None
+    option: str | None = None  # also for subclasses whose __init__ does not take them
     origin: str | None = None
+
+    def __init__(self, message: str = "", *, option: str | None = None,
+                 origin: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
+        self.origin = origin
 
 
 class DeviceError(CudaskError, ValueError):

@@ -29,11 +29,6 @@ TLS_FILES = ("tls_ca_file", "tls_cert", "tls_key")
 _EXAMPLE = {"tls_ca_file": "ca.pem", "tls_cert": "worker.pem", "tls_key": "worker-key.pem"}
 
 
-def _error(option: str, message: str) -> OptionError:
-    exc = OptionError(message)
-    exc.option = option
-    return exc
-
 
 def _cannot_write(directory: str) -> str | None:
     """Why nothing can be created in `directory`, or None: a directory is made and
@@ -53,15 +48,15 @@ def check_directory(option: str, path: str) -> None:
     if os.path.exists(path):
         why = "not a directory" if not os.path.isdir(path) else _cannot_write(path)
         if why:
-            raise _error(option, f"{option}={path!r} is not writable ({why}); {accepted}")
+            raise OptionError(f"{option}={path!r} is not writable ({why}); {accepted}", option=option)
         return
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     why = "not a directory" if not os.path.isdir(parent) else _cannot_write(parent)
     if why:
-        raise _error(option, f"{option}={path!r} cannot be created in {parent} ({why}); "
-                             f"{accepted}")
+        raise OptionError(f"{option}={path!r} cannot be created in {parent} ({why}); "
+                             f"{accepted}", option=option)
 
 
 def check_pid_file(path: str) -> None:
@@ -70,13 +65,13 @@ def check_pid_file(path: str) -> None:
     accepted = "accepted: a file in an existing writable directory, e.g. pid_file='/tmp/worker.pid'"
     parent = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        raise _error("pid_file", f"pid_file={path!r} is a directory; {accepted}")
+        raise OptionError(f"pid_file={path!r} is a directory; {accepted}", option="pid_file")
     if not os.path.isdir(parent):
-        raise _error("pid_file", f"pid_file={path!r}: there is no directory {parent}; {accepted}")
+        raise OptionError(f"pid_file={path!r}: there is no directory {parent}; {accepted}", option="pid_file")
     why = _cannot_write(parent)
     if why or os.path.exists(path) and not os.access(path, os.W_OK):
-        raise _error("pid_file", f"pid_file={path!r} is not writable ({why or 'read-only'}); "
-                                 f"{accepted}")
+        raise OptionError(f"pid_file={path!r} is not writable ({why or 'read-only'}); "
+                                 f"{accepted}", option="pid_file")
 
 
 def check_tls_files(values: Mapping[str, Any]) -> None:
@@ -88,9 +83,9 @@ def check_tls_files(values: Mapping[str, Any]) -> None:
             continue
         accepted = f"accepted: a readable PEM file, e.g. {option}='/etc/dask/{_EXAMPLE[option]}'"
         if not os.path.isfile(path):
-            raise _error(option, f"{option}={path!r}: no such file; {accepted}")
+            raise OptionError(f"{option}={path!r}: no such file; {accepted}", option=option)
         if not os.access(path, os.R_OK):
-            raise _error(option, f"{option}={path!r} is not readable; {accepted}")
+            raise OptionError(f"{option}={path!r} is not readable; {accepted}", option=option)
 
 
 def _configured(security: Any, certificates: Iterable[str]) -> bool:
@@ -115,16 +110,16 @@ def check_tls_needs(asked_by: tuple[str, str] | None, values: Mapping[str, Any],
     if cluster:
         if _configured(security, ("tls_scheduler_cert", "tls_worker_cert")):
             return
-        raise _error(option, f"{text} needs TLS certificates; accepted: security=True "
+        raise OptionError(f"{text} needs TLS certificates; accepted: security=True "
                              "(temporary ones, as LocalCluster makes), a distributed.Security "
                              "with a CA and scheduler and worker certificates, or those in "
-                             "the distributed.comm.tls config")
+                             "the distributed.comm.tls config", option=option)
     if _configured(security, ("tls_worker_cert",)):
         return
-    raise _error(option, f"{text} needs TLS certificates; accepted: --tls-ca-file, --tls-cert "
+    raise OptionError(f"{text} needs TLS certificates; accepted: --tls-ca-file, --tls-cert "
                          "and --tls-key (tls_ca_file=, tls_cert=, tls_key=), or "
                          "distributed.comm.tls.ca-file and distributed.comm.tls.worker.cert in "
-                         "the dask config")
+                         "the dask config", option=option)
 
 
 __all__ = ["TLS_FILES", "check_directory", "check_pid_file", "check_tls_files",

@@ -36,11 +36,6 @@ from cudask.worker.spec import MAX_PORT
 _HOST_PORT_SCHEMES = ("tcp", "tls", "ucx", "ucxx", "ws", "wss")
 
 
-def option_error(option: str | None, message: str) -> OptionError:
-    exc = OptionError(message)
-    exc.option = option
-    return exc
-
 
 def _schemes() -> str:
     return ", ".join(sorted(set(backends) | set(UCX_PROTOCOLS)))
@@ -52,7 +47,7 @@ def _parse(label: str, value: Any, *, option: str | None, default_port: int | No
     a scheme without ports, such as inproc)."""
     accepted = f"accepted: an address such as {example!r} (schemes: {_schemes()})"
     if not isinstance(value, str) or not value.strip():
-        raise option_error(option, f"{label}={value!r} is not an address; {accepted}")
+        raise OptionError(f"{label}={value!r} is not an address; {accepted}", option=option)
     scheme, location = parse_address(value)
     if scheme in UCX_PROTOCOLS:
         require_library("ucx", f"{label}={value!r}")
@@ -60,18 +55,18 @@ def _parse(label: str, value: Any, *, option: str | None, default_port: int | No
         try:
             get_backend(scheme)
         except ValueError:
-            raise option_error(option, f"{label}={value!r}: unknown scheme {scheme!r}; "
-                                       f"{accepted}") from None
+            raise OptionError(f"{label}={value!r}: unknown scheme {scheme!r}; "
+                                       f"{accepted}", option=option) from None
     if scheme not in _HOST_PORT_SCHEMES:
         return scheme, location, None
     try:
         host, port = parse_host_port(location, default_port=default_port)
     except ValueError as exc:
-        raise option_error(option, f"{label}={value!r} is not an address: {exc}; "
-                                   f"{accepted}") from None
+        raise OptionError(f"{label}={value!r} is not an address: {exc}; "
+                                   f"{accepted}", option=option) from None
     if not isinstance(port, int) or not 0 <= port <= MAX_PORT:
-        raise option_error(option, f"{label}={value!r}: port {port!r} is out of range "
-                                   f"0-{MAX_PORT}; {accepted}")
+        raise OptionError(f"{label}={value!r}: port {port!r} is out of range "
+                                   f"0-{MAX_PORT}; {accepted}", option=option)
     return scheme, host, port
 
 
@@ -81,13 +76,13 @@ def check_scheduler_address(value: Any, label: str = "scheduler") -> str:
     a Kubernetes service's name may resolve only later, and the workers wait for it."""
     example = "tcp://10.0.0.1:8786"
     if isinstance(value, str) and value.startswith("-"):
-        raise option_error(None, f"{label}={value!r} looks like a flag, not an address; is an "
+        raise OptionError(f"{label}={value!r} looks like a flag, not an address; is an "
                                  "option misspelt? accepted: an address such as "
-                                 f"{example!r} (see `cudask worker --help`)")
+                                 f"{example!r} (see `cudask worker --help`)", option=None)
     scheme, host, port = _parse(label, value, option=None, default_port=None, example=example)
     if port is not None and (not host or port == 0):
-        raise option_error(None, f"{label}={value!r} names no {'port' if host else 'host'}; "
-                                 f"accepted: an address such as {example!r}")
+        raise OptionError(f"{label}={value!r} names no {'port' if host else 'host'}; "
+                                 f"accepted: an address such as {example!r}", option=None)
     return scheme
 
 
@@ -113,9 +108,9 @@ def _listen(option: str, value: Any, example: str) -> None:
     _, host, _ = _parse(option, value, option=option, default_port=0, example=example)
     why = _not_local(host)
     if why:
-        raise option_error(option, f"{option}={value!r}: {why}; accepted: a name or IP address "
+        raise OptionError(f"{option}={value!r}: {why}; accepted: a name or IP address "
                                    f"of this machine, e.g. {option}={example!r}, or a network "
-                                   "interface instead (interface)")
+                                   "interface instead (interface)", option=option)
 
 
 def check_host(value: Any) -> None:
@@ -138,22 +133,22 @@ def check_interface(value: Any) -> None:
     needs one (distributed.utils.get_ip_interface)."""
     names = sorted(psutil.net_if_addrs())
     if not isinstance(value, str) or value not in names:
-        raise option_error("interface", f"interface={value!r} is not a network interface of "
+        raise OptionError(f"interface={value!r} is not a network interface of "
                                         f"this machine; accepted: one of {', '.join(names)}, "
-                                        f"e.g. interface={next((n for n in names if n != 'lo'), 'eth0')!r}")
+                                        f"e.g. interface={next((n for n in names if n != 'lo'), 'eth0')!r}", option="interface")
     try:
         get_ip_interface(value)
     except ValueError as exc:
-        raise option_error("interface", f"interface={value!r}: {exc}; accepted: an interface "
-                                        f"with an IPv4 address, one of {', '.join(names)}") from None
+        raise OptionError(f"interface={value!r}: {exc}; accepted: an interface "
+                                        f"with an IPv4 address, one of {', '.join(names)}", option="interface") from None
 
 
 def check_port(label: str, value: Any) -> None:
     """A port number: 0 (any free port) to 65535 (also as digits, as distributed takes it)."""
     port = int(value) if isinstance(value, str) and value.strip().isdigit() else value
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= MAX_PORT:
-        raise option_error(label, f"{label}={value!r} is not a port; accepted: a whole number "
-                                  f"from 0 (any free port) to {MAX_PORT}, e.g. {label}=8786")
+        raise OptionError(f"{label}={value!r} is not a port; accepted: a whole number "
+                                  f"from 0 (any free port) to {MAX_PORT}, e.g. {label}=8786", option=label)
 
 
 def check_dashboard_address(label: str, value: Any) -> None:
@@ -165,18 +160,18 @@ def check_dashboard_address(label: str, value: Any) -> None:
                 f"'10.0.0.1:8787' (port 0: any free port), e.g. {label}=':8787'")
     items = value if isinstance(value, list) else [value]
     if not items or any(isinstance(i, bool) or not isinstance(i, (str, int)) for i in items):
-        raise option_error(label, f"{label}={value!r} is not a dashboard address; {accepted}")
+        raise OptionError(f"{label}={value!r} is not a dashboard address; {accepted}", option=label)
     try:
         addresses = clean_dashboard_address(value)
     except (ValueError, TypeError):
-        raise option_error(label, f"{label}={value!r} is not a dashboard address; "
-                                  f"{accepted}") from None
+        raise OptionError(f"{label}={value!r} is not a dashboard address; "
+                                  f"{accepted}", option=label) from None
     for address in addresses:
         port = address["port"]
         why = (f"port {port} is out of range 0-{MAX_PORT}" if not 0 <= port <= MAX_PORT
                else _not_local(address["address"]))
         if why:
-            raise option_error(label, f"{label}={value!r}: {why}; {accepted}")
+            raise OptionError(f"{label}={value!r}: {why}; {accepted}", option=label)
 
 
 def check_silence_logs(value: Any) -> None:
@@ -185,12 +180,12 @@ def check_silence_logs(value: Any) -> None:
         return
     if isinstance(value, str) and value.upper() in logging.getLevelNamesMapping():
         return
-    raise option_error("silence_logs", f"silence_logs={value!r} is not a logging level; "
+    raise OptionError(f"silence_logs={value!r} is not a logging level; "
                                        "accepted: a level such as logging.WARNING (30) or its "
                                        "name ('debug', 'info', 'warning', 'error', 'critical'), "
-                                       "or False for no change")
+                                       "or False for no change", option="silence_logs")
 
 
 __all__ = ["MAX_PORT", "check_contact_address", "check_dashboard_address", "check_host",
            "check_interface", "check_listen_address", "check_port", "check_scheduler_address",
-           "check_silence_logs", "option_error"]
+           "check_silence_logs"]

@@ -121,13 +121,11 @@ def check_config_keys() -> None:
         key = key.replace("_", "-")
         accepted = f"accepted: the keys of cudask.yaml ({config.DEFAULTS_FILE})"
         if close and close.startswith(key + "."):
-            exc = OptionError(f"{where}: {key} is a section of keys such as {close}, not a "
-                              f"value; {accepted}")
-        else:
-            hint = f"did you mean {close}?" if close else "no known key is close"
-            exc = OptionError(f"{where}: unknown config key {key}; {hint} ({accepted})")
-        exc.origin = where
-        raise exc
+            raise OptionError(f"{where}: {key} is a section of keys such as {close}, not a "
+                              f"value; {accepted}", origin=where)
+        hint = f"did you mean {close}?" if close else "no known key is close"
+        raise OptionError(f"{where}: unknown config key {key}; {hint} ({accepted})",
+                          origin=where)
 
 
 def _config_origin(check: Callable[[], object]) -> None:
@@ -139,9 +137,8 @@ def _config_origin(check: Callable[[], object]) -> None:
         where = config.origin(key.group(1)) if key else None
         if where is None:
             raise
-        out = OptionError(str(exc) if where.startswith("config key ") else f"{where}: {exc}")
-        out.origin = where
-        raise out from None
+        raise OptionError(str(exc) if where.startswith("config key ") else f"{where}: {exc}",
+                          origin=where) from None
 
 
 def _check_scheduler(options: WorkerOptions, scheduler: Any, origin: str | None) -> str | None:
@@ -149,19 +146,15 @@ def _check_scheduler(options: WorkerOptions, scheduler: Any, origin: str | None)
     if scheduler is None:
         return None
     if options.scheduler_file is not None:
-        exc = OptionError(f"give the scheduler's address ({scheduler}) or scheduler_file "
-                          f"({options.scheduler_file}), not both")
-        exc.option = "scheduler_file"
-        raise exc
+        raise OptionError(f"give the scheduler's address ({scheduler}) or scheduler_file "
+                          f"({options.scheduler_file}), not both", option="scheduler_file")
     try:
         return net.check_scheduler_address(scheduler)
     except OptionError as exc:
         exc.option = "scheduler"
         if origin is None:
             raise
-        out = OptionError(f"{origin}: {exc}")
-        out.option, out.origin = "scheduler", origin
-        raise out from None
+        raise OptionError(f"{origin}: {exc}", option="scheduler", origin=origin) from None
 
 
 def _tls_asked(options: WorkerOptions, scheduler: Any, scheme: str | None,

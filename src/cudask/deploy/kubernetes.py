@@ -26,9 +26,9 @@ import uuid
 from contextlib import suppress
 from typing import Any, Self
 
-from cudask.deploy.kube_checks import GPU_RESOURCE, check_count, option_error
+from cudask.deploy.kube_checks import GPU_RESOURCE, check_count
 from cudask.deploy.kube_spec import INSTALL, GPUPods, check_pods, cluster_spec
-from cudask.errors import CudaskError, MissingDependencyError
+from cudask.errors import CudaskError, MissingDependencyError, OptionError
 
 try:
     from dask_kubernetes.operator import KubeCluster
@@ -50,10 +50,7 @@ class SchedulerTimeoutError(CudaskError, TimeoutError):
 
 def _seconds(keyword: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise option_error(
-            keyword,
-            f"{keyword}={value!r} is not accepted; accepted: seconds above 0, e.g. {keyword}=600",
-        )
+        raise OptionError(f"{keyword}={value!r} is not accepted; accepted: seconds above 0, e.g. {keyword}=600", option=keyword)
     return float(value)
 
 
