@@ -229,7 +229,8 @@ def stamp(document: dict[str, Any]) -> dict[str, Any]:
         "written_at": _now(),
         "source": source(),
         "config": configuration(),
-        "machine": environment.machine(),
+        # the one `cudask bench` documents already carry, else probed here
+        "machine": document.get("machine") or environment.machine(),
         "versions": library_versions(),
     }
     others = other_environments(document)
