@@ -75,7 +75,8 @@ def test_two_workers_share_gpu0(gpu0) -> None:
         assert total == _expected(8, n)
 
 
-def _kill(dask_worker) -> None:  # type: ignore[no-untyped-def]
+async def _kill(dask_worker) -> None:  # type: ignore[no-untyped-def]
+    # a coroutine: distributed runs a function without waiting only when it is one
     os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -12,15 +12,18 @@ from cudask.testing import FakeBackend, fake_gpu
 from cudask.worker import neighbours
 
 MiB = 1 << 20
-WORKER, SIBLING, STARTER, OTHER, HIDDEN = 100, 101, 10, 555, 777
+WORKER, SIBLING, STARTER, OTHER, HIDDEN, CHILD = 100, 101, 10, 555, 777, 102
+SPAWNED = "python -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)"
 
 
 @pytest.fixture
 def proc(tmp_path: Path) -> str:
-    """A /proc with the worker, a sibling worker (same parent), their parent and an
-    unrelated process; HIDDEN has no entry (another pid namespace, or gone)."""
-    for pid, parent, argv in ((WORKER, STARTER, "python -m distributed.worker"),
-                              (SIBLING, STARTER, "python -m distributed.worker"),
+    """A /proc with the worker, a sibling worker (same parent, started by
+    multiprocessing), their parent, a subprocess of that parent that is no worker
+    and an unrelated process; HIDDEN has no entry (another pid namespace, or gone)."""
+    for pid, parent, argv in ((WORKER, STARTER, SPAWNED),
+                              (SIBLING, STARTER, SPAWNED),
+                              (CHILD, STARTER, "python -c import_cupy"),
                               (STARTER, 1, "python my_script.py"),
                               (OTHER, 1, "python train.py --epochs 10")):
         d = tmp_path / str(pid)
@@ -42,15 +45,18 @@ def test_strangers_and_the_starter_are_named_siblings_are_not(gpu: FakeBackend, 
     gpu.add_context(STARTER, 0, 1062 * MiB)
     gpu.add_context(OTHER, 0, None)
     gpu.add_context(HIDDEN, 0, 300 * MiB)
+    gpu.add_context(CHILD, 0, 300 * MiB)
     uuid = gpu.gpu_list[0].uuid
     found = neighbours.neighbours(uuid, pid=WORKER, backend=gpu, proc=proc)
     assert found is not None
     by_pid = {n.process.pid: n for n in found}
-    assert set(by_pid) == {STARTER, OTHER, HIDDEN}
+    assert set(by_pid) == {STARTER, OTHER, HIDDEN, CHILD}
+    assert by_pid[CHILD].role == "another process"  # same parent, but no worker
     assert by_pid[STARTER].role == neighbours.STARTER
     assert by_pid[OTHER].role == "another process"
     assert by_pid[OTHER].command == "python train.py --epochs 10"
     assert by_pid[HIDDEN].command is None
+    found = [n for n in found if n.process.pid != CHILD]
     text = neighbours.describe("0-1", "GPU 0", found)
     assert text.startswith("cudask: worker 0-1: GPU 0 also holds CUDA contexts of 3 other")
     assert f"pid {STARTER} (the process that started this worker, python my_script.py, " \

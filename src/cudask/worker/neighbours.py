@@ -2,8 +2,9 @@
 
 Covers: `neighbours`, the processes NVML lists on the worker's GPU (or MIG
 instance) other than the worker itself and the other workers of its cluster or
-node (processes with the same parent: the nannies of one LocalCUDACluster or
-`cudask worker` live in one process, so do those of several workers per GPU);
+node (processes with the same parent that run as children of Python's
+multiprocessing: the nannies of one LocalCUDACluster or `cudask worker` live in
+one process and start their workers so, those of several workers per GPU too);
 `report`, which CUDAContext calls once its context exists: one WARNING line
 naming each such process (pid, command line, memory it holds). The process that
 started the worker is named as such (a client that used the GPU before its
@@ -52,6 +53,15 @@ def _parent(pid: int, proc: str) -> int | None:
         return None
 
 
+def _spawned(pid: int, parent: int, proc: str) -> bool:
+    """Whether `pid` runs as a child of Python's multiprocessing (spawn or
+    forkserver; fork: its parent's command line), as the workers a nanny starts
+    do; a process its parent started otherwise (a subprocess of the client) is
+    not one of the cluster's."""
+    command = _command(pid, proc, limit=4096) or ""
+    return "multiprocessing" in command or command == _command(parent, proc, limit=4096)
+
+
 def _command(pid: int, proc: str, limit: int = 80) -> str | None:
     try:
         with open(f"{proc}/{pid}/cmdline", "rb") as fh:
@@ -79,7 +89,8 @@ def neighbours(uuid: str, *, pid: int | None = None, backend: ProcessBackend | N
             continue
         if p.pid == parent:
             role = STARTER
-        elif parent is not None and _parent(p.pid, proc) == parent:
+        elif parent is not None and _parent(p.pid, proc) == parent and _spawned(p.pid, parent,
+                                                                                 proc):
             continue  # a worker started by the same process: this cluster's
         else:
             role = "another process"
