@@ -26,7 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -144,10 +144,19 @@ def run_setting(plan: SmallTasksPlan, per_gpu: int) -> dict[str, Any]:
         return {"workers_per_gpu": per_gpu, "workers": names, **measure(client, plan)}
 
 
-def run_plan(plan: SmallTasksPlan) -> dict[str, Any]:
+def run_plan(plan: SmallTasksPlan,
+             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every setting in a fresh process, then whether their results agree and each
-    one's warm speed-up over the first setting."""
-    rows = [_child(plan, n) for n in plan.settings]
+    one's warm speed-up over the first setting; `progress` gets a line as each
+    setting ends."""
+    rows = []
+    for n in plan.settings:
+        started = time.perf_counter()
+        rows.append(_child(plan, n))
+        if progress is not None:
+            state = "failed" if "error" in rows[-1] else "done"
+            progress(f"small-tasks: {n} worker(s) per GPU {state} in "
+                     f"{time.perf_counter() - started:.0f} s")
     want = expected(plan)
     for row in rows:
         if "error" in row:

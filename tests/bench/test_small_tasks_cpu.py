@@ -52,8 +52,11 @@ def test_report_checks_results_and_speedups(monkeypatch: pytest.MonkeyPatch) -> 
     rows[2] = _row(2, 250.0, chunks_sum=1)
     assert not st.run_plan(PLAN)["identical"]
     rows[2] = {"workers_per_gpu": 2, "error": "boom"}
-    report = st.run_plan(PLAN)
+    said: list[str] = []
+    report = st.run_plan(PLAN, progress=said.append)
     assert not report["identical"] and "failed: boom" in "\n".join(st.summary(report))
+    assert [line.rsplit(" in ", 1)[0] for line in said] == [
+        "small-tasks: 1 worker(s) per GPU done", "small-tasks: 2 worker(s) per GPU failed"]
 
 
 @pytest.mark.parametrize("args, said", [

@@ -88,7 +88,7 @@ def small_tasks(**kw: Any) -> None:
         _check_gpus(plan.gpus)
     except CudaskError as exc:
         raise click.ClickException(str(exc)) from None
-    report = run_plan(plan)
+    report = run_plan(plan, progress=lambda line: click.echo(line, err=True))
     if kw["output"]:
         write_json({"workload": "small-tasks", "report": report, "machine": environment.machine(),
                     "versions": environment.versions()}, kw["output"])
