@@ -127,8 +127,9 @@ def _title(document: Mapping[str, Any]) -> str:
     return title
 
 
-def _machine(document: Mapping[str, Any]) -> str:
-    """"1× NVIDIA H100 80GB HBM3, driver 580.159.04, CUDA 13.0" (what the file says)."""
+def machine_line(document: Mapping[str, Any]) -> str:
+    """"1× NVIDIA H100 80GB HBM3, driver 580.159.04, CUDA 13.0": the machine `document`
+    (a result) records, under "provenance" or "machine"."""
     machine = (document.get("provenance") or {}).get("machine") or document.get("machine") or {}
     gpus = machine.get("gpus") or {}
     names = [str(d.get("name")) for d in gpus.get("devices") or []]
@@ -162,7 +163,7 @@ def caption(document: Mapping[str, Any], origin: Origin | None) -> list[str]:
     return [
         f"result: {origin.name}" if origin is not None
         else "result: not written to a file (run with --output FILE to keep it)",
-        f"{_machine(document)} · {date[:10]} · {_commit(document, origin)}",
+        f"{machine_line(document)} · {date[:10]} · {_commit(document, origin)}",
         f"figures: {said or 'neither cold nor warm'}",
     ]
 
@@ -223,5 +224,5 @@ def write_chart(document: Mapping[str, Any], path: str | os.PathLike[str],
     plt.close(fig)
 
 
-__all__ = ["CAPTION_KEY", "SHA256_KEY", "SOURCE_KEY", "Origin", "caption", "require_matplotlib",
-           "write_chart"]
+__all__ = ["CAPTION_KEY", "SHA256_KEY", "SOURCE_KEY", "Origin", "caption", "machine_line",
+           "require_matplotlib", "write_chart"]
