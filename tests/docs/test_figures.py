@@ -1,6 +1,7 @@
 """Figures in README.md and docs/ against their result files (scripts/results-index).
 
-Fails when: a file under bench/results is missing from catalogue.toml (or the other way), a
+Fails when: README.md is longer than 1,000 words or bench/results/README.md than 1,500, a
+file under bench/results is missing from catalogue.toml (or the other way), a
 chart or picture does not name the result file it was drawn from (or that file changed
 since) and a picture in docs/ does not say it is simulated either,
 bench/results/README.md or a generated block differs from what the files give, a number
@@ -38,10 +39,11 @@ def _load() -> ModuleType:
 
 ri = _load()
 
-#: A timing, rate or ratio in prose: what must be generated or carry a figure marker.
+#: A timing, rate or ratio in prose: what must be generated or carry a figure marker
+#: (a setting's default is written out: "60 seconds").
 QUOTED = re.compile(r"(?<![\w.])\d+(?:\.\d+)?\s?(?:ms|s|GB/s|×)(?![\w/])")
 #: Pages for users (the design notes keep their history and name their files).
-USER_PAGES = ["README.md"]
+USER_PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 
 
 def _needs_history(commit: str) -> None:
@@ -67,6 +69,13 @@ def test_user_pages_quote_only_generated_or_marked_figures() -> None:
         text = ri.FIGURE.sub("", text)
         text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
         assert QUOTED.findall(text) == [], f"{page}: figures without their result file"
+
+
+@pytest.mark.parametrize(("page", "limit"), [("README.md", 1000),
+                                             ("bench/results/README.md", 1500)])
+def test_pages_stay_short(page: str, limit: int) -> None:
+    words = len((ROOT / page).read_text().split())
+    assert words <= limit, f"{page}: {words} words, more than {limit}"
 
 
 def _copy(tmp_path: Path) -> Path:
