@@ -6,8 +6,9 @@ one backend (cudask, dask-cuda, or distributed with a plain dict store), the har
 that runs variants side by side, compares them and writes JSON and PNG results, and the
 click commands (cudask_bench.cli). Layers, top down: cli -> harness/soak/transfer ->
 report, targets, run -> workloads, cupy_cases, shuffle -> measure, tasks, counters,
-chart -> spec, stopping, provenance -> environment (docs/design/benchmarks.md). Every JSON result
-is written through provenance (commit, configuration, versions, cold or warm).
+chart -> spec, stopping, provenance, pngtext -> environment (docs/design/benchmarks.md).
+Every JSON result is written through provenance (commit, configuration, versions, cold or
+warm); every chart names its result file (chart, pngtext).
 
 Does not cover: anything the runtime needs. cudask never imports this package: `cudask
 bench` is attached by name and loaded only when it runs. Importing this package imports

@@ -3,6 +3,7 @@ and a whole run of the harness on the plain-dict backend with NumPy."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cudask_bench import environment
+from cudask_bench import environment, pngtext
 from cudask_bench.cli import bench
 
 CPU = ["--backend", "dict", "--array-module", "numpy"]
@@ -257,6 +258,13 @@ def test_whole_run_on_dict_backend(tmp_path: Path) -> None:
     assert len(m["read_verify_warm"]["warmup_times"]) == 2
     assert doc["machine"]["hostname"] and doc["harness"]["versions"]["dask"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the chart is of the file written, whose commit its caption gives
+    text = pngtext.read(png.read_bytes())
+    assert text["Source"] == str(out)
+    assert text["Source-SHA256"] == hashlib.sha256(out.read_bytes()).hexdigest()
+    commit = doc["provenance"]["source"].get("commit") or "commit not recorded"
+    assert f"cudask {commit[:7]}" in text["Description"].splitlines()[1]
+    assert "figures: cold (first run on a fresh cluster) and warm" in text["Description"]
 
 
 @pytest.mark.timeout(600)
@@ -359,6 +367,9 @@ def test_chart_command(tmp_path: Path, synthetic_document: dict[str, object]) ->
     assert code == 0, out
     assert "ratios" in out and "dask-cuda 4 GiB" in out
     assert (tmp_path / "c.png").stat().st_size > 1000
+    # the picture names the file it was drawn from, as given on the command line
+    text = pngtext.read((tmp_path / "c.png").read_bytes())
+    assert text["Source"] == str(src) and text["Description"].startswith(f"result: {src}\n")
 
 
 def test_chart_command_refuses_other_json(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ interpreter reaching cudask through the PYTHONPATH shim)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -365,11 +366,24 @@ def test_progress_line() -> None:
 
 def test_chart_png(tmp_path: Path, synthetic_document: dict[str, Any]) -> None:
     pytest.importorskip("matplotlib")
-    from cudask_bench.chart import write_chart
+    from cudask_bench import pngtext
+    from cudask_bench.chart import Origin, write_chart
 
     write_chart(synthetic_document, tmp_path / "c.png")
     data = (tmp_path / "c.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    text = pngtext.read(data)
+    assert "Source" not in text
+    assert text["Description"].startswith("result: not written to a file")
+    source = tmp_path / "r.json"
+    source.write_text(json.dumps(synthetic_document))
+    write_chart(synthetic_document, tmp_path / "c.png", Origin.of_file(source, "runs/r.json", "abc1234"))
+    text = pngtext.read((tmp_path / "c.png").read_bytes())
+    assert text["Source"] == "runs/r.json"
+    assert text["Source-SHA256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+    lines = text["Description"].splitlines()
+    assert lines[0] == "result: runs/r.json" and "cudask abc1234" in lines[1]
+    assert lines[2].startswith("figures: warm") or lines[2].startswith("figures: cold"), lines
     synthetic_document["variants"] = []
     with pytest.raises(ValueError, match="no measurements"):
         write_chart(synthetic_document, tmp_path / "d.png")

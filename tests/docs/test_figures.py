@@ -1,6 +1,9 @@
 """Figures in README.md and docs/ against their result files (scripts/results-index).
 
-Fails when: a file under bench/results is missing from catalogue.toml (or the other way),
+Fails when: README.md is longer than 1,000 words or bench/results/README.md than 1,500, a
+file under bench/results is missing from catalogue.toml (or the other way), a
+chart or picture does not name the result file it was drawn from (or that file changed
+since) and a picture in docs/ does not say it is simulated either,
 bench/results/README.md or a generated block differs from what the files give, a number
 marked `<!-- figure FILE#KEY -->` differs from its file, README.md or a user-guide page
 quotes a timing or rate that is neither generated nor marked, a catalogue commit is not
@@ -36,10 +39,11 @@ def _load() -> ModuleType:
 
 ri = _load()
 
-#: A timing, rate or ratio in prose: what must be generated or carry a figure marker.
+#: A timing, rate or ratio in prose: what must be generated or carry a figure marker
+#: (a setting's default is written out: "60 seconds").
 QUOTED = re.compile(r"(?<![\w.])\d+(?:\.\d+)?\s?(?:ms|s|GB/s|×)(?![\w/])")
 #: Pages for users (the design notes keep their history and name their files).
-USER_PAGES = ["README.md"]
+USER_PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 
 
 def _needs_history(commit: str) -> None:
@@ -67,6 +71,13 @@ def test_user_pages_quote_only_generated_or_marked_figures() -> None:
         assert QUOTED.findall(text) == [], f"{page}: figures without their result file"
 
 
+@pytest.mark.parametrize(("page", "limit"), [("README.md", 1000),
+                                             ("bench/results/README.md", 1500)])
+def test_pages_stay_short(page: str, limit: int) -> None:
+    words = len((ROOT / page).read_text().split())
+    assert words <= limit, f"{page}: {words} words, more than {limit}"
+
+
 def _copy(tmp_path: Path) -> Path:
     """README.md, docs/ and bench/results in a tree of their own."""
     shutil.copy(ROOT / "README.md", tmp_path / "README.md")
@@ -84,11 +95,55 @@ def test_a_value_changed_by_hand_fails(tmp_path: Path) -> None:
     ri.lookup(document, "variants[backend=cudask].measurements")["create"]["median"] = 1.25
     path.write_text(json.dumps(document, indent=1) + "\n")
     problems = ri.check(root)
+    chart = ("bench/results/spill-cold-h100.png: bench/results/spill-cold-h100.json changed "
+             "since this picture was drawn from it: redraw it")
     assert problems == [
-        "README.md: a generated block differs from the files: run scripts/results-index"]
+        "README.md: a generated block differs from the files: run scripts/results-index", chart]
     ri.write_all(root)  # what the script does: the README then quotes the file again
     assert "| 1.25 s |" in (root / "README.md").read_text()
-    assert ri.check(root) == []
+    assert ri.check(root) == [chart]  # until `scripts/results-index --charts` redraws it
+
+
+def test_every_picture_names_its_source_file() -> None:
+    charts = sorted((ROOT / "bench/results").rglob("*.png"))
+    assert charts, "bench/results has charts"
+    for path in charts:
+        text = ri.pngtext.read(path.read_bytes())
+        assert text[ri.SOURCE] == str(path.relative_to(ROOT).with_suffix(".json")), path
+        assert text["Description"].startswith(f"result: {text[ri.SOURCE]}\n"), path
+    assert [p for path in ri.pictures(ROOT) if (p := ri.check_picture(ROOT, path))] == []
+
+
+def test_a_picture_without_its_source_fails(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    chart = root / "bench/results/spill-cold-h100.png"
+    data = chart.read_bytes()
+    (root / "bench/results/spill-jit-h100.png").write_bytes(data)  # another file's chart
+    plain = data[:8] + b"".join(  # the same pixels without text chunks
+        c for c in _chunks(data) if c[4:8] not in (b"tEXt", b"iTXt", b"zTXt"))
+    (root / "docs/picture.png").write_bytes(plain)
+    (root / "docs/simulated.png").write_bytes(ri.pngtext.add(plain, {ri.SIMULATED: "made up"}))
+    (root / "docs/replayed.png").write_bytes(ri.pngtext.add(plain, {
+        ri.SOURCE: "bench/results/logs/nothing.json", ri.SHA256: "0" * 64}))
+    assert ri.check(root) == [
+        ("bench/results/spill-jit-h100.png: names 'bench/results/spill-cold-h100.json' as its "
+         "source, not bench/results/spill-jit-h100.json: redraw it "
+         "(scripts/results-index --charts)"),
+        ("docs/picture.png: names no source result file and does not say it is simulated "
+         "(draw it with scripts/dashboard-shot or cudask bench chart)"),
+        ("docs/replayed.png: its source 'bench/results/logs/nothing.json' is not a file of "
+         "bench/results/catalogue.toml"),
+    ]
+
+
+def _chunks(data: bytes) -> list[bytes]:
+    """The chunks of a PNG, each whole (length, type, body, CRC)."""
+    out, at = [], 8
+    while at < len(data):
+        length = int.from_bytes(data[at:at + 4], "big")
+        out.append(data[at:at + 12 + length])
+        at += 12 + length
+    return out
 
 
 def test_a_marked_figure_must_equal_its_file(tmp_path: Path) -> None:

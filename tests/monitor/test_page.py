@@ -1,8 +1,8 @@
 """The cudask dashboard page (cudask.monitor.page, .document): its routes and
 JSON, the document itself, the numbers a real scheduler serves
 for workers whose stores hold fake device objects, and the page as headless
-Chromium renders it (screenshots: set CUDASK_DOCS_SCREENSHOTS=1 to write them to
-docs/dashboard-cudask-*.png, else they go to the test's tmp_path).
+Chromium renders it (its screenshots go to the test's tmp_path; the pictures in docs/
+come from scripts/dashboard-shot).
 
 Chromium is driven through its DevTools protocol rather than `--dump-dom`:
 bokeh 3 renders its widgets into shadow DOM, which `--dump-dom` leaves out.
@@ -45,8 +45,6 @@ from cudask.monitor.state import MonitorPlugin
 from cudask.monitor.views import TOP
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
 from cudask.worker.plugins import StoreMetrics
-
-DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 # ------------------------------------------------------------------ tornado server
@@ -322,14 +320,6 @@ def chromium() -> Chromium:
     return Chromium(binary)
 
 
-def screenshot_path(tmp_path: Path, name: str) -> Path:
-    """docs/<name> when CUDASK_DOCS_SCREENSHOTS=1 (to refresh the committed
-    screenshots), else a file in tmp_path (so test runs leave the tree alone)."""
-    if os.environ.get("CUDASK_DOCS_SCREENSHOTS") == "1":
-        return DOCS / name
-    return tmp_path / name
-
-
 def get(url: str) -> tuple[int, dict[str, str], bytes]:
     try:
         with urllib.request.urlopen(url, timeout=60) as response:
@@ -544,7 +534,7 @@ def test_browser_shows_every_worker_of_a_running_cluster(
                 and state.spill_worker_lines == 2 and state.unspill_worker_lines >= 1
                 and "2 workers" in state.status and time.monotonic() - start > 15)
 
-    path = screenshot_path(tmp_path, "dashboard-cudask-2-workers.png")
+    path = tmp_path / "two-workers.png"
     try:
         state = chromium.open(page_link(running.cluster.dashboard_link), ready, screenshot=path)
     finally:
@@ -602,7 +592,7 @@ def test_browser_stays_readable_with_64_workers(
         return (len(state.rows) >= 10 and state.bar_rows == 64
                 and state.spill_worker_lines == TOP and state.spill_total_lines == 1)
 
-    path = screenshot_path(tmp_path, "dashboard-cudask-64-workers.png")
+    path = tmp_path / "64-workers.png"
     # 1250 px tall: the whole page at once (Chromium paints plots below the fold
     # when they are scrolled to, so a shorter capture shows them half drawn)
     state = chromium.open(server.url + "/cudask", ready, screenshot=path, size=(1400, 1250))

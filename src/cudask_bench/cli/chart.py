@@ -1,7 +1,8 @@
 """`cudask bench chart`: a PNG chart (and the table) from a result file written by --output.
 
 Covers: reading and recognising a result file (its `format`), printing its table,
-drawing its chart; a file that is not a result ends in one line. Does not cover: the
+drawing its chart captioned with that file's name as given; a file that is not a result
+ends in one line. Does not cover: the
 drawing (cudask_bench.chart). Threading: the command's thread.
 """
 
@@ -21,7 +22,7 @@ from cudask_bench.report import format_table
 @with_options(CHART)
 def chart(results: str, output: str, table: bool) -> None:
     """Draw a chart (and print the table) from a result JSON written by --output."""
-    from cudask_bench.chart import write_chart
+    from cudask_bench.chart import Origin, write_chart
 
     try:
         with open(results) as fh:
@@ -35,7 +36,7 @@ def chart(results: str, output: str, table: bool) -> None:
     if table:
         click.echo(format_table(document))
     try:
-        write_chart(document, output)
+        write_chart(document, output, Origin.of_file(results))
     except ValueError as exc:
         raise click.ClickException(f"{results}: {exc}") from None
     click.echo(f"chart: {output}")

@@ -14,6 +14,7 @@ line and exit status 130 or 143 after what the command started is stopped. Does 
 from __future__ import annotations
 
 import functools
+import json
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -238,6 +239,24 @@ def mode_settings(ctx: click.Context, kw: dict[str, Any], workload: str) -> dict
     return {"mode": mode, "warm_runs": kw["warm_runs"] if mode == "cold" else None}
 
 
+def _chart(document: dict[str, Any], output: str | None, path: str) -> None:
+    """The chart of the file just written (its provenance and name in the caption), or
+    of the unsaved result stamped here."""
+    from cudask_bench import provenance
+    from cudask_bench.chart import Origin, write_chart
+
+    if output:
+        with open(output) as fh:
+            document, origin = json.load(fh), Origin.of_file(output)
+    else:
+        document, origin = provenance.stamp(dict(document)), None
+    try:
+        write_chart(document, path, origin)
+        click.echo(f"chart: {path}")
+    except ValueError as exc:
+        click.echo(f"chart not written: {exc}", err=True)
+
+
 def run_plan(plan: harness.Plan, kw: dict[str, Any]) -> None:
     """Run `plan`, print its table, write the JSON and chart asked for; exit 1 on failures."""
     progress = harness.ProgressLine(kw["progress"])
@@ -251,13 +270,7 @@ def run_plan(plan: harness.Plan, kw: dict[str, Any]) -> None:
         write_json(document, kw["output"])
         click.echo(f"results: {kw['output']}")
     if kw["chart"]:
-        from cudask_bench.chart import write_chart
-
-        try:
-            write_chart(document, kw["chart"])
-            click.echo(f"chart: {kw['chart']}")
-        except ValueError as exc:
-            click.echo(f"chart not written: {exc}", err=True)
+        _chart(document, kw["output"], kw["chart"])
     failed = [v["name"] for v in document["variants"] if v["status"] != "ok"]
     if failed:
         raise click.ClickException(
