@@ -133,3 +133,21 @@ def test_transfer_counters_read_nvml_fields_and_leave_the_missing_ones_none() ->
     broken = NVMLBackend()
     broken._init = lambda: (_ for _ in ()).throw(RuntimeError("no NVML"))  # type: ignore[method-assign]
     assert set(transfer_counters("GPU-1", broken).values()) == {None}
+
+
+def test_gpu_model_names_the_gpu_or_none() -> None:
+    from cudask.devices.nvml import NVMLBackend, gpu_model
+
+    class FakeNV:
+        def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+            if uuid != "GPU-1":
+                raise KeyError(uuid)
+            return "h"
+
+        def nvmlDeviceGetName(self, handle: str) -> bytes:
+            return b"NVIDIA H100 80GB HBM3"
+
+    backend = NVMLBackend()
+    backend._init = lambda: FakeNV()  # type: ignore[method-assign]
+    assert gpu_model("GPU-1", backend) == "NVIDIA H100 80GB HBM3"
+    assert gpu_model("GPU-2", backend) is None

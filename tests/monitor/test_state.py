@@ -49,6 +49,8 @@ def test_rows_read_heartbeats_and_rates_come_from_counter_differences(
         plugin.sample()
     (row,) = plugin.rows()
     assert row["gpu_uuid"] == "GPU-1" and row["gpu_name"] == "H100" and row["cudask"]
+    named = _ws("1", {"cudask": store, "cudask-gpu": {**gpu, "name": "NVIDIA H100 80GB HBM3"}}, {})
+    assert worker_row(named)["gpu_name"] == "NVIDIA H100 80GB HBM3"  # without distributed's
     assert row["device_bytes"] == 5.0 and row["device_limit_bytes"] == 10.0
     assert row["spill_gbps"] == pytest.approx(2.0) and row["unspill_gbps"] == pytest.approx(1.0)
     assert row["pcie_tx_gbps"] == pytest.approx(3.0) and row["pcie_rx_gbps"] is None

@@ -5,7 +5,7 @@ affinity and MIG instances, and the driver and CUDA versions. Every NVML call
 that a part does not support degrades to "unknown" rather than failing.
 Also the processes holding a CUDA context on a device (`compute_processes`),
 `default_backend()`, the process's one NVMLBackend, and two cheap reads for
-running workers: `transfer_counters` and `gpus_without_peer_access`.
+running workers: `transfer_counters`, `gpu_model` and `gpus_without_peer_access`.
 Does not cover: combining these with the process's own CPU set and the PCI
 tree (discovery.py, topology.py).
 
@@ -182,6 +182,17 @@ def transfer_counters(uuid: str, backend: NVMLBackend | None = None) -> dict[str
         if getattr(value, "nvmlReturn", 1) == 0:
             out[name] = int(value.value.ullVal) * scale
     return out
+
+
+def gpu_model(uuid: str, backend: NVMLBackend | None = None) -> str | None:
+    """The product name NVML gives the GPU `uuid` (e.g. "NVIDIA H100 80GB HBM3");
+    None without NVML or for an unknown UUID."""
+    backend = backend if backend is not None else default_backend()
+    try:
+        nv = backend._init()
+        return _text(nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByUUID(uuid)))
+    except Exception:  # noqa: BLE001 - no NVML, unknown UUID: nothing to show
+        return None
 
 
 def gpus_without_peer_access(uuid: str, backend: NVMLBackend | None = None) -> list[str] | None:

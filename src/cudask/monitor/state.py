@@ -94,7 +94,8 @@ def worker_row(ws: Any) -> dict[str, Any]:
         "address": ws.address,
         "host": ws.host,
         "gpu_uuid": gpu.get("uuid"),
-        "gpu_name": static.get("name") if isinstance(static, Mapping) else None,
+        "gpu_name": gpu.get("name") or (static.get("name") if isinstance(static, Mapping)
+                                        else None),
         "cudask": bool(store),
     }
     for field, key in _SIZES:

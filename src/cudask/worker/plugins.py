@@ -27,6 +27,7 @@ where distributed and prometheus_client read them (a lock guards registration).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import logging
@@ -40,7 +41,7 @@ from typing import Any, ClassVar
 from distributed import WorkerPlugin
 
 from cudask.comm import cudf_wire, ipc, ipc_cuda
-from cudask.devices.nvml import gpus_without_peer_access, transfer_counters
+from cudask.devices.nvml import gpu_model, gpus_without_peer_access, transfer_counters
 from cudask.memory.store import worker_metrics
 from cudask.worker import neighbours
 from cudask.worker.context import device0_uuid
@@ -245,13 +246,18 @@ class StoreCollector:
 
 def gpu_identity(worker: Any) -> dict[str, Any]:
     """`cudask-gpu` worker metric: the worker's GPU (UUID from the CUDA context
-    plugin) and its cumulative PCIe and NVLink byte counters from NVML (None
-    where NVML does not count them)."""
+    plugin, and its model name) and its cumulative PCIe and NVLink byte counters
+    from NVML (None where NVML does not count them)."""
     context = worker.plugins.get(CUDAContext.name)
     uuid = getattr(context, "uuid", None)
     if uuid is None:
         return {"uuid": None}
-    return {"uuid": uuid, **transfer_counters(uuid)}
+    return {"uuid": uuid, "name": _model(uuid), **transfer_counters(uuid)}
+
+
+@functools.lru_cache(maxsize=8)
+def _model(uuid: str) -> str | None:
+    return gpu_model(uuid)
 
 
 class StoreMetrics(WorkerPlugin):
