@@ -298,10 +298,10 @@ def test_host_memory_limit_reached_while_spilling(fault_row: Row) -> None:
     with _cluster(device_memory_limit="512MiB", memory_limit="3GiB") as cluster, \
             Client(cluster) as client:
         pid = _pid(client)
-        seen = watch(client)
         start = time.perf_counter()
         held = _hold(client, 48, 64 * MiB)
         create_s = time.perf_counter() - start
+        seen = watch(client)  # from here on: what the held keys go through
         total = sum(client.gather([client.submit(_allocate_and_sum, MiB, pure=False)]))
         m = _worker_metrics(client)
         logs = _worker_logs(client)
@@ -313,7 +313,7 @@ def test_host_memory_limit_reached_while_spilling(fault_row: Row) -> None:
         fault_row(case="host memory limit (3 GiB) reached while device data spill",
                   outcome=("worker paused" + (", resumed" if resumed else "") if paused
                            else "worker never paused")
-                  + (f"; the worker left {now.left}x (a new process)" if restarted else "")
+                  + ("; the worker was restarted (a new process)" if restarted else "")
                   + f"; {m['disk-keys']:.0f} keys on disk; a task after it ran",
                   check=check, recover_s=None, create_s=round(create_s, 2), paused=paused,
                   restarted=restarted, left=now.left, recomputed=now.recomputed(held))
