@@ -139,7 +139,8 @@ def test_cudask_worker_checks_its_input_once(one_gpu: None, monkeypatch: pytest.
         calls.append(surface)
         return real(values, surface, **kwargs)
 
-    def place(self: node.CUDAWorker, scheduler: Any, options: WorkerOptions, kwargs: Any) -> None:
+    def place(self: node.CUDAWorker, scheduler: Any, options: WorkerOptions, kwargs: Any,
+              stacklevel: int) -> None:
         placed.append(options)
         raise DeviceError("stopped before finding GPUs")
 
