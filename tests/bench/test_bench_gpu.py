@@ -29,6 +29,7 @@ def run(tmp_path: Path, *args: str) -> dict[str, Any]:
     doc = json.loads(out.read_text())
     assert doc["status"] == "ok", [(v["name"], v["error"]) for v in doc["variants"]]
     assert doc["machine"]["gpu_used"]["name"]
+    assert doc["variants"], doc  # the loops over them check something
     for v in doc["variants"]:
         assert v["worker"].get("name"), v["worker"]  # the worker computed on a GPU
     return doc

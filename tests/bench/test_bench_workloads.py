@@ -89,6 +89,7 @@ def test_schedules() -> None:
 
 def test_cupy_operations_on_numpy(client: Any) -> None:
     ops = list(spec.CUPY_OPERATIONS)
+    assert ops  # the loop below checks something
     shapes = {op: spec.operation_shape(op, 200, 50, 20) for op in ops}
     events: list[str] = []
     result = workloads.run_cupy(

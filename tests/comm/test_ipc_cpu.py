@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import sys
 import types
 import weakref
@@ -16,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 from distributed.protocol.serialize import deserialize, serialize, to_serialize
+from ipc_hold import METHODS, HoldNext, hold_next
 
 from cudask.comm import ipc
 from cudask.comm.worker import Worker as IPCWorker
@@ -220,6 +222,37 @@ def test_a_failed_copy_leaves_no_mapping(backend: FakeIPCBackend, monkeypatch: p
         deserialize(header, frames, deserializers=REPLY)
     assert backend.opened == [b"h0"] and len(backend.closed) == 1 and ipc.mapped() == 0
     assert ipc.stats()["received"] == 0
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_hold_catches_the_next_transfer_in_flight(backend: FakeIPCBackend, tmp_path: Any,
+                                                    method: str) -> None:
+    """What tests/comm/test_ipc_gpu.py's worker killed mid-transfer relies on: the hold
+    sits on the path an array by handle takes, once, where the transfer is under way:
+    the sender making the handle (nothing counted yet), or the receiver holding it
+    before mapping it (the sender counted it, nothing received)."""
+    seen: list[tuple[float, float]] = []
+
+    class Recording(HoldNext):
+        def _hold(self, name: str) -> None:
+            super()._hold(name)
+            if name == self.method:  # (in `open`, the mappings' lock is held: no ipc.stats())
+                seen.append((ipc._state.counts["sent"], ipc._state.counts["received"]))
+
+    marker = tmp_path / "holding"
+    hold_next(method, str(marker), seconds=0.0)
+    assert type(ipc._state.backend) is HoldNext and ipc._state.backend.inner is backend
+    ipc._state.backend.__class__ = Recording
+    x = backend.allocate(np.arange(1024, dtype="f8"))
+    name, out = _roundtrip(x, LOCAL)
+    assert name == ipc.FAMILY and np.array_equal(host(out), host(x))
+    assert marker.read_text() == str(os.getpid())
+    assert seen == [(0.0, 0.0)] if method == "export" else seen == [(1.0, 0.0)]
+    marker.unlink()
+    _roundtrip(x, LOCAL)
+    assert not marker.exists() and len(seen) == 2  # called again, held only the first time
+    hold_next(method, str(marker), seconds=0.0)  # the next round's hold wraps the real backend
+    assert ipc._state.backend.inner is backend
 
 
 def test_same_host_reads_the_peer_address(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
+import ipc_hold
 import pytest
+from ipc_hold import hold_next
 
-from cudask.testing import workers_info
+from cudask.testing import wait_for, workers_info
 from cudask.testing.integrity import digest, make_value
 from cudask.testing.processes import worker_processes
 
-# Functions below run on worker processes that cannot import this module.
+# Functions below run on worker processes that cannot import this module (nor ipc_hold).
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(ipc_hold)
 
 MiB = 1 << 20
 
@@ -159,12 +163,14 @@ def _pid() -> int:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("victim", ["sender", "receiver"])
-def test_a_worker_killed_mid_transfer(victim: str) -> None:
-    """SIGKILL the sending or the receiving worker while the receiving tasks fetch
-    1 GiB arrays by IPC (the kill lands before, during or after a transfer; three
-    rounds at different delays): every result still comes back right (lost values
-    are recomputed after the nanny restarts the worker) and no worker is left
-    holding a mapping."""
+def test_a_worker_killed_mid_transfer(victim: str, tmp_path: Path) -> None:
+    """SIGKILL the sending or the receiving worker while a 1 GiB array is on its way
+    by IPC, three rounds: every result still comes back right (lost values are
+    recomputed after the nanny restarts the worker) and no worker is left holding a
+    mapping. The kill lands in flight, for certain: the victim's next IPC call is
+    held (ipc_hold) and the test kills it once the victim says it is there: the
+    sender making the handle the receiver asked for, or the receiver holding a
+    handle the sender counted as sent, nothing of it mapped yet."""
     pytest.importorskip("cupy")
     import os
     import signal
@@ -180,11 +186,18 @@ def test_a_worker_killed_mid_transfer(victim: str) -> None:
             wait(xs)
             there = client.gather([client.submit(digest, x, workers=[a], allow_other_workers=True,
                                                  pure=False) for x in xs])
-            here = [client.submit(digest, x, workers=[b], allow_other_workers=True, pure=False)
-                    for x in xs]
             target = a if victim == "sender" else b
             pid = client.run(_pid, workers=[target])[target]
-            time.sleep(0.05 * round_)
+            sent = client.run(_ipc_stats, workers=[a])[a]["sent"]
+            marker = tmp_path / f"holding-{round_}"
+            client.run(hold_next, "export" if victim == "sender" else "open", str(marker),
+                       workers=[target])
+            here = [client.submit(digest, x, workers=[b], allow_other_workers=True, pure=False)
+                    for x in xs]
+            assert wait_for(marker.exists, timeout=120), "no transfer by IPC began"
+            assert marker.read_text() == str(pid)  # the victim is the one holding it
+            if victim == "receiver":  # the sender, not held, answers: it sent the handle
+                assert client.run(_ipc_stats, workers=[a])[a]["sent"] > sent
             os.kill(pid, signal.SIGKILL)
             assert client.gather(here) == there
             client.wait_for_workers(2, timeout=180)

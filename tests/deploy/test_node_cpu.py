@@ -118,3 +118,40 @@ def test_fewer_gpus_than_expected_is_one_error_at_start(one_gpu: None) -> None:
     with pytest.raises(DeviceError, match=r"expected_gpus=2 but 1 GPU\(s\) are visible"):
         _build("tcp://10.0.0.1:8786", expected_gpus=2)
     assert len(_build("tcp://10.0.0.1:8786", expected_gpus=1).nannies) == 1
+
+
+def test_cudask_worker_checks_its_input_once(one_gpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cudask worker` checks its flags itself (to name them in its errors) and hands
+    the checked options to CUDAWorker, which does not check them again; CUDAWorker
+    called from Python checks its keywords."""
+    from click.testing import CliRunner
+
+    from cudask.cli.main import cli
+    from cudask.deploy import checks
+    from cudask.errors import DeviceError
+    from cudask.options import WorkerOptions
+
+    calls: list[str] = []
+    placed: list[WorkerOptions] = []
+    real = checks.check_input
+
+    def counted(values: Any, surface: Any, **kwargs: Any) -> WorkerOptions:
+        calls.append(surface)
+        return real(values, surface, **kwargs)
+
+    def place(self: node.CUDAWorker, scheduler: Any, options: WorkerOptions, kwargs: Any,
+              stacklevel: int) -> None:
+        placed.append(options)
+        raise DeviceError("stopped before finding GPUs")
+
+    monkeypatch.setattr(checks, "check_input", counted)
+    monkeypatch.setattr(node, "check_input", counted)
+    monkeypatch.setattr(node.CUDAWorker, "_place", place)
+    result = CliRunner().invoke(cli, ["worker", "tcp://10.0.0.1:8786", "--nthreads", "3"])
+    assert "stopped before finding GPUs" in result.output, result.output
+    assert calls == ["cli"] and [o.nthreads for o in placed] == [3]
+    with pytest.raises(DeviceError, match="stopped"):
+        node.CUDAWorker("tcp://10.0.0.1:8786", nthreads=2)
+    assert calls == ["cli", "worker"] and placed[-1].nthreads == 2
+    with pytest.raises(OptionError, match="nthreads=0"):
+        node.CUDAWorker("tcp://10.0.0.1:8786", nthreads=0)

@@ -13,13 +13,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import cloudpickle
 import pytest
 from distributed import Client
 
 from cudask import LocalCUDACluster
+from cudask.devices import default_backend as nvml
 from cudask.devices import discover
 from cudask.testing import cpu_affinity, current_gpu_uuid, wait_for, workers_info
 
@@ -164,4 +164,6 @@ def test_a_worker_names_another_process_on_its_gpu(gpu0) -> None:
     finally:
         holder.kill()
         holder.wait(timeout=60)
-        time.sleep(0.5)
+        # the tests after this one must not find it on the GPU still
+        wait_for(lambda: holder.pid not in {p.pid for p in nvml().compute_processes(gpu0.uuid)},
+                 timeout=60)

@@ -2,12 +2,17 @@
 clear error, and then every key the client still holds is digested where it
 lives and compared with a fresh computation of the same value
 (`cudask.testing.integrity`). Each case records a row (case, outcome, keys
-checked, keys lost, time to recover) for `--fault-table PATH`.
+checked, keys lost, time to recover) for `--fault-table PATH`: the outcome is
+built from what the case saw (the store's metrics, the scheduler's counts of
+workers lost and keys recomputed: tests/faults/fault_watch.py), and the time to recover
+is left out where nothing failed.
 
 Cases: a task exhausting device memory (CuPy on the real GPU, and a fixed RMM
 pool; with and without JIT-unspill); the worker process killed mid-compute
 while it holds spilled data on host and disk; the local directory on a small
-filesystem that fills while spilling (a tmpfs: needs root, skipped otherwise);
+filesystem that fills while spilling (a tmpfs, mounted directly or inside a user
+namespace: tests/faults/scratch_fs.py; where neither works, the row says
+"not run" and why);
 the host memory limit reached while device data spill (distributed's pause and
 terminate thresholds); pinning refused and the pinned pool exhausted
 mid-spill; another process taking most of the GPU's memory.
@@ -32,7 +37,10 @@ from typing import Any
 
 import cloudpickle
 import pytest
+from fault_watch import watch
+from scratch_fs import Unavailable, small_filesystem
 
+from cudask.testing import wait_for
 from cudask.testing.integrity import KINDS, check_keys, digest, make_value
 
 pytestmark = pytest.mark.gpu
@@ -125,19 +133,25 @@ def _worker_logs(client: Any) -> str:
 
 
 # ---------------------------------------------------------------- device memory
-def _exhaust(client: Any, fits: int, too_big: int, match: str) -> tuple[float, str, dict]:
+def _exhaust(client: Any, fits: int, too_big: int,
+             match: str) -> tuple[float | None, float, str, dict]:
     """A task allocating `fits` bytes (room only once the store has spilled on
     demand) must run, one allocating `too_big` must end in one error matching
-    `match`; return the first task's seconds, the error's first line and the
-    worker's store metrics."""
+    `match`. Return the first task's seconds when it ran out of memory and got
+    it back by spilling on demand (else None), the spills on demand it took, the
+    error's first line and the worker's store metrics at the end."""
+    before = _worker_metrics(client).get("spill-on-demand-count", 0.0)
     start = time.perf_counter()
     assert client.submit(_allocate_and_sum, fits, pure=False).result() == fits
     fits_s = time.perf_counter() - start
+    spills = _worker_metrics(client).get("spill-on-demand-count", 0.0) - before
     with pytest.raises(Exception, match=match) as info:
         client.submit(_allocate_and_sum, too_big, pure=False).result()
-    m = _worker_metrics(client)
-    assert m["spill-on-demand-count"] >= 1
-    return fits_s, _first_line(info.value), m
+    return fits_s if spills else None, spills, _first_line(info.value), _worker_metrics(client)
+
+
+def _error_type(first_line: str) -> str:
+    return first_line.split(":", 1)[0]
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["plain", "jit"])
@@ -152,13 +166,15 @@ def test_task_exhausts_cupy_device_memory(jit: bool, fault_row: Row) -> None:
     with _cluster(jit_unspill=jit, device_memory_limit=int(total * 0.5),
                   memory_limit=int(total * 0.5)) as cluster, Client(cluster) as client:
         held = _hold(client, int(total * 0.55) // chunk, chunk, kinds=("f8", "i1", "view"))
-        fits_s, error, m = _exhaust(client, int(total * 0.6), 2 * total, "(?i)out of memory")
+        fits_s, spills, error, m = _exhaust(client, int(total * 0.6), 2 * total,
+                                            "(?i)out of memory")
         check = check_keys(client, held)
         fault_row(case=f"task exhausts device memory: CuPy, {'JIT' if jit else 'plain'}",
-                  outcome=f"60% of the GPU: ran after {m['spill-on-demand-count']:.0f} spill(s) "
-                          f"on demand ({m['spill-on-demand-bytes'] / GiB:.1f} GiB); 2x the GPU: "
-                          f"one error",
+                  outcome=f"60% of the GPU: ran after {spills:.0f} spill(s) on demand; 2x the "
+                          f"GPU: {_error_type(error)}; {m['spill-on-demand-count']:.0f} spill(s) "
+                          f"on demand in all ({m['spill-on-demand-bytes'] / GiB:.1f} GiB)",
                   check=check, recover_s=fits_s, error=error)
+        assert m["spill-on-demand-count"] >= 1, m
         assert check.ok, check
 
 
@@ -174,12 +190,14 @@ def test_task_exhausts_rmm_pool(jit: bool, fault_row: Row) -> None:
                   rmm_pool_size="2GiB", rmm_maximum_pool_size="2GiB",
                   rmm_allocator_external_lib_list="cupy") as cluster, Client(cluster) as client:
         held = _hold(client, 12, 128 * MiB)
-        fits_s, error, m = _exhaust(client, 1280 * MiB, 4 * GiB, "(?i)out.of.memory|bad_alloc")
+        fits_s, spills, error, m = _exhaust(client, 1280 * MiB, 4 * GiB,
+                                            "(?i)out.of.memory|bad_alloc")
         check = check_keys(client, held)
         fault_row(case=f"task exhausts device memory: RMM pool, {'JIT' if jit else 'plain'}",
-                  outcome=f"1.25 of 2 GiB pool: ran after {m['spill-on-demand-count']:.0f} "
-                          f"spill(s) on demand; 4 GiB: one error",
+                  outcome=f"1.25 of 2 GiB pool: ran after {spills:.0f} spill(s) on demand; "
+                          f"4 GiB: {_error_type(error)}",
                   check=check, recover_s=fits_s, error=error)
+        assert m["spill-on-demand-count"] >= 1, m
         assert check.ok, check
 
 
@@ -199,6 +217,7 @@ def test_worker_killed_mid_compute_with_spilled_data(jit: bool, fault_row: Row) 
         held = _hold(client, 24, 64 * MiB)
         m = _worker_metrics(client)
         assert m["host-keys"] > 0 and m["disk-keys"] > 0, m
+        seen = watch(client)
         reads = {client.submit(_slow_digest, f, 0.3, pure=False): d for f, d in held.items()}
         pid = _pid(client)
         done = as_completed(reads)
@@ -210,46 +229,47 @@ def test_worker_killed_mid_compute_with_spilled_data(jit: bool, fault_row: Row) 
         recover_s = time.perf_counter() - killed
         client.wait_for_workers(1, timeout=120)
         new_pid = _pid(client)
-        assert new_pid != pid
         wrong = [f.key for f, r in zip(reads, results, strict=True) if r != reads[f]]
         check = check_keys(client, held)
+        now = seen()
         fault_row(case=f"worker SIGKILLed mid-compute, data on host and disk "
                        f"({'JIT' if jit else 'plain'})",
-                  outcome="nanny restarted it; lost keys recomputed; right answer"
-                  if not wrong else f"{len(wrong)} wrong results",
-                  check=check, recover_s=recover_s)
+                  outcome=f"worker left {now.left}x, joined {now.joined}x "
+                          f"({'a new process' if new_pid != pid else 'the same process'}); "
+                          f"{now.recomputed(held)} of {len(held)} held keys recomputed; "
+                          f"{len(reads) - len(wrong)} of {len(reads)} reads right",
+                  check=check, recover_s=recover_s, left=now.left, joined=now.joined,
+                  recomputed=now.recomputed(held))
+        assert new_pid != pid and now.left >= 1 and now.recomputed(held) > 0, now
         assert not wrong
         assert check.ok, check
 
 
 # ---------------------------------------------------------------- scratch disk
-@contextlib.contextmanager
-def _small_filesystem(path: Path, size: str) -> Iterator[Path]:
-    path.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          check=False, capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a {size} tmpfs (needs root): {done.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
-
-
 def test_local_directory_fills_while_spilling(tmp_path: Path, fault_row: Row) -> None:
     """The local directory on a 256 MiB filesystem; 1.5 GiB through a 256 MiB device
-    tier and a 410 MiB host tier: the disk fills, the rest stays in host memory."""
+    tier and a 410 MiB host tier: the disk fills, the rest stays in host memory.
+    Where no small filesystem can be made, the row says so."""
     pytest.importorskip("cupy")
     import dask
     from distributed import Client
 
-    with _small_filesystem(tmp_path / "small", "256m") as small, \
-            dask.config.set({"distributed.worker.memory.target": 0.05}), \
-            _cluster(device_memory_limit="256MiB", memory_limit="8GiB",
-                     local_directory=str(small)) as cluster, Client(cluster) as client:
+    case = "local directory on a 256 MiB filesystem fills while spilling"
+    with contextlib.ExitStack() as stack:
+        try:
+            small = stack.enter_context(small_filesystem(tmp_path / "small", "256m"))
+        except Unavailable as exc:
+            fault_row(case=case, outcome=f"not run: no small filesystem here ({exc})",
+                      check=None, recover_s=None)
+            pytest.skip(f"no small filesystem here: {exc}")
+        stack.enter_context(dask.config.set({"distributed.worker.memory.target": 0.05}))
+        cluster = stack.enter_context(_cluster(device_memory_limit="256MiB", memory_limit="8GiB",
+                                               local_directory=str(small)))
+        client = stack.enter_context(Client(cluster))
         start = time.perf_counter()
         held = _hold(client, 24, 64 * MiB)
         create_s = time.perf_counter() - start
+        ran = sum(f.status == "finished" for f in held)
         m = _worker_metrics(client)
         logs = _worker_logs(client)
         check = check_keys(client, held)
@@ -257,11 +277,13 @@ def test_local_directory_fills_while_spilling(tmp_path: Path, fault_row: Row) ->
         # which the worker's log buffer does not keep: the filesystem itself says.
         free = shutil.disk_usage(small).free
         full = free < 64 * MiB
-        fault_row(case="local directory on a 256 MiB filesystem fills while spilling",
-                  outcome=f"disk full ({m['disk-bytes'] / MiB:.0f} MiB on it): "
-                          f"{m['host-keys']:.0f} keys kept in host memory; all tasks ran",
-                  check=check, recover_s=create_s, free_bytes=free)
+        fault_row(case=case,
+                  outcome=f"disk {'full' if full else 'not full'} ({m['disk-bytes'] / MiB:.0f} "
+                          f"MiB on it, {free / MiB:.0f} MiB free): {m['host-keys']:.0f} keys in "
+                          f"host memory; {ran} of {len(held)} tasks ran",
+                  check=check, recover_s=None, create_s=round(create_s, 2), free_bytes=free)
         assert m["disk-keys"] > 0 and full, (m, free, logs[-2000:])
+        assert ran == len(held)
         assert m["host-keys"] * 64 * MiB > 0.05 * 8 * GiB, m  # kept past the host target
         assert check.ok, check
 
@@ -279,19 +301,23 @@ def test_host_memory_limit_reached_while_spilling(fault_row: Row) -> None:
         start = time.perf_counter()
         held = _hold(client, 48, 64 * MiB)
         create_s = time.perf_counter() - start
+        seen = watch(client)  # from here on: what the held keys go through
         total = sum(client.gather([client.submit(_allocate_and_sum, MiB, pure=False)]))
-        assert total == MiB
         m = _worker_metrics(client)
         logs = _worker_logs(client)
         restarted = _pid(client) != pid
         check = check_keys(client, held)
         paused = "Pausing worker" in logs
+        resumed = "Resuming worker" in logs
+        now = seen()
         fault_row(case="host memory limit (3 GiB) reached while device data spill",
-                  outcome=("worker paused, spilled to disk, resumed" if paused else
-                           "host tier spilled to disk before the pause threshold")
-                  + ("; restarted by the nanny" if restarted else "")
-                  + f"; {m['disk-keys']:.0f} keys on disk",
-                  check=check, recover_s=create_s, paused=paused, restarted=restarted)
+                  outcome=("worker paused" + (", resumed" if resumed else "") if paused
+                           else "worker never paused")
+                  + ("; the worker was restarted (a new process)" if restarted else "")
+                  + f"; {m['disk-keys']:.0f} keys on disk; a task after it ran",
+                  check=check, recover_s=None, create_s=round(create_s, 2), paused=paused,
+                  restarted=restarted, left=now.left, recomputed=now.recomputed(held))
+        assert total == MiB
         assert check.ok, check
 
 
@@ -340,24 +366,26 @@ def test_host_memory_past_the_pause_threshold(fault_row: Row) -> None:
             Client(cluster) as client:
         held = _hold(client, 24, 64 * MiB)
         before = _worker_metrics(client)
-        start = time.perf_counter()
         seen = client.submit(_press_host_memory, 0.86, 8.0, pure=False).result(timeout=300)
+        freed = time.perf_counter()  # the task has let its memory go
         # A paused worker resumes at the memory monitor's next look (100 ms).
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and \
-                set(client.run(_worker_status).values()) != {"running"}:
-            time.sleep(0.2)
-        recover_s = time.perf_counter() - start
+        resumed = wait_for(lambda: set(client.run(_worker_status).values()) == {"running"},
+                           timeout=60, interval=0.2)
+        recover_s = time.perf_counter() - freed if seen["paused"] and resumed else None
         after = _worker_metrics(client)
-        assert client.submit(_allocate_and_sum, MiB, pure=False).result(timeout=120) == MiB
+        ran = client.submit(_allocate_and_sum, MiB, pure=False).result(timeout=120) == MiB
         check = check_keys(client, held)
         trimmed = after.get("pinned-released-bytes", 0.0) - before.get("pinned-released-bytes", 0.0)
         fault_row(case="host memory held past the pause threshold (4 GiB worker, task at 86%)",
-                  outcome=f"worker paused; {after['disk-keys']:.0f} keys moved to disk; "
-                          f"pinned pool gave {trimmed / MiB:.0f} MiB back; resumed",
+                  outcome=f"worker {'paused' if seen['paused'] else 'never paused'}; "
+                          f"{after['disk-keys'] - before['disk-keys']:.0f} keys moved to disk; "
+                          f"pinned pool gave {trimmed / MiB:.0f} MiB back; "
+                          f"{'resumed' if resumed else 'not running after 60 s'}"
+                          f"{'; a task after it ran' if ran else ''}",
                   check=check, recover_s=recover_s, paused=seen["paused"],
                   peak_fraction=round(seen["peak"] / seen["limit"], 3))
         assert seen["paused"], seen
+        assert resumed and ran
         assert seen["peak"] < 0.95 * seen["limit"], seen
         assert after["disk-keys"] > before["disk-keys"], (before, after)
         assert check.ok, check
@@ -384,16 +412,21 @@ def test_task_past_the_host_memory_limit_is_terminated(fault_row: Row) -> None:
             _cluster(device_memory_limit="256MiB", memory_limit="4GiB") as cluster, \
             Client(cluster) as client:
         held = _hold(client, 24, 64 * MiB)
+        seen = watch(client)
         bomb = client.submit(_host_bomb, 5 * GiB, pure=False)
         with pytest.raises(KilledWorker) as info:
             bomb.result(timeout=300)
         failed = time.perf_counter()
         check = check_keys(client, held)
         recover_s = time.perf_counter() - failed
+        now = seen()
         fault_row(case="task past the host memory limit (4 GiB worker, 5 GiB task)",
-                  outcome="nanny terminated the worker twice; one KilledWorker error; "
-                          "held keys recomputed",
-                  check=check, recover_s=recover_s, error=_first_line(info.value))
+                  outcome=f"the worker left {now.left}x and joined {now.joined}x; "
+                          f"{_error_type(_first_line(info.value))}; "
+                          f"{now.recomputed(held)} of {len(held)} held keys recomputed",
+                  check=check, recover_s=recover_s, error=_first_line(info.value),
+                  left=now.left, joined=now.joined, recomputed=now.recomputed(held))
+        assert now.left >= 2, now  # allowed-failures 1: the task ended two workers
         assert check.ok, check
 
 
@@ -455,9 +488,11 @@ def test_pinning_refused_by_the_driver(tmp_path: Path, fault_row: Row) -> None:
     check = Check(identical=[str(k) for k in specs if digests[k] == fresh[k]],
                   changed=[str(k) for k in specs if digests[k] != fresh[k]])
     fault_row(case="pinning refused by the driver (register and host-alloc)",
-              outcome=f"{len(warned)} warning(s); {m['pageable-fallback-count']:.0f} spills "
-                      "to pageable memory; all read back",
-              check=check, recover_s=spill_s, refused_calls=backend.refused, warnings=warned)
+              outcome=f"{backend.refused} call(s) refused; {len(warned)} warning(s); "
+                      f"{m['pageable-fallback-count']:.0f} spills to pageable memory; "
+                      f"{len(check.identical)} of {len(specs)} read back identical",
+              check=check, recover_s=None, run_s=round(spill_s, 2),
+              refused_calls=backend.refused, warnings=warned)
     assert check.ok, check
     assert backend.refused >= 1 and m.get("pinned-reserved-bytes", 0) == 0, (backend.refused, m)
     assert m["pageable-fallback-count"] > 0 and 1 <= len(warned) <= 2, (warned, m)
@@ -482,7 +517,7 @@ def test_pinned_pool_exhausted_mid_spill(fault_row: Row) -> None:
         fault_row(case="pinned pool (64 MiB) exhausted mid-spill",
                   outcome=f"{m['pageable-fallback-count']:.0f} spills to memory faulted in for "
                           f"them; pool at {m['pinned-reserved-bytes'] / MiB:.0f} MiB",
-                  check=check, recover_s=create_s)
+                  check=check, recover_s=None, create_s=round(create_s, 2))
         assert m["pageable-fallback-count"] > 0 and m["pinned-reserved-bytes"] <= 64 * MiB
         assert check.ok, check
 
@@ -538,15 +573,16 @@ def test_another_process_takes_the_gpu(mode: str, fault_row: Row) -> None:
         if erred:  # the other process has gone: the same tasks again
             client.retry(erred)
             _wait(client, more)
-        recover_s = time.perf_counter() - hog_gone if erred else 0.0
+        recover_s = time.perf_counter() - hog_gone if erred else None
+        rerun = sum(f.status == "finished" for f in erred)
         fresh = client.gather([client.submit(_fresh_digest, 100 + i, GiB, "f8", pure=False)
                                for i in range(8)])
         held.update(dict(zip(more, fresh, strict=True)))
         m = _worker_metrics(client)
         check = check_keys(client, held)
         fault_row(case=f"another process takes the GPU ({taken / GiB:.0f} GiB), {mode}",
-                  outcome=(f"{len(erred)} of 8 tasks failed with one error each, ran again "
-                           "once the memory was back" if erred else
+                  outcome=(f"{len(erred)} of 8 tasks failed ({_error_type(error or '')}); "
+                           f"{rerun} of them ran again once the memory was back" if erred else
                            f"all 8 ran: {m.get('spill-on-demand-count', 0):.0f} spill(s) on "
                            "demand"),
                   check=check, recover_s=recover_s, error=error,

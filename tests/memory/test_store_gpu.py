@@ -274,7 +274,7 @@ def test_random_walk_on_gpu(store: TieredStore) -> None:
         elif action == "del" and key in model:
             del store[key]
             del model[key]
-    assert set(store) == set(model)
+    assert set(store) == set(model) and model  # the loop below checks something
     for key, host in model.items():
         got = store[key]
         assert got.dtype == host.dtype

@@ -24,7 +24,7 @@ from click.core import ParameterSource
 
 from cudask import config
 from cudask.cli.errors import ConfigError
-from cudask.options import BY_NAME, Option, options_for
+from cudask.options import BY_NAME, Option, WorkerOptions, options_for
 
 SCHEDULER_HELP = (
     "Address of the scheduler, e.g. tcp://10.0.0.1:8786; or use --scheduler-file or "
@@ -56,10 +56,10 @@ def worker_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-async def _run(scheduler: str | None, values: dict[str, Any]) -> None:
+async def _run(scheduler: str | None, options: WorkerOptions) -> None:
     from cudask.deploy.node import CUDAWorker
 
-    worker = CUDAWorker(scheduler, **values)
+    worker = CUDAWorker.from_options(scheduler, options)  # checked already: check_flags
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -94,16 +94,16 @@ def worker(ctx: click.Context, scheduler: str | None, **values: Any) -> None:
     elif scheduler is None and not given.get("scheduler_file"):
         scheduler = dask.config.get("scheduler-address", None)
         origin = config.origin("scheduler-address")
-    check_flags(given, scheduler, origin)
+    options = check_flags(given, scheduler, origin)
     if scheduler is None and not given.get("scheduler_file"):
         raise click.UsageError("no scheduler: give its address (e.g. tcp://10.0.0.1:8786), "
                                "--scheduler-file FILE, or set DASK_SCHEDULER_ADDRESS")
     # CUDAWorker validates the rest (devices, sizes per GPU) before any process starts.
-    asyncio.run(_run(scheduler, given))
+    asyncio.run(_run(scheduler, options))
 
 
 def check_flags(given: dict[str, Any], scheduler: str | None = None,
-                origin: str | None = None) -> None:
+                origin: str | None = None) -> WorkerOptions:
     """Every check that needs no GPU (cudask.deploy.checks), before any GPU is looked
     for: a bad flag, config value or CUDA_VISIBLE_DEVICES is a usage error (exit 2);
     one from an environment variable or a config file says which, without click's
@@ -112,8 +112,8 @@ def check_flags(given: dict[str, Any], scheduler: str | None = None,
     from cudask.errors import OptionError
 
     try:
-        check_input(given, "cli", visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                    scheduler=scheduler, scheduler_origin=origin)
+        return check_input(given, "cli", visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                           scheduler=scheduler, scheduler_origin=origin)
     except OptionError as exc:
         if exc.origin is not None:
             raise ConfigError(str(exc)) from None

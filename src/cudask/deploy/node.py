@@ -91,6 +91,20 @@ class CUDAWorker:
             mpi.abort_job(exc)  # an MPI rank: say why and end the job rather than hang
             raise
 
+    @classmethod
+    def from_options(cls, scheduler: str | None, options: WorkerOptions) -> CUDAWorker:
+        """The workers of `options` as `cudask.deploy.checks.check_input` returned them:
+        for `cudask worker`, which checks its flags itself (to name them in its
+        errors), so the checks that need no GPU run once. `scheduler`: as for
+        CUDAWorker (None: options.scheduler_file)."""
+        self = cls.__new__(cls)
+        try:
+            self._place(scheduler, options, {}, stacklevel=4)
+        except CudaskError as exc:
+            mpi.abort_job(exc)
+            raise
+        return self
+
     def _init(self, scheduler: str | None, kwargs: dict[str, Any]) -> None:
         if "scheduler_ip" in kwargs:  # distributed.Worker's name for it (dask-jobqueue runners)
             scheduler_ip = kwargs.pop("scheduler_ip")
@@ -121,6 +135,13 @@ class CUDAWorker:
                               visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                               scheduler=scheduler, scheduler_origin=origin,
                               security=kwargs.get("security"))
+        self._place(scheduler, options, kwargs, stacklevel=5)
+
+    def _place(self, scheduler: str | None, options: WorkerOptions, kwargs: dict[str, Any],
+               stacklevel: int) -> None:
+        """Find the GPUs and make a worker (Nanny) for each slot; `options` checked.
+        `stacklevel`: warnings name the frame that many levels up from the warning's
+        function, the caller of CUDAWorker."""
         rank = mpi.check_rank(os.environ)  # dask-mpi: the launcher's local rank, checked here
         machine = require_gpus(discover())
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -156,7 +177,7 @@ class CUDAWorker:
         names = worker_names(options.name, devices, per_gpu)
         ports = parse_ports(options.worker_port, len(slots))
         if options.nanny:  # without one, this process is the worker: its context is the worker's
-            warn_own_contexts(devices, "the nannies' process", stacklevel=4)
+            warn_own_contexts(devices, "the nannies' process", stacklevel=stacklevel)
         ucx = ucx_config(options)
         if ucx:  # the nannies of this process speak UCX too
             dask.config.set(ucx)

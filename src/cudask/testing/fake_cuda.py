@@ -29,6 +29,7 @@ import itertools
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,14 +177,18 @@ class FakeCopyBackend:
     pin_limit: bytes of pinned memory the "driver" grants before refusing
     (allocated and registered alike).
     refuse_register: cause given when `register_host` is called (None: it works).
+    clock: what stamps a completed event (seconds; `elapsed` subtracts two
+    stamps); a test's own clock makes a copy's stream time exact.
     """
 
     name = "fake"
 
     def __init__(
-        self, *, lag: int = 0, pin_limit: int | None = None, refuse_register: str | None = None
+        self, *, lag: int = 0, pin_limit: int | None = None, refuse_register: str | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.lag = lag
+        self.clock = clock
         self.pin_limit = pin_limit
         self.refuse_register = refuse_register
         self.registered: dict[int, int] = {}  # address -> bytes
@@ -274,7 +279,7 @@ class FakeCopyBackend:
         with self.lock:
             event = FakeEvent(stream, stream.enqueued)
             if stream.done >= event.index:
-                event.completed_at = time.perf_counter()
+                event.completed_at = self.clock()
             else:
                 stream.recorded.append(event)
             return event
@@ -329,7 +334,7 @@ class FakeCopyBackend:
                 ctypes.memmove(dst, src, nbytes)
                 self.copies.append((direction, nbytes))
             stream.done += 1
-            now = time.perf_counter()
+            now = self.clock()
             while stream.recorded and stream.recorded[0].index <= stream.done:
                 stream.recorded.popleft().completed_at = now
 

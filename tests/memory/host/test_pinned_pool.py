@@ -4,6 +4,7 @@ faulted-in memory, fallbacks, footprint limits, deferred and idle release."""
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 import time
 import warnings
@@ -25,6 +26,23 @@ InThreads = Callable[[Callable[[int], None], int], list[BaseException]]
 KiB = 1024
 MiB = 1 << 20
 needs_mappings = pytest.mark.skipif(not faulting.available(), reason="needs Linux mappings")
+
+
+def waits_until_woken(pool: PinnedPool) -> bool:
+    """Whether the pool's thread waits, with no timer, for a caller to wake it: it
+    found nothing to pin, register or give back, now or later. Read under the
+    pool's lock: a notify takes the thread off the condition's waiters at once,
+    so such a wait seen after an action is one that took the action into account."""
+    thread = pool._thread
+    if thread is None:
+        return False
+    with pool._lock:
+        if not pool._wake._waiters:  # type: ignore[attr-defined]
+            return False
+        frame = sys._current_frames().get(thread.ident or 0)
+        while frame is not None and frame.f_code is not threading.Condition.wait.__code__:
+            frame = frame.f_back
+        return frame is not None and frame.f_locals["timeout"] is None
 
 
 def ready_pool(backend: FakeCopyBackend, capacity: int, slab: int, **kwargs: object) -> PinnedPool:
@@ -175,7 +193,7 @@ def test_available_memory_caps_what_is_pinned() -> None:
     pool.close()
 
 
-def test_driver_refusal_falls_back_and_stops_asking() -> None:
+def test_driver_refusal_falls_back_and_stops_asking(wait_for: WaitFor) -> None:
     backend = FakeCopyBackend(pin_limit=16 * KiB)
     pool = PinnedPool(backend, 1 << 20, 16 * KiB)
     with pytest.warns(PinnedMemoryWarning, match="refused"):
@@ -187,8 +205,10 @@ def test_driver_refusal_falls_back_and_stops_asking() -> None:
         block = pool.allocate(KiB)
     assert not block.pinned and pool.stats()["pageable-fallback-count"] == 1
     pool.allocate(KiB)
-    time.sleep(0.1)
-    assert backend.pin_refusals == 1  # not asked again
+    pool.preallocate(64 * KiB)  # asked here, in this thread
+    pool.ensure_free(64 * KiB)  # and of the pool's thread
+    assert wait_for(lambda: waits_until_woken(pool))
+    assert backend.pin_refusals == 1 and pool.reserved == 16 * KiB  # not asked again
     pool.close()
 
 
@@ -317,7 +337,7 @@ def test_start_goal_is_reserved_and_kept_while_idle(wait_for: WaitFor) -> None:
         b.release()
     # idle slabs go back; the start goal (one slab) stays, and it does not grow back
     assert wait_for(lambda: pool.reserved == 16 * KiB)
-    time.sleep(0.2)
+    assert wait_for(lambda: waits_until_woken(pool))  # no timer left for the one kept
     assert pool.reserved == 16 * KiB and pool.goal == 16 * KiB
     assert pool.stats()["pinned-released-bytes"] >= 6 * 16 * KiB
     assert pool.allocate(16 * KiB).pinned
@@ -325,11 +345,11 @@ def test_start_goal_is_reserved_and_kept_while_idle(wait_for: WaitFor) -> None:
     assert backend.pinned == {} and backend.registered == {}
 
 
-def test_slabs_stay_pinned_without_release_after() -> None:
+def test_slabs_stay_pinned_without_release_after(wait_for: WaitFor) -> None:
     backend = FakeCopyBackend()
     pool = ready_pool(backend, 256 * KiB, 16 * KiB)
-    pool.allocate(16 * KiB).release()
-    time.sleep(0.2)
+    pool.allocate(16 * KiB).release()  # starts the pool's thread; every slab idle
+    assert wait_for(lambda: waits_until_woken(pool))  # no timer to give them back
     assert pool.reserved == 256 * KiB
     pool.close()
 

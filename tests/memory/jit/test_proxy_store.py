@@ -152,6 +152,7 @@ def test_random_operations_read_back_identical(make: Any) -> None:
         elif key in truth:
             del store[key]
             del truth[key]
+    assert held and truth  # the loops below check something
     for got, expected in held:
         assert (got.get() == expected).all()
     for key, expected in truth.items():

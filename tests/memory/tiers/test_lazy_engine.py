@@ -5,7 +5,6 @@ waiting for pinning, preallocation."""
 from __future__ import annotations
 
 import threading
-import time
 import warnings
 from collections.abc import Callable
 
@@ -19,6 +18,12 @@ WaitFor = Callable[..., bool]
 dev = filled  # a fake device array of n elements, each `fill`
 
 
+def nothing_started(store: TieredStore) -> bool:
+    """Whether the store has neither a copy engine nor a thread making one: then
+    nothing can pin memory until the next write asks for it."""
+    return store._lazy.current is None and not store._lazy._warming
+
+
 def test_pinned_memory_is_made_ready_ahead_and_idle_memory_goes_back(
     make_store: MakeStore, wait_for: WaitFor
 ) -> None:
@@ -27,8 +32,7 @@ def test_pinned_memory_is_made_ready_ahead_and_idle_memory_goes_back(
                        pinned_release_after="50ms")
     assert store.settings.pinned_headroom == 1 << 16  # "auto": the device limit here
     store[0] = dev(1 << 14, 0)  # a quarter of the limit: nothing is pinned
-    time.sleep(0.1)
-    assert store._lazy.current is None and backend.pinned_bytes == 0
+    assert nothing_started(store) and backend.pinned_bytes == 0
     store[1] = dev(1 << 15, 1)  # past half the limit: made ready ahead, off this thread
     assert wait_for(lambda: store.metrics().get("pinned-reserved-bytes", 0) >= 1 << 15)
     store[2] = dev(1 << 15, 2)  # spills 0 into memory that was ready
@@ -50,8 +54,7 @@ def test_pinning_ahead_starts_where_configured(make_store: MakeStore, wait_for: 
     backend = FakeCopyBackend()
     store = make_store(device_memory_limit=1 << 16, backend=backend, pinned_headroom_from=0.75)
     store[0] = dev(40_000, 0)  # 61% of the limit
-    time.sleep(0.1)
-    assert store._lazy.current is None and backend.pinned_bytes == 0
+    assert nothing_started(store) and backend.pinned_bytes == 0
     store[1] = dev(10_000, 1)  # 76%
     assert wait_for(lambda: store.metrics().get("pinned-reserved-bytes", 0) > 0)
 
