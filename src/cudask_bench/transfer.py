@@ -1,20 +1,27 @@
 """`cudask bench transfer`: device data between workers of one host, CUDA IPC
-(cudask.comm.ipc) against TCP through host memory, in fresh clusters.
+(cudask.comm.ipc) against TCP through host memory and UCX, in fresh clusters, the
+order of the settings rotated between rounds.
 
-Covers: per setting (`settings`: cudask over TCP with `cudask.comm.device-ipc` on and
-off, cudask over UCX, and dask-cuda's workers over TCP and UCX when asked), a fresh
-scheduler in this process and one worker process per placement entry (its
-CUDA_VISIBLE_DEVICES, a worker per GPU in it: ("0", "0") two workers on GPU 0, ("0",
-"1") one on each of two GPUs seeing its own alone, ("0,1",) one process over both), then
+Covers: the settings (`settings`: cudask over TCP with `cudask.comm.device-ipc` on,
+also with `cudask.memory.pinned-headroom: 0`, and off, cudask over UCX, and dask-cuda's
+workers over TCP and UCX when asked), each run without and with each RMM pool of the
+plan (a `Case`); `--rounds` rounds, each running every case once in a fresh cluster,
+the order rotated by one case each round (`rotations`: no case always pays the
+machine's first-use costs). Per case and round, a fresh scheduler in this process and
+one worker process per placement entry (its CUDA_VISIBLE_DEVICES, a worker per GPU in
+it: ("0", "0") two workers on GPU 0, ("0", "1") one on each of two GPUs seeing its own
+alone, ("0,1",) one process over both), then
+- all-to-all: an N x N float64 CuPy array in row blocks rechunked to column blocks
+  (task-based, cudask.comm.rechunk), checked by its sum: cold (the first work of the
+  fresh cluster, timed from the rechunk's submit), then warm (`all_to_all_warm`);
 - point to point: an array made on worker A is used by a task on worker B; the first
   transfer of each size is the cold figure, the median of the repeats the warm one;
   bandwidth is what distributed's transfer log on B records;
-- all-to-all: an N x N float64 CuPy array in row blocks rechunked to column blocks
-  (task-based, cudask.comm.rechunk), checked by its sum; cold, then warm in the same
-  cluster (`all_to_all_warm`);
 - shuffle (with dask-cuDF): a DataFrame shuffled on a key by each of the plan's
   methods, cold and warm (cudask_bench.shuffle);
-then each worker's IPC counters and store figures (cudask_bench.counters).
+then each worker's IPC counters and store figures (cudask_bench.counters). A case that
+fails is recorded with its error and the run goes on; past `budget_s` no new case
+starts. Cold and warm per case across rounds, and the targets: cudask_bench.transfer_report.
 
 Does not cover: the CLI's checks of the plan (cudask_bench.cli.transfer).
 Threading: the command's thread; the functions named `_fill`, `_last`, `_cells` run on
@@ -26,7 +33,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -49,14 +56,20 @@ class Setting:
     device_ipc: bool = False  # cudask.comm.device-ipc (cudask over TCP)
     python: str | None = None  # dask-cuda's interpreter (None: this one)
     pythonpath: tuple[str, ...] = ()  # where dask-cuda is, when not installed there
+    env: tuple[tuple[str, str], ...] = ()  # more for the workers' environment
+
+
+HEADROOM_0 = (("DASK_CUDASK__MEMORY__PINNED_HEADROOM", "0"),)  # nothing pinned ahead of spills
 
 
 def settings(protocols: tuple[str, ...], dask_cuda: Setting | None) -> tuple[Setting, ...]:
-    """cudask over TCP with IPC on and off, then cudask over UCX, and dask-cuda
-    (`dask_cuda` carries its interpreter and path) over each protocol."""
+    """cudask over TCP with IPC on (the default configuration, then without pinning
+    ahead of spills) and off, then cudask over UCX, and dask-cuda (`dask_cuda` carries
+    its interpreter and path) over each protocol."""
     out = []
     if "tcp" in protocols:
         out += [Setting("cudask-ipc", "cudask", "tcp", device_ipc=True),
+                Setting("cudask-ipc-headroom0", "cudask", "tcp", device_ipc=True, env=HEADROOM_0),
                 Setting("cudask-tcp", "cudask", "tcp")]
     if "ucx" in protocols:
         out.append(Setting("cudask-ucx", "cudask", "ucx"))
@@ -75,7 +88,9 @@ class TransferPlan:
     blocks: int
     device_memory_limit: str
     settings: tuple[Setting, ...]
-    rmm_pool_size: str | None = None  # each worker's, CuPy allocating from it; cudask's and dask-cuda's alike
+    pools: tuple[str | None, ...] = (None,)  # each worker's RMM pool (None: none), CuPy allocating from it
+    rounds: int = 1
+    budget_s: float = 0.0  # no case starts after this many seconds (0: no limit)
     log_dir: str | None = None
     shuffle_rows: int = 0  # 0: no shuffle
     shuffle_methods: tuple[str, ...] = ()
@@ -87,7 +102,7 @@ def worker_launch(setting: Setting) -> Iterator[tuple[list[str] | None, dict[str
     """The worker command (None: `cudask worker`) and the environment it adds; for
     another interpreter, the shim directory on its path lasts as long as the block."""
     if setting.backend == "cudask":
-        yield None, {"DASK_CUDASK__COMM__DEVICE_IPC": str(setting.device_ipc)}
+        yield None, {"DASK_CUDASK__COMM__DEVICE_IPC": str(setting.device_ipc), **dict(setting.env)}
         return
     from cudask_bench.targets import Target, make_shim, remove_shim  # the parent's side only
 
@@ -164,34 +179,60 @@ def all_to_all(client: Any, n: int, blocks: int) -> dict[str, Any]:
             "GBps": n * n * 8 / seconds / 1e9, "sum_ok": abs(total - expected) <= 1e-9 * expected}
 
 
-def run_setting(setting: Setting, plan: TransferPlan) -> dict[str, Any]:
-    """Start the setting's workers and measure."""
-    log_dir = Path(plan.log_dir) / f"transfer-{setting.name}" if plan.log_dir else None
+@dataclass(frozen=True)
+class Case:
+    """A setting with or without an RMM pool."""
+
+    setting: Setting
+    pool: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.setting.name + (f"+pool-{self.pool}" if self.pool else "")
+
+
+def cases(plan: TransferPlan) -> tuple[Case, ...]:
+    """Every setting without a pool, then with each pool of the plan."""
+    return tuple(Case(s, pool) for pool in plan.pools for s in plan.settings)
+
+
+def rotations(items: tuple[Case, ...], rounds: int) -> list[list[Case]]:
+    """The order of each round: round r starts with the r-th case (modulo their number)."""
+    n = len(items)
+    return [list(items[r % n:] + items[:r % n]) for r in range(rounds)] if n else []
+
+
+def run_setting(setting: Setting, plan: TransferPlan, pool: str | None = None,
+                tag: str = "") -> dict[str, Any]:
+    """Start the setting's workers (with `pool`) and measure."""
+    name = Case(setting, pool).name + tag
+    log_dir = Path(plan.log_dir) / f"transfer-{name}" if plan.log_dir else None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
     with worker_launch(setting) as (command, launch_env):
-        return _measure(setting, plan, log_dir, command, launch_env)
+        return _measure(plan, pool, log_dir, command, launch_env, setting.protocol)
 
 
-def _measure(setting: Setting, plan: TransferPlan, log_dir: Path | None,
-             command: list[str] | None, env: dict[str, str]) -> dict[str, Any]:
-    """The setting's worker processes, started with `command` and `env`, measured."""
+def _measure(plan: TransferPlan, pool: str | None, log_dir: Path | None,
+             command: list[str] | None, env: dict[str, str], protocol: str) -> dict[str, Any]:
+    """Worker processes started with `command` and `env`, measured: the all-to-all
+    first (its cold run is the fresh cluster's first work), then point to point."""
     from cudask.testing.processes import worker_processes
 
     # distributed keeps a worker's last `low-level-log-length` fetches (1000); the
     # bench reads differences of that log, so it keeps every fetch of the run
     env = {**env, "DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH": str(LOG_LENGTH)}
     with worker_processes(plan.placement, env=env, log_dir=log_dir, command=command,
-                          protocol=setting.protocol,
+                          protocol=protocol,
                           args=["--device-memory-limit", plan.device_memory_limit,
-                                *(["--rmm-pool-size", plan.rmm_pool_size, "--set-rmm-allocator-for-libs", "cupy"]
-                                  if plan.rmm_pool_size else [])]
+                                *(["--rmm-pool-size", pool, "--set-rmm-allocator-for-libs", "cupy"]
+                                  if pool else [])]
                           ) as client:
         a, b = sorted(client.nthreads())[:2]
-        out: dict[str, Any] = {"point_to_point": {
-            str(size): _point_to_point(client, a, b, size, plan.repeat) for size in plan.sizes}}
-        out["all_to_all"] = all_to_all(client, plan.n, plan.blocks)
+        out: dict[str, Any] = {"all_to_all": all_to_all(client, plan.n, plan.blocks)}
         out["all_to_all_warm"] = all_to_all(client, plan.n, plan.blocks)
+        out["point_to_point"] = {str(size): _point_to_point(client, a, b, size, plan.repeat)
+                                 for size in plan.sizes}
         if plan.shuffle_rows:
             out["shuffle"] = {
                 method: {run: frame_shuffle(client, plan.shuffle_rows, plan.blocks, method, plan.shuffle_module)
@@ -202,54 +243,40 @@ def _measure(setting: Setting, plan: TransferPlan, log_dir: Path | None,
         return out
 
 
-def run_transfer(plan: TransferPlan) -> dict[str, Any]:
-    """Every setting in turn: {"plan": ..., "settings": {name: results}}."""
-    return {"plan": asdict(plan), "settings": {s.name: run_setting(s, plan) for s in plan.settings}}
+Runner = Callable[[Setting, TransferPlan, str | None, str], dict[str, Any]]
 
 
-def summary(report: dict[str, Any]) -> list[str]:
-    """A line per size and setting, the all-to-all per setting, and the first
-    setting's warm bandwidth and all-to-all time against each other's."""
-    lines = []
-    results = report["settings"]
-    for name, r in results.items():
-        for size, p in r["point_to_point"].items():
-            cold = p["cold"]
-            lines.append(f"{name:14} {int(size) / 2**20:7.0f} MiB  cold {cold['GBps'] or 0:7.1f} GB/s "
-                         f"({cold['task_s']:.3f} s task)  warm {p['warm_median_GBps'] or 0:7.1f} GB/s")
-        a2a, warm = r["all_to_all"], r.get("all_to_all_warm")
-        lines.append(f"{name:14} all-to-all {a2a['bytes'] / 1e9:.1f} GB: cold {a2a['seconds']:.2f} s "
-                     f"({a2a['GBps']:.1f} GB/s)"
-                     + (f", warm {warm['seconds']:.2f} s" if warm else "")
-                     + f", sum ok: {a2a['sum_ok'] and (warm or a2a)['sum_ok']}")
-        for method, runs in r.get("shuffle", {}).items():
-            lines.append(f"{name:14} shuffle {method:5} {_shuffle_run(runs['cold'])}; warm "
-                         f"{_shuffle_run(runs['warm'])}")
-    names = list(results)
-    if len(names) > 1:
-        first = results[names[0]]
-        largest = max(first["point_to_point"], key=int)
-        for other in names[1:]:
-            theirs = results[other]
-            mine_bw = first["point_to_point"][largest]["warm_median_GBps"]
-            their_bw = theirs["point_to_point"][largest]["warm_median_GBps"]
-            ratio = f"{mine_bw / their_bw:.1f}x" if mine_bw and their_bw else "n/a"
-            a2a = theirs["all_to_all"]["seconds"] / first["all_to_all"]["seconds"]
-            warm = ""
-            if "all_to_all_warm" in first and "all_to_all_warm" in theirs:
-                warm = (f" (warm {theirs['all_to_all_warm']['seconds'] / first['all_to_all_warm']['seconds']:.1f}x)")
-            lines.append(f"{names[0]} against {other}: {ratio} the warm bandwidth at "
-                         f"{int(largest) / 2**20:.0f} MiB, all-to-all {a2a:.1f}x faster cold{warm}")
-            for method, runs in first.get("shuffle", {}).items():
-                mine, their = runs["cold"], theirs.get("shuffle", {}).get(method, {}).get("cold", {})
-                if "seconds" in mine and "seconds" in their:
-                    lines.append(f"{names[0]} against {other}: shuffle {method} "
-                                 f"{their['seconds'] / mine['seconds']:.1f}x faster cold")
-    return lines
+def run_transfer(plan: TransferPlan, run: Runner = run_setting,
+                 progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Every case once per round, in each round's rotated order: {"plan", "order",
+    "settings": {case: {"rounds": [...], cold and warm across them}}, "targets"};
+    `progress` gets the report so far after each case."""
+    from cudask_bench.transfer_report import aggregate, targets
 
+    all_cases = cases(plan)
+    order = rotations(all_cases, plan.rounds)
+    runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in all_cases}
+    started = time.monotonic()
 
-def _shuffle_run(run: dict[str, Any]) -> str:
-    if "error" in run:
-        return f"failed ({run['error'][:120]})"
-    return (f"{run['bytes'] / 1e9:.1f} GB: {run['seconds']:.2f} s ({run['GBps']:.1f} GB/s), "
-            f"rows ok: {run['rows_ok']}, keys ok: {run['keys_ok']}")
+    def report() -> dict[str, Any]:
+        done = {c.name: {"setting": c.setting.name, "pool": c.pool, "rounds": runs[c.name],
+                         **aggregate(runs[c.name])} for c in all_cases}
+        return {"plan": asdict(plan), "order": [[c.name for c in rnd] for rnd in order],
+                "settings": done, "targets": targets(done, plan.pools)}
+
+    for r, rnd in enumerate(order):
+        for position, case in enumerate(rnd):
+            entry: dict[str, Any] = {"round": r, "position": position}
+            if plan.budget_s and time.monotonic() - started > plan.budget_s:
+                entry["skipped"] = f"past the budget of {plan.budget_s:.0f} s"
+            else:
+                case_start = time.monotonic()
+                try:
+                    entry.update(run(case.setting, plan, case.pool, f"-r{r}"))
+                except Exception as exc:  # noqa: BLE001 - recorded; the other cases still run
+                    entry["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+                entry["case_s"] = time.monotonic() - case_start
+            runs[case.name].append(entry)
+            if progress is not None:
+                progress(report())
+    return report()

@@ -422,6 +422,11 @@ def test_soak_bad_input(args: list[str], named: str) -> None:
     (["--dask-cuda-path", "/tmp"], "--dask-cuda-python / --dask-cuda-path need --against dask-cuda"),
     (["--shuffle-methods", "tasks,bogus"], "'tasks,bogus'; accepted: tasks, p2p, explicit"),
     (["--shuffle-rows", "-1"], "-1 is not in the range"),
+    (["--rmm-pool-size", "none,lots"], "--rmm-pool-size='lots'"),
+    (["--rmm-pool-size", "40GB,none,40GB"], "'40GB,none,40GB' names a pool twice; accepted"),
+    (["--rounds", "0"], "0 is not in the range"),
+    (["--protocols", "tcp", "--settings", "cudask-ipc,bogus"],
+     "'cudask-ipc,bogus'; accepted: cudask-ipc, cudask-ipc-headroom0, cudask-tcp (with these"),
 ])
 def test_transfer_bad_input(args: list[str], named: str) -> None:
     code, out = invoke("transfer", *args)
@@ -470,7 +475,7 @@ def test_transfer_placement_to_worker_processes(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(environment, "has_module", lambda name: True)
     plans: list[transfer_run.TransferPlan] = []
     monkeypatch.setattr(transfer_run, "run_transfer",
-                        lambda plan: plans.append(plan) or {"plan": {}, "settings": {}})
+                        lambda plan, **kw: plans.append(plan) or {"plan": {}, "settings": {}})
     code, out = invoke("transfer", "--shuffle-rows", "0", *(["--placement", given] if given else []))
     assert code == 0, out
     assert plans[0].placement == expected
@@ -491,11 +496,15 @@ def test_transfer_settings_and_dask_cuda_workers(tmp_path: Path) -> None:
 
     dc = Setting("dask-cuda", "dask-cuda", "tcp", pythonpath=(str(tmp_path),))
     names = [s.name for s in settings(("tcp", "ucx"), dc)]
-    assert names == ["cudask-ipc", "cudask-tcp", "cudask-ucx", "dask-cuda-tcp", "dask-cuda-ucx"]
-    assert [s.name for s in settings(("tcp",), None)] == ["cudask-ipc", "cudask-tcp"]
-    ipc, tcp = settings(("tcp",), None)
+    assert names == ["cudask-ipc", "cudask-ipc-headroom0", "cudask-tcp", "cudask-ucx", "dask-cuda-tcp",
+                     "dask-cuda-ucx"]
+    assert [s.name for s in settings(("tcp",), None)] == ["cudask-ipc", "cudask-ipc-headroom0", "cudask-tcp"]
+    ipc, headroom0, tcp = settings(("tcp",), None)
     with worker_launch(ipc) as launch:
         assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True"})
+    with worker_launch(headroom0) as launch:
+        assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True",
+                                 "DASK_CUDASK__MEMORY__PINNED_HEADROOM": "0"})
     with worker_launch(tcp) as launch:
         assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "False"})
     with worker_launch(settings(("tcp",), dc)[-1]) as (command, env):
@@ -507,41 +516,6 @@ def test_transfer_settings_and_dask_cuda_workers(tmp_path: Path) -> None:
         shim = Path(env["PYTHONPATH"].split(":")[0])
         assert (shim / "cudask").is_symlink()
     assert not shim.exists()  # the shim lasts as long as the workers
-
-
-def test_transfer_summary_compares_the_first_setting() -> None:
-    from cudask_bench.transfer import summary
-
-    def result(bw: float, seconds: float) -> dict:
-        p2p = {"cold": {"GBps": bw / 2, "task_s": 0.1}, "warm_median_GBps": bw}
-        a2a = {"bytes": 3.2e9, "seconds": seconds, "GBps": 3.2 / seconds, "sum_ok": True}
-        return {"point_to_point": {str(64 << 20): p2p, str(2 << 30): p2p},
-                "all_to_all": a2a, "all_to_all_warm": {**a2a, "seconds": seconds / 2}}
-
-    lines = summary({"settings": {"cudask-ipc": result(500.0, 0.1), "dask-cuda-ucx": result(100.0, 0.6)}})
-    assert not [line for line in lines if "shuffle" in line]  # no dask-cuDF: no shuffle lines
-    assert "cudask-ipc     all-to-all 3.2 GB: cold 0.10 s (32.0 GB/s), warm 0.05 s, sum ok: True" in lines
-    assert lines[-1] == ("cudask-ipc against dask-cuda-ucx: 5.0x the warm bandwidth at 2048 MiB, "
-                         "all-to-all 6.0x faster cold (warm 6.0x)")
-
-
-def test_transfer_summary_of_shuffles() -> None:
-    from cudask_bench.transfer import summary
-
-    def run(seconds: float) -> dict:
-        return {"method": "p2p", "rows": 10**6, "partitions": 8, "bytes": 1.6e7, "seconds": seconds,
-                "GBps": 0.016 / seconds, "rows_ok": True, "keys_ok": True}
-
-    p2p = {"8": {"cold": {"GBps": 1.0, "task_s": 0.1}, "warm_median_GBps": 1.0}}
-    base = {"point_to_point": p2p, "all_to_all": {"bytes": 1e9, "seconds": 1.0, "GBps": 1.0, "sum_ok": True}}
-    mine = {**base, "shuffle": {"p2p": {"cold": run(0.5), "warm": run(0.25)}}}
-    failed = {"method": "p2p", "rows": 10**6, "partitions": 8, "bytes": 1.6e7, "error": "TypeError: no"}
-    theirs = {**base, "shuffle": {"p2p": {"cold": run(2.0), "warm": failed}}}
-    lines = summary({"settings": {"cudask-ipc": mine, "dask-cuda-tcp": theirs}})
-    assert ("cudask-ipc     shuffle p2p   0.0 GB: 0.50 s (0.0 GB/s), rows ok: True, keys ok: True; warm "
-            "0.0 GB: 0.25 s (0.1 GB/s), rows ok: True, keys ok: True") in lines
-    assert any(line.endswith("warm failed (TypeError: no)") for line in lines), lines
-    assert lines[-1] == "cudask-ipc against dask-cuda-tcp: shuffle p2p 4.0x faster cold"
 
 
 def test_transfer_reports_the_store_figures() -> None:

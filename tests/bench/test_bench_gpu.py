@@ -166,29 +166,37 @@ def test_against_dask_cuda_tiny(tmp_path: Path) -> None:
 
 
 def test_transfer_tiny(tmp_path: Path) -> None:
-    """Two workers (on GPU 0, or one per GPU): IPC moves the arrays in the
-    cudask-ipc setting and nothing in cudask-tcp; every value and the rechunk
-    check out; with dask-cuda in this environment, its workers too."""
+    """Two workers (on GPU 0, or one per GPU), two rounds whose order rotates: IPC
+    moves the arrays in the cudask-ipc setting and nothing in cudask-tcp; every value
+    and the rechunk check out in each round; with dask-cuda in this environment, its
+    workers too; the report ends with the targets."""
     out = tmp_path / "transfer.json"
+    names = ["cudask-ipc", "cudask-tcp"] + (["dask-cuda-tcp"] if HAS_DASK_CUDA else [])
     against = ["--against", "dask-cuda"] if HAS_DASK_CUDA else []
     shuffle_rows = "100000" if HAS_DASK_CUDF else "0"
     result = CliRunner().invoke(bench, ["transfer", "--sizes", "8MiB", "--repeat", "1", "--n", "2048",
-                                        "--blocks", "4", "--shuffle-rows", shuffle_rows, *against,
+                                        "--blocks", "4", "--shuffle-rows", shuffle_rows, "--protocols", "tcp",
+                                        "--settings", ",".join(names), "--rounds", "2", *against,
                                         "--output", str(out)],
                                 prog_name="cudask bench")
     assert result.exit_code == 0, result.output
-    report = json.loads(out.read_text())["report"]["settings"]
-    assert list(report) == ["cudask-ipc", "cudask-tcp"] + (["dask-cuda-tcp"] if HAS_DASK_CUDA else [])
-    for setting, r in report.items():
-        assert r["all_to_all"]["sum_ok"] and r["all_to_all_warm"]["sum_ok"], r
-        if HAS_DASK_CUDF:  # dask-cuDF frames shuffled by tasks, P2P and explicit comms, cold and warm
-            runs = [run for method in r["shuffle"].values() for run in method.values()]
-            assert len(runs) == 6 and all(run.get("rows_ok") and run.get("keys_ok") for run in runs), runs
-        else:
-            assert "shuffle" not in r
-        cold = r["point_to_point"][str(8 << 20)]["cold"]
-        assert cold["bytes"] >= 8 << 20, cold
-        received = sum(w["received"] for w in r["ipc"].values())
-        assert (received >= 2) if setting == "cudask-ipc" else (received == 0), (setting, r["ipc"])
-    assert (tmp_path / "transfer-cudask-ipc" / "worker-0.log").exists()
-    assert "against" in result.output.splitlines()[-1]
+    report = json.loads(out.read_text())["report"]
+    assert list(report["settings"]) == names
+    assert report["order"] == [names, names[1:] + names[:1]]
+    for setting, case in report["settings"].items():
+        assert case["failed"] == 0 and len(case["rounds"]) == 2 and case["sum_ok"], case
+        for r in case["rounds"]:
+            assert r["all_to_all"]["sum_ok"] and r["all_to_all_warm"]["sum_ok"], r
+            if HAS_DASK_CUDF:  # dask-cuDF frames shuffled by tasks, P2P and explicit comms, cold and warm
+                runs = [run for method in r["shuffle"].values() for run in method.values()]
+                assert len(runs) == 6 and all(run.get("rows_ok") and run.get("keys_ok") for run in runs), runs
+            else:
+                assert "shuffle" not in r
+            cold = r["point_to_point"][str(8 << 20)]["cold"]
+            assert cold["bytes"] >= 8 << 20, cold
+            received = sum(w["received"] for w in r["ipc"].values())
+            assert (received >= 2) if setting == "cudask-ipc" else (received == 0), (setting, r["ipc"])
+        assert case["cold"]["all_to_all_s"] > 0 and case["warm"]["all_to_all_s"] > 0, case
+    assert (tmp_path / "transfer-cudask-ipc-r0" / "worker-0.log").exists()
+    assert (tmp_path / "transfer-cudask-ipc-r1" / "worker-0.log").exists()
+    assert f"round 0: {', '.join(names)}" in result.output.splitlines()

@@ -227,13 +227,23 @@ TRANSFER: tuple[Option, ...] = (
     option("--device-memory-limit", default="30GB", show_default=True,
            help="Device limit of each worker."),
     option("--rmm-pool-size", default=None,
-           help="RMM pool of each worker, cudask's and dask-cuda's alike (bytes or '40GB'; "
-           "default: no pool), CuPy allocating from it (--set-rmm-allocator-for-libs cupy). "
-           "A cudask worker keeps a peer's pool slab mapped between transfers "
-           "(cudask.comm.lifetimes)."),
-    option("--protocols", default="tcp", show_default=True,
-           help="Comma-separated: tcp (cudask with CUDA IPC on and off), ucx (cudask over "
-           "UCX; needs distributed-ucxx). dask-cuda runs over each with --against."),
+           help="RMM pools of each worker, comma-separated, 'none' for none: every setting "
+           "runs with each (e.g. 'none,40GB'; default: no pool), cudask's and dask-cuda's "
+           "alike, CuPy allocating from it (--set-rmm-allocator-for-libs cupy). A cudask "
+           "worker keeps a peer's pool slab mapped between transfers (cudask.comm.lifetimes)."),
+    option("--protocols", default="auto", show_default=True,
+           help="Comma-separated: tcp (cudask with CUDA IPC on, also without pinning ahead of "
+           "spills, and off), ucx (cudask over UCX; needs distributed-ucxx); auto: tcp, and "
+           "ucx where distributed-ucxx is installed. dask-cuda runs over each with --against."),
+    option("--settings", "only", default=None,
+           help="Run only these settings, comma-separated (e.g. 'cudask-ipc,dask-cuda-ucx'); "
+           "default: every one the protocols and --against give."),
+    option("--rounds", default=2, show_default=True, type=click.IntRange(min=1),
+           help="Rounds: each runs every setting once, each in a fresh cluster (cold, then "
+           "warm), the order rotated by one setting each round."),
+    option("--budget", default=0.0, show_default=True, type=click.FloatRange(min=0),
+           help="Seconds after which no further setting starts (0: no limit); the ones left "
+           "are recorded as skipped. The JSON file is rewritten after each setting."),
     option("--against", type=click.Choice(["dask-cuda"]), default=None,
            help="Also run dask-cuda's workers (`python -m dask_cuda.cli`) in the same run."),
     option("--dask-cuda-python", default=None,

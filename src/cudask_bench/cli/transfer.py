@@ -1,10 +1,11 @@
 """`cudask bench transfer`: device data between workers of one host.
 
 Covers: the command: its checks, in this order (sizes, protocols, --n against --blocks,
-device sizes, shuffle methods and rows against dask-cuDF, UCX, the dask-cuda
-environment, a GPU and the placement on this machine's GPUs, CuPy), the plan it
-builds, the summary lines it prints and the JSON file. Does not cover: the
-measurements (cudask_bench.transfer), its options (cudask_bench.cli.options).
+device sizes and pools, shuffle methods and rows against dask-cuDF, UCX, the dask-cuda
+environment, the settings named, a GPU and the placement on this machine's GPUs, CuPy),
+the plan it builds, the summary lines it prints and the JSON file (with provenance,
+rewritten after each case). Does not cover: the measurements (cudask_bench.transfer),
+the report (cudask_bench.transfer_report), its options (cudask_bench.cli.options).
 Threading: the command's thread.
 """
 
@@ -22,6 +23,7 @@ from cudask_bench.cli.options import TRANSFER, with_options
 from cudask_bench.cli.plan import command, size
 from cudask_bench.report import write_json
 from cudask_bench.shuffle import METHODS as SHUFFLE_METHODS
+from cudask_bench.transfer_report import summary
 
 
 def _sizes(kw: dict[str, Any]) -> tuple[int, ...]:
@@ -50,16 +52,49 @@ def _listed(kw: dict[str, Any], key: str, accepted: tuple[str, ...], example: st
     return chosen
 
 
-def _check_device_sizes(kw: dict[str, Any]) -> None:
+def _check_device_sizes(kw: dict[str, Any]) -> tuple[str | None, ...]:
+    """Check --n, --device-memory-limit and --rmm-pool-size; return the pools (None: no pool)."""
     if kw["side"] % kw["blocks"]:
         raise click.BadParameter(f"--n {kw['side']} is not a multiple of --blocks {kw['blocks']}",
                                  param_hint="--n")
+    pools: list[str | None] = []
     try:
         size(kw["device_memory_limit"], "--device-memory-limit")
-        if kw["rmm_pool_size"] is not None:
-            size(kw["rmm_pool_size"], "--rmm-pool-size")
+        for text in str(kw["rmm_pool_size"] or "none").split(","):
+            text = text.strip()
+            if text.lower() in ("none", "0", ""):
+                pools.append(None)
+            else:
+                size(text, "--rmm-pool-size")
+                pools.append(text)
     except OptionError as exc:
         raise click.UsageError(str(exc)) from None
+    if len(set(pools)) < len(pools):
+        raise click.BadParameter(f"{kw['rmm_pool_size']!r} names a pool twice; accepted: distinct "
+                                 "sizes or 'none', comma-separated, e.g. 'none,40GB'",
+                                 param_hint="--rmm-pool-size")
+    return tuple(pools)
+
+
+def _protocols(kw: dict[str, Any]) -> tuple[str, ...]:
+    """--protocols; 'auto': tcp, and ucx where distributed-ucxx is installed."""
+    if str(kw["protocols"]).strip() == "auto":
+        return ("tcp", "ucx") if environment.has_module("distributed_ucxx") else ("tcp",)
+    return _listed(kw, "protocols", transfer_run.PROTOCOLS, ", e.g. 'tcp,ucx' or 'auto'")
+
+
+def _settings(kw: dict[str, Any], protocols: tuple[str, ...],
+              dask_cuda: transfer_run.Setting | None) -> tuple[transfer_run.Setting, ...]:
+    """The settings to run: those the protocols and --against give, or the named ones of them."""
+    available = transfer_run.settings(protocols, dask_cuda)
+    if not kw["only"]:
+        return available
+    names = tuple(n.strip() for n in str(kw["only"]).split(",") if n.strip())
+    known = [s.name for s in available]
+    if not names or any(n not in known for n in names):
+        raise click.BadParameter(f"{kw['only']!r}; accepted: {', '.join(known)} (with these "
+                                 "--protocols and --against), comma-separated", param_hint="--settings")
+    return tuple(s for s in available if s.name in names)
 
 
 def _shuffle_rows(kw: dict[str, Any]) -> int:
@@ -118,31 +153,38 @@ def _placement(kw: dict[str, Any]) -> tuple[str, ...]:
 @command
 def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
     """Device data between workers of one host: cudask with CUDA IPC
-    (cudask.comm.device-ipc) against TCP through host memory, cudask over UCX and
-    dask-cuda over TCP and UCX when asked; point to point, all-to-all rechunk and,
-    with dask-cuDF, a DataFrame shuffle (tasks and P2P), each setting in a fresh
-    cluster of worker processes."""
+    (cudask.comm.device-ipc), also without pinning ahead of spills, against TCP through
+    host memory, cudask over UCX and dask-cuda over TCP and UCX when asked; all-to-all
+    rechunk, point to point and, with dask-cuDF, a DataFrame shuffle, each setting
+    (with and without each RMM pool) in a fresh cluster of worker processes, cold and
+    warm, in --rounds rounds whose order rotates; then the targets against dask-cuda
+    over UCX and against not pinning ahead."""
     sizes = _sizes(kw)
-    protocols = _listed(kw, "protocols", transfer_run.PROTOCOLS, ", e.g. 'tcp,ucx'")
-    _check_device_sizes(kw)
+    protocols = _protocols(kw)
+    pools = _check_device_sizes(kw)
     methods = _listed(kw, "shuffle_methods", SHUFFLE_METHODS, "")
     shuffle_rows = _shuffle_rows(kw)
     dask_cuda = _dask_cuda(kw, protocols)
+    chosen = _settings(kw, protocols, dask_cuda)
     placement = _placement(kw)
     if not environment.has_module("cupy"):
         raise click.ClickException("cudask bench transfer needs CuPy: pip install 'cudask[cuda]'")
     log_dir = os.path.dirname(os.path.abspath(kw["output"])) if kw["output"] else None
     plan = transfer_run.TransferPlan(
         placement=placement, sizes=sizes, repeat=kw["repeat"], n=kw["side"],
-        blocks=kw["blocks"], device_memory_limit=kw["device_memory_limit"],
-        rmm_pool_size=kw["rmm_pool_size"], settings=transfer_run.settings(protocols, dask_cuda),
-        log_dir=log_dir, shuffle_rows=shuffle_rows, shuffle_methods=methods if shuffle_rows else ())
-    report = transfer_run.run_transfer(plan)
-    document = {"workload": "transfer", "report": report, "machine": environment.machine(),
-                "versions": environment.versions()}
-    if kw["output"]:
-        write_json(document, kw["output"])
-    for line in transfer_run.summary(report):
+        blocks=kw["blocks"], device_memory_limit=kw["device_memory_limit"], pools=pools,
+        rounds=kw["rounds"], budget_s=kw["budget"], settings=chosen, log_dir=log_dir,
+        shuffle_rows=shuffle_rows, shuffle_methods=methods if shuffle_rows else ())
+    machine, versions = environment.machine(), environment.versions()
+
+    def write(report: dict[str, Any]) -> None:  # after each case: a run cut short keeps its figures
+        if kw["output"]:
+            write_json({"workload": "transfer", "report": report, "machine": machine,
+                        "versions": versions}, kw["output"])
+
+    report = transfer_run.run_transfer(plan, progress=write)
+    write(report)
+    for line in summary(report):
         click.echo(line)
 
 

@@ -1,0 +1,151 @@
+"""What `cudask bench transfer` reports: cold and warm per case across rounds, the targets.
+
+Covers: `aggregate`, a case's rounds folded into "cold" and "warm" figures (the median
+across rounds, and each round's value: the all-to-all's seconds, each size's
+point-to-point bandwidth, each shuffle method's seconds); `targets`, the comparisons the
+transfer work is held to, per pool variant: cudask IPC's all-to-all no slower than
+dask-cuda over UCX, cold and warm; its largest point-to-point transfer no slower than
+dask-cuda over UCX, cold and warm; the default configuration within `TOLERANCE` of
+`cudask.memory.pinned-headroom: 0` on the all-to-all, cold and warm. A target whose
+settings did not both run says so (met: None). `summary`, the lines the command prints.
+
+Does not cover: measuring (cudask_bench.transfer).
+Threading: pure functions of their arguments.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+TOLERANCE = 1.05  # the default configuration within 5% of not pinning ahead
+MODES = ("cold", "warm")
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Cold and warm figures of one case across its rounds."""
+    done = [r for r in runs if "all_to_all" in r]
+    out: dict[str, Any] = {"failed": sum(1 for r in runs if "error" in r),
+                           "skipped": sum(1 for r in runs if "skipped" in r),
+                           "sum_ok": all(r["all_to_all"]["sum_ok"] and r.get("all_to_all_warm", {}).get("sum_ok", True)
+                                         for r in done)}
+    sizes = sorted({size for r in done for size in r.get("point_to_point", {})}, key=int)
+    methods = sorted({m for r in done for m in r.get("shuffle", {})})
+    for mode in MODES:
+        key = "all_to_all" if mode == "cold" else "all_to_all_warm"
+        a2a = [r[key]["seconds"] for r in done if key in r]
+        p2p = {size: [v for r in done
+                      if (v := _p2p(r.get("point_to_point", {}).get(size), mode)) is not None]
+               for size in sizes}
+        shuffle = {m: [r["shuffle"][m][mode]["seconds"] for r in done
+                       if "seconds" in r.get("shuffle", {}).get(m, {}).get(mode, {})] for m in methods}
+        out[mode] = {"all_to_all_s": _median(a2a), "all_to_all_s_each": a2a,
+                     "point_to_point_GBps": {size: _median(v) for size, v in p2p.items()},
+                     "point_to_point_GBps_each": p2p,
+                     "shuffle_s": {m: _median(v) for m, v in shuffle.items()}}
+    return out
+
+
+def _p2p(entry: Mapping[str, Any] | None, mode: str) -> float | None:
+    if not entry:
+        return None
+    value = entry["cold"].get("GBps") if mode == "cold" else entry.get("warm_median_GBps")
+    return float(value) if value else None
+
+
+def _suffix(pool: str | None) -> str:
+    return f"+pool-{pool}" if pool else ""
+
+
+def _value(case: Mapping[str, Any] | None, mode: str, metric: str, size: str | None) -> float | None:
+    if not case or mode not in case:
+        return None
+    figure = case[mode][metric]
+    return figure.get(size) if size is not None else figure
+
+
+def _target(text: str, mine: float | None, theirs: float | None, *, lower: bool,
+            tolerance: float = 1.0) -> dict[str, Any]:
+    met = None
+    if mine is not None and theirs is not None:
+        met = mine <= theirs * tolerance if lower else mine * tolerance >= theirs
+    return {"target": text, "mine": mine, "theirs": theirs, "met": met,
+            "ratio": mine / theirs if mine is not None and theirs else None}
+
+
+def targets(settings: Mapping[str, Mapping[str, Any]], pools: Sequence[str | None]) -> list[dict[str, Any]]:
+    """The targets per pool variant, for the pairs of settings in the plan."""
+    out = []
+    for pool in pools:
+        label, sfx = (f"pool {pool}" if pool else "no pool"), _suffix(pool)
+        ipc = settings.get("cudask-ipc" + sfx)
+        if ipc is None:
+            continue
+        pairs = [(settings.get("dask-cuda-ucx" + sfx), "dask-cuda-ucx", 1.0),
+                 (settings.get("cudask-ipc-headroom0" + sfx), "cudask-ipc-headroom0", TOLERANCE)]
+        for other, name, tolerance in pairs:
+            if other is None:
+                continue
+            within = f" within {tolerance - 1:.0%} of" if tolerance != 1.0 else ""
+            for mode in MODES:
+                out.append(_target(f"all-to-all {mode}, {label}: cudask-ipc s <={within} {name}",
+                                   _value(ipc, mode, "all_to_all_s", None),
+                                   _value(other, mode, "all_to_all_s", None), lower=True,
+                                   tolerance=tolerance))
+            sizes = list(ipc.get("cold", {}).get("point_to_point_GBps", {}))
+            if name == "dask-cuda-ucx" and sizes:
+                largest = max(sizes, key=int)
+                for mode in MODES:
+                    out.append(_target(
+                        f"point to point {int(largest) / 2**20:.0f} MiB {mode}, {label}: cudask-ipc GB/s "
+                        f">= {name}", _value(ipc, mode, "point_to_point_GBps", largest),
+                        _value(other, mode, "point_to_point_GBps", largest), lower=False))
+    return out
+
+
+def _seconds(median: float | None, each: Sequence[float]) -> str:
+    if median is None:
+        return "-"
+    return f"{median:.2f} s" + (f" ({', '.join(f'{v:.2f}' for v in each)})" if len(each) > 1 else "")
+
+
+def _case_lines(name: str, case: Mapping[str, Any], n_bytes: float | None) -> list[str]:
+    cold, warm = case["cold"], case["warm"]
+    size = f" {n_bytes / 1e9:.1f} GB" if n_bytes else ""
+    lines = [(f"{name:34} all-to-all{size}: cold {_seconds(cold['all_to_all_s'], cold['all_to_all_s_each'])}, "
+             f"warm {_seconds(warm['all_to_all_s'], warm['all_to_all_s_each'])}, sum ok: {case['sum_ok']}")]
+    for size_key, bw in cold["point_to_point_GBps"].items():
+        lines.append(f"{name:34} {int(size_key) / 2**20:7.0f} MiB  cold {bw or 0:7.1f} GB/s  warm "
+                     f"{warm['point_to_point_GBps'].get(size_key) or 0:7.1f} GB/s")
+    for method, seconds in cold["shuffle_s"].items():
+        lines.append(f"{name:34} shuffle {method:8} cold {_seconds(seconds, [])}, warm "
+                     f"{_seconds(warm['shuffle_s'].get(method), [])}")
+    for r in case["rounds"]:
+        if "error" in r or "skipped" in r:
+            lines.append(f"{name:34} round {r['round']}: {r.get('error') or r.get('skipped')}"[:300])
+    return lines
+
+
+def summary(report: Mapping[str, Any]) -> list[str]:
+    """Each round's order, each case's cold and warm figures (medians across rounds,
+    each round's all-to-all in brackets), then every target, met or not."""
+    lines = [f"round {r}: {', '.join(names)}" for r, names in enumerate(report.get("order", []))]
+    n = (report.get("plan") or {}).get("n")
+    for name, case in report["settings"].items():
+        lines += _case_lines(name, case, n * n * 8 if n else None)
+    met = [t for t in report.get("targets", []) if t["met"]]
+    for t in report.get("targets", []):
+        verdict = {True: "met", False: "NOT MET", None: "not measured"}[t["met"]]
+        figures = f": {t['mine']:.3g} against {t['theirs']:.3g} ({t['ratio']:.2f}x)" if t["ratio"] else ""
+        lines.append(f"target {verdict}: {t['target']}{figures}")
+    if report.get("targets"):
+        lines.append(f"targets met: {len(met)} of {len(report['targets'])}")
+    return lines
+
+
+__all__ = ["MODES", "TOLERANCE", "aggregate", "summary", "targets"]

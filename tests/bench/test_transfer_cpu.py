@@ -1,0 +1,173 @@
+"""`cudask bench transfer` on CPU: the order of its cases rotated between rounds, cold
+and warm per case across rounds, the targets, the summary, the plan the command builds
+(pools, settings, rounds, budget) and the JSON it writes after each case. The cluster
+runs are a stand-in (`run=`); tests/bench/test_bench_gpu.py::test_transfer_tiny runs
+the real ones."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from cudask_bench import environment, provenance
+from cudask_bench import transfer as transfer_run
+from cudask_bench.cli import bench
+from cudask_bench.transfer import Case, Setting, TransferPlan, rotations
+from cudask_bench.transfer_report import aggregate, summary, targets
+
+MiB = 1 << 20
+SETTINGS = transfer_run.settings(("tcp", "ucx"), Setting("dask-cuda", "dask-cuda", "tcp"))
+
+
+def _plan(**kwargs: Any) -> TransferPlan:
+    defaults: dict[str, Any] = {"placement": ("0", "0"), "sizes": (64 * MiB, 2048 * MiB), "repeat": 1,
+                                "n": 1000, "blocks": 4, "device_memory_limit": "30GB"}
+    return TransferPlan(**{**defaults, **kwargs})
+
+
+def _result(a2a: float, warm: float, gbps: float) -> dict[str, Any]:
+    p2p = {"cold": {"GBps": gbps, "task_s": 0.1, "bytes": 1}, "warm_median_GBps": 2 * gbps}
+    return {"all_to_all": {"seconds": a2a, "sum_ok": True, "bytes": 8e6, "GBps": 8e6 / a2a / 1e9},
+            "all_to_all_warm": {"seconds": warm, "sum_ok": True},
+            "point_to_point": {str(64 * MiB): p2p, str(2048 * MiB): p2p}, "ipc": {}, "store": {}}
+
+
+def test_each_round_starts_with_the_next_case() -> None:
+    a, b, c = (Case(s) for s in SETTINGS[:3])
+    assert rotations((a, b, c), 4) == [[a, b, c], [b, c, a], [c, a, b], [a, b, c]]
+    assert rotations((), 2) == []
+
+
+def test_every_case_runs_once_per_round_in_the_rotated_order() -> None:
+    plan = _plan(settings=SETTINGS[:2], pools=(None, "40GB"), rounds=3)
+    calls: list[str] = []
+    reports: list[dict[str, Any]] = []
+
+    def run(setting: Setting, plan: TransferPlan, pool: str | None, tag: str) -> dict[str, Any]:
+        calls.append(Case(setting, pool).name + tag)
+        if setting.name == "cudask-ipc-headroom0" and pool and tag == "-r1":
+            raise RuntimeError("a worker did not start")
+        return _result(1.0 + len(calls) / 100, 0.5, 100.0)
+
+    report = transfer_run.run_transfer(plan, run=run, progress=reports.append)
+    names = ["cudask-ipc", "cudask-ipc-headroom0", "cudask-ipc+pool-40GB", "cudask-ipc-headroom0+pool-40GB"]
+    assert report["order"] == [names, names[1:] + names[:1], names[2:] + names[:2]]
+    assert calls[:4] == [f"{n}-r0" for n in names] and calls[4] == "cudask-ipc-headroom0-r1"
+    assert len(calls) == 12 and len(reports) == 12  # the report rewritten after each case
+    failed = report["settings"]["cudask-ipc-headroom0+pool-40GB"]
+    assert failed["failed"] == 1 and len(failed["rounds"]) == 3
+    assert [r["round"] for r in failed["rounds"]] == [0, 1, 2]
+    assert "RuntimeError: a worker did not start" in failed["rounds"][1]["error"]
+    assert len(failed["cold"]["all_to_all_s_each"]) == 2  # the two rounds that ran
+    first = report["settings"]["cudask-ipc"]
+    assert first["cold"]["all_to_all_s_each"] == [1.01, 1.08, 1.11]  # its place in each round: 1st, 4th, 3rd
+    assert first["cold"]["all_to_all_s"] == 1.08 and first["warm"]["all_to_all_s"] == 0.5
+    assert first["warm"]["point_to_point_GBps"] == {str(64 * MiB): 200.0, str(2048 * MiB): 200.0}
+    json.dumps(report)  # written as JSON as it is
+
+
+def test_cases_past_the_budget_are_skipped() -> None:
+    def slow(*args: Any) -> dict[str, Any]:
+        time.sleep(0.3)
+        return _result(1.0, 1.0, 1.0)
+
+    plan = _plan(settings=SETTINGS[:3], rounds=1, budget_s=0.2)
+    report = transfer_run.run_transfer(plan, run=slow)
+    runs = [case["rounds"][0] for case in report["settings"].values()]
+    assert "all_to_all" in runs[0] and all("past the budget" in r["skipped"] for r in runs[1:])
+    assert report["settings"]["cudask-tcp"]["cold"]["all_to_all_s"] is None
+
+
+def _case(cold: float, warm: float, gbps: float) -> dict[str, Any]:
+    return {"rounds": [{"round": 0, **_result(cold, warm, gbps)}], **aggregate([_result(cold, warm, gbps)])}
+
+
+def test_targets_against_ucx_and_against_not_pinning_ahead() -> None:
+    settings = {"cudask-ipc": _case(0.30, 0.20, 300.0), "dask-cuda-ucx": _case(0.24, 0.25, 250.0),
+                "cudask-ipc-headroom0": _case(0.29, 0.18, 300.0)}
+    found = {t["target"]: t["met"] for t in targets(settings, (None,))}
+    assert found == {
+        "all-to-all cold, no pool: cudask-ipc s <= dask-cuda-ucx": False,
+        "all-to-all warm, no pool: cudask-ipc s <= dask-cuda-ucx": True,
+        "point to point 2048 MiB cold, no pool: cudask-ipc GB/s >= dask-cuda-ucx": True,
+        "point to point 2048 MiB warm, no pool: cudask-ipc GB/s >= dask-cuda-ucx": True,
+        "all-to-all cold, no pool: cudask-ipc s <= within 5% of cudask-ipc-headroom0": True,  # 0.30 <= 0.3045
+        "all-to-all warm, no pool: cudask-ipc s <= within 5% of cudask-ipc-headroom0": False,  # 0.20 > 0.189
+    }
+    # a pool variant whose dask-cuda run failed: its targets are there, not measured
+    settings["cudask-ipc+pool-40GB"] = _case(0.1, 0.1, 1.0)
+    settings["dask-cuda-ucx+pool-40GB"] = {"rounds": [{"round": 0, "error": "x"}], **aggregate([{"error": "x"}])}
+    pooled = [t for t in targets(settings, (None, "40GB")) if "pool 40GB" in t["target"]]
+    assert len(pooled) == 4 and all(t["met"] is None for t in pooled)
+
+
+def test_summary_shows_cold_and_warm_per_case_and_each_target() -> None:
+    plan = _plan(settings=(SETTINGS[0], SETTINGS[-1]), rounds=2)
+    # in the order they run: cudask-ipc, dask-cuda-ucx, then dask-cuda-ucx, cudask-ipc
+    values = iter([(0.5, 0.2, 300.0), (0.3, 0.25, 250.0), (0.4, 0.25, 250.0), (0.3, 0.2, 300.0)])
+    report = transfer_run.run_transfer(plan, run=lambda *args: _result(*next(values)))
+    lines = summary(report)
+    assert lines[:2] == ["round 0: cudask-ipc, dask-cuda-ucx", "round 1: dask-cuda-ucx, cudask-ipc"]
+    assert (f"{'cudask-ipc':34} all-to-all 0.0 GB: cold 0.40 s (0.50, 0.30), warm 0.20 s (0.20, 0.20), "
+            "sum ok: True") in lines
+    assert f"{'cudask-ipc':34}    2048 MiB  cold   300.0 GB/s  warm   600.0 GB/s" in lines
+    assert ("target NOT MET: all-to-all cold, no pool: cudask-ipc s <= dask-cuda-ucx: 0.4 against 0.35 "
+            "(1.14x)") in lines
+    assert ("target met: all-to-all warm, no pool: cudask-ipc s <= dask-cuda-ucx: 0.2 against 0.25 "
+            "(0.80x)") in lines
+    assert lines[-1] == "targets met: 3 of 4"
+
+
+def test_provenance_marks_the_cold_and_warm_figures() -> None:
+    report = transfer_run.run_transfer(_plan(settings=SETTINGS[:1], rounds=2),
+                                       run=lambda *args: _result(1.0, 0.5, 1.0))
+    modes = provenance.figure_modes({"workload": "transfer", "report": report})
+    assert modes == {"settings.cudask-ipc.cold": "cold", "settings.cudask-ipc.warm": "warm"}
+
+
+@pytest.fixture
+def no_runs(monkeypatch: pytest.MonkeyPatch) -> list[TransferPlan]:
+    """The command up to its plan, on a machine of two GPUs; each case returns fixed figures."""
+    plans: list[TransferPlan] = []
+    monkeypatch.setattr(environment, "gpus", lambda: {"available": True, "devices": [{"index": 0}, {"index": 1}]})
+    monkeypatch.setattr(environment, "has_module", lambda name: name != "distributed_ucxx")
+    real = transfer_run.run_transfer
+
+    def run_transfer(plan: TransferPlan, **kwargs: Any) -> dict[str, Any]:
+        plans.append(plan)
+        return real(plan, run=lambda *args: _result(1.0, 0.5, 10.0), **kwargs)
+
+    monkeypatch.setattr(transfer_run, "run_transfer", run_transfer)
+    return plans
+
+
+def test_the_command_s_plan_and_its_json(no_runs: list[TransferPlan], tmp_path: Path) -> None:
+    out = tmp_path / "transfer.json"
+    result = CliRunner().invoke(bench, ["transfer", "--shuffle-rows", "0", "--rmm-pool-size", "none, 40GB",
+                                        "--settings", "cudask-ipc,cudask-tcp", "--rounds", "3",
+                                        "--budget", "500", "--output", str(out)], prog_name="cudask bench")
+    assert result.exit_code == 0, result.output
+    (plan,) = no_runs
+    assert plan.pools == (None, "40GB") and plan.rounds == 3 and plan.budget_s == 500
+    assert [s.name for s in plan.settings] == ["cudask-ipc", "cudask-tcp"]  # auto: no UCX here
+    document = json.loads(out.read_text())
+    assert document["provenance"]["source"] and document["machine"]
+    assert list(document["report"]["settings"]) == ["cudask-ipc", "cudask-tcp", "cudask-ipc+pool-40GB",
+                                                   "cudask-tcp+pool-40GB"]
+    assert all(len(c["rounds"]) == 3 for c in document["report"]["settings"].values())
+    assert "round 2: cudask-ipc+pool-40GB, cudask-tcp+pool-40GB, cudask-ipc, cudask-tcp" in result.output
+
+
+def test_auto_protocols_add_ucx_where_it_is_installed(no_runs: list[TransferPlan],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(environment, "has_module", lambda name: True)
+    result = CliRunner().invoke(bench, ["transfer", "--shuffle-rows", "0", "--rounds", "1"],
+                                prog_name="cudask bench")
+    assert result.exit_code == 0, result.output
+    assert [s.name for s in no_runs[0].settings] == ["cudask-ipc", "cudask-ipc-headroom0", "cudask-tcp",
+                                                     "cudask-ucx"]
