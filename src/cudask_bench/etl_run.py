@@ -178,10 +178,12 @@ def _read(plan: EtlPlan, root: str, fmt: str) -> tuple[Any, Any]:
 def _phases(client: Any, plan: EtlPlan, df: Any, dim: Any) -> Any:
     """The work after the read, phase by phase: yields (name, answers) as each ends."""
     from dask import delayed
-    from distributed import wait
+    from distributed import futures_of, wait
 
     df, dim = client.persist([df, dim])
-    wait([df, dim])
+    for future in wait(futures_of([df, dim])).done:
+        if future.status == "error":
+            future.result()  # raises the task's error (wait does not)
     yield "load", {}
     groups = df.groupby("key").agg({"x": "sum", "y": "sum", "v": "count"})
     count, sample = client.compute(

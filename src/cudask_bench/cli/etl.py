@@ -19,6 +19,7 @@ import tempfile
 from typing import Any
 
 import click
+from dask.utils import format_bytes
 
 from cudask.errors import MissingDependencyError, NoGPUError, OptionError
 from cudask.sizes import parse_size
@@ -73,9 +74,9 @@ def _check_sizes(plan: EtlPlan) -> None:
         need = -(-OVER_LIMIT * plan.device_memory_limit // (plan.rows_per_file * FACT_ROW_BYTES))
         raise OptionError(
             f"--files {plan.files} x --rows-per-file {plan.rows_per_file:,} make "
-            f"{plan.device_bytes / 1e9:.3g} GB on the device, less than {OVER_LIMIT}x "
-            f"--device-memory-limit ({plan.device_memory_limit / 1e9:.3g} GB); accepted: at least "
-            f"{OVER_LIMIT * plan.device_memory_limit / 1e9:.3g} GB, e.g. --files {need}")
+            f"{format_bytes(plan.device_bytes)} on the device, less than {OVER_LIMIT}x "
+            f"--device-memory-limit ({format_bytes(plan.device_memory_limit)}); accepted: at "
+            f"least {format_bytes(OVER_LIMIT * plan.device_memory_limit)}, e.g. --files {need}")
 
 
 def _check_disk(plan: EtlPlan) -> None:
@@ -92,7 +93,7 @@ def _check_disk(plan: EtlPlan) -> None:
                           "--files or one --format")
 
 
-def _targets(kw: dict[str, Any], plan: EtlPlan, asked: bool) -> tuple[EtlPlan, dict[str, Any]]:
+def resolve_targets(kw: dict[str, Any], plan: EtlPlan, asked: bool) -> tuple[EtlPlan, dict[str, Any]]:
     """Where each backend runs; dask-cuda's settings skipped (recorded) when it is not
     found and --settings did not name them."""
     found: dict[str, Any] = {"cudask": targets.Target(sys.executable)}
@@ -178,7 +179,7 @@ def etl(ctx: click.Context, kw: dict[str, Any]) -> None:
                    data_dir=kw["data_dir"])
     _check_sizes(plan)
     _check_disk(plan)
-    plan, found = _targets(kw, plan, asked=given(ctx, "settings"))
+    plan, found = resolve_targets(kw, plan, asked=given(ctx, "settings"))
     doc = run_etl(plan, found, harness.ProgressLine(kw["progress"]), argv=sys.argv)
     if kw["output"]:
         write_json(doc, kw["output"])
@@ -191,4 +192,4 @@ def etl(ctx: click.Context, kw: dict[str, Any]) -> None:
             line[:160] for line in bad))
 
 
-__all__ = ["etl"]
+__all__ = ["etl", "resolve_targets"]
