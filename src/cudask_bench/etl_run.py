@@ -231,11 +231,15 @@ def _above(value: int | None, idle: int | None) -> int | None:
     return value - idle if value is not None and idle is not None else None
 
 
-def _released(client: Any, timeout: float = 120.0) -> None:
-    """Wait until the scheduler holds no task (what a run persisted is gone)."""
-    deadline = time.monotonic() + timeout
-    while client.run_on_scheduler(_task_count) and time.monotonic() < deadline:
+def _released(client: Any, timeout: float = 120.0) -> dict[str, Any]:
+    """Wait until the scheduler holds no task (what a run persisted is gone); how long
+    that took and how many tasks were left at the end (0 unless `timeout` passed)."""
+    start = time.monotonic()
+    left = client.run_on_scheduler(_task_count)
+    while left and time.monotonic() < start + timeout:
         time.sleep(0.1)
+        left = client.run_on_scheduler(_task_count)
+    return {"seconds": time.monotonic() - start, "tasks_left": left}
 
 
 def cluster_kwargs(setting: Setting, plan: EtlPlan, local_directory: str) -> dict[str, Any]:
@@ -316,7 +320,7 @@ def _runs(client: Any, plan: EtlPlan, root: str, fmt: str, sampler: MemorySample
         result["runs"].append(run)
         if run["error"]:
             raise PhaseFailed(f"{kind} run, {run['error']}")
-        _released(client)
+        run["released"] = _released(client)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

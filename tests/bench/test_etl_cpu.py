@@ -126,6 +126,7 @@ def test_a_run_over_both_formats_rotates_checks_and_removes_its_data(tmp_path: P
         assert entry["status"] == "ok" and entry["correct"] and entry["error"] is None
         assert [len(c["runs"]) for c in entry["children"]] == [2, 2]
         assert all(r["check"] == "right" for c in entry["children"] for r in c["runs"])
+        assert all(r["released"]["tasks_left"] == 0 for c in entry["children"] for r in c["runs"])
         assert entry["cold"]["runs"] == 2 and entry["warm"]["runs"] == 2
         assert set(entry["cold"]["phases_s"]) == set(etl_run.PHASES)
         assert entry["children"][0]["cluster"]["stand_in"] is True
