@@ -13,9 +13,11 @@ groupby (sum, sum, count on the key: the number of groups and the sample keys' r
 merge (with the dimension table, then sums and a count per category) and mean (of
 every column). Answers reach this process as pandas objects (converted on the
 worker: this process makes no CUDA context for them). `MemorySampler` reads NVML's
-used memory of the GPU every 20 ms in a thread; each phase reports its seconds and its
-peak above the idle cluster (measured just before the first submit). A failure (an
-OOM, a lost worker, a crash) ends the runs and is the result's error.
+used memory of the GPU every 20 ms in a thread; each phase reports its seconds, its
+peak above the idle cluster (measured just before the first submit), what the worker's
+store moved meanwhile (its cumulative counters, read between phases with the clock
+stopped) and the seconds its thread computed (the task stream). A failure (an OOM, a
+lost worker, a crash) ends the runs and is the result's error.
 
 Honesty: for dask-cuda settings no cudask cluster code is loaded here or on the worker
 (cudask_bench.run.check_honesty). Does not cover: the files and the answers they
@@ -199,32 +201,68 @@ def _phases(client: Any, plan: EtlPlan, df: Any, dim: Any) -> Any:
 
 def one_run(client: Any, plan: EtlPlan, root: str, fmt: str, sampler: MemorySampler,
             idle: int | None, kind: str, progress: Callable[[str], None]) -> dict[str, Any]:
-    """One run of the work; the graph of the read is built before the clock starts."""
+    """One run of the work; the graph of the read is built before the clock starts.
+    Between two phases the clock stops while the worker's store counters are read."""
     run: dict[str, Any] = {"kind": kind, "phases": {}, "answers": {}, "error": None}
     df, dim = _read(plan, root, fmt)
     run["idle_before_bytes"] = sampler.idle() if kind != "cold" else idle
+    counters = _counters(client)
     work = _phases(client, plan, df, dim)
     del df, dim
     start = last = time.perf_counter()
-    name = PHASES[0]
+    began = epoch = time.time()
+    name, windows = PHASES[0], {}
     try:
         for name, answers in work:
             sampler.mark()
-            now = time.perf_counter()
-            run["phases"][name] = {"seconds": now - last, "peak_bytes": _above(
-                sampler.peak(last, now), idle)}
+            now, windows[name] = time.perf_counter(), (epoch, time.time())
+            phase: dict[str, Any] = {"seconds": now - last,
+                                     "peak_bytes": _above(sampler.peak(last, now), idle)}
+            run["phases"][name] = phase
             run["answers"].update(answers)
+            after = _counters(client)
+            phase["moved"] = {k: v - counters.get(k, 0.0) for k, v in after.items()
+                              if v != counters.get(k, 0.0)}
+            counters = after
             progress(f"{kind}: {name}")
-            last = now
             name = PHASES[min(PHASES.index(name) + 1, len(PHASES) - 1)]
+            last, epoch = time.perf_counter(), time.time()
     except Exception as exc:  # noqa: BLE001 - recorded; the runs end here
         run["error"] = f"{name}: {type(exc).__name__}: {exc}"
     finally:
         work.close()
     end = time.perf_counter()
-    run["total_s"] = end - start
+    run["total_s"] = sum(p["seconds"] for p in run["phases"].values()) + (
+        end - last if run["error"] else 0.0)
+    run["wall_s"] = end - start
     run["peak_bytes"] = _above(sampler.peak(start, end), idle)
+    busy = _compute_seconds(client.get_task_stream(start=began, stop=time.time()), windows)
+    for phase_name, seconds in busy.items():
+        run["phases"][phase_name]["compute_s"] = seconds
     return run
+
+
+def _counters(client: Any) -> dict[str, float]:
+    """The worker's cumulative store counters of moves (spill, unspill, disk)."""
+    from cudask_bench.tasks import store_facts
+
+    facts: dict[str, Any] = next(iter(client.run(store_facts).values()), {})
+    return {k: float(v) for k, v in (facts.get("cumulative_metrics") or {}).items()
+            if isinstance(v, (int, float))}
+
+
+def _compute_seconds(records: Any, windows: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Per phase window (epoch seconds), how long the worker's threads computed
+    tasks (the task stream's "compute" spans; a store's unspill before a task
+    starts is not in them)."""
+    out = dict.fromkeys(windows, 0.0)
+    for record in records or ():
+        for span in record.get("startstops", ()):
+            if span.get("action") != "compute":
+                continue
+            for name, (a, b) in windows.items():
+                out[name] += max(0.0, min(b, span["stop"]) - max(a, span["start"]))
+    return out
 
 
 def _above(value: int | None, idle: int | None) -> int | None:
@@ -294,6 +332,7 @@ def execute(plan: EtlPlan, root: str, setting: Setting, fmt: str, result: dict[s
                 with Client(cluster) as client:
                     client.wait_for_workers(1)
                     client.submit(_ping, pure=False).result()
+                    client.get_task_stream(count=1)  # the scheduler records from now on
                     memory["cluster_up_bytes"] = sampler.idle()
                     progress("cluster up")
                     _runs(client, plan, root, fmt, sampler, memory, result, progress)

@@ -126,7 +126,11 @@ def test_a_run_over_both_formats_rotates_checks_and_removes_its_data(tmp_path: P
         assert entry["status"] == "ok" and entry["correct"] and entry["error"] is None
         assert [len(c["runs"]) for c in entry["children"]] == [2, 2]
         assert all(r["check"] == "right" for c in entry["children"] for r in c["runs"])
-        assert all(r["released"]["tasks_left"] == 0 for c in entry["children"] for r in c["runs"])
+        runs = [r for c in entry["children"] for r in c["runs"]]
+        assert all(r["released"]["tasks_left"] == 0 for r in runs)
+        assert all(0 < p["compute_s"] <= p["seconds"] * 1.5 for r in runs for p in r["phases"].values())
+        assert all(r["total_s"] <= r["wall_s"] for r in runs)
+        assert any(p["moved"] for r in runs for p in r["phases"].values())  # the store's reads
         assert entry["cold"]["runs"] == 2 and entry["warm"]["runs"] == 2
         assert set(entry["cold"]["phases_s"]) == set(etl_run.PHASES)
         assert entry["children"][0]["cluster"]["stand_in"] is True

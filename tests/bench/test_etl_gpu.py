@@ -37,6 +37,9 @@ def test_etl_floor_and_cudask_right_with_spilling(tmp_path: Path) -> None:
             assert entry["cold"]["peak_bytes"] is not None and entry["warm"]["runs"] == 1
             child = entry["children"][0]
             assert child["memory"]["idle_bytes"] > 0 and child["cluster"].get("stand_in") is None
+        cold = doc["results"][fmt]["cudask"]["children"][0]["runs"][0]
+        assert sum(p["moved"].get("device-to-host/bytes", 0) for p in cold["phases"].values()) > 0
+        assert all(p["compute_s"] > 0 for p in cold["phases"].values())
         store = doc["results"][fmt]["cudask"]["children"][0]["store"]
         assert store["data_type"].startswith("cudask."), store["data_type"]
         assert store["cumulative_metrics"].get("device-to-host/bytes", 0) > 0, store
