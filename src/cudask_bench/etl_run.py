@@ -1,29 +1,25 @@
-"""The ETL runner: one setting, one file format, a fresh cluster, one JSON result.
-
-    python -m cudask_bench.etl_run --plan JSON --root DIR --setting NAME --format FMT \
-        --json PATH
+"""The ETL runner: one setting, one file format, a fresh cluster, one JSON result
+(`python -m cudask_bench.etl_run --plan JSON --root DIR --setting NAME --format FMT
+--json PATH`).
 
 Covers: a one-worker cluster for the setting (cudask's or dask-cuda's LocalCUDACluster
-with the plan's device limit, or none for `floor`, JIT-unspill or cuDF spilling; with
-pandas frames distributed's LocalCluster stands in for every setting, a check of the
-harness without a GPU), then the work, timed from the first submit, once cold and
-`warm_runs` more times in the same cluster (everything released between runs):
-load (read_csv or read_parquet of the fact files and the dimension table, persisted),
-groupby (sum, sum, count on the key: the number of groups and the sample keys' rows),
-merge (with the dimension table, then sums and a count per category) and mean (of
-every column). Answers reach this process as pandas objects (converted on the
-worker: this process makes no CUDA context for them). `MemorySampler` reads NVML's
-used memory of the GPU every 20 ms in a thread; each phase reports its seconds, its
-peak above the idle cluster (measured just before the first submit), what the worker's
-store moved meanwhile (its cumulative counters, read between phases with the clock
-stopped) and the seconds its thread computed (the task stream). A failure (an OOM, a
-lost worker, a crash) ends the runs and is the result's error.
+with the plan's device limit, none for `floor`, JIT-unspill or cuDF spilling; with
+pandas frames distributed's LocalCluster stands in for every setting: a harness check),
+then the work, timed from the first submit, cold and `warm_runs` more times in the same
+cluster (all released between runs): load (read_csv or read_parquet of the fact files
+and the dimension table, persisted), groupby (on the key), merge (with the dimension
+table, then per category) and mean (every column). Answers reach this process as pandas
+objects, converted on the worker (no CUDA context here for them). Per phase: seconds,
+peak of NVML's used memory (`MemorySampler`, every 20 ms) above the idle cluster, what
+the store moved (its counters, read with the clock stopped) and, from the task stream,
+the seconds the worker computed and its event loop read inputs from the store and wrote
+outputs to it. A failure (OOM, lost worker, crash) ends the runs as the result's error.
 
 Honesty: for dask-cuda settings no cudask cluster code is loaded here or on the worker
-(cudask_bench.run.check_honesty). Does not cover: the files and the answers they
-must give (cudask_bench.etl_data), comparing settings (cudask_bench.etl).
-Threading: the main thread, and the sampler's daemon thread, which only appends
-samples under its lock. Light at import: worker processes re-import the main module.
+(cudask_bench.run.check_honesty). Does not cover: the files and their answers
+(cudask_bench.etl_data), comparing settings (cudask_bench.etl). Threading: the main
+thread, and the sampler's daemon thread, which only appends samples under its lock.
+Light at import: worker processes re-import the main module.
 """
 
 from __future__ import annotations
@@ -236,9 +232,9 @@ def one_run(client: Any, plan: EtlPlan, root: str, fmt: str, sampler: MemorySamp
         end - last if run["error"] else 0.0)
     run["wall_s"] = end - start
     run["peak_bytes"] = _above(sampler.peak(start, end), idle)
-    busy = _compute_seconds(client.get_task_stream(start=began, stop=time.time()), windows)
-    for phase_name, seconds in busy.items():
-        run["phases"][phase_name]["compute_s"] = seconds
+    spans = _task_seconds(client.get_task_stream(start=began, stop=time.time()), windows)
+    for phase_name, seconds in spans.items():
+        run["phases"][phase_name].update(seconds)
     return run
 
 
@@ -251,17 +247,22 @@ def _counters(client: Any) -> dict[str, float]:
             if isinstance(v, (int, float))}
 
 
-def _compute_seconds(records: Any, windows: dict[str, tuple[float, float]]) -> dict[str, float]:
-    """Per phase window (epoch seconds), how long the worker's threads computed
-    tasks (the task stream's "compute" spans; a store's unspill before a task
-    starts is not in them)."""
-    out = dict.fromkeys(windows, 0.0)
+#: The task stream's spans a phase sums: the thread computing a task, and the worker's
+#: event loop reading its inputs from the store and writing its output (distributed
+#: records those two only when they take over 5 ms: an unspill, a spill).
+SPANS = {"compute": "compute_s", "disk-read": "store_read_s", "disk-write": "store_write_s"}
+
+
+def _task_seconds(records: Any, windows: dict[str, tuple[float, float]]) -> dict[str, dict[str, float]]:
+    """Per phase window (epoch seconds), the seconds of each of SPANS."""
+    out = {name: dict.fromkeys(SPANS.values(), 0.0) for name in windows}
     for record in records or ():
         for span in record.get("startstops", ()):
-            if span.get("action") != "compute":
+            field = SPANS.get(span.get("action"))
+            if field is None:
                 continue
             for name, (a, b) in windows.items():
-                out[name] += max(0.0, min(b, span["stop"]) - max(a, span["start"]))
+                out[name][field] += max(0.0, min(b, span["stop"]) - max(a, span["start"]))
     return out
 
 
