@@ -238,13 +238,22 @@ def one_run(client: Any, plan: EtlPlan, root: str, fmt: str, sampler: MemorySamp
     return run
 
 
-def _counters(client: Any) -> dict[str, float]:
-    """The worker's cumulative store counters of moves (spill, unspill, disk)."""
-    from cudask_bench.tasks import store_facts
+def _store_counters(dask_worker: Any) -> dict[str, float]:
+    """The store's cumulative counters (on the worker): its moves (spill, unspill,
+    disk; any store with `cumulative_metrics`) and, for cudask's, the pinned pool's
+    pageable fallbacks and provisioning (`metrics()`)."""
+    data, out = dask_worker.data, {}
+    for k, v in dict(getattr(data, "cumulative_metrics", None) or {}).items():
+        out["/".join(str(p) for p in (k if isinstance(k, tuple) else (k,)))] = float(v)
+    metrics = getattr(data, "metrics", None)
+    if callable(metrics):
+        out.update({k: float(v) for k, v in metrics().items()
+                    if k.startswith(("pageable-", "pinned-provision-", "spill-on-demand-"))})
+    return out
 
-    facts: dict[str, Any] = next(iter(client.run(store_facts).values()), {})
-    return {k: float(v) for k, v in (facts.get("cumulative_metrics") or {}).items()
-            if isinstance(v, (int, float))}
+
+def _counters(client: Any) -> dict[str, float]:
+    return dict(next(iter(client.run(_store_counters).values()), {}))
 
 
 #: The task stream's spans a phase sums: the thread computing a task, and the worker's
