@@ -225,7 +225,7 @@ def reference(plan: EtlPlan, root: str, fmt: str) -> dict[str, Any]:
         c = read_columns(path, fmt, FACT_DTYPES)
         rows += len(c["key"])
         counts += numpy.bincount(c["key"], minlength=plan.keys)
-        chosen = numpy.isin(c["key"], keys)
+        chosen = numpy.isin(c["key"], keys, kind="table")
         parts.append(pandas.DataFrame({n: c[n][chosen] for n in FACT_DTYPES}))
         cat = cat_of[c["key"]]
         by_cat[0] += numpy.bincount(cat, weights=c["x"], minlength=plan.categories)

@@ -167,8 +167,8 @@ def _read(plan: EtlPlan, root: str, fmt: str) -> tuple[Any, Any]:
     import dask.dataframe as dd
 
     with dask.config.set({"dataframe.backend": plan.frames}):
-        if fmt == "csv":
-            return (dd.read_csv(fact_files(root, fmt), dtype=FACT_DTYPES),
+        if fmt == "csv":  # a glob: what every read_csv takes
+            return (dd.read_csv(os.path.join(root, fmt, "fact", "*.csv"), dtype=FACT_DTYPES),
                     dd.read_csv(dim_file(root, fmt), dtype=DIM_DTYPES))
         return dd.read_parquet(fact_files(root, fmt)), dd.read_parquet(dim_file(root, fmt))
 
