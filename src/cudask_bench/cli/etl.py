@@ -1,9 +1,9 @@
 """`cudask bench etl`: dask-cuDF ETL beyond device memory, six settings side by side.
 
-Covers: the command: its options, its checks in this order (settings, formats, sizes and
-the device limit, the data against 3x the limit, the libraries of the frames asked for,
-a GPU and --device, the free disk for the data, the dask-cuda environment: its settings
-are skipped when dask_cuda is not found and none was named in --settings), the plan, the
+Covers: the command: its options, its checks in this order (settings, formats, the
+libraries of the frames asked for, a GPU and --device, the device limit, the data against
+3x the limit, the free disk for the data, the dask-cuda environment: its settings are
+skipped when dask_cuda is not found and none was named in --settings), the plan, the
 table it prints last and the JSON file (with provenance). Exit status 1 when a setting
 failed or answered wrong (after the table), 130/143 when interrupted (its processes
 stopped and its data removed). Does not cover: the runs (cudask_bench.etl).
