@@ -2,8 +2,8 @@
 
 Covers: spawning `python -m cudask_bench.run` per variant (per repetition for `startup`
 and cold-mode `spill`/`cupy`, whose every measurement is a fresh process; the variants
-take turns either way, `plan_rounds`), each in a temporary directory of its own,
-removed after it; stopping a runner with its workers past its timeout or when the
+take turns either way, `plan_rounds`), or of another runner module (`spawn_runner`'s
+`module`: `cudask bench etl`'s), each in a temporary directory of its own, removed after it; stopping a runner with its workers past its timeout or when the
 command is interrupted (cudask_bench.stopping); a progress line on stderr; and
 `execute(plan)`, which returns the result document (cudask_bench.report) with machine
 facts and versions. Does not cover: where
@@ -87,8 +87,11 @@ def spawn_runner(
     shim: str | None,
     timeout: float,
     on_progress: Callable[[int, int, str], None],
+    module: str = "cudask_bench.run",
 ) -> dict[str, Any]:
-    """Run one runner process; return its JSON result (or a failed one saying why).
+    """Run one runner process (`python -m MODULE ARGV --json PATH`, cudask_bench.run
+    unless another `module` is named); return its JSON result (or a failed one saying
+    why).
 
     The runner gets a temporary directory of its own as TMPDIR (its result file, its
     cluster's local directory, whatever it and its workers put in temporary files),
@@ -100,7 +103,7 @@ def spawn_runner(
     workdir = tempfile.mkdtemp(prefix="cudask-bench-run-")
     try:
         return _run_in(workdir, target, argv, shim=shim, timeout=timeout,
-                       on_progress=on_progress)
+                       on_progress=on_progress, module=module)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -113,9 +116,10 @@ def _run_in(
     shim: str | None,
     timeout: float,
     on_progress: Callable[[int, int, str], None],
+    module: str,
 ) -> dict[str, Any]:
     json_path = os.path.join(workdir, "result.json")
-    cmd = [target.python, "-m", "cudask_bench.run", *argv, "--json", json_path]
+    cmd = [target.python, "-m", module, *argv, "--json", json_path]
     env = {**target.env(shim if target.foreign else None), "TMPDIR": workdir}
     tail: collections.deque[str] = collections.deque(maxlen=40)
     started = time.perf_counter()

@@ -193,8 +193,12 @@ def other_environments(document: Mapping[str, Any]) -> dict[str, dict[str, str]]
 
 def figure_modes(document: Mapping[str, Any]) -> dict[str, str]:
     """Cold or warm for each figure of a `cudask bench` document (metric names for spill,
-    cupy and startup; key paths for transfer)."""
+    cupy and startup; key paths for transfer and etl)."""
     workload = document.get("workload")
+    if workload == "etl":
+        return {f"results.{fmt}.{name}.{mode}": mode
+                for fmt, by_name in (document.get("results") or {}).items()
+                for name in by_name for mode in ("cold", "warm")}
     if workload == "transfer":
         settings = (document.get("report") or {}).get("settings") or {}
         return {path: mode for name, tree in settings.items()
@@ -236,7 +240,7 @@ def stamp(document: dict[str, Any]) -> dict[str, Any]:
     others = other_environments(document)
     if others:
         record["other_environments"] = others
-    if document.get("format") == "cudask-bench/1" or document.get("workload") == "transfer":
+    if document.get("format") == "cudask-bench/1" or document.get("workload") in ("transfer", "etl"):
         record["figures"] = figure_modes(document)
     document["provenance"] = record
     return document

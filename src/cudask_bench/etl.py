@@ -1,0 +1,243 @@
+"""`cudask bench etl`: dask-cuDF ETL beyond device memory, settings side by side.
+
+Covers: `run_etl(plan, targets)`: a temporary data directory (removed at the end, also
+when the command is interrupted or a child fails), the files and their reference
+answers written by a child process (cudask_bench.etl_data), then per repetition, per
+format, each setting in a fresh child process and cluster (cudask_bench.etl_run, through
+cudask_bench.harness.spawn_runner: stopped with its workers past the timeout or on
+SIGINT/SIGTERM), the settings' order rotated by one each repetition (`rotation`); a
+setting that failed is not run again. Then the document: per format and setting, every
+child's result with each run's answers checked against the reference, the cold figures
+(first run of each fresh cluster: medians over repetitions of the total and each
+phase, the largest peaks) and the warm ones (the runs after it), each setting's cold
+and warm total over the floor's, its error (the first failure, never hidden), and
+`summary`, the lines the command prints (a table per format, last).
+
+Does not cover: the options and their checks (cudask_bench.cli.etl), the work itself
+(cudask_bench.etl_run). Threading: the command's thread; spawn_runner reads each child's
+output in a daemon thread of its own.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from dask.utils import format_bytes
+
+from cudask_bench import environment, harness, stopping
+from cudask_bench.etl_data import FACT_ROW_BYTES, SETTINGS, EtlPlan, compare
+from cudask_bench.etl_run import PHASES
+from cudask_bench.targets import Target, make_shim, remove_shim
+
+GB = 1e9
+
+
+def rotation(settings: Sequence[str], repeat: int) -> list[list[str]]:
+    """The order of the settings in each repetition: repetition r starts r places on."""
+    n = len(settings)
+    return [[settings[(r + i) % n] for i in range(n)] for r in range(repeat)] if n else []
+
+
+def _spawn(plan: EtlPlan, target: Target, module: str, argv: list[str], shim: str | None,
+           progress: harness.ProgressLine, position: str, label: str) -> dict[str, Any]:
+    def on_progress(done: int, total: int, text: str) -> None:
+        progress.update(position, label, done, total, text)
+
+    progress.update(position, label, 0, 1, "starting")
+    result = harness.spawn_runner(target, ["--plan", plan.to_json(), *argv], shim=shim,
+                                  timeout=plan.timeout, on_progress=on_progress, module=module)
+    status = "ok" if result.get("status") == "ok" else f"FAILED: {result.get('error')}"
+    progress.finish(f"[{position}] {label}: {status}")
+    return result
+
+
+def run_etl(plan: EtlPlan, targets: Mapping[str, Target],
+            progress: harness.ProgressLine | None = None, argv: Sequence[str] = ()) -> dict[str, Any]:
+    """Write the data, run every setting on every format, return the document."""
+    progress = progress or harness.ProgressLine(False)
+    started, t0 = _dt.datetime.now(_dt.UTC), time.perf_counter()
+    order = rotation(plan.settings, plan.repeat)
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {
+        fmt: {name: [] for name in plan.settings} for fmt in plan.formats}
+    local = Target(sys.executable)
+    shim: str | None = None
+    root = tempfile.mkdtemp(prefix="cudask-bench-etl-data-", dir=plan.data_dir)
+    try:
+        if any(t.foreign for t in targets.values()):
+            with stopping.deferred():  # made and recorded, or not made
+                shim = make_shim()
+        data = _spawn(plan, local, "cudask_bench.etl_data", ["--root", root], None, progress,
+                      "data", "writing the files")
+        total = plan.repeat * len(plan.formats) * len(plan.settings)
+        done = 0
+        for rep, names in enumerate(order):
+            for fmt in plan.formats:
+                for name in names:
+                    done += 1
+                    earlier = results[fmt][name]
+                    if data.get("status") != "ok" or (earlier and earlier[-1].get("status") != "ok"):
+                        continue  # no data, or a setting that failed fails the same way again
+                    label = f"{name} {fmt}" + (f" (repetition {rep + 1})" if plan.repeat > 1 else "")
+                    earlier.append(_spawn(plan, targets[SETTINGS[name].backend], "cudask_bench.etl_run",
+                                          ["--root", root, "--setting", name, "--format", fmt],
+                                          shim, progress, f"{done}/{total}", label))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        if shim is not None:
+            remove_shim(shim)
+    return document(plan, data, results, order, targets, started, time.perf_counter() - t0, argv)
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _largest(values: Sequence[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def figures(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Median seconds (total and per phase) and largest peaks of completed runs."""
+    done = [r for r in runs if not r.get("error")]
+    if not done:
+        return None
+    return {"runs": len(done), "total_s": _median([r["total_s"] for r in done]),
+            "phases_s": {p: _median([r["phases"].get(p, {}).get("seconds") for r in done])
+                         for p in PHASES},
+            "peak_bytes": _largest([r.get("peak_bytes") for r in done]),
+            "phase_peak_bytes": {p: _largest([r["phases"].get(p, {}).get("peak_bytes")
+                                              for r in done]) for p in PHASES}}
+
+
+def setting_entry(name: str, children: list[dict[str, Any]],
+                  reference: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One setting on one format: its children's results, each run checked."""
+    setting = SETTINGS[name]
+    entry: dict[str, Any] = {"setting": name, "description": setting.description,
+                             "backend": setting.backend, "status": "ok", "error": None,
+                             "children": children}
+    for child in children:
+        for run in child.get("runs") or []:
+            wrong = compare(reference, run.get("answers") or {}) if reference else ["no reference"]
+            run["check"] = "error" if run.get("error") else ("right" if not wrong else wrong)
+            if run["check"] != wrong:  # right (or no answers): the long parts add nothing
+                for part in ("sample", "by_category"):
+                    (run.get("answers") or {}).pop(part, None)
+    failed = next((c for c in children if c.get("status") != "ok"), None)
+    if failed is not None:
+        entry.update(status="failed", error=str(failed.get("error") or "failed"))
+    runs = [c.get("runs") or [] for c in children]
+    entry["cold"] = figures([r[0] for r in runs if r])
+    entry["warm"] = figures([run for r in runs for run in r[1:]])
+    checked = [run["check"] for r in runs for run in r if run["check"] != "error"]
+    entry["correct"] = bool(checked) and all(c == "right" for c in checked)
+    return entry
+
+
+def document(plan: EtlPlan, data: Mapping[str, Any], results: Mapping[str, Mapping[str, list[Any]]],
+             order: list[list[str]], targets: Mapping[str, Target], started: _dt.datetime,
+             wall: float, argv: Sequence[str]) -> dict[str, Any]:
+    """The result document (before provenance: cudask_bench.report.write_json adds it)."""
+    formats = data.get("formats") or {}
+    out: dict[str, dict[str, Any]] = {}
+    for fmt, by_name in results.items():
+        reference = (formats.get(fmt) or {}).get("reference")
+        out[fmt] = {name: setting_entry(name, children, reference)
+                    for name, children in by_name.items() if children}
+        floor = out[fmt].get("floor")
+        for entry in out[fmt].values():
+            for mode in ("cold", "warm"):
+                mine, base = entry.get(mode), (floor or {}).get(mode)
+                if mine and base and base["total_s"]:
+                    mine["x_floor"] = mine["total_s"] / base["total_s"]
+    entries = [e for by_name in out.values() for e in by_name.values()]
+    ok = data.get("status") == "ok" and all(e["status"] == "ok" and e["correct"] for e in entries)
+    return {
+        "workload": "etl", "command": shlex.join(argv), "status": "ok" if ok else "failed",
+        "started_at": started.isoformat(timespec="seconds"),
+        "finished_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "wall_s": wall,
+        "plan": asdict(plan), "order": order, "skipped": dict(plan.skipped), "data": dict(data),
+        "targets": {b: {"python": t.python, "pythonpath": list(t.pythonpath)}
+                    for b, t in targets.items()},
+        "results": out, "machine": environment.machine(),
+        "harness": {"python": sys.executable, "versions": environment.versions()},
+    }
+
+
+def failures(doc: Mapping[str, Any]) -> list[str]:
+    """"setting format: why" for each setting that failed or answered wrong."""
+    out = [] if (doc.get("data") or {}).get("status") == "ok" else [
+        f"data: {(doc.get('data') or {}).get('error')}"]
+    for fmt, by_name in doc["results"].items():
+        for name, e in by_name.items():
+            if e["status"] != "ok" or not e["correct"]:
+                out.append(f"{name} {fmt}: " + (e["error"] or "wrong answers"))
+    return out
+
+
+def _n(value: float | None, width: int, spec: str = ".2f", scale: float = 1.0) -> str:
+    return f"{value / scale:>{width}{spec}}" if value is not None else " " * (width - 1) + "-"
+
+
+def _row(name: str, e: Mapping[str, Any]) -> str:
+    cold, warm = e.get("cold"), e.get("warm")
+    cells = [f"{name:<21}"]
+    if cold:
+        cells += [_n(cold["total_s"], 7)] + [_n(cold["phases_s"][p], 7) for p in PHASES]
+        cells += [_n(cold["peak_bytes"], 7, scale=GB), _n(cold.get("x_floor"), 7)]
+    else:
+        cells += [" " * 7] * (len(PHASES) + 3)
+    if warm:
+        cells += [_n(warm["total_s"], 7), _n(warm["peak_bytes"], 7, scale=GB),
+                  _n(warm.get("x_floor"), 7)]
+    else:
+        cells += [" " * 7] * 3
+    answer = "right" if e["correct"] else ("-" if e["status"] != "ok" and not e.get("cold")
+                                           else "WRONG")
+    text = " ".join(cells) + f"  {answer}"
+    if e["status"] != "ok":
+        text += f"\n{'':<21} failed: {str(e['error'])[:200]}"
+    return text
+
+
+def summary(doc: Mapping[str, Any]) -> list[str]:
+    """The lines the command prints: per format, a header and a row per setting."""
+    plan, data = doc["plan"], doc.get("data") or {}
+    lines = []
+    if data.get("status") != "ok":
+        lines.append(f"data: not written: {data.get('error')}")
+    limit = plan["device_memory_limit"]
+    device = plan["files"] * plan["rows_per_file"] * FACT_ROW_BYTES
+    for fmt, by_name in doc["results"].items():
+        disk = ((data.get("formats") or {}).get(fmt) or {}).get("disk_bytes")
+        lines.append(
+            f"etl {fmt}: {plan['files']} files x {plan['rows_per_file']:,} rows, "
+            f"{format_bytes(device)} on the device ({device / limit:.1f}x the "
+            f"{format_bytes(limit)} limit)" + (f", {format_bytes(disk)} on disk" if disk else "")
+            + f"; data by {data.get('generator', '?')}, frames {plan['frames']}"
+            + (" (distributed.LocalCluster standing in for every setting)"
+               if plan["frames"] == "pandas" else ""))
+        lines.append("  cold: first run of a fresh cluster from the first submit (median of "
+                     f"{plan['repeat']}); warm: the {plan['warm_runs']} run(s) after it; peak: "
+                     "NVML used above the idle cluster, GB")
+        lines.append(f"{'setting':<21} {'cold s':>7} " + " ".join(f"{p:>7}" for p in PHASES)
+                     + f" {'peak':>7} {'x floor':>7} {'warm s':>7} {'peak':>7} {'x floor':>7}"
+                     + "  answers")
+        lines += [_row(name, e) for name, e in by_name.items()]
+    if doc.get("skipped"):
+        lines += [f"skipped {name}: {why}" for name, why in doc["skipped"].items()]
+    return lines
+
+
+__all__ = ["document", "failures", "figures", "rotation", "run_etl", "setting_entry", "summary"]
