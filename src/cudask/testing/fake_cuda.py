@@ -29,6 +29,7 @@ import itertools
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,13 +177,17 @@ class FakeCopyBackend:
     pin_limit: bytes of pinned memory the "driver" grants before refusing
     (allocated and registered alike).
     refuse_register: cause given when `register_host` is called (None: it works).
+    device_memory: `mem_get_info`'s (free, total), or a callable giving them
+    (default: 1 TiB, all free).
     """
 
     name = "fake"
 
     def __init__(
-        self, *, lag: int = 0, pin_limit: int | None = None, refuse_register: str | None = None
+        self, *, lag: int = 0, pin_limit: int | None = None, refuse_register: str | None = None,
+        device_memory: tuple[int, int] | Callable[[], tuple[int, int]] = (1 << 40, 1 << 40),
     ) -> None:
+        self.device_memory = device_memory
         self.lag = lag
         self.pin_limit = pin_limit
         self.refuse_register = refuse_register
@@ -242,6 +247,10 @@ class FakeCopyBackend:
             )
 
     # -- device memory ---------------------------------------------------------
+    def mem_get_info(self) -> tuple[int, int]:
+        memory = self.device_memory
+        return memory() if callable(memory) else memory
+
     def alloc_device(self, nbytes: int, device: int) -> tuple[int, Any]:
         buf = numpy.empty(max(nbytes, 1), dtype=numpy.uint8)
         return int(buf.ctypes.data), buf

@@ -247,7 +247,7 @@ def test_release_waits_for_the_copy_in_flight() -> None:
     block.release(after=copy)
     assert not block.released and pool.in_use == 16 * KiB
     # While the copy is pending, the range stays out of the free lists...
-    assert pool._pending and all(slab.free_bytes == 0 for slab in pool._slabs)
+    assert pool._deferred._items and all(slab.free_bytes == 0 for slab in pool._slabs)
     # ...and allocate() waits for pending copies (milliseconds) before falling back.
     again = pool.allocate(16 * KiB)
     assert again.pinned and copy.ready() and again.ptr == block.ptr

@@ -118,6 +118,13 @@ class LazyEngine:
         else:
             engine.pool.ensure_free(want)
 
+    def limit_idle(self, nbytes: int) -> None:
+        """Hold the pool's free pinned memory to `nbytes` (`PinnedPool.limit_idle`);
+        nothing before the engine exists."""
+        engine = self.current
+        if engine is not None:
+            engine.pool.limit_idle(nbytes)
+
     def trim(self) -> None:
         """Give the pool's free slabs back now (process memory is high)."""
         engine = self.current
