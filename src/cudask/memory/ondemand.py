@@ -38,7 +38,7 @@ from cudask.memory.allocators import CupyHook, RmmHook, current_task
 logger = logging.getLogger("cudask.memory")
 
 # Spilling for an allocation the driver refused asks for this much more than
-# the driver reports missing (its page granularity).
+# the driver reports missing (its page granularity), at most 1% of the request.
 _MARGIN = 2 << 20
 
 
@@ -138,7 +138,7 @@ class SpillOnDemand:
         free = self._free_memory() if self._free_memory is not None else None
         if free is None or not 0 < nbytes - free < nbytes:
             return nbytes
-        return min(nbytes - free + _MARGIN, nbytes)
+        return min(nbytes - free + min(_MARGIN, nbytes // 100), nbytes)
 
     # ------------------------------------------------------------------ hooks
     def wrap_allocator(self, malloc: Callable[[int], Any], oom: tuple[type[BaseException], ...],

@@ -306,10 +306,12 @@ class DeviceBuffer:
 
     def spill(self, nbytes: int) -> int:
         """Spill until `nbytes` of device memory are released, and wait for the
-        copies; return the bytes released."""
+        copies; return the bytes released. Copies already in flight count
+        towards `nbytes`: waiting for them releases their sources."""
         self.reap()
         before = self.held_bytes()
-        self.evict_until(max(self.ledger.total - nbytes, 0))
+        pending = self.inflight.uncovered_bytes()
+        self.evict_until(max(self.ledger.total - max(nbytes - pending, 0), 0))
         self.drain()
         return max(before - self.held_bytes(), 0)
 
