@@ -3,7 +3,8 @@ the soak, device transfers between workers, and charts of results.
 
 Covers: the `bench` click group and its commands `spill`, `cupy`, `startup` (one module,
 cudask_bench.cli.workloads), `soak`, `transfer` and `chart`, whose options are declared
-as data in cudask_bench.cli.options, and `small-tasks` (its options in its own module). Bad input ends in one line naming the value and
+as data in cudask_bench.cli.options, and `small-tasks` and `limit` (their options in
+their own modules). Bad input ends in one line naming the value and
 what is accepted, never a traceback. cudask's `cudask` command attaches this group by
 name (cudask.cli.main), importing it only when `cudask bench ...` runs. Does not cover:
 the benchmarks themselves (cudask_bench.*). Threading: click runs a command in the
@@ -16,6 +17,7 @@ import click
 
 from cudask.cli.errors import UserErrorGroup
 from cudask_bench.cli.chart import chart
+from cudask_bench.cli.limit import limit
 from cudask_bench.cli.small_tasks import small_tasks
 from cudask_bench.cli.soak import soak
 from cudask_bench.cli.transfer import transfer
@@ -25,7 +27,8 @@ from cudask_bench.cli.workloads import cupy, spill, startup
 @click.group(cls=UserErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def bench() -> None:
     """Benchmarks: spilling, CuPy dask.array workloads, cluster start-up, soak,
-    device data between workers (transfer).
+    device data between workers (transfer), small tasks, GPU memory against the
+    device limit (limit).
 
     Each variant (backend x device limit x JIT-unspill) runs in a fresh
     process; --against dask-cuda runs the same workload with identical
@@ -34,7 +37,7 @@ def bench() -> None:
     """
 
 
-for _command in (spill, cupy, startup, soak, transfer, chart, small_tasks):
+for _command in (spill, cupy, startup, soak, transfer, chart, small_tasks, limit):
     bench.add_command(_command)
 
 
