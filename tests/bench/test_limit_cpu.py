@@ -59,9 +59,9 @@ def test_expected_sums_and_working_sets() -> None:
 def test_measure_gives_right_sums_and_peaks_above_idle() -> None:
     readings = iter(range(10**6))
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
-        with MemorySampler(lambda: 10**6 + next(readings), interval=0.001) as sampler:
-            figures = lim.measure(client, PLAN, sampler, module="numpy")
+                      dashboard_address=":0") as cluster, Client(cluster) as client, \
+            MemorySampler(lambda: 10**6 + next(readings), interval=0.001) as sampler:
+        figures = lim.measure(client, PLAN, sampler, module="numpy")
     assert figures["correct"], figures["results"]
     assert figures["results"] == [lim.expected(PLAN)] * 2  # cold and one warm run
     for phase in lim.PHASES:
