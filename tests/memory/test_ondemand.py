@@ -184,7 +184,8 @@ def test_rmm_allocations_are_counted_and_large_ones_gated(monkeypatch: pytest.Mo
     hook.install()
     assert hook.installed == ["rmm"]
     resource = rmm.mr.get_current_device_resource()
-    assert isinstance(resource, fakes.FailureCallback)
+    assert isinstance(resource, fakes.Binning)  # over the counter over the failure callback
+    assert isinstance(resource.bins[GATE_MIN_BYTES].upstream, fakes.FailureCallback)
     small = [resource.allocate(GATE_MIN_BYTES) for _ in range(10)]  # 10 MiB, past the limit
     assert spilled == [] and hook.reserved() == 10 * MiB  # counted, not gated
     resource.allocate(2 * MiB)  # gated: 10 + 2 - 8 MiB over
@@ -214,4 +215,24 @@ def test_rmm_without_a_limit_only_spills_on_failure(monkeypatch: pytest.MonkeyPa
     assert hook.count == 1 and hook.reserved() == 0  # no counter without a limit
     with pytest.raises(MemoryError):
         resource.allocate(8 * MiB)  # nothing more to spill: the callback gives up
+    hook.uninstall()
+
+
+def test_rmm_refusal_of_a_gated_allocation_reaches_the_failure_callback(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    device = fakes.FakeDevice(4 * MiB)
+    rmm = fakes.rmm_module(device)
+    monkeypatch.setitem(sys.modules, "rmm", rmm)
+    asked: list[int] = []
+
+    def spill(n: int) -> int:
+        asked.append(n)
+        return 0  # nothing left to spill
+
+    hook = SpillOnDemand(spill, limit=64 * MiB)
+    hook.install()
+    with pytest.raises(MemoryError):
+        rmm.mr.get_current_device_resource().allocate(8 * MiB)  # below the limit, above the GPU
+    assert asked == [8 * MiB] and hook.limit_count == 0  # the failure callback's spill
+    assert hook.reserved() == 0  # nothing was counted for the refused allocation
     hook.uninstall()

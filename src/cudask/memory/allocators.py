@@ -3,12 +3,12 @@
 Covers: `CupyHook`, CuPy's current allocator replaced by a wrapper, with a
 reader of what CuPy's default memory pool reserves (`total_bytes`: its cached
 free blocks included) and a way to give those cached blocks back, when that
-pool is the allocator; `RmmHook`, the current RMM resource put under a byte
-counter (a `LimitingResourceAdaptor` whose limit is never reached: an atomic
-counter read as one integer), a Python gate for allocations above
-`GATE_MIN_BYTES` (a `CallbackMemoryResource` behind a
-`BinningMemoryResource`; smaller ones go straight to the counter) and a
-`FailureCallbackResourceAdaptor` on top; `current_task`, the key of the task
+pool is the allocator; `RmmHook`, the current RMM resource under a
+`FailureCallbackResourceAdaptor`, then a byte counter (a `LimitingResourceAdaptor`
+whose limit is never reached: an atomic counter read as one integer), then a
+`BinningMemoryResource` sending allocations above `GATE_MIN_BYTES` through a
+Python gate (a `CallbackMemoryResource`) and smaller ones straight to the
+counter; `current_task`, the key of the task
 running in the calling thread. Each hook restores what was there on `remove`,
 when it is still ours. Why this shape, and its cost per allocation:
 docs/design/store.md ("Holding the device limit").
@@ -70,11 +70,14 @@ class CupyHook:
 
 
 class RmmHook:
-    """The current RMM resource under a counter, a gate and a failure callback.
+    """The current RMM resource under a failure callback, a counter and a gate.
 
-    `gate(nbytes)` (None: no gate, no counter) is called before each
-    allocation above `GATE_MIN_BYTES`; `on_failure(nbytes)` when an allocation
-    fails, returning whether to try again.
+    `on_failure(nbytes)` is called when the resource refuses an allocation and
+    returns whether to try again; `gate(nbytes)` (None: no gate, no counter) is
+    called before each allocation above `GATE_MIN_BYTES`. From the bottom: the
+    worker's resource, the failure callback (it catches the resource's own
+    out-of-memory, in C++), the counter, then the binning of allocations between
+    the counter (small ones) and the Python gate in front of it (large ones).
     """
 
     def __init__(self, gate: Callable[[int], None] | None,
@@ -84,9 +87,9 @@ class RmmHook:
         self._rmm = rmm
         self.upstream = rmm.mr.get_current_device_resource()
         self.counter: Any = None
-        top = self.upstream
+        top = rmm.mr.FailureCallbackResourceAdaptor(self.upstream, on_failure)
         if gate is not None:
-            counter = self.counter = rmm.mr.LimitingResourceAdaptor(self.upstream, _NO_LIMIT)
+            counter = self.counter = rmm.mr.LimitingResourceAdaptor(top, _NO_LIMIT)
 
             def allocate(nbytes: int, stream: Any) -> int:
                 gate(nbytes)
@@ -97,8 +100,8 @@ class RmmHook:
 
             top = rmm.mr.BinningMemoryResource(rmm.mr.CallbackMemoryResource(allocate, deallocate))
             top.add_bin(GATE_MIN_BYTES, counter)
-        self.adaptor = rmm.mr.FailureCallbackResourceAdaptor(top, on_failure)
-        rmm.mr.set_current_device_resource(self.adaptor)
+        self.adaptor = top
+        rmm.mr.set_current_device_resource(top)
 
     def reserved(self) -> int:
         """Bytes allocated through the hooked resource (0 without a counter)."""
