@@ -70,6 +70,19 @@ def test_cached_blocks_go_back_before_any_key(make_store: MakeStore,
     assert store.metrics()["spill-at-limit-count"] == 0
 
 
+def test_with_nothing_to_spill_the_cache_stays_for_the_task(make_store: MakeStore,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    store, cupy = _store_on_device(make_store, monkeypatch, limit=1000, capacity=4000)
+    allocate, pool = cupy.cuda.get_allocator(), cupy.pool
+    allocate(900)
+    allocate(300)  # a task past the limit with an empty store: it runs
+    pool.free(300)  # its temporary died: cached
+    assert allocate(300) == 300 and pool.device.cached == 0  # served from the cache
+    pool.free(300)
+    assert allocate(200) == 200 and pool.device.cached == 100  # not given back: no use
+    assert pool.device.mallocs == [900, 300]  # no cudaMalloc past the first two
+
+
 def test_below_the_limit_one_read_and_no_spill(make_store: MakeStore,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     store, cupy = _store_on_device(make_store, monkeypatch, limit=10_000, capacity=40_000)

@@ -43,9 +43,10 @@ Allocator = Callable[[int], Any]
 class CupyHook:
     """CuPy's allocator replaced by `wrap(current allocator, reserved, release)`.
 
-    `reserved` and `release` are given when CuPy allocates from its default
-    memory pool (`cupy.get_default_memory_pool().malloc`): the pool's total
-    bytes, and `free_all_blocks`; None for any other allocator (RMM's, say,
+    `reserved`, `cached` and `release` are given when CuPy allocates from its
+    default memory pool (`cupy.get_default_memory_pool().malloc`): the pool's
+    total bytes, its cached free bytes, and `free_all_blocks`; None for any
+    other allocator (RMM's, say,
     whose memory the RMM hook counts).
     """
 
@@ -57,6 +58,7 @@ class CupyHook:
         pool = cupy.get_default_memory_pool()
         own = getattr(self.previous, "__self__", None) is pool
         self.reserved: Callable[[], int] | None = pool.total_bytes if own else None
+        self.cached: Callable[[], int] | None = pool.free_bytes if own else None
         self.release: Callable[[], None] | None = pool.free_all_blocks if own else None
         self.wrapped = wrap(self.previous, self.reserved)
         cupy.cuda.set_allocator(self.wrapped)

@@ -4,9 +4,10 @@ Covers: `SpillOnDemand`, which hooks CuPy's allocator and the current RMM
 resource (`cudask.memory.allocators`) for a store. With a device limit, an
 allocation that would take the process's reserved device memory past it
 (CuPy's default pool counting its cached free blocks, plus what was allocated
-through RMM) first gives CuPy's cached blocks back and then has the store
-spill its least recently used keys by the shortfall (`make_room`); when the
-store has nothing left to spill the allocation goes ahead. An allocation that
+through RMM) first has the store spill its least recently used keys by what is
+over the limit without CuPy's cached blocks, then gives those back
+(`make_room`); when the store has nothing left to spill the allocation goes
+ahead. An allocation that
 fails for want of device memory has the store spill what the driver reports
 missing and is tried again (doubling the amount each time); when that fails
 too, CuPy's allocations raise a `MemoryError` naming the task, the bytes asked
@@ -66,6 +67,7 @@ class SpillOnDemand:
         self.limit_count = 0  # spills for allocations past the limit
         self.limit_freed = 0
         self._readers: list[Callable[[], int]] = []
+        self._cache_readers: list[Callable[[], int]] = []
         self._releasers: list[Callable[[], None]] = []
         self._cupy: CupyHook | None = None
         self._rmm: RmmHook | None = None
@@ -101,28 +103,35 @@ class SpillOnDemand:
         return sum(read() for read in self._readers)
 
     def make_room(self, nbytes: int) -> None:
-        """Before allocating `nbytes` past the limit: give cached free blocks back,
-        then spill the store's least recently used keys by what is still over
-        it. Returns when the room is made or nothing more can be spilled."""
+        """Before allocating `nbytes` past the limit: spill the store's least
+        recently used keys by what would still be over it without the allocators'
+        cached free blocks, then give those blocks back. When nothing could be
+        spilled and the caches alone do not make room (the running tasks' own
+        memory is past the limit), the caches stay, to serve those tasks."""
         limit = self.limit
         if limit is None or getattr(self._local, "busy", False):
             return
-        if self.reserved() + nbytes <= limit:
+        reserved = self.reserved()
+        if reserved + nbytes <= limit:
             return
-        self._release_cached()
-        need = self.reserved() + nbytes - limit
+        over = reserved - self._cached() + nbytes - limit
         freed = 0
         for _ in range(self.attempts):
-            if freed >= need:
+            if freed >= over:
                 break
-            step = self._spill_now(need - freed)
+            step = self._spill_now(over - freed)
             if step <= 0:
                 break
             freed += step
         if freed:
             self.limit_count += 1
             self.limit_freed += freed
-            self._release_cached()  # what the spilled keys held went back to the caches
+        if freed or over <= 0:
+            self._release_cached()  # with what the spilled keys gave back to them
+
+    def _cached(self) -> int:
+        """Free blocks the allocators keep cached (counted in `reserved`)."""
+        return sum(read() for read in self._cache_readers)
 
     def _release_cached(self) -> None:
         for release in self._releasers:
@@ -211,8 +220,9 @@ class SpillOnDemand:
                 self._readers.append(self._rmm.reserved)
         if self._cupy is None and "cupy" in sys.modules:
             self._cupy = CupyHook(self._wrap_cupy)
-            if self._cupy.release is not None:
+            if self._cupy.release is not None and self._cupy.cached is not None:
                 self._releasers.append(self._cupy.release)
+                self._cache_readers.append(self._cupy.cached)
 
     def _wrap_cupy(self, malloc: Callable[[int], Any],
                    reserved: Callable[[], int] | None) -> Callable[[int], Any]:
@@ -227,6 +237,7 @@ class SpillOnDemand:
                 hook.remove()
         self._cupy = self._rmm = None
         self._readers.clear()
+        self._cache_readers.clear()
         self._releasers.clear()
 
     @property

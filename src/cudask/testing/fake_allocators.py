@@ -83,6 +83,9 @@ class FakePool:
         self.total_calls += 1
         return self.device.allocated + self.device.cached + self.device.held()
 
+    def free_bytes(self) -> int:
+        return self.device.cached
+
     def free_all_blocks(self) -> None:
         self.device.cached = 0
 
