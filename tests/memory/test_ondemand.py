@@ -72,7 +72,7 @@ def test_cached_blocks_go_back_before_any_key(make_store: MakeStore,
 
 def test_with_nothing_to_spill_the_cache_stays_for_the_task(make_store: MakeStore,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    store, cupy = _store_on_device(make_store, monkeypatch, limit=1000, capacity=4000)
+    _, cupy = _store_on_device(make_store, monkeypatch, limit=1000, capacity=4000)
     allocate, pool = cupy.cuda.get_allocator(), cupy.pool
     allocate(900)
     allocate(300)  # a task past the limit with an empty store: it runs
