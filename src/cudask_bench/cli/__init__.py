@@ -27,8 +27,7 @@ from cudask_bench.cli.workloads import cupy, spill, startup
 @click.group(cls=UserErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def bench() -> None:
     """Benchmarks: spilling, CuPy dask.array workloads, cluster start-up, soak,
-    device data between workers (transfer), small tasks, GPU memory against the
-    device limit (limit).
+    device data between workers (transfer).
 
     Each variant (backend x device limit x JIT-unspill) runs in a fresh
     process; --against dask-cuda runs the same workload with identical
