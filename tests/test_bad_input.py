@@ -264,6 +264,8 @@ CONFIG = [
      "'1MiB'"),
     ({"cudask.memory.spill-on-demand": "often"}, "cudask.memory.spill-on-demand='often'",
      "true or false"),
+    ({"cudask.memory.spill-at-limit": "often"}, "cudask.memory.spill-at-limit='often'",
+     "true or false"),
     ({"cudask.memory.pinned-pool-size": "lots"}, "cudask.memory.pinned-pool-size='lots'",
      '"40GB"'),
     ({"cudask.memory.pinned-slab-size": -1}, "cudask.memory.pinned-slab-size=-1", "accepted"),

@@ -83,6 +83,12 @@ class TLSRefusedError(CudaskError, ConnectionError):
     accepted there, or the scheduler's is not trusted here."""
 
 
+class DeviceMemoryLimitWarning(UserWarning):
+    """An RMM pool reserves more device memory up front than `device_memory_limit`:
+    the GPU memory the worker holds is then the pool's size, and the limit holds
+    only what is allocated inside the pool."""
+
+
 class CUDAContextWarning(RuntimeWarning):
     """A process of the cluster (the client, scheduler or nannies) holds a CUDA context
     on a GPU its workers use, so the memory that context holds is lost to them. A

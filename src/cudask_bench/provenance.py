@@ -199,6 +199,12 @@ def figure_modes(document: Mapping[str, Any]) -> dict[str, str]:
         return {f"results.{fmt}.{name}.{mode}": mode
                 for fmt, by_name in (document.get("results") or {}).items()
                 for name in by_name for mode in ("cold", "warm")}
+    if workload == "limit":  # each run's phases: cold and warm seconds and peaks
+        modes = {"cold_s": "cold", "peak_bytes": "cold", "warm_s": "warm",
+                 "warm_peak_bytes": "warm"}
+        runs = (document.get("report") or {}).get("runs") or []
+        return {f"runs.{i}.phases.{phase}.{key}": mode for i, run in enumerate(runs)
+                for phase in run.get("phases") or {} for key, mode in modes.items()}
     if workload == "transfer":
         settings = (document.get("report") or {}).get("settings") or {}
         return {path: mode for name, tree in settings.items()
@@ -225,6 +231,10 @@ def _transfer_modes(tree: Any, prefix: str) -> Iterator[tuple[str, str]]:
             yield from _transfer_modes(value, path)
 
 
+#: Workloads whose documents name their figures' modes without the runner's format.
+_FIGURED = ("transfer", "limit", "etl")
+
+
 def stamp(document: dict[str, Any]) -> dict[str, Any]:
     """`document` with a "provenance" entry."""
     from cudask_bench import environment
@@ -240,7 +250,7 @@ def stamp(document: dict[str, Any]) -> dict[str, Any]:
     others = other_environments(document)
     if others:
         record["other_environments"] = others
-    if document.get("format") == "cudask-bench/1" or document.get("workload") in ("transfer", "etl"):
+    if document.get("format") == "cudask-bench/1" or document.get("workload") in _FIGURED:
         record["figures"] = figure_modes(document)
     document["provenance"] = record
     return document

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import warnings
+
 import pytest
 from distributed import Nanny
 
@@ -125,6 +127,28 @@ def test_sizes_per_device():
         device_sizes(big, d[1])
     off = resolve({"device_memory_limit": 0}, "cluster")
     assert device_sizes(off, d[0]).device_memory_limit is None
+
+
+def test_a_pool_larger_than_the_limit_warns_once():
+    from cudask import options
+    from cudask.errors import DeviceMemoryLimitWarning
+    from cudask.worker.spec import warn_pool_past_limit
+
+    m = discover(FakeBackend([fake_gpu(i, memory_total=80 * GiB, cpus=[0]) for i in range(2)]))
+    d = parse_visible_devices(None, m)
+    real = options._library
+    try:
+        options._library = lambda mod: True
+        over = resolve({"device_memory_limit": "20GB", "rmm_pool_size": 0.5}, "cluster")
+        under = resolve({"device_memory_limit": "20GB", "rmm_pool_size": "16GB"}, "cluster")
+    finally:
+        options._library = real
+    with pytest.warns(DeviceMemoryLimitWarning, match="rmm_pool_size=0.5 reserves 40.00 GiB") as got:
+        warn_pool_past_limit(over, [device_sizes(over, x) for x in d])
+    assert len(got) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_pool_past_limit(under, [device_sizes(under, x) for x in d])
 
 
 def test_soc_without_dedicated_memory():

@@ -1,7 +1,8 @@
 """The boundary to CUDA: what the memory core asks of the driver, and nothing more.
 
 Covers: the `CopyBackend` protocol (host allocations and registrations,
-streams, events, raw-pointer copies, device allocations for rebuilt objects),
+streams, events, raw-pointer copies, device allocations for rebuilt objects,
+free device memory),
 its implementation over `cupy.cuda.runtime` (`CupyBackend`, `default_backend`),
 `Copy` (one enqueued copy and its completion event), `is_out_of_memory` (the
 one test of whether an exception means "out of memory", host or device), and
@@ -84,6 +85,10 @@ class CopyBackend(Protocol):
     def is_pinned(self, ptr: int) -> bool:
         """Whether host address `ptr` is page-locked (used by tests and metrics)."""
 
+    def mem_get_info(self) -> tuple[int, int]:
+        """(free, total) bytes of the current device's memory, as the driver
+        reports them (cudaMemGetInfo)."""
+
 
 class CupyBackend:
     """`CopyBackend` over CuPy's runtime bindings (cudaHostAlloc, cudaMemcpyAsync,
@@ -155,6 +160,10 @@ class CupyBackend:
             memptr=memptr,
             strides=interface.get("strides"),
         )
+
+    def mem_get_info(self) -> tuple[int, int]:
+        free, total = self._rt.memGetInfo()
+        return int(free), int(total)
 
     def is_pinned(self, ptr: int) -> bool:
         try:

@@ -3,7 +3,7 @@
 Covers: `StoreSettings`, the numbers a `TieredStore` runs with (spill target,
 background spilling, the pinned pool: size, slabs, preallocation, idle
 release, pinning method, headroom ahead of spills, share of available memory,
-duty cycle, populate threads; spill on demand), and `store_settings`, which
+duty cycle, populate threads; spill on demand, at the limit), and `store_settings`, which
 reads them from the config keys (or keyword overrides) for given device and
 host limits. The worker's store calls it when it starts; the cluster and the
 CLI call it before any worker process starts, so a bad value fails there with
@@ -50,6 +50,7 @@ class StoreSettings:
     pinned_headroom_from: float = 0.5
     populate_threads: int | None = None
     spill_on_demand: bool = True
+    spill_at_limit: bool = True
 
 
 def store_settings(
@@ -69,6 +70,7 @@ def store_settings(
     pinned_headroom_from: float | None = None,
     populate_threads: int | str | None = None,
     spill_on_demand: bool | None = None,
+    spill_at_limit: bool | None = None,
 ) -> StoreSettings:
     """The settings of a store with these limits (`memory_limit`: its host tier;
     0 or None: no limit); a keyword left None takes the config key of the same
@@ -89,9 +91,7 @@ def store_settings(
     ) or (256 << 20)
     return StoreSettings(
         spill_target=target,
-        background=parse_flag(
-            config.get("memory.background-spill") if background is None else background,
-            "cudask.memory.background-spill"),
+        background=parse_flag(_key("background-spill", background), "cudask.memory.background-spill"),
         pinned_pool_size=pool,
         pinned_slab_size=slab,
         pinned_preallocate=_preallocate_bytes(
@@ -128,7 +128,14 @@ def store_settings(
             config.get("memory.populate-threads") if populate_threads is None else populate_threads
         ),
         spill_on_demand=spill_on_demand_setting(spill_on_demand),
+        spill_at_limit=parse_flag(_key("spill-at-limit", spill_at_limit),
+                                  "cudask.memory.spill-at-limit"),
     )
+
+
+def _key(name: str, value: Any) -> Any:
+    """`value`, or the `cudask.memory.<name>` key when None."""
+    return config.get(f"memory.{name}") if value is None else value
 
 
 def store_limit(value: int | None, name: str) -> int | None:

@@ -124,8 +124,10 @@ class TieredStore(MutableMapping[Key, object]):
         # Spill on demand, hooked at the first device object (after the worker's RMM
         # plugin has set its resource); a weak reference, so the hook never keeps the
         # store alive.
+        ref = weakref.ref(self)
         self.on_demand = (
-            SpillOnDemand(_weak_spill(weakref.ref(self)))
+            SpillOnDemand(_weak_spill(ref), free_memory=_weak_free(ref),
+                          limit=self.device_memory_limit if self.settings.spill_at_limit else None)
             if self.settings.spill_on_demand and self.device_memory_limit is not None else None
         )
         self._hooked = False
@@ -375,6 +377,14 @@ class TieredStore(MutableMapping[Key, object]):
             self._leave_fast_path()
             return self._buffer.spill(nbytes)
 
+    def free_device_memory(self) -> int | None:
+        """Device memory the driver reports free (creating the copy backend if need
+        be); None when it cannot tell."""
+        try:
+            return self._lazy.get().backend.mem_get_info()[0]
+        except Exception:  # noqa: BLE001 - no backend: unknown
+            return None
+
     def peek_host_copy(self, key: Key) -> handlers.AnyHostCopy | None:
         """The host copy of `key` when it is a device object moved to host or disk,
         without bringing it back to the device (read from disk into host memory
@@ -422,6 +432,14 @@ def _weak_spill(store_ref: weakref.ref[TieredStore]) -> Any:
         return 0 if store is None or store._closed else store.spill_device(nbytes)
 
     return spill
+
+
+def _weak_free(store_ref: weakref.ref[TieredStore]) -> Any:
+    def free() -> int | None:
+        store = store_ref()
+        return None if store is None or store._closed else store.free_device_memory()
+
+    return free
 
 
 def _fmt(nbytes: int | None) -> str:

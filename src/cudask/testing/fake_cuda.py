@@ -179,6 +179,8 @@ class FakeCopyBackend:
     refuse_register: cause given when `register_host` is called (None: it works).
     clock: what stamps a completed event (seconds; `elapsed` subtracts two
     stamps); a test's own clock makes a copy's stream time exact.
+    device_memory: `mem_get_info`'s (free, total), or a callable giving them
+    (default: 1 TiB, all free).
     """
 
     name = "fake"
@@ -186,7 +188,9 @@ class FakeCopyBackend:
     def __init__(
         self, *, lag: int = 0, pin_limit: int | None = None, refuse_register: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        device_memory: tuple[int, int] | Callable[[], tuple[int, int]] = (1 << 40, 1 << 40),
     ) -> None:
+        self.device_memory = device_memory
         self.lag = lag
         self.clock = clock
         self.pin_limit = pin_limit
@@ -247,6 +251,10 @@ class FakeCopyBackend:
             )
 
     # -- device memory ---------------------------------------------------------
+    def mem_get_info(self) -> tuple[int, int]:
+        memory = self.device_memory
+        return memory() if callable(memory) else memory
+
     def alloc_device(self, nbytes: int, device: int) -> tuple[int, Any]:
         buf = numpy.empty(max(nbytes, 1), dtype=numpy.uint8)
         return int(buf.ctypes.data), buf

@@ -15,12 +15,13 @@ from __future__ import annotations
 import logging
 import os
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import dask.config
-from dask.utils import parse_bytes
+from dask.utils import format_bytes, parse_bytes
 from distributed import Nanny, Worker, WorkerPlugin
 from distributed.worker_memory import parse_memory_limit
 
@@ -28,7 +29,7 @@ from cudask.comm import settings as comm_settings
 from cudask.comm.ipc import SERIALIZERS
 from cudask.comm.worker import Worker as IPCWorker
 from cudask.devices import Device, cuda_visible_devices
-from cudask.errors import MissingDependencyError, OptionError
+from cudask.errors import DeviceMemoryLimitWarning, MissingDependencyError, OptionError
 from cudask.memory.settings import store_settings
 from cudask.options import UCX_PROTOCOLS, WorkerOptions, require_library
 from cudask.sizes import parse_size
@@ -94,6 +95,7 @@ def check_devices(o: WorkerOptions, devices: Sequence[Device]) -> list[DeviceSiz
     """Every per-device size, parsed before any process starts; and CuPy, which the
     store copies device data with, when any worker will spill or hand out proxies."""
     sizes = [device_sizes(o, d) for d in devices]
+    warn_pool_past_limit(o, sizes)
     if o.jit_unspill or any(s.device_memory_limit is not None for s in sizes):
         what = "jit_unspill=True" if o.jit_unspill else (
             f"device_memory_limit={o.device_memory_limit!r} (spilling from the GPU)")
@@ -104,6 +106,23 @@ def check_devices(o: WorkerOptions, devices: Sequence[Device]) -> list[DeviceSiz
                 exc.library, exc.needed_for,
                 exc.install + " -- or turn spilling off with device_memory_limit=None") from None
     return sizes
+
+
+def warn_pool_past_limit(o: WorkerOptions, sizes: Sequence[DeviceSizes]) -> None:
+    """One warning when an RMM pool reserves more than the device limit: the worker's
+    GPU memory is then the pool's size whatever the store spills."""
+    over = [s for s in sizes if s.rmm_pool_size is not None and s.device_memory_limit is not None
+            and s.rmm_pool_size > s.device_memory_limit]
+    if over:
+        s = over[0]
+        warnings.warn(
+            f"rmm_pool_size={o.rmm_pool_size!r} reserves {format_bytes(s.rmm_pool_size or 0)} "
+            f"per worker up front, more than device_memory_limit={o.device_memory_limit!r} "
+            f"({format_bytes(s.device_memory_limit or 0)}): each worker holds the pool's size "
+            "on its GPU from the start, and the limit holds only what is allocated inside the "
+            "pool. To hold the GPU to the limit, give rmm_pool_size at most the limit (the "
+            "pool grows as needed, up to rmm_maximum_pool_size).",
+            DeviceMemoryLimitWarning, stacklevel=3)
 
 
 def host_memory_limit(o: WorkerOptions, n_workers: int) -> int | None:

@@ -3,8 +3,8 @@ the soak, device transfers between workers, dask-cuDF ETL, and charts of results
 
 Covers: the `bench` click group and its commands `spill`, `cupy`, `startup` (one module,
 cudask_bench.cli.workloads), `soak`, `transfer` and `chart`, whose options are declared
-as data in cudask_bench.cli.options, and `small-tasks` and `etl` (their options in their
-own modules). Bad input ends in one line naming the value and
+as data in cudask_bench.cli.options, and `small-tasks`, `etl` and `limit` (their options in
+their own modules). Bad input ends in one line naming the value and
 what is accepted, never a traceback. cudask's `cudask` command attaches this group by
 name (cudask.cli.main), importing it only when `cudask bench ...` runs. Does not cover:
 the benchmarks themselves (cudask_bench.*). Threading: click runs a command in the
@@ -18,6 +18,7 @@ import click
 from cudask.cli.errors import UserErrorGroup
 from cudask_bench.cli.chart import chart
 from cudask_bench.cli.etl import etl
+from cudask_bench.cli.limit import limit
 from cudask_bench.cli.small_tasks import small_tasks
 from cudask_bench.cli.soak import soak
 from cudask_bench.cli.transfer import transfer
@@ -36,7 +37,7 @@ def bench() -> None:
     """
 
 
-for _command in (spill, cupy, startup, soak, transfer, chart, small_tasks, etl):
+for _command in (spill, cupy, startup, soak, transfer, chart, small_tasks, etl, limit):
     bench.add_command(_command)
 
 

@@ -267,7 +267,7 @@ def test_release_waits_for_the_copy_in_flight() -> None:
     block.release(after=copy)
     assert not block.released and pool.in_use == 16 * KiB
     # While the copy is pending, the range stays out of the free lists...
-    assert pool._pending and all(slab.free_bytes == 0 for slab in pool._slabs)
+    assert pool._deferred._items and all(slab.free_bytes == 0 for slab in pool._slabs)
     # ...and allocate() waits for pending copies (milliseconds) before falling back.
     again = pool.allocate(16 * KiB)
     assert again.pinned and copy.ready() and again.ptr == block.ptr
@@ -368,6 +368,24 @@ def test_trim_gives_free_slabs_back_at_once(wait_for: WaitFor) -> None:
     held.release()
     pool.close()
     assert backend.pinned == {} and backend.registered == {}
+
+
+def test_limit_idle_gives_free_slabs_back_now_and_caps_what_is_made_ready() -> None:
+    backend = FakeCopyBackend()
+    pool = ready_pool(backend, 128 * KiB, 16 * KiB)
+    held = [pool.allocate(16 * KiB) for _ in range(2)]
+    pool.limit_idle(32 * KiB)  # 96 KiB free: 64 go back in this call
+    assert pool.reserved == 64 * KiB and pool.stats()["pinned-released-bytes"] == 64 * KiB
+    pool.ensure_free(96 * KiB)  # asks for more ahead than the cap allows
+    assert pool.wait_ready(timeout=30) and pool.reserved == 64 * KiB
+    pool.limit_idle(48 * KiB)  # room again: made ready up to in use + 48 KiB
+    pool.ensure_free(96 * KiB)
+    assert pool.wait_ready(timeout=30) and pool.reserved == 80 * KiB
+    pool.limit_idle(0)
+    assert pool.reserved == 32 * KiB and all(b.pinned for b in held)
+    for b in held:
+        b.release()
+    pool.close()
 
 
 class _SlowPin(FakeCopyBackend):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 import random
 import sys
-import types
 from typing import Any
 
 import numpy as np
@@ -245,9 +244,9 @@ def test_spill_on_demand_raises_when_nothing_can_be_freed(make: Any) -> None:
     held = dev(100, 1)
     store["x"] = held  # also referenced here: spilling it releases nothing
     allocate = store.on_demand.wrap_allocator(FakeAllocator(store, capacity=120), (FakeOOM,))
-    with pytest.raises(FakeOOM) as info:
+    with pytest.raises(MemoryError, match="asked for 50 B .* out of memory") as info:
         allocate(50)
-    assert "spilling on demand could not free 50 bytes" in str(info.value.__notes__)
+    assert isinstance(info.value.__cause__, FakeOOM)
     assert (held.get() == 1).all() and store.where("x") == "host"
 
 
@@ -271,39 +270,25 @@ def test_rmm_callback_and_reentrancy() -> None:
 
 
 def test_install_and_uninstall_hooks(make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    class OutOfMemoryError(Exception):
-        pass
+    from cudask.testing import fake_allocators as fakes
 
-    state: dict[str, Any] = {"allocator": lambda n: f"cupy-{n}", "resource": "upstream"}
-    cupy = types.ModuleType("cupy")
-    cupy.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
-        get_allocator=lambda: state["allocator"],
-        set_allocator=lambda a: state.__setitem__("allocator", a),
-        memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError),
-    )
-
-    class Adaptor:
-        def __init__(self, upstream: Any, callback: Any) -> None:
-            self.upstream, self.callback = upstream, callback
-
-    rmm = types.ModuleType("rmm")
-    rmm.mr = types.SimpleNamespace(  # type: ignore[attr-defined]
-        get_current_device_resource=lambda: state["resource"],
-        set_current_device_resource=lambda r: state.__setitem__("resource", r),
-        FailureCallbackResourceAdaptor=Adaptor,
-    )
+    device = fakes.FakeDevice(1 << 30)
+    cupy, rmm = fakes.cupy_module(device), fakes.rmm_module(device)
+    own_malloc, upstream = cupy.cuda.get_allocator(), rmm.mr.get_current_device_resource()
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     monkeypatch.setitem(sys.modules, "rmm", rmm)
     store = make()
     assert store.on_demand.installed == []  # lazily: nothing before a device object
     store["x"] = dev(10)
     assert store.on_demand.installed == ["cupy", "rmm"]
-    assert state["allocator"](8) == "cupy-8" and state["allocator"].__wrapped__(8) == "cupy-8"
-    assert isinstance(state["resource"], Adaptor) and state["resource"].upstream == "upstream"
-    assert state["resource"].callback(10) in (True, False)
+    allocator = cupy.cuda.get_allocator()
+    assert allocator(8) == 8 and allocator.__wrapped__ is own_malloc
+    resource = rmm.mr.get_current_device_resource()
+    assert isinstance(resource, fakes.FailureCallback) and resource.allocate(16) == 16
+    assert resource.callback(10) in (True, False)
     store.close()
-    assert state["allocator"](8) == "cupy-8" and not hasattr(state["allocator"], "__wrapped__")
-    assert state["resource"] == "upstream"
+    assert cupy.cuda.get_allocator() is own_malloc
+    assert rmm.mr.get_current_device_resource() is upstream
 
 
 # ----------------------------------------------------------------------------------

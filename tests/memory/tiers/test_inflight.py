@@ -105,7 +105,7 @@ def test_in_flight_copies_alone() -> None:
     inflight = InFlightCopies(ledger)
     value = dev(100, 1)
     copy = Copy()
-    inflight.add("k", value, copy, 1, handlers.allocations(value))  # type: ignore[arg-type]
+    inflight.add("k", value, [copy], 100, 1, handlers.allocations(value))  # type: ignore[list-item]
     assert inflight and inflight.nbytes == 100 and inflight.source("k") is value
     assert inflight.uncovered_bytes() == 100  # held by the copy, not in the ledger
 
@@ -114,7 +114,7 @@ def test_in_flight_copies_alone() -> None:
     assert inflight and not retired  # not done yet
     copy.done = True
     inflight.reap(lambda key, gen: True, retired.append)
-    assert not inflight and retired == [copy]
+    assert not inflight and retired == [[copy]]
     assert "k" in inflight.ghosts and ledger.total == 100 and inflight.source("k") is value
     del value
     gc.collect()

@@ -4,14 +4,15 @@ Covers: `HostBlock`, `nbytes` of host memory at `ptr` - a range of a pinned
 slab, pageable memory (`pageable`), memory faulted in ahead for one copy
 (`mapped`, backed by a `FaultedMapping` that the pool's thread may register
 later), or a wrapped buffer (`wrap`) - viewable as a memoryview or a NumPy
-array; `BlockPool`, what a block needs from the pool that carved it.
+array; `BlockPool`, what a block needs from the pool that carved it;
+`DeferredBlocks`, blocks released while a copy still uses them.
 
 Does not cover: carving blocks out of slabs or deciding when to pin
 (`cudask.memory.host.pool`).
 
 Threading: a block is used by one copy at a time; `release` may be called
 from any thread and returns the memory once (to its pool, which locks, or to
-the operating system). A `FaultedMapping` is unregistered and unmapped when
+the operating system). `DeferredBlocks` locks itself. A `FaultedMapping` is unregistered and unmapped when
 the last reference to it dies, from whichever thread drops it.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 import weakref
 from typing import Any, Protocol, cast
 
@@ -189,4 +191,41 @@ class HostBlock:
         return f"<HostBlock {kind} {self.nbytes} B at {self.ptr:#x}>"
 
 
-__all__ = ["BlockPool", "FaultedMapping", "HostBlock"]
+class DeferredBlocks:
+    """Blocks released while a copy into or out of them was in flight, each kept
+    until its copy has completed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: list[tuple[HostBlock, Copy]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def add(self, block: HostBlock, copy: Copy) -> None:
+        with self._lock:
+            self._items.append((block, copy))
+
+    def done(self, wait: bool = False) -> list[HostBlock]:
+        """Take out the blocks whose copies have completed (all of them, waiting
+        for their copies, with `wait`)."""
+        with self._lock:
+            if not self._items:
+                return []
+            items, self._items = self._items, []
+        done: list[HostBlock] = []
+        still: list[tuple[HostBlock, Copy]] = []
+        for block, copy in items:
+            if wait:
+                copy.wait()
+            if wait or copy.ready():
+                done.append(block)
+            else:
+                still.append((block, copy))
+        if still:
+            with self._lock:
+                self._items.extend(still)
+        return done
+
+
+__all__ = ["BlockPool", "DeferredBlocks", "FaultedMapping", "HostBlock"]

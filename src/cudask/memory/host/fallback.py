@@ -143,6 +143,16 @@ class Fallbacks:
             weakref.finalize(mapping, self._forget, mapping.size)
         return True
 
+    def stats(self) -> dict[str, float]:
+        """The pool's `pageable-*` metrics (call with the pool's lock held)."""
+        return {
+            "pageable-fallback-count": float(self.blocks),
+            "pageable-fallback-bytes": float(self.bytes),
+            "pageable-fallback-warmup-bytes": float(self.warmup_bytes),
+            "pageable-registered-bytes": float(self.upgraded_bytes),
+            "pageable-registered-seconds": self.upgrade_seconds,
+        }
+
     def _forget(self, nbytes: int) -> None:
         with self._wake:
             self.registered -= nbytes

@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 from cudask.memory.backend import Copy, CopyBackend
 from cudask.memory.host import fallback
-from cudask.memory.host.blocks import HostBlock
+from cudask.memory.host.blocks import DeferredBlocks, HostBlock
 from cudask.memory.host.fallback import Fallbacks
 from cudask.memory.host.faulting import round_up
 from cudask.memory.host.pinning import METHODS, Pinner
@@ -102,7 +102,7 @@ class PinnedPool:
                               warn_once=self._fallbacks.warn_once)
         self._slabs = Slabs()
         self._reserving = 0  # bytes being reserved by threads outside the lock
-        self._pending: list[tuple[HostBlock, Copy]] = []
+        self._deferred = DeferredBlocks()  # released while their copies are in flight
         self._pin_failed = False
         self._closed = False
         # the pool's thread: growth, registering fallback blocks, giving idle slabs back
@@ -110,6 +110,7 @@ class PinnedPool:
         self.goal = 0  # bytes the thread reserves up to
         self.keep = 0  # the start goal: never given back
         self.headroom = 0
+        self.idle_cap = float("inf")  # most free pinned bytes held (`limit_idle`)
         self._big = 0  # a request larger than a slab, for the thread
         self.release_after = release_after
         self._trim = False  # give every wholly free slab back now (trim())
@@ -222,15 +223,16 @@ class PinnedPool:
         with self._lock:
             def done() -> bool:
                 return (self._closed or self._pin_failed
-                        or (self._limited() and not self._reserving)
-                        or self.reserved >= min(self.goal, self.capacity))
+                        or (not self._fits(self.slab_size) and not self._reserving)
+                        or self.reserved >= self._target())
 
             self._wake.wait_for(done, timeout)
-            return self.reserved >= min(self.goal, self.capacity)
+            return self.reserved >= self._target()
 
-    def _limited(self) -> bool:
-        """Whether one more slab would pass the available-memory limit (lock held)."""
-        return not self._fits(self.slab_size)
+    def _target(self) -> float:
+        """Bytes the thread reserves up to: the goal, within the capacity and the
+        free bytes allowed beyond those in use (lock held)."""
+        return min(self.goal, self.capacity, self._slabs.in_use + self.idle_cap)
 
     def _fits(self, size: int) -> bool:
         """Whether `size` more pinned bytes stay within the capacity and the
@@ -290,7 +292,7 @@ class PinnedPool:
                 return False
             self._reserving += slab_bytes
             more = premap and (
-                min(self.goal, self.capacity) - self.reserved - self._reserving >= self.slab_size
+                self._target() - self.reserved - self._reserving >= self.slab_size
             )
         started = time.perf_counter()
         try:
@@ -324,11 +326,14 @@ class PinnedPool:
         nothing to do."""
         idle: list[Slab] = []
         size = 0
+        self._collect()  # blocks whose copies completed since they were released
         with self._lock:
             while True:
                 if self._closed:
                     return False
-                missing = min(self.goal, self.capacity) - self.reserved - self._reserving
+                missing = int(self._target() - self.reserved - self._reserving)
+                if self._big and self.reserved - self.in_use + self._big > self.idle_cap:
+                    self._big = 0  # no room for a free slab that large
                 if ((missing >= self.alignment or self._big) and not self._pin_failed
                         and self._fits(min(max(missing, self.alignment), self.slab_size))):
                     size = min(self.slab_size, max(missing - missing % self.alignment, 0))
@@ -340,6 +345,9 @@ class PinnedPool:
                 idle, wait = self._idle_slabs()
                 if idle:
                     break
+                if self._deferred:  # look again at their copies soon
+                    self._wake.wait(0.005 if wait is None else min(wait, 0.005))
+                    return True
                 self._wake.wait(wait)
         if idle:
             self._give_back(idle)
@@ -372,6 +380,20 @@ class PinnedPool:
             self._releasing += sum(slab.size for slab in idle)
         return idle, wait
 
+    def limit_idle(self, nbytes: int) -> None:
+        """Hold at most `nbytes` of free pinned memory (beyond the start goal) from
+        now on: free slabs past it go back now, in the calling thread, and no more
+        is reserved ahead (the store's host tier counts free pinned memory)."""
+        with self._lock:
+            self.idle_cap = max(nbytes, 0)
+            excess = self._slabs.size - self._slabs.in_use - self.idle_cap
+            if excess <= 0 or self._closed:
+                return
+            idle, _ = self._slabs.take_idle(None, self.keep, trim=True, upto=excess)
+            self.goal = min(self.goal, self._slabs.size)
+            self._releasing += sum(slab.size for slab in idle)
+        self._give_back(idle)
+
     def trim(self) -> None:
         """Give every wholly free slab beyond the start goal back to the operating
         system now, without waiting for `release_after` (host memory is short:
@@ -397,10 +419,11 @@ class PinnedPool:
     def release_block(self, block: HostBlock, after: Copy | None) -> None:
         """Take `block` back, once `after` has completed (`HostBlock.release`)."""
         if after is not None and not after.ready():
+            self._deferred.add(block, after)
             with self._lock:
-                self._pending.append((block, after))
-            return
-        self._give(block)
+                self._wake.notify_all()  # the pool's thread looks at the copy again soon
+        else:
+            self._give(block)
 
     def _give(self, block: HostBlock) -> None:
         with self._lock:
@@ -415,22 +438,7 @@ class PinnedPool:
     def _collect(self, wait: bool = False) -> bool:
         """Return to the slabs the blocks whose copies completed (all of them when
         `wait`); return whether any were."""
-        with self._lock:
-            if not self._pending:
-                return False
-            pending, self._pending = self._pending, []
-        done: list[HostBlock] = []
-        still: list[tuple[HostBlock, Copy]] = []
-        for block, copy in pending:
-            if wait:
-                copy.wait()
-            if wait or copy.ready():
-                done.append(block)
-            else:
-                still.append((block, copy))
-        if still:
-            with self._lock:
-                self._pending.extend(still)
+        done = self._deferred.done(wait)
         for block in done:
             self._give(block)
         return bool(done)
@@ -461,9 +469,8 @@ class PinnedPool:
             reserved = self.reserved
             goal = min(self.goal, self.capacity)
             ready = 1.0 if goal <= 0 else min(reserved / goal, 1.0)
-            fallbacks = self._fallbacks
             rate = self.provisioned_bytes / self.provision_seconds if self.provision_seconds else 0.0
-            return {
+            return self._fallbacks.stats() | {
                 "pinned-capacity-bytes": float(self.capacity),
                 "pinned-reserved-bytes": float(reserved),
                 "pinned-reserving-bytes": float(self._reserving),
@@ -477,11 +484,6 @@ class PinnedPool:
                 "pinned-rest-seconds": self.rest_seconds,
                 "pinned-registered": 1.0 if self.method == "register" else 0.0,
                 "pinned-released-bytes": float(self.released_bytes),
-                "pageable-fallback-count": float(fallbacks.blocks),
-                "pageable-fallback-bytes": float(fallbacks.bytes),
-                "pageable-fallback-warmup-bytes": float(fallbacks.warmup_bytes),
-                "pageable-registered-bytes": float(fallbacks.upgraded_bytes),
-                "pageable-registered-seconds": fallbacks.upgrade_seconds,
             }
 
 

@@ -116,18 +116,22 @@ class Slabs:
         self.in_use -= nbytes
 
     def take_idle(
-        self, release_after: float | None, keep: int, *, trim: bool = False
+        self, release_after: float | None, keep: int, *, trim: bool = False,
+        upto: int | None = None,
     ) -> tuple[list[Slab], float | None]:
         """Take out the wholly free slabs idle for `release_after` seconds (every
         wholly free one with `trim`), newest first, leaving at least `keep` bytes of
-        slabs; also return how long until the next could go (None: no timer)."""
+        slabs and stopping once `upto` bytes are taken (None: no bound); also
+        return how long until the next could go (None: no timer)."""
         if release_after is None and not trim:
             return [], None
         now = time.monotonic()
-        reserved = self.size
+        reserved = total = self.size
         idle: list[Slab] = []
         wait: float | None = None
         for slab in reversed(self._slabs):
+            if upto is not None and total - reserved >= upto:
+                break
             if slab.idle_since is None or reserved - slab.size < keep:
                 continue
             due = 0.0 if trim or release_after is None else (

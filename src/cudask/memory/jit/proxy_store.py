@@ -105,7 +105,10 @@ class ProxyStore(MutableMapping[Key, object]):
         self._prefix = f"cudask-proxy-{uuid.uuid4().hex[:12]}"
         self._counter = itertools.count()
         self._closed = False
-        self.on_demand = SpillOnDemand(self.spill_device) if spill_on_demand else None
+        limit = self.device_memory_limit if settings.spill_at_limit else None
+        self.on_demand = SpillOnDemand(
+            self.spill_device, limit=limit, free_memory=self._inner.free_device_memory,
+        ) if spill_on_demand else None
         self._hooked = False
         self._metrics: defaultdict[tuple[str, str], float] = defaultdict(float)
         register_dask_dispatch()
@@ -353,11 +356,7 @@ class ProxyStore(MutableMapping[Key, object]):
         of device memory are released; return the bytes released (objects still
         used by a running task are not released)."""
         self._reap()
-        freed = self._inner.spill_device(nbytes)
-        with self.lock:
-            self._metrics["spill-on-demand", "count"] += 1
-            self._metrics["spill-on-demand", "bytes"] += max(freed, 0)
-        return freed
+        return self._inner.spill_device(nbytes)
 
     def prefetch(self, keys: Collection[Key]) -> int:
         """Start bringing the spilled proxies of `keys` back to the device, as far
@@ -400,8 +399,12 @@ class ProxyStore(MutableMapping[Key, object]):
             out["proxies"] = float(len(self._cells))
             out["proxied-keys"] = float(len(self._values))
             out["host-value-keys"] = float(len(self._host_keys))
-            out["spill-on-demand-count"] = self._metrics["spill-on-demand", "count"]
-            out["spill-on-demand-bytes"] = self._metrics["spill-on-demand", "bytes"]
+        hook = self.on_demand
+        if hook is not None:
+            out["spill-on-demand-count"] = float(hook.count)
+            out["spill-on-demand-bytes"] = float(hook.freed)
+            out["spill-at-limit-count"] = float(hook.limit_count)
+            out["spill-at-limit-bytes"] = float(hook.limit_freed)
         return out
 
     # ------------------------------------------------------------------ lifecycle

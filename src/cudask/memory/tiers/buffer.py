@@ -38,7 +38,7 @@ from cudask.memory.tiers.device import DeviceTier
 from cudask.memory.tiers.engine import LazyEngine
 from cudask.memory.tiers.host import HostTier
 from cudask.memory.tiers.inflight import InFlightCopies
-from cudask.memory.tiers.metrics import MoveCounters, moves
+from cudask.memory.tiers.metrics import MoveCounters, copies_of, moves
 
 logger = logging.getLogger("cudask.memory")
 
@@ -113,6 +113,7 @@ class DeviceBuffer:
         limit = self.limit
         assert limit is not None
         if self.ledger.total > self.lazy.provision_from:
+            self.hold_pinned()
             self.lazy.provide_ahead(self.ledger.total)
         if union_bytes(ranges) > limit:
             # Larger than the whole tier: straight to host, sparing the rest.
@@ -259,8 +260,9 @@ class DeviceBuffer:
         except Exception as exc:  # noqa: BLE001 - the key stays, see _not_stored
             return self._not_stored(key, value, ranges, exc)
         self.spilled.add(key)
-        self.inflight.add(key, value, host_copy, self.gen[key], ranges)
+        self.hold_pinned()
         nbytes = host_copy.nbytes
+        self.inflight.add(key, value, copies_of(host_copy), nbytes, self.gen[key], ranges)
         self.metrics.spilled(nbytes)
         if self.log_spilling:
             moves.info(
@@ -296,12 +298,20 @@ class DeviceBuffer:
         )
         return -1
 
+    def hold_pinned(self) -> None:
+        """Free pinned memory is host memory too: hold the pool's to the room the
+        host tier has left, so the two together stay within the host limit."""
+        if self.memory_limit is not None:
+            self.lazy.limit_idle(max(self.memory_limit - self.host.memory_bytes, 0))
+
     def spill(self, nbytes: int) -> int:
         """Spill until `nbytes` of device memory are released, and wait for the
-        copies; return the bytes released."""
+        copies; return the bytes released. Copies already in flight count
+        towards `nbytes`: waiting for them releases their sources."""
         self.reap()
         before = self.held_bytes()
-        self.evict_until(max(self.ledger.total - nbytes, 0))
+        pending = self.inflight.uncovered_bytes()
+        self.evict_until(max(self.ledger.total - max(nbytes - pending, 0), 0))
         self.drain()
         return max(before - self.held_bytes(), 0)
 
@@ -332,10 +342,10 @@ class DeviceBuffer:
     def _is_current(self, key: Key, gen: int) -> bool:
         return self.gen.get(key) == gen and key in self.spilled
 
-    def _spill_done(self, copy: handlers.AnyHostCopy) -> None:
+    def _spill_done(self, copies: list[Copy]) -> None:
         engine = self.lazy.current
         if engine is not None:
-            self.metrics.spill_done(copy, engine.stream_seconds)
+            self.metrics.spill_done(copies, engine.stream_seconds)
 
     def held_bytes(self) -> int:
         """Device memory held: the ledger, plus what copies in flight still hold."""

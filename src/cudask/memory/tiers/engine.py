@@ -59,6 +59,7 @@ class LazyEngine:
         self._warming = False  # a thread is creating the engine ahead of spills
         self._store_lock = lock
         self._used = used
+        self._idle_cap: int | None = None  # free pinned memory allowed (`limit_idle`)
         self.provision_from = (
             settings.pinned_headroom_from * device_memory_limit
             if device_memory_limit is not None and settings.pinned_headroom
@@ -87,6 +88,8 @@ class LazyEngine:
                     duty_cycle=settings.pinned_duty_cycle,
                     populate_threads=settings.populate_threads,
                 )
+                if self._idle_cap is not None:
+                    pool.limit_idle(self._idle_cap)
                 if not self.closed:
                     pool.start_background(settings.pinned_preallocate, headroom=settings.pinned_headroom)
                 self.current = TransferEngine(backend, pool)
@@ -117,6 +120,14 @@ class LazyEngine:
             self.start_warm_up()
         else:
             engine.pool.ensure_free(want)
+
+    def limit_idle(self, nbytes: int) -> None:
+        """Hold the pool's free pinned memory to `nbytes` (`PinnedPool.limit_idle`),
+        from when the engine is made if it does not exist yet."""
+        self._idle_cap = nbytes
+        engine = self.current
+        if engine is not None:
+            engine.pool.limit_idle(nbytes)
 
     def trim(self) -> None:
         """Give the pool's free slabs back now (process memory is high)."""

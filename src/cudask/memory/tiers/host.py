@@ -151,6 +151,16 @@ class HostTier(MutableMapping[Key, object]):
         """SpillBuffer's disk counters (empty without a disk tier)."""
         return self._spill.cumulative_metrics if self._spill is not None else defaultdict(float)
 
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of the values held in host memory (not on disk)."""
+        spill = self._spill
+        if spill is not None:
+            return int(spill.fast.total_weight)
+        lru = self.data
+        assert isinstance(lru, zict.LRU)
+        return int(lru.total_weight)
+
     def sizes(self) -> tuple[float, int, int, float]:
         """Bytes and keys in host memory, keys and bytes on disk."""
         spill = self._spill

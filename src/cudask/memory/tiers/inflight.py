@@ -2,7 +2,9 @@
 
 Covers: `InFlightCopies`. A device object moved to the host is kept here until
 its copy completes, so that a read meanwhile returns it without a copy and its
-memory keeps counting (`uncovered_bytes`). Once the copy is done, a spilled
+memory keeps counting (`uncovered_bytes`). Only the raw copies are kept to
+know completion, never the host copy itself: the host tier alone decides how
+long that stays in host memory (it may go to disk while its source is here). Once the copy is done, a spilled
 object a task still references becomes a ghost: its allocations stay in the
 store's ledger under ("g", key) until it dies, and a read of the key returns
 it as it is (`source`).
@@ -26,6 +28,7 @@ from dask.typing import Key
 
 from cudask.memory import handlers
 from cudask.memory.accounting import AllocationLedger, Range
+from cudask.memory.backend import Copy
 
 # (generation, weak refs to the device leaves, weak ref to the whole value when
 # it is a leaf that can be handed out again as it is)
@@ -33,19 +36,27 @@ Ghost = tuple[int, list[weakref.ref[Any]], weakref.ref[Any] | None]
 
 
 class InFlight:
-    """A device object whose copy to the host is under way."""
+    """A device object whose copies to the host are under way."""
 
-    __slots__ = ("copy", "gen", "key", "nbytes", "ranges", "value")
+    __slots__ = ("copies", "gen", "key", "nbytes", "ranges", "value")
 
     def __init__(
-        self, key: Key, value: object, copy: handlers.AnyHostCopy, gen: int, ranges: list[Range]
+        self, key: Key, value: object, copies: list[Copy], nbytes: int, gen: int,
+        ranges: list[Range],
     ) -> None:
         self.key = key
         self.value: object | None = value
-        self.copy = copy
+        self.copies = copies
         self.gen = gen
-        self.nbytes = copy.nbytes
-        self.ranges = ranges  # device memory held until the copy completes
+        self.nbytes = nbytes
+        self.ranges = ranges  # device memory held until the copies complete
+
+    def ready(self) -> bool:
+        return all(c.ready() for c in self.copies)
+
+    def wait(self) -> None:
+        for c in self.copies:
+            c.wait()
 
 
 class InFlightCopies:
@@ -68,9 +79,11 @@ class InFlightCopies:
         return sum(i.nbytes for i in self._queue)
 
     def add(
-        self, key: Key, value: object, copy: handlers.AnyHostCopy, gen: int, ranges: list[Range]
+        self, key: Key, value: object, copies: list[Copy], nbytes: int, gen: int,
+        ranges: list[Range],
     ) -> None:
-        inflight = InFlight(key, value, copy, gen, ranges)
+        """`value` is being copied to the host by `copies` (`nbytes` in all)."""
+        inflight = InFlight(key, value, copies, nbytes, gen, ranges)
         self._queue.append(inflight)
         self._by_key[key] = inflight
 
@@ -101,22 +114,22 @@ class InFlightCopies:
     def reap(
         self,
         current: Callable[[Key, int], bool],
-        retired: Callable[[handlers.AnyHostCopy], None],
+        retired: Callable[[list[Copy]], None],
         wait: bool = False,
     ) -> None:
         """Retire completed copies (all of them, waiting, with `wait`): drop the
         reference to their sources; a source still alive elsewhere, of a copy
         that is still its key's (`current(key, generation)`), becomes a ghost.
-        `retired(copy)` is called for each completed copy."""
+        `retired(copies)` is called with the raw copies of each spilled object."""
         queue = self._queue
         while queue:
             head = queue[0]
             if wait:
-                head.copy.wait()
-            elif not head.copy.ready():
+                head.wait()
+            elif not head.ready():
                 break
             queue.popleft()
-            retired(head.copy)
+            retired(head.copies)
             is_current = self._by_key.get(head.key) is head and current(head.key, head.gen)
             if is_current:
                 del self._by_key[head.key]

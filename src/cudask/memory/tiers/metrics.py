@@ -62,9 +62,10 @@ class MoveCounters:
         self.values["device-to-host", "count"] += 1
         self.values["device-to-host", "bytes"] += nbytes
 
-    def spill_done(self, copy: handlers.AnyHostCopy, seconds: Callable[[Copy], float]) -> None:
-        """A device -> host copy completed: its time on the stream."""
-        self.values["device-to-host", "seconds"] += sum(seconds(c) for c in copies_of(copy))
+    def spill_done(self, copies: list[Copy], seconds: Callable[[Copy], float]) -> None:
+        """The device -> host copies of a spilled object completed: their time on
+        the stream."""
+        self.values["device-to-host", "seconds"] += sum(seconds(c) for c in copies)
 
     def unspilled(self, copies: list[Copy], waited: float, seconds: Callable[[Copy], float]) -> int:
         """Host -> device copies completed after `waited` seconds; return their bytes."""
@@ -92,6 +93,8 @@ def snapshot(
     if on_demand is not None:
         out["spill-on-demand-count"] = float(on_demand.count)
         out["spill-on-demand-bytes"] = float(on_demand.freed)
+        out["spill-at-limit-count"] = float(on_demand.limit_count)
+        out["spill-at-limit-bytes"] = float(on_demand.limit_freed)
     if pool is not None:
         out.update(pool)
     return out
