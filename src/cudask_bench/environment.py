@@ -4,8 +4,9 @@ Covers: a description of the machine (GPUs through nvidia-ml-py when it is there
 driver and CUDA driver version, CPU model and count, host memory, hostname, OS), the
 versions of the libraries a result depends on (read from package metadata, so nothing
 heavy is imported), and probing another Python interpreter (the dask-cuda environment)
-for the same facts with a stdlib-only snippet. Everything is guarded: a missing library
-or NVML is reported as absent, never raised.
+for the same facts with a stdlib-only snippet; `end_runner`, which a runner process ends
+with (its result, these versions added, to its JSON file). Everything is guarded: a
+missing library or NVML is reported as absent, never raised.
 
 Does not cover: GPU discovery for the cluster (cudask.devices; this module reads NVML
 for the record only). Threading: each call initialises and shuts NVML down itself; call
@@ -249,12 +250,24 @@ def has_module(name: str) -> bool:
         return False
 
 
+def end_runner(result: dict[str, Any], path: str, code: int, runner: str) -> int:
+    """A runner's last step: add the versions, write `result` to `path` as JSON, say the
+    error on stderr when `code` is not 0; return `code`."""
+    result["versions"] = versions()
+    with open(path, "w") as fh:
+        json.dump(result, fh, indent=1, default=str)
+    if code:
+        sys.stderr.write(f"{runner}: {result['error']}\n")
+    return code
+
+
 __all__ = [
     "DASK_CUDA_WITHOUT_JIT",
     "PROBE",
     "VERSION_MODULES",
     "dask_cuda_has_jit_unspill",
     "device_total",
+    "end_runner",
     "gpus",
     "has_module",
     "machine",

@@ -25,7 +25,6 @@ Light at import: worker processes re-import the main module.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
@@ -407,12 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         error = str(exc) if isinstance(exc, PhaseFailed) else f"{type(exc).__name__}: {exc}"
         result.update(status="failed", error=error, traceback=traceback.format_exc())
         code = 1
-    result["versions"] = environment.versions()
-    with open(args.json, "w") as fh:
-        json.dump(result, fh, indent=1, default=str)
-    if code:
-        sys.stderr.write(f"cudask bench etl runner: {result['error']}\n")
-    return code
+    return environment.end_runner(result, args.json, code, "cudask bench etl runner")
 
 
 if __name__ == "__main__":

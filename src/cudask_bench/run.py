@@ -469,12 +469,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback=traceback.format_exc(),
         )
         code = 1
-    result["versions"] = environment.versions()
-    with open(args.json, "w") as fh:
-        json.dump(result, fh, indent=1, default=str)
-    if code:
-        sys.stderr.write(f"cudask bench runner: {result['error']}\n")
-    return code
+    return environment.end_runner(result, args.json, code, "cudask bench runner")
 
 
 if __name__ == "__main__":
