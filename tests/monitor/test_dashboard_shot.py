@@ -103,6 +103,7 @@ def test_the_shot_frame() -> None:
                                      "hold 2", "idle"])]
     assert shot._shot_frame(frames, None) == 5  # one second into the last hold
     assert shot._shot_frame(frames, 6.2) == 6  # nearest the live picture
+    assert shot._shot_frame(frames, 7.4) == 6  # captured late, after the hold: still the hold
 
 
 def test_bad_input_ends_in_one_line(tmp_path: Path) -> None:
