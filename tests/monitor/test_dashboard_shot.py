@@ -69,7 +69,12 @@ def test_simulated_run_recorded_and_drawn(tmp_path: Path) -> None:
     # 96 MiB per worker through a 32 MiB device limit: spilled, held on host and disk
     assert all(row["device_limit_bytes"] == 32 * 2**20 for row in held)
     assert max(row["host_bytes"] + row["disk_bytes"] for row in held) > 0
-    assert min(row["spilled_bytes_total"] for row in held) >= 64 * 2**20
+    # per worker, its counter as the hold's frames show it (heartbeats arrive late on a busy
+    # machine, so the first frame of the hold may predate the last spill)
+    spilled = {row["name"]: 0.0 for row in held}
+    for row in held:
+        spilled[row["name"]] = max(spilled[row["name"]], row["spilled_bytes_total"])
+    assert min(spilled.values()) >= 64 * 2**20, spilled
     # after the delete the tiers empty
     assert rows(recording, "idle")[-1]["host_bytes"] == 0
     history = recording["history"]
