@@ -141,13 +141,20 @@ def _host(obj: Any) -> Any:
     return obj.item() if hasattr(obj, "item") else obj
 
 
-def _groupby_answer(parts: list[Any], keys: list[int]) -> tuple[int, Any]:
-    """The number of groups of a groupby's partitions and its sample keys' rows, as
-    pandas (on the worker)."""
-    import pandas
+def _groupby_answer(frame: Any, keys: list[int]) -> tuple[int, Any]:
+    """The number of groups of a groupby's result and its sample keys' rows, as pandas
+    (on the worker)."""
+    return len(frame), _host(frame[frame.index.isin(keys)])
 
-    picked = [_host(p[p.index.isin(keys)]) for p in parts]
-    return sum(len(p) for p in parts), pandas.concat(picked)
+
+def _on_worker(client: Any, collection: Any, func: Callable[..., Any], *args: Any) -> Any:
+    """Compute `collection` on the cluster and return `func(result, *args)`, applied
+    there: the result itself never reaches this process."""
+    future = client.compute(collection)
+    try:
+        return client.submit(func, future, *args, pure=False).result()
+    finally:
+        future.release()
 
 
 def _ping() -> int:
@@ -176,7 +183,6 @@ def _read(plan: EtlPlan, root: str, fmt: str) -> tuple[Any, Any]:
 
 def _phases(client: Any, plan: EtlPlan, df: Any, dim: Any) -> Any:
     """The work after the read, phase by phase: yields (name, answers) as each ends."""
-    from dask import delayed
     from distributed import futures_of, wait
 
     df, dim = client.persist([df, dim])
@@ -185,14 +191,12 @@ def _phases(client: Any, plan: EtlPlan, df: Any, dim: Any) -> Any:
             future.result()  # raises the task's error (wait does not)
     yield "load", {}
     groups = df.groupby("key").agg({"x": "sum", "y": "sum", "v": "count"})
-    count, sample = client.compute(
-        delayed(_groupby_answer)(groups.to_delayed(), sample_keys(plan.keys)), sync=True)
+    count, sample = _on_worker(client, groups, _groupby_answer, sample_keys(plan.keys))
     yield "groupby", {"groups": int(count), "sample": sample_answer(sample)}
     merged = df.merge(dim, on="key", how="inner")
     by_cat = merged.groupby("cat").agg({"x": "sum", "w": "sum", "y": "count"})
-    yield "merge", {"by_category": category_answer(client.compute(delayed(_host)(by_cat),
-                                                                   sync=True))}
-    means = client.compute(delayed(_host)(df[list(FACT_DTYPES)].mean()), sync=True)
+    yield "merge", {"by_category": category_answer(_on_worker(client, by_cat, _host))}
+    means = _on_worker(client, df[list(FACT_DTYPES)].mean(), _host)
     yield "mean", {"means": {str(k): float(v) for k, v in means.items()}}
 
 
