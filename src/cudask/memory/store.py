@@ -5,7 +5,8 @@ holds its data in, built from the parts in `cudask.memory.tiers`: device
 objects go to a device tier limited to `device_memory_limit`, everything else
 to a host tier (distributed's SpillBuffer, over disk past `memory_limit`);
 least recently used device keys are copied to the host past the limit (in a
-background thread past `spill-target`) and back when read (`tiers.buffer`).
+background thread past `spill-target`) and back when read (`tiers.buffer`);
+keys holding the very same device object share one entry (`tiers.names`).
 Without a device limit, device keys take a dict's path instead. It spills on
 an allocator's out-of-memory (`cudask.memory.ondemand`), implements
 distributed's `ManualEvictProto` (checked statically at the end) and reports
@@ -48,6 +49,7 @@ from cudask.memory.tiers.engine import LazyEngine
 from cudask.memory.tiers.host import HostTier
 from cudask.memory.tiers.inflight import InFlightCopies
 from cudask.memory.tiers.metrics import snapshot
+from cudask.memory.tiers.names import EntryNames
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -120,6 +122,8 @@ class TieredStore(MutableMapping[Key, object]):
             spill_target=self.spill_target, memory_limit=self.memory_limit,
             log_spilling=self.log_spilling, notify=self._cv.notify_all,
         )
+        self._names = EntryNames()  # keys holding the same device object share one entry
+        self._device.shared = self._names.users
         self._thread: threading.Thread | None = None
         # Spill on demand, hooked at the first device object (after the worker's RMM
         # plugin has set its resource); a weak reference, so the hook never keeps the
@@ -146,13 +150,34 @@ class TieredStore(MutableMapping[Key, object]):
             return
         ranges = handlers.allocations(value) if handlers.is_device_object(value) else None
         with self.lock:
-            self._buffer.put(key, value, ranges)
+            names = self._names
+            dropped = names.release(key)
+            holder = names.holder(value, self._device.data) if ranges is not None else None
+            if dropped is not None and dropped != holder:
+                self._drop(dropped)
+            if holder is not None:  # already stored (an Alias task): one entry for both keys
+                if holder != key or key in names.users:
+                    names.link(key, holder, orphan=dropped == holder)
+                self._device.touch(holder)
+                name = holder
+            else:
+                name = names.fresh(key)
+                self._buffer.put(name, value, ranges)
             if ranges is not None and self.device_memory_limit is not None:
+                names.note(name, value)
                 self._start_background()
                 if not self._hooked and self.on_demand is not None:
                     self._hooked = True
                     self.on_demand.install()
-                self._buffer.fit(key, ranges)
+                self._buffer.fit(name, ranges)
+
+    def _drop(self, name: Key) -> None:
+        self._buffer.discard(name)  # the entry, lock held
+        self._names.forget(name)
+
+    def _has(self, key: object) -> bool:  # lock held, or a racy read
+        name = self._names.visible(key)
+        return name is not None and (name in self._device or name in self._host)
 
     def _set_unlimited(self, key: Key, value: object) -> bool:
         """__setitem__ without a device limit: a dict write, plus moving the key
@@ -198,12 +223,18 @@ class TieredStore(MutableMapping[Key, object]):
             if self._unlimited:
                 value = self._device.data.get(key, _MISSING)
                 return self._host[key] if value is _MISSING else value
-            found = self._buffer.read(key)
+            name = self._names.visible(key)
+            if name is None:
+                raise KeyError(key)
+            found = self._buffer.read(name)
         if not isinstance(found, Unspill):
             return found
         waited = found.wait()  # for the host -> device copies, without the lock
         with self.lock:
-            return self._buffer.finish(key, found, waited)
+            value = self._buffer.finish(name, found, waited)
+            if self._device.data.get(name) is value:
+                self._names.note(name, value)
+            return value
 
     def __delitem__(self, key: Key) -> None:
         with self.lock:
@@ -211,30 +242,37 @@ class TieredStore(MutableMapping[Key, object]):
                 if self._device.data.pop(key, _MISSING) is _MISSING:
                     del self._host[key]  # KeyError when absent
                 return
-            if key not in self._device and key not in self._host:
+            if not self._has(key):
                 raise KeyError(key)
-            self._buffer.discard(key)
+            dropped = self._names.release(key)
+            if dropped is not None:
+                self._drop(dropped)
             self._buffer.reap()
 
     def __contains__(self, key: object) -> bool:
-        if key in self._device:
+        if not self._names and key in self._device:
             return True
         with self.lock:
-            return key in self._device or key in self._host
+            return self._has(key)
 
     def __len__(self) -> int:
         with self.lock:
-            return len(self._device) + len(self._host)
+            entries = len(self._device) + len(self._host)
+            return self._names.count(entries) if self._names else entries
 
     def __iter__(self) -> Iterator[Key]:
         with self.lock:
             keys = list(self._device) + list(self._host)
+            if self._names:
+                keys = self._names.public(keys)
         return iter(keys)
 
     def keys_on(self, tier: str) -> set[Key]:
         """Keys held on `tier`: "device", "host" (in host memory) or "disk"."""
         with self.lock:
             keys = set(self._device) if tier == "device" else self._host.keys_on(tier)
+            if keys is not None and self._names:
+                keys = set(self._names.public(keys))
         if keys is None:
             raise ValueError(f"tier={tier!r}; accepted: 'device', 'host', 'disk'")
         return keys
@@ -242,21 +280,23 @@ class TieredStore(MutableMapping[Key, object]):
     def where(self, key: Key) -> str:
         """The tier holding `key`: "device", "host" or "disk"."""
         with self.lock:
-            tier = "device" if key in self._device else self._host.tier_of(key)
+            name = self._names.visible(key)
+            tier = None if name is None else (
+                "device" if name in self._device else self._host.tier_of(name))
         if tier is None:
             raise KeyError(key)
         return tier
 
     def is_spilled_device_object(self, key: Key) -> bool:
         """Whether `key` holds a device object currently moved to host or disk."""
-        return key in self._buffer.spilled
+        return self._names.entry(key) in self._buffer.spilled
 
     def prefetch(self, keys: Collection[Key]) -> int:
         """Start copying spilled device keys among `keys` back to the device, as
         far as the device limit allows without spilling; return how many were
         started. A later read waits only for what is left of the copy."""
         with self.lock:
-            return self._buffer.prefetch(keys)
+            return self._buffer.prefetch([self._names.entry(k) for k in keys])
 
     # ------------------------------------------------------------------ background
     def _start_background(self) -> None:
@@ -391,9 +431,10 @@ class TieredStore(MutableMapping[Key, object]):
         if need be); None when `key` is on the device, a host value or absent.
         The copy may still be filling: call its `wait()` before reading blocks."""
         with self.lock:
-            if key not in self._buffer.spilled:
+            name = self._names.entry(key)
+            if name not in self._buffer.spilled or not self._has(key):
                 return None
-            return cast(handlers.AnyHostCopy, self._host[key])
+            return cast(handlers.AnyHostCopy, self._host[name])
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -407,8 +448,8 @@ class TieredStore(MutableMapping[Key, object]):
             if self.on_demand is not None:
                 self.on_demand.uninstall()
             self._buffer.drain()
-            for key in list(self._device) + list(self._host):
-                self._buffer.discard(key)
+            for name in list(self._device) + list(self._host):
+                self._drop(name)
             self._host.close()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():

@@ -6,7 +6,7 @@ the store's `AllocationLedger` (owner ("d", key): views and aliases count
 once), and its eviction loop, `evict_until`, which hands the least recently
 used spillable keys to a `spill` callable (as zict.LRU's `on_evict`) until
 the ledger is down to a target. Keys that cannot be copied are kept and
-skipped (`unspillable`).
+skipped (`unspillable`); entries several keys name (`shared`) go last.
 
 Does not cover: moving a key to the host (the store's `spill` callable), the
 rest of the ledger's owners (prefetched keys, ghosts), or the dict path of a
@@ -20,7 +20,16 @@ goes back to the front.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import (
+    Callable,
+    Container,
+    ItemsView,
+    Iterable,
+    Iterator,
+    KeysView,
+    Mapping,
+    ValuesView,
+)
 
 from dask.typing import Key
 from dask.utils import format_bytes
@@ -41,6 +50,7 @@ class DeviceTier(Mapping[Key, object]):
         self.ledger = ledger
         self.limit = limit
         self.unspillable: set[Key] = set()  # kept on the device: their copy failed
+        self.shared: Container[Key] = ()  # entries named by several keys (tiers.names)
         self._warned_over_limit = False
 
     # -- Mapping
@@ -110,11 +120,18 @@ class DeviceTier(Mapping[Key, object]):
         self.ledger.add(("d", key), ranges)
 
     def victim(self, keep: Key | None = None) -> Key | None:
-        """The least recently used key that may be spilled (not `keep`)."""
+        """The least recently used key that may be spilled (not `keep`); keys in
+        `shared` only when no other is left, the most recently used of them
+        first (their other keys' tasks run soon, in the order they were made)."""
+        shared, fallback = self.shared, None
         for key in self.data:
-            if key != keep and key not in self.unspillable:
-                return key
-        return None
+            if key == keep or key in self.unspillable:
+                continue
+            if shared and key in shared:
+                fallback = key
+                continue
+            return key
+        return fallback
 
     def evict_until(self, target: float, spill: Callable[[Key], int], keep: Key | None = None) -> None:
         """Spill least recently used keys until the ledger is at most `target`
