@@ -185,7 +185,7 @@ def _phases(client: Any, plan: EtlPlan, df: Any, dim: Any) -> Any:
     """The work after the read, phase by phase: yields (name, answers) as each ends."""
     from distributed import futures_of, wait
 
-    df, dim = client.persist([df, dim])
+    df, dim = df.persist(), dim.persist()  # as users persist a collection
     held = futures_of([df, dim])  # the persisted partitions stay until the generator ends
     for future in wait(held).done:
         if future.status == "error":
