@@ -174,3 +174,18 @@ def test_spill_on_demand_in_the_tiered_store(make_store: MakeStore) -> None:
     assert all((as_numpy(store[i]) == i).all() for i in range(8)) and held is not None
     assert make_store(device_memory_limit=None).on_demand is None
     assert make_store(device_memory_limit=1000, spill_on_demand=False).on_demand is None
+
+
+def test_prefetched_copies_give_way_to_the_limit(make_store: MakeStore) -> None:
+    """A prefetch holds device memory for a key about to be read; when the limit
+    needs that room and no key is left to spill, the prefetched copy is dropped
+    (the key stays on the host and is read back when asked for)."""
+    store = make_store(device_memory_limit=1000)
+    store["a"] = dev(600, 1)
+    store.spill_device(600)
+    assert store.prefetch(["a"]) == 1 and store.committed_device_bytes == 600
+    store["b"] = dev(500, 2)  # over the limit: b, the one key on the device, goes
+    assert store.where("b") == "host" and store.committed_device_bytes == 600
+    assert (store["b"].get() == 2).all()  # read back: the prefetch gives way
+    assert store.committed_device_bytes == 500 and store.where("a") == "host"
+    assert (store["a"].get() == 1).all() and store.committed_device_bytes <= 1000

@@ -8,7 +8,8 @@ recently used device keys to the host (`evict_until`, `evict_key`: the copy is
 only enqueued), a key that cannot be copied staying on the device; reads a
 spilled key back (`read`, then `finish` once its copies are waited for), from
 its still-alive original when there is one, retrying once after letting
-in-flight copies finish when the device is out of memory; and prefetches.
+in-flight copies finish when the device is out of memory; and prefetches
+(dropped again when the limit needs their room and no key is left to spill).
 
 Does not cover: locking, the dict path of a store without a device limit, the
 background thread, spill on demand, the `ManualEvictProto` members
@@ -241,8 +242,16 @@ class DeviceBuffer:
 
     # ------------------------------------------------------------------ spilling
     def evict_until(self, target: float, keep: Key | None = None) -> None:
-        """Spill least recently used keys until the device tier is at most `target`."""
+        """Spill least recently used keys until the device tier is at most `target`;
+        when no key is left to spill, drop prefetched copies (oldest first: they
+        are read back again when their key is read)."""
         self.device.evict_until(target, self.evict_key, keep)
+        while self.ledger.total > target and self.prefetched:
+            key = next(iter(self.prefetched))
+            if key == keep:
+                break
+            del self.prefetched[key]
+            self.ledger.discard(("p", key))
 
     def evict_key(self, key: Key) -> int:
         """Move one key from the device tier to the host tier. Return the device
