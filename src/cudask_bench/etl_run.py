@@ -186,8 +186,7 @@ def _phases(client: Any, plan: EtlPlan, df: Any, dim: Any) -> Any:
     from distributed import futures_of, wait
 
     df, dim = df.persist(), dim.persist()  # as users persist a collection
-    held = futures_of([df, dim])  # the persisted partitions stay until the generator ends
-    for future in wait(held).done:
+    for future in wait(futures_of([df, dim])).done:
         if future.status == "error":
             future.result()  # raises the task's error (wait does not)
     yield "load", {}

@@ -153,8 +153,8 @@ class TieredStore(MutableMapping[Key, object]):
             names = self._names
             dropped = names.release(key)
             holder = names.holder(value, self._device.data) if ranges is not None else None
-            if dropped is not None and dropped != holder:
-                self._drop(dropped)
+            if dropped is not None and dropped != holder and (holder is not None or dropped != key):
+                self._drop(dropped)  # (a plain entry of `key` is replaced by the put below)
             if holder is not None:  # already stored (an Alias task): one entry for both keys
                 if holder != key or key in names.users:
                     names.link(key, holder, orphan=dropped == holder)
