@@ -78,7 +78,9 @@ class _State:
 _state = _State()
 
 # Device memory exported while a send is under way that nothing else keeps alive (the
-# frames cuDF's device_serialize makes, e.g. compacted copies of sliced columns): held
+# frames cuDF's device_serialize makes, e.g. compacted copies of sliced columns; the object
+# of a JIT-unspill proxy, which the proxy drops when it spills mid-send) and every array
+# exported by handle: held
 # here until the sender has the peer's answer. Set by `keep_alive`; a context variable,
 # so distributed's serialization threads (offload copies the context) see the same list.
 _held: ContextVar[list[Any] | None] = ContextVar("cudask_ipc_held", default=None)
@@ -221,7 +223,8 @@ def dumps(x: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, Any]
     (distributed then tries the next serializer) otherwise."""
     backend = _state.backend
     if backend is not None and type(x) is ProxyObject:
-        if not same_host(context):
+        if not same_host(context) or _held.get() is None:
+            # outside `keep_alive` nothing would hold the proxy's object once it is spilled
             raise NotImplementedError(FAMILY)
         proxy_header, proxy_frames = ipc_serialize(x, context)  # its object, by handle if on the device
         return {"proxy": proxy_header}, proxy_frames
@@ -257,6 +260,9 @@ def _export(backend: Backend, x: Any) -> dict[str, Any]:
     except RuntimeError as exc:  # CUDA errors, e.g. stream-ordered (cudaMallocAsync) memory
         _decline(f"its memory cannot be exported for IPC ({exc})")
     backend.ready()
+    held = _held.get()
+    if held is not None:  # alive until the peer answers, even if its owner lets go (a spilled proxy)
+        held.append(x)
     itemsize = int(layout.typestr[2:])
     return {
         "shape": list(layout.shape),

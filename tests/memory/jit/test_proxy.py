@@ -10,10 +10,12 @@ CuPy objects (tests/memory/jit/test_jit_gpu.py).
 from __future__ import annotations
 
 import copy
+import gc
 import operator
 import pickle
 import subprocess
 import sys
+import weakref
 from typing import Any
 
 import dask
@@ -331,10 +333,19 @@ def test_a_device_proxy_goes_by_ipc_handle_and_arrives_whole(make_proxy_store: A
     store["a"] = fake.allocate(np.arange(4096, dtype="u1"))
     header, _ = serialize(store["a"], serializers=["dask", "pickle"], context=local)
     assert not header["sub-header"]["device-frames"] and fake.opened == []
-    header, frames = serialize(store["a"], serializers=reply, context=local)
-    assert header["serializer"] == ipc.FAMILY and header["proxy"]["device-frames"]
-    assert store.where("a") == "device"
-    received = deserialize(header, frames, deserializers=reply)
+    header, _ = serialize(store["a"], serializers=reply, context=local)
+    assert header["serializer"] != ipc.FAMILY  # outside a send that holds what it exports
+    exported = weakref.ref(unproxy(store["a"]))  # what the handle will name
+    with ipc.keep_alive():  # as cudask's Worker.get_data answers
+        header, frames = serialize(store["a"], serializers=reply, context=local)
+        assert header["serializer"] == ipc.FAMILY and header["proxy"]["device-frames"]
+        assert store.where("a") == "device"
+        store.spill_device(4096)  # spilled before the peer has mapped it
+        gc.collect()
+        assert store.where("a") == "host" and exported() is not None  # the handle's memory lives on
+        received = deserialize(header, frames, deserializers=reply)
+    gc.collect()
+    assert exported() is None  # released once the send is over
     assert fake.opened == [b"h0"] and len(fake.closed) == 1 and ipc.mapped() == 0
     del store["a"]  # the sender lets go: the receiver already has its own copy
     value = unproxy(received)
@@ -343,6 +354,7 @@ def test_a_device_proxy_goes_by_ipc_handle_and_arrives_whole(make_proxy_store: A
     store["b"] = fake.allocate(np.ones(60_000, dtype="u1"))
     store["c"] = fake.allocate(np.ones(60_000, dtype="u1"))
     assert store.where("b") == "host"
-    header, frames = serialize(store["b"], serializers=reply, context=local)
+    with ipc.keep_alive():
+        header, frames = serialize(store["b"], serializers=reply, context=local)
     assert header["proxy"]["form"] == "hostcopy" and ipc.stats()["sent"] == 1
     assert type(deserialize(header, frames, deserializers=reply)) is ProxyObject
