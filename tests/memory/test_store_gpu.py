@@ -182,7 +182,10 @@ def test_referenced_elsewhere_is_not_pretended_freed(store: TieredStore) -> None
     store["held"] = held
     store["other"] = cp.ones(40 * MiB, dtype="u1")
     assert store.where("held") == "host"
-    assert store.device_bytes >= 80 * MiB
+    # the spilled object is alive here, so its memory still counts (and against the
+    # limit: "other" is spilled too once the copy of "held" is done, which may be already)
+    other = 40 * MiB if store.where("other") == "device" else 0
+    assert store.device_bytes >= 40 * MiB + other
     assert store["held"] is held
     del held
     gc.collect()
