@@ -34,7 +34,7 @@ def store_figures(dask_worker: Any) -> dict[str, float]:
     if not callable(metrics):
         return {}
     return {k: v for k, v in metrics().items()  # cumulative: a figure never falls to 0
-            if v and ("provision" in k or k.startswith(("spill-", "unspill-")))}
+            if v and ("provision" in k or "deferred" in k or k.startswith(("spill-", "unspill-")))}
 
 
 def worker_counters(dask_worker: Any) -> dict[str, float]:

@@ -12,7 +12,8 @@ copy, unmaps (or keeps a lasting pool slab mapped: cudask.comm.lifetimes), and
 only then answers, so the sender's memory outlives every mapping of it.
 Anything else falls through to distributed's own serializers. Also the
 per-process switch (`enable`, `disable`), counters (`stats`, `declined`) and
-`keep_alive`. Registers the family with distributed, and with the JIT-unspill
+`keep_alive`. Each send (`keep_alive`) and receive is marked as device traffic
+(cudask.memory.host.traffic), during which pinning ahead of spills waits. Registers the family with distributed, and with the JIT-unspill
 layer (cudask.memory.jit.wire) as a device family, when imported.
 
 Does not cover: the CUDA calls (cudask.comm.ipc_cuda), array layouts
@@ -45,6 +46,7 @@ from distributed.protocol.serialize import register_serialization_family
 
 from cudask.comm import ipc_cuda, ipc_layout, lifetimes
 from cudask.comm.ipc_cuda import Backend, Explained
+from cudask.memory.host import traffic
 from cudask.memory.jit import wire
 from cudask.memory.jit.proxy import ProxyObject, ipc_deserialize, ipc_serialize
 
@@ -94,7 +96,8 @@ def keep_alive() -> Iterator[None]:
     only inside such a block."""
     token = _held.set([])
     try:
-        yield
+        with traffic.moving():  # the peer maps and reads this process's memory meanwhile
+            yield
     finally:
         _held.reset(token)
 
@@ -307,6 +310,11 @@ def loads(header: dict[str, Any], frames: list[Any]) -> Any:
     device-serialized object, or a JIT-unspill proxy, whose object comes the same way)."""
     if "proxy" in header:
         return ipc_deserialize(header["proxy"], frames)
+    with traffic.moving():
+        return _loads(header, frames)
+
+
+def _loads(header: dict[str, Any], frames: list[Any]) -> Any:
     if header["node"] != node_identity():
         raise RuntimeError(
             f"cudask-ipc: device data from process {header['sender']['pid']} on another host reached this "

@@ -6,10 +6,11 @@ is in flight goes back once the copy completes) and never waits for pinning:
 a request that finds no free pinned range gets a fallback block
 (`cudask.memory.host.fallback`) and asks the pool's thread for more. The
 thread ("cudask-pinned") reserves slabs up to a goal (`start_background`,
-`ensure_free`), registers large fallback blocks when idle, rests after
-pinning for `duty_cycle`, and gives slabs idle for `release_after` (or all
-free ones after `trim`) back, keeping the start goal. The footprint stays
-within `capacity` and `available_fraction` of the host memory available.
+`ensure_free`) and registers large fallback blocks when idle, each once this
+process's device traffic pauses (`traffic`), rests after pinning for
+`duty_cycle`, and gives slabs idle for `release_after` (or all free ones after
+`trim`) back, keeping the start goal. The footprint stays within `capacity`
+and `available_fraction` of the host memory available.
 Why these defaults: docs/design/host-memory.md.
 
 Does not cover: how memory is pinned (`cudask.memory.host.pinning`), the
@@ -30,7 +31,7 @@ import time
 from collections.abc import Callable
 
 from cudask.memory.backend import Copy, CopyBackend
-from cudask.memory.host import fallback
+from cudask.memory.host import fallback, traffic
 from cudask.memory.host.blocks import DeferredBlocks, HostBlock
 from cudask.memory.host.fallback import Fallbacks
 from cudask.memory.host.faulting import round_up
@@ -94,6 +95,7 @@ class PinnedPool:
         self.populate_threads = populate_threads
         self.duty_cycle = duty_cycle
         self.rest_seconds = 0.0  # the pool's thread rested this long between pinnings
+        self.deferred_seconds = 0.0  # ... and waited this long for device traffic to pause
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._fallbacks = Fallbacks(self._wake, populate_threads)
@@ -105,8 +107,7 @@ class PinnedPool:
         self._deferred = DeferredBlocks()  # released while their copies are in flight
         self._pin_failed = False
         self._closed = False
-        # the pool's thread: growth, registering fallback blocks, giving idle slabs back
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Thread | None = None  # growth, fallback blocks, idle slabs back
         self.goal = 0  # bytes the thread reserves up to
         self.keep = 0  # the start goal: never given back
         self.headroom = 0
@@ -116,8 +117,7 @@ class PinnedPool:
         self._trim = False  # give every wholly free slab back now (trim())
         self.released_bytes = 0
         self._releasing = 0  # bytes out of the pool, being returned to the driver
-        # provisioning figures: bytes made ready and the seconds it took
-        self.provisioned_bytes = 0
+        self.provisioned_bytes = 0  # bytes made ready, and the seconds it took
         self.provision_seconds = 0.0
 
     # -- introspection -------------------------------------------------------------
@@ -352,18 +352,19 @@ class PinnedPool:
         if idle:
             self._give_back(idle)
             return True
+        with self._lock:  # not while this process moves device memory (traffic)
+            self.deferred_seconds += traffic.await_quiet(self._wake, lambda: self._closed)
         started = time.perf_counter()
         if size:
             self._grow(size, premap=self.duty_cycle >= 1)
         elif not self._fallbacks.register_one(self._pinner, self._fits):
             return True
-        self._rest((time.perf_counter() - started) * (1 / self.duty_cycle - 1))
+        if self.duty_cycle < 1:
+            self._rest((time.perf_counter() - started) * (1 / self.duty_cycle - 1))
         return True
 
     def _rest(self, seconds: float) -> None:
         """Let the other threads' CUDA calls through for `seconds` (until closed)."""
-        if seconds <= 0:
-            return
         started = time.monotonic()
         with self._lock:
             self._wake.wait_for(lambda: self._closed, seconds)
@@ -413,7 +414,6 @@ class PinnedPool:
         with self._lock:
             self._releasing -= nbytes
             self.released_bytes += nbytes
-        logger.debug("cudask: gave %d bytes of idle pinned memory back", nbytes)
 
     # -- release -------------------------------------------------------------------
     def release_block(self, block: HostBlock, after: Copy | None) -> None:
@@ -462,17 +462,16 @@ class PinnedPool:
     def stats(self) -> dict[str, float]:
         """Pool state for the store's metrics: capacity, reserved and in-use bytes,
         readiness (1.0 when the goal is reserved), how fast memory was made ready
-        (`pinned-provision-*`, and fallback blocks registered later:
-        `pageable-registered-*`), pageable fallbacks (all causes; `-warmup-`
-        those waiting for the thread) and bytes given back while idle."""
+        (`pinned-provision-*`; fallback blocks registered later: `pageable-registered-*`),
+        pageable fallbacks (`-warmup-`: waiting for the thread), rests, deferrals for
+        device traffic and bytes given back while idle."""
         with self._lock:
-            reserved = self.reserved
             goal = min(self.goal, self.capacity)
-            ready = 1.0 if goal <= 0 else min(reserved / goal, 1.0)
+            ready = 1.0 if goal <= 0 else min(self.reserved / goal, 1.0)
             rate = self.provisioned_bytes / self.provision_seconds if self.provision_seconds else 0.0
             return self._fallbacks.stats() | {
                 "pinned-capacity-bytes": float(self.capacity),
-                "pinned-reserved-bytes": float(reserved),
+                "pinned-reserved-bytes": float(self.reserved),
                 "pinned-reserving-bytes": float(self._reserving),
                 "pinned-goal-bytes": float(goal),
                 "pinned-ready": ready,
@@ -482,6 +481,7 @@ class PinnedPool:
                 "pinned-provision-seconds": self.provision_seconds,
                 "pinned-provision-gbps": rate / 1e9,
                 "pinned-rest-seconds": self.rest_seconds,
+                "pinned-deferred-seconds": self.deferred_seconds,
                 "pinned-registered": 1.0 if self.method == "register" else 0.0,
                 "pinned-released-bytes": float(self.released_bytes),
             }
