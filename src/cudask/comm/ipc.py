@@ -13,8 +13,9 @@ only then answers, so the sender's memory outlives every mapping of it.
 Anything else falls through to distributed's own serializers. Also the
 per-process switch (`enable`, `disable`), counters (`stats`, `declined`) and
 `keep_alive`. Each send (`keep_alive`) and receive is marked as device traffic
-(cudask.memory.host.traffic), during which pinning ahead of spills waits. Registers the family with distributed, and with the JIT-unspill
-layer (cudask.memory.jit.wire) as a device family, when imported.
+(cudask.memory.host.traffic), during which pinning ahead of spills waits.
+Registers the family with distributed, and with the JIT-unspill layer
+(cudask.memory.jit.wire) as a device family, when imported.
 
 Does not cover: the CUDA calls (cudask.comm.ipc_cuda), array layouts
 (cudask.comm.ipc_layout), deciding which workers use it (cudask.worker.spec:
