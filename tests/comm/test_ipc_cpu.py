@@ -357,3 +357,36 @@ def test_a_worker_without_cudask_answers_and_asks_as_usual() -> None:
         finally:
             plain.terminate()
             plain.wait(60)
+
+
+def _refuse(handle: bytes) -> int:
+    raise RuntimeError("cudaErrorNotPermitted: operation not permitted")
+
+
+def test_a_refused_mapping_falls_back_to_host_memory(monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A worker that cannot map its peer's memory (separate IPC namespaces) says so once,
+    stops asking for the family and fetches the key again through host memory: the
+    task completes with the right value, nothing is lost and nothing hangs."""
+    from distributed import Client, LocalCluster
+
+    monkeypatch.setitem(sys.modules, "cupy", FAKE_CUPY)
+    monkeypatch.setattr(ipc, "_state", ipc._State())
+    monkeypatch.setattr(_BACKEND, "open", _refuse)
+    ipc.enable(_BACKEND, min_size=1024)
+    with caplog.at_level(logging.WARNING, logger="cudask"), \
+            LocalCluster(n_workers=2, processes=False, protocol="tcp", dashboard_address=":0",
+                         threads_per_worker=1, serializers=list(ipc.SERIALIZERS),
+                         deserializers=list(ipc.SERIALIZERS), worker_class=IPCWorker) as cluster, \
+            Client(cluster) as client:
+        a, b = list(workers_info(client))
+        xs = [client.submit(_make, 100_000 + i, workers=[a], pure=False) for i in range(3)]
+        totals = client.gather([client.submit(_total, x, workers=[b]) for x in xs])
+        assert [t for t, _ in totals] == [float(np.arange(100_000 + i, dtype="f8").sum())
+                                          for i in range(3)]
+        asked = client.run(lambda dask_worker: ipc.FAMILY in dask_worker.rpc.deserializers)
+        assert asked == {a: True, b: False}  # only the worker that was refused stopped asking
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("cudask")]
+    assert len(said) == 1 and "cannot map another worker's device memory" in said[0]
+    assert "through host memory from now on" in said[0]
+    assert ipc.stats()["received"] == 0

@@ -106,6 +106,11 @@ class CudaBackend:
         runtime.streamSynchronize(0)
 
 
+class MappingRefused(RuntimeError):
+    """This process cannot map another process's device memory (cudask.comm.worker
+    then receives through host memory)."""
+
+
 class Explained:
     """The backend's open and close, a refused mapping explained."""
 
@@ -116,7 +121,7 @@ class Explained:
         try:
             return self.backend.open(handle)
         except RuntimeError as exc:
-            raise RuntimeError(
+            raise MappingRefused(
                 f"cudask-ipc: cannot map another worker's device memory here ({exc}); if the "
                 "workers of this host cannot share GPU memory (e.g. containers with separate IPC "
                 "namespaces), set cudask.comm.device-ipc: false on them") from exc
@@ -125,4 +130,4 @@ class Explained:
         self.backend.close(base)
 
 
-__all__ = ["Backend", "CudaBackend", "Explained"]
+__all__ = ["Backend", "CudaBackend", "Explained", "MappingRefused"]
