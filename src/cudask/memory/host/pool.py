@@ -105,8 +105,7 @@ class PinnedPool:
         self._slabs = Slabs()
         self._reserving = 0  # bytes being reserved by threads outside the lock
         self._deferred = DeferredBlocks()  # released while their copies are in flight
-        self._pin_failed = False
-        self._closed = False
+        self._pin_failed = self._closed = False
         self._thread: threading.Thread | None = None  # growth, fallback blocks, idle slabs back
         self.goal = 0  # bytes the thread reserves up to
         self.keep = 0  # the start goal: never given back
@@ -389,6 +388,7 @@ class PinnedPool:
             self.idle_cap = max(nbytes, 0)
             excess = self._slabs.size - self._slabs.in_use - self.idle_cap
             if excess <= 0 or self._closed:
+                self._wake.notify_all()  # the thread may make more ready now
                 return
             idle, _ = self._slabs.take_idle(None, self.keep, trim=True, upto=excess)
             self.goal = min(self.goal, self._slabs.size)
