@@ -370,7 +370,7 @@ def test_trim_gives_free_slabs_back_at_once(wait_for: WaitFor) -> None:
     assert backend.pinned == {} and backend.registered == {}
 
 
-def test_limit_idle_gives_free_slabs_back_now_and_caps_what_is_made_ready() -> None:
+def test_limit_idle_gives_free_slabs_back_now_and_caps_what_is_made_ready(wait_for: WaitFor) -> None:
     backend = FakeCopyBackend()
     pool = ready_pool(backend, 128 * KiB, 16 * KiB)
     held = [pool.allocate(16 * KiB) for _ in range(2)]
@@ -378,7 +378,8 @@ def test_limit_idle_gives_free_slabs_back_now_and_caps_what_is_made_ready() -> N
     assert pool.reserved == 64 * KiB and pool.stats()["pinned-released-bytes"] == 64 * KiB
     pool.ensure_free(96 * KiB)  # asks for more ahead than the cap allows
     assert pool.wait_ready(timeout=30) and pool.reserved == 64 * KiB
-    pool.limit_idle(48 * KiB)  # room again: made ready up to in use + 48 KiB
+    assert wait_for(lambda: waits_until_woken(pool))  # held back by the cap, asleep
+    pool.limit_idle(48 * KiB)  # room again (the thread is woken): made ready up to in use + 48 KiB
     pool.ensure_free(96 * KiB)
     assert pool.wait_ready(timeout=30) and pool.reserved == 80 * KiB
     pool.limit_idle(0)

@@ -108,16 +108,14 @@ class PinnedPool:
         self._pin_failed = self._closed = False
         self._thread: threading.Thread | None = None  # growth, fallback blocks, idle slabs back
         self.goal = 0  # bytes the thread reserves up to
-        self.keep = 0  # the start goal: never given back
-        self.headroom = 0
+        self.keep = self.headroom = 0  # keep: the start goal, never given back
         self.idle_cap = float("inf")  # most free pinned bytes held (`limit_idle`)
         self._big = 0  # a request larger than a slab, for the thread
         self.release_after = release_after
         self._trim = False  # give every wholly free slab back now (trim())
         self.released_bytes = 0
         self._releasing = 0  # bytes out of the pool, being returned to the driver
-        self.provisioned_bytes = 0  # bytes made ready, and the seconds it took
-        self.provision_seconds = 0.0
+        self.provisioned_bytes, self.provision_seconds = 0, 0.0  # bytes made ready, and in
 
     # -- introspection -------------------------------------------------------------
     @property
@@ -385,10 +383,12 @@ class PinnedPool:
         now on: free slabs past it go back now, in the calling thread, and no more
         is reserved ahead (the store's host tier counts free pinned memory)."""
         with self._lock:
+            before = self._target()
             self.idle_cap = max(nbytes, 0)
             excess = self._slabs.size - self._slabs.in_use - self.idle_cap
             if excess <= 0 or self._closed:
-                self._wake.notify_all()  # the thread may make more ready now
+                if self._target() > before:
+                    self._wake.notify_all()  # the cap held the thread back: more is wanted now
                 return
             idle, _ = self._slabs.take_idle(None, self.keep, trim=True, upto=excess)
             self.goal = min(self.goal, self._slabs.size)
