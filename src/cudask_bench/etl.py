@@ -10,7 +10,10 @@ setting that failed is not run again. Then the document: per format and setting,
 child's result with each run's answers checked against the reference, the cold figures
 (first run of each fresh cluster: medians over repetitions of the total and each
 phase, the largest peaks) and the warm ones (the runs after it), each setting's cold
-and warm total over the floor's, its error (the first failure, never hidden), and
+and warm total over the floor's, for the settings with the device limit the bound on
+each phase's peak (`bound`: the limit plus the largest task's inputs and output,
+cudask_bench.working_set) and whether the peaks are within `SLACK` of it, its error
+(the first failure, never hidden), and
 `summary`, the lines the command prints (a table per format, last).
 
 Does not cover: the options and their checks (cudask_bench.cli.etl), the work itself
@@ -36,6 +39,7 @@ from dask.utils import format_bytes
 from cudask_bench import environment, harness, stopping
 from cudask_bench.etl_data import FACT_ROW_BYTES, SETTINGS, EtlPlan, compare
 from cudask_bench.etl_run import PHASES
+from cudask_bench.limit import SLACK
 from cudask_bench.targets import Target, make_shim, remove_shim
 
 GB = 1e9
@@ -117,7 +121,20 @@ def figures(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
                          for p in PHASES},
             "peak_bytes": _largest([r.get("peak_bytes") for r in done]),
             "phase_peak_bytes": {p: _largest([r["phases"].get(p, {}).get("peak_bytes")
-                                              for r in done]) for p in PHASES}}
+                                              for r in done]) for p in PHASES},
+            "phase_working_set_bytes": {p: _largest([r["phases"].get(p, {}).get("working_set_bytes")
+                                                     for r in done]) for p in PHASES}}
+
+
+def bound(fig: dict[str, Any], limit: int) -> None:
+    """Per phase, the bound on the peak (the limit plus the largest task's inputs and
+    output) and whether every phase's peak is within SLACK of it; unknown without NVML."""
+    sets, peaks = fig.get("phase_working_set_bytes") or {}, fig["phase_peak_bytes"]
+    fig["phase_bound_bytes"] = {p: limit + sets[p] if sets.get(p) is not None else None
+                                for p in PHASES}
+    known = [(peaks[p], b) for p, b in fig["phase_bound_bytes"].items()
+             if b is not None and peaks.get(p) is not None]
+    fig["within"] = all(peak <= SLACK * b for peak, b in known) if known else None
 
 
 def setting_entry(name: str, children: list[dict[str, Any]],
@@ -157,6 +174,9 @@ def document(plan: EtlPlan, data: Mapping[str, Any], results: Mapping[str, Mappi
                     for name, children in by_name.items() if children}
         floor = out[fmt].get("floor")
         for entry in out[fmt].values():
+            for mode in ("cold", "warm"):
+                if SETTINGS[entry["setting"]].limited and entry.get(mode):
+                    bound(entry[mode], plan.device_memory_limit)
             for mode in ("cold", "warm"):
                 mine, base = entry.get(mode), (floor or {}).get(mode)
                 if mine and base and base["total_s"]:
@@ -211,6 +231,10 @@ def _row(name: str, e: Mapping[str, Any]) -> str:
     return text
 
 
+def _yes(within: bool | None) -> str:
+    return "-" if within is None else ("yes" if within else "NO")
+
+
 def summary(doc: Mapping[str, Any]) -> list[str]:
     """The lines the command prints: per format, a header and a row per setting."""
     plan, data = doc["plan"], doc.get("data") or {}
@@ -235,6 +259,12 @@ def summary(doc: Mapping[str, Any]) -> list[str]:
                      + f" {'peak':>7} {'x floor':>7} {'warm s':>7} {'peak':>7} {'x floor':>7}"
                      + "  answers")
         lines += [_row(name, e) for name, e in by_name.items()]
+        verdicts = [f"{name} {_yes((e.get('cold') or {}).get('within'))}/"
+                    f"{_yes((e.get('warm') or {}).get('within'))}"
+                    for name, e in by_name.items() if SETTINGS[name].limited]
+        if verdicts:
+            lines.append(f"  peak within {SLACK:.2f}x (limit + the largest task's inputs and output) "
+                         "in every phase, cold/warm: " + ", ".join(verdicts))
     if doc.get("skipped"):
         lines += [f"skipped {name}: {why}" for name, why in doc["skipped"].items()]
     return lines

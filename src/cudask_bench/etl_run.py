@@ -13,7 +13,7 @@ objects, converted on the worker (no CUDA context here for them). Per phase: sec
 peak of NVML's used memory (`MemorySampler`, every 20 ms) above the idle cluster, what
 the store moved (its counters, read with the clock stopped) and, from the task stream,
 the seconds the worker computed and its event loop read inputs from the store and wrote
-outputs to it. A failure (OOM, lost worker, crash) ends the runs as the result's error.
+outputs to it, and the largest working set of a task (cudask_bench.working_set). A failure (OOM, lost worker, crash) ends the runs as the result's error.
 
 Honesty: for dask-cuda settings no cudask cluster code is loaded here or on the worker
 (cudask_bench.run.check_honesty). Does not cover: the files and their answers
@@ -241,6 +241,11 @@ def one_run(client: Any, plan: EtlPlan, root: str, fmt: str, sampler: MemorySamp
     spans = _task_seconds(client.get_task_stream(start=began, stop=time.time()), windows)
     for phase_name, seconds in spans.items():
         run["phases"][phase_name].update(seconds)
+    from cudask_bench import working_set
+
+    sets = working_set.largest(client.run_on_scheduler(working_set.records), windows)
+    for phase_name, nbytes in sets.items():
+        run["phases"][phase_name]["working_set_bytes"] = nbytes
     return run
 
 
@@ -328,7 +333,7 @@ def execute(plan: EtlPlan, root: str, setting: Setting, fmt: str, result: dict[s
     """Run the setting on the `fmt` files into `result` (a failure keeps what ran)."""
     from distributed import Client
 
-    from cudask_bench import tasks
+    from cudask_bench import tasks, working_set
 
     sampler = MemorySampler(plan.device if plan.frames == "cudf" else None)
     memory: dict[str, Any] = {"nvml": sampler.reason or "sampled every "
@@ -349,6 +354,7 @@ def execute(plan: EtlPlan, root: str, setting: Setting, fmt: str, result: dict[s
                     client.wait_for_workers(1)
                     client.submit(_ping, pure=False).result()
                     client.get_task_stream(count=1)  # the scheduler records from now on
+                    client.register_plugin(working_set.WorkingSets())
                     memory["cluster_up_bytes"] = sampler.idle()
                     progress("cluster up")
                     _runs(client, plan, root, fmt, sampler, memory, result, progress)

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 
 from cudask.cli.main import cli
 from cudask.errors import MissingDependencyError
-from cudask_bench import environment, etl, etl_data, etl_run
+from cudask_bench import environment, etl, etl_data, etl_run, working_set
 from cudask_bench.cli.etl import resolve_targets
 from cudask_bench.targets import Target
 
@@ -135,9 +135,30 @@ def test_a_run_over_both_formats_rotates_checks_and_removes_its_data(tmp_path: P
         assert set(entry["cold"]["phases_s"]) == set(etl_run.PHASES)
         assert entry["children"][0]["cluster"]["stand_in"] is True
     assert doc["results"]["parquet"]["floor"]["cold"]["x_floor"] == 1.0
+    runs = [r for e in doc["results"]["parquet"].values() for c in e["children"] for r in c["runs"]]
+    assert all(p["working_set_bytes"] > 0 for r in runs for p in r["phases"].values())
+    cold = doc["results"]["parquet"]["cudask"]["cold"]
+    assert cold["phase_bound_bytes"]["merge"] == (plan.device_memory_limit
+                                                  + cold["phase_working_set_bytes"]["merge"])
+    assert cold["within"] is None  # no NVML peaks on this machine
+    assert "phase_bound_bytes" not in doc["results"]["parquet"]["floor"]["cold"]  # no limit
     text = "\n".join(etl.summary(doc))
     assert "etl parquet: 3 files x 4,000 rows" in text and text.count("  right") == 2
+    assert "in every phase, cold/warm: cudask -/-" in text
     assert etl.failures(doc) == []
+
+
+def test_the_bound_adds_the_largest_task_of_each_phase_to_the_limit() -> None:
+    windows = {"load": (0.0, 10.0), "merge": (10.0, 20.0)}
+    assert working_set.largest([(1.0, 5), (2.0, 9), (15.0, 3), (30.0, 99)], windows) == {
+        "load": 9, "merge": 3}
+    fig = {"phase_peak_bytes": dict.fromkeys(etl_run.PHASES, 100),
+           "phase_working_set_bytes": dict.fromkeys(etl_run.PHASES, 10)}
+    etl.bound(fig, 90)
+    assert fig["phase_bound_bytes"]["merge"] == 100 and fig["within"] is True
+    fig["phase_peak_bytes"]["merge"] = 111  # past 1.10x its bound
+    etl.bound(fig, 90)
+    assert fig["within"] is False
 
 
 def _run(**run: Any) -> dict[str, Any]:
