@@ -22,6 +22,15 @@ def test_quiet_only_once_no_transfer_has_run_for_a_while() -> None:
     assert wait_for(lambda: traffic.quiet(0.05), timeout=60)
 
 
+def test_no_wait_is_counted_when_quiet() -> None:
+    assert wait_for(traffic.quiet, timeout=60)
+    pool = PinnedPool(FakeCopyBackend(), 64 * KiB, 16 * KiB)
+    pool.ensure_free(32 * KiB)
+    assert pool.wait_ready(timeout=60)
+    assert pool.deferred_seconds == 0.0  # nothing moved: no wait counted
+    pool.close()
+
+
 def test_a_slab_waits_for_the_traffic_to_pause(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(traffic, "MOST_DEFERRED_SECONDS", 600.0)
     pool = PinnedPool(FakeCopyBackend(), 64 * KiB, 16 * KiB)

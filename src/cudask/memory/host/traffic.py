@@ -55,7 +55,9 @@ def quiet(seconds: float = QUIET_SECONDS) -> bool:
 
 def await_quiet(wake: threading.Condition, stop: Callable[[], bool]) -> float:
     """Wait on `wake` (its lock held by the caller) until `quiet()`, `stop()` or
-    MOST_DEFERRED_SECONDS have passed; return the seconds waited."""
+    MOST_DEFERRED_SECONDS have passed; return the seconds waited (0.0 when quiet)."""
+    if quiet():
+        return 0.0
     started = time.monotonic()
     deadline = started + MOST_DEFERRED_SECONDS
     while not quiet() and not stop() and time.monotonic() < deadline:
