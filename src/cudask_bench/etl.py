@@ -177,7 +177,6 @@ def document(plan: EtlPlan, data: Mapping[str, Any], results: Mapping[str, Mappi
             for mode in ("cold", "warm"):
                 if SETTINGS[entry["setting"]].limited and entry.get(mode):
                     bound(entry[mode], plan.device_memory_limit)
-            for mode in ("cold", "warm"):
                 mine, base = entry.get(mode), (floor or {}).get(mode)
                 if mine and base and base["total_s"]:
                     mine["x_floor"] = mine["total_s"] / base["total_s"]

@@ -13,7 +13,8 @@ objects, converted on the worker (no CUDA context here for them). Per phase: sec
 peak of NVML's used memory (`MemorySampler`, every 20 ms) above the idle cluster, what
 the store moved (its counters, read with the clock stopped) and, from the task stream,
 the seconds the worker computed and its event loop read inputs from the store and wrote
-outputs to it, and the largest working set of a task (cudask_bench.working_set). A failure (OOM, lost worker, crash) ends the runs as the result's error.
+outputs to it, and the largest working set of a task (cudask_bench.working_set). A
+failure (OOM, lost worker, crash) ends the runs as the result's error.
 
 Honesty: for dask-cuda settings no cudask cluster code is loaded here or on the worker
 (cudask_bench.run.check_honesty). Does not cover: the files and their answers
