@@ -3,7 +3,8 @@
 Covers: `StoreSettings`, the numbers a `TieredStore` runs with (spill target,
 background spilling, the pinned pool: size, slabs, preallocation, idle
 release, pinning method, headroom ahead of spills, share of available memory,
-duty cycle, populate threads; spill on demand, at the limit), and `store_settings`, which
+duty cycle, populate threads; spill on demand, at the limit; host copies kept
+for keys read back), and `store_settings`, which
 reads them from the config keys (or keyword overrides) for given device and
 host limits. The worker's store calls it when it starts; the cluster and the
 CLI call it before any worker process starts, so a bad value fails there with
@@ -51,6 +52,7 @@ class StoreSettings:
     populate_threads: int | None = None
     spill_on_demand: bool = True
     spill_at_limit: bool = True
+    keep_host_copies: bool = True
 
 
 def store_settings(
@@ -71,6 +73,7 @@ def store_settings(
     populate_threads: int | str | None = None,
     spill_on_demand: bool | None = None,
     spill_at_limit: bool | None = None,
+    keep_host_copies: bool | None = None,
 ) -> StoreSettings:
     """The settings of a store with these limits (`memory_limit`: its host tier;
     0 or None: no limit); a keyword left None takes the config key of the same
@@ -119,17 +122,16 @@ def store_settings(
             config.get("memory.pinned-duty-cycle") if pinned_duty_cycle is None else pinned_duty_cycle,
             "cudask.memory.pinned-duty-cycle",
         ),
-        pinned_headroom_from=_fraction(
-            config.get("memory.pinned-headroom-from") if pinned_headroom_from is None
-            else pinned_headroom_from,
-            "cudask.memory.pinned-headroom-from", within="[0, 1)",
-        ),
+        pinned_headroom_from=_fraction(_key("pinned-headroom-from", pinned_headroom_from),
+                                       "cudask.memory.pinned-headroom-from", within="[0, 1)"),
         populate_threads=_threads(
             config.get("memory.populate-threads") if populate_threads is None else populate_threads
         ),
         spill_on_demand=spill_on_demand_setting(spill_on_demand),
         spill_at_limit=parse_flag(_key("spill-at-limit", spill_at_limit),
                                   "cudask.memory.spill-at-limit"),
+        keep_host_copies=parse_flag(_key("keep-host-copies", keep_host_copies),
+                                    "cudask.memory.keep-host-copies"),
     )
 
 

@@ -1,27 +1,26 @@
 """The tiered device -> host -> disk store used as every cudask worker's `data=`.
 
 Covers: `TieredStore`, the thread-safe MutableMapping[Key, object] a worker
-holds its data in, built from the parts in `cudask.memory.tiers`: device
-objects go to a device tier limited to `device_memory_limit`, everything else
-to a host tier (distributed's SpillBuffer, over disk past `memory_limit`);
-least recently used device keys are copied to the host past the limit (in a
-background thread past `spill-target`) and back when read (`tiers.buffer`);
-keys holding the very same device object share one entry (`tiers.names`).
-Without a device limit, device keys take a dict's path instead. It spills on
-an allocator's out-of-memory (`cudask.memory.ondemand`), implements
+holds its data in, built from the parts in `cudask.memory.tiers`: device objects
+go to a device tier limited to `device_memory_limit`, everything else to a host
+tier (distributed's SpillBuffer, over disk past `memory_limit`); least recently
+used device keys are copied to the host past the limit (in a background thread
+past `spill-target`) and back when read, keeping their host copy (`tiers.buffer`,
+`tiers.clean`); keys holding the very same device object share one entry
+(`tiers.names`). Without a device limit, device keys take a dict's path. It
+spills on an allocator's out-of-memory (`cudask.memory.ondemand`), implements
 distributed's `ManualEvictProto` (checked statically at the end) and reports
-`metrics()` (`worker_metrics` for `Worker.metrics`). Its settings are a
-`cudask.memory.settings.StoreSettings`. How it works and why:
-docs/design/store.md.
+`metrics()` (`worker_metrics` for `Worker.metrics`). Settings: a
+`cudask.memory.settings.StoreSettings`. How and why: docs/design/store.md.
 
 Does not cover: proxies and JIT-unspill (`cudask.memory.jit.proxy_store` wraps
 this store), the RMM pool, or the cluster that constructs the store.
 
 Threading: every public method is thread-safe. One RLock (`lock`) guards every
 tier; device -> host copies are enqueued under it, host -> device copies are
-waited for without it. `evict()` goes to the host tier without it
-(SpillBuffer's own locking). Without a device limit, reads of device keys take
-no lock (a dict read).
+waited for without it. `evict()` takes it only to drop a kept host copy; the
+host tier's SpillBuffer locks itself. Without a device limit, reads of device
+keys take no lock (a dict read).
 """
 
 from __future__ import annotations
@@ -101,7 +100,6 @@ class TieredStore(MutableMapping[Key, object]):
         self.log_spilling = bool(log_spilling)
         self.max_spill = max_spill if max_spill else False
         self.settings = settings or store_settings(self.device_memory_limit, self.memory_limit)
-        self.spill_target = self.settings.spill_target
         self.background = self.settings.background
         self.lock = threading.RLock()
         self._cv = threading.Condition(self.lock)
@@ -119,7 +117,7 @@ class TieredStore(MutableMapping[Key, object]):
                                 lambda: ledger.total)
         self._buffer = DeviceBuffer(
             self._device, self._host, InFlightCopies(ledger), self._lazy,
-            spill_target=self.spill_target, memory_limit=self.memory_limit,
+            settings=self.settings, memory_limit=self.memory_limit,
             log_spilling=self.log_spilling, notify=self._cv.notify_all,
         )
         self._names = EntryNames()  # keys holding the same device object share one entry
@@ -326,12 +324,14 @@ class TieredStore(MutableMapping[Key, object]):
         return self._host.fast
 
     def evict(self) -> int:
-        """Move the least recently used host-memory value to disk; return its size
-        or -1 (nothing to move, no disk tier, or the move failed: the value then
-        stays in host memory). Also asks the pinned pool to give its free slabs
-        back now (`PinnedPool.trim`). Never raises."""
+        """Give up a host copy kept for a key back on the device (`tiers.clean`), else
+        move the least recently used host-memory value to disk; return its size or
+        -1 (nothing to move, no disk tier, or the move failed: the value then stays
+        in host memory). Asks the pinned pool to give its free slabs back."""
         self._lazy.trim()
-        return self._host.evict()
+        with self.lock:
+            freed = self._buffer.drop_kept_copy()
+        return freed if freed >= 0 else self._host.evict()
 
     @property
     def spilled_total(self) -> SpilledSize:
@@ -396,7 +396,7 @@ class TieredStore(MutableMapping[Key, object]):
                 "device-ghost-keys": float(len(inflight.ghosts)),
                 "host-bytes": host_bytes,
                 "host-keys": float(host_keys),
-                "host-device-copies": float(len(self._buffer.spilled)),
+                **self._buffer.host_figures(),
                 "disk-bytes": disk_bytes,
                 "disk-keys": float(disk_keys),
             }

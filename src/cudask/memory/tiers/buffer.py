@@ -5,11 +5,13 @@ Covers: `DeviceBuffer`, built from the parts (`DeviceTier`, `HostTier`,
 mapping. It keeps each key in exactly one tier, with a generation per key so
 that a copy that completes late never resurrects an old value; spills least
 recently used device keys to the host (`evict_until`, `evict_key`: the copy is
-only enqueued), a key that cannot be copied staying on the device; reads a
-spilled key back (`read`, then `finish` once its copies are waited for), from
-its still-alive original when there is one, retrying once after letting
-in-flight copies finish when the device is out of memory; and prefetches
-(dropped again when the limit needs their room and no key is left to spill).
+only enqueued; a key read back unchanged goes back with the host copy it kept,
+`tiers.clean`, and is not copied again), a key that cannot be copied staying on
+the device; reads a spilled key back (`read`, then `finish` once its copies are
+waited for), from its still-alive original when there is one, retrying once
+after letting in-flight copies finish when the device is out of memory; and
+prefetches (dropped again when the limit needs their room and no key is left
+to spill).
 
 Does not cover: locking, the dict path of a store without a device limit, the
 background thread, spill on demand, the `ManualEvictProto` members
@@ -35,6 +37,8 @@ from dask.utils import format_bytes
 from cudask.memory import handlers
 from cudask.memory.accounting import Range, union_bytes
 from cudask.memory.backend import Copy, is_out_of_memory
+from cudask.memory.settings import StoreSettings
+from cudask.memory.tiers.clean import CleanCopies
 from cudask.memory.tiers.device import DeviceTier
 from cudask.memory.tiers.engine import LazyEngine
 from cudask.memory.tiers.host import HostTier
@@ -72,7 +76,7 @@ class DeviceBuffer:
         inflight: InFlightCopies,
         lazy: LazyEngine,
         *,
-        spill_target: float,
+        settings: StoreSettings,
         memory_limit: int | None,
         log_spilling: bool,
         notify: Callable[[], None],
@@ -83,7 +87,8 @@ class DeviceBuffer:
         self.lazy = lazy
         self.ledger = device.ledger
         self.limit = device.limit
-        self.spill_target = spill_target
+        self.spill_target = settings.spill_target
+        self.clean = CleanCopies() if settings.keep_host_copies else None
         self.memory_limit = memory_limit  # of the host tier, for messages
         self.log_spilling = log_spilling
         self._notify = notify
@@ -135,6 +140,8 @@ class DeviceBuffer:
         if self.prefetched.pop(key, None) is not None:
             self.ledger.discard(("p", key))
         self.device.unspillable.discard(key)
+        if self.clean is not None:
+            self.clean.drop(key)
 
     # ------------------------------------------------------------------ reads
     def read(self, key: Key) -> object:
@@ -170,8 +177,12 @@ class DeviceBuffer:
         return unspill.value
 
     def install(self, key: Key, value: object, *, copied: int) -> None:
-        """Move a spilled key back into the device tier."""
+        """Move a spilled key back into the device tier; its host copy is kept while
+        host memory allows (`tiers.clean`) when it is in host memory, not on disk."""
+        if self.clean is not None and self.host.tier_of(key) == "host":
+            self.clean.keep(key, cast(handlers.AnyHostCopy, self.host[key]))
         del self.host[key]
+        self._trim_clean()
         self.spilled.discard(key)
         self.inflight.forget(key)
         self.device.add(key, value, handlers.allocations(value))
@@ -258,10 +269,14 @@ class DeviceBuffer:
         bytes released from the tier's count, or -1."""
         before = self.ledger.total
         value, ranges = self.device.take(key)
+        kept = self.clean.take(key) if self.clean is not None else None
         try:
-            engine = self.lazy.get()
-            engine.order_after_producers(handlers.producer_streams(value))
-            host_copy = handlers.to_host(value, engine)
+            if kept is not None:
+                host_copy = kept
+            else:
+                engine = self.lazy.get()
+                engine.order_after_producers(handlers.producer_streams(value))
+                host_copy = handlers.to_host(value, engine)
         except Exception as exc:  # noqa: BLE001 - the key stays, see _not_copied
             return self._not_copied(key, value, ranges, exc)
         try:
@@ -269,15 +284,21 @@ class DeviceBuffer:
         except Exception as exc:  # noqa: BLE001 - the key stays, see _not_stored
             return self._not_stored(key, value, ranges, exc)
         self.spilled.add(key)
+        self._trim_clean()
         self.hold_pinned()
         nbytes = host_copy.nbytes
-        self.inflight.add(key, value, copies_of(host_copy), nbytes, self.gen[key], ranges)
-        self.metrics.spilled(nbytes)
+        if kept is not None:
+            kept.wait()  # filling still only when read back while its copy was under way
+        copies = copies_of(host_copy) if kept is None else []
+        self.inflight.add(key, value, copies, nbytes, self.gen[key], ranges)
+        if kept is not None:
+            del value  # held elsewhere, it counts as a ghost at once: eviction goes on
+            self.reap()
+        self.metrics.spilled(nbytes, copied=kept is None)
         if self.log_spilling:
-            moves.info(
-                "cudask: spilled %r device -> host (%s, %s)",
-                key, format_bytes(nbytes), "pinned" if host_copy.pinned() else "pageable",
-            )
+            how = "pinned" if host_copy.pinned() else "pageable"
+            moves.info("cudask: spilled %r device -> host (%s, %s)", key, format_bytes(nbytes),
+                       how if kept is None else "no copy: its host copy was kept")
         return before - self.ledger.total
 
     def _not_copied(self, key: Key, value: object, ranges: list[Range], exc: Exception) -> int:
@@ -311,7 +332,27 @@ class DeviceBuffer:
         """Free pinned memory is host memory too: hold the pool's to the room the
         host tier has left, so the two together stay within the host limit."""
         if self.memory_limit is not None:
-            self.lazy.limit_idle(max(self.memory_limit - self.host.memory_bytes, 0))
+            self.lazy.limit_idle(max(self.memory_limit - self.host_bytes(), 0))
+
+    def host_figures(self) -> dict[str, float]:
+        """Spilled device objects and the host copies kept for keys read back."""
+        clean = self.clean
+        return {"host-device-copies": float(len(self.spilled)),
+                "host-kept-copies": float(len(clean) if clean is not None else 0),
+                "host-kept-bytes": float(clean.nbytes if clean is not None else 0)}
+
+    def drop_kept_copy(self) -> int:
+        """Give up the oldest kept host copy; its bytes, or -1 when none is kept."""
+        return self.clean.drop_oldest() if self.clean is not None else -1
+
+    def host_bytes(self) -> int:
+        """Host memory the store's data hold: the host tier's and the kept copies."""
+        return self.host.memory_bytes + (self.clean.nbytes if self.clean is not None else 0)
+
+    def _trim_clean(self) -> None:
+        """Kept host copies fit in the room the host tier leaves under its limit."""
+        if self.clean is not None and self.memory_limit is not None:
+            self.clean.trim(self.memory_limit - self.host.memory_bytes)
 
     def spill(self, nbytes: int) -> int:
         """Spill until `nbytes` of device memory are released, and wait for the

@@ -57,10 +57,12 @@ class MoveCounters:
     def device_read(self) -> None:
         self.values["device-read", "count"] += 1
 
-    def spilled(self, nbytes: int) -> None:
-        """A device -> host copy was started."""
-        self.values["device-to-host", "count"] += 1
-        self.values["device-to-host", "bytes"] += nbytes
+    def spilled(self, nbytes: int, *, copied: bool = True) -> None:
+        """A device -> host copy was started, or (`copied` false) a key went back
+        to the host with the host copy it kept (`tiers.clean`)."""
+        label = "device-to-host" if copied else "device-to-host-kept"
+        self.values[label, "count"] += 1
+        self.values[label, "bytes"] += nbytes
 
     def spill_done(self, copies: list[Copy], seconds: Callable[[Copy], float]) -> None:
         """The device -> host copies of a spilled object completed: their time on
@@ -90,6 +92,8 @@ def snapshot(
         for unit in ("count", "bytes", "seconds"):
             out[f"{name}-{unit}"] = float(cumulative.get((label, unit), 0.0))
     out["unspill-host-to-device-wait-seconds"] = float(cumulative.get(("host-to-device-wait", "seconds"), 0.0))
+    for unit in ("count", "bytes"):  # spills that copied nothing: the key kept its host copy
+        out[f"spill-device-to-host-kept-{unit}"] = float(cumulative.get(("device-to-host-kept", unit), 0.0))
     if on_demand is not None:
         out["spill-on-demand-count"] = float(on_demand.count)
         out["spill-on-demand-bytes"] = float(on_demand.freed)
