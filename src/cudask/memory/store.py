@@ -18,8 +18,8 @@ this store), the RMM pool, or the cluster that constructs the store.
 
 Threading: every public method is thread-safe. One RLock (`lock`) guards every
 tier; device -> host copies are enqueued under it, host -> device copies are
-waited for without it. `evict()` takes it only to drop a kept host copy; the
-host tier's SpillBuffer locks itself. Without a device limit, reads of device
+waited for without it. `evict()` takes it only when free, to drop a kept host
+copy; the host tier's SpillBuffer locks itself. Without a device limit, reads of device
 keys take no lock (a dict read).
 """
 
@@ -320,18 +320,18 @@ class TieredStore(MutableMapping[Key, object]):
     # ------------------------------------------------------------------ ManualEvictProto
     @property
     def fast(self) -> Sized | bool:
-        """Host-memory values distributed's memory manager may push to disk."""
-        return self._host.fast
+        """Host values the memory manager may push to disk; True while copies are kept."""
+        return self._host.fast or self._buffer.has_kept_copies()
 
     def evict(self) -> int:
-        """Give up a host copy kept for a key back on the device (`tiers.clean`), else
-        move the least recently used host-memory value to disk; return its size or
-        -1 (nothing to move, no disk tier, or the move failed: the value then stays
-        in host memory). Asks the pinned pool to give its free slabs back."""
+        """Drop a host copy kept for a key back on the device (`tiers.clean`; not while
+        the lock is busy: the event loop never waits on a copy), else move the least
+        recently used host value to disk; its size, or -1 (nothing to move, no disk, or
+        the move failed). Then the pinned pool gives its free slabs back."""
+        freed = self._buffer.drop_kept_copy(self.lock)
+        freed = freed if freed >= 0 else self._host.evict()
         self._lazy.trim()
-        with self.lock:
-            freed = self._buffer.drop_kept_copy()
-        return freed if freed >= 0 else self._host.evict()
+        return freed
 
     @property
     def spilled_total(self) -> SpilledSize:

@@ -347,9 +347,10 @@ register_handler(_Allocating, _AllocatingHandler())
 def test_compaction_out_of_memory_spills_on_demand_inside_an_eviction(make: Any) -> None:
     """Spilling a sparse view compacts it on the device first; when that allocation
     finds the device full, spill on demand evicts other keys from inside the eviction
-    already under way (same thread, re-entrant lock), and both finish consistently."""
+    already under way (same thread, re-entrant lock), and both finish consistently. Every
+    spill here compacts: keys read back do not keep their host copies."""
     backend = FakeCopyBackend()
-    store = make(device_memory_limit=700, backend=backend)
+    store = make(device_memory_limit=700, backend=backend, keep_host_copies=False)
     base = dev(400, 0)
     base._array[:] = np.arange(400) % 251
     view = _Allocating(base._array[::4], base)  # 100 elements over a 400-byte extent

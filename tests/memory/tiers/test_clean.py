@@ -95,3 +95,67 @@ def test_the_memory_manager_takes_kept_copies_before_the_disk(make_store: MakeSt
     assert store.metrics()["host-kept-copies"] == 0 and store.where("b") == "host"
     _read_back(store, "b", 2)  # "a" is copied again
     _read_back(store, "a", 1)
+
+
+def test_spilling_a_held_key_with_its_kept_copy_lets_eviction_go_on(make_store: MakeStore) -> None:
+    """A key spilled with its kept copy while a task still holds it frees nothing yet;
+    the eviction loop goes on to the next key, as it does for a fresh copy."""
+    for keep in (True, False):
+        store = make_store(device_memory_limit=300, keep_host_copies=keep)
+        for key, fill in (("a", 1), ("b", 2), ("c", 3), ("z", 4)):
+            store[key] = dev(100, fill)  # "a" to the host
+        held = [store["a"]]  # back; "b" to the host
+        store["c"]  # device order: z, a, c
+        store["x"] = dev(100, 5)  # "z" to the host: device holds a, c, x
+        held.append(store["x"])
+        held.append(store["a"])
+        store["c"]  # least recently used first: x (held), a (held, kept copy), c
+        store["e"] = dev(250, 6)  # x, a and c must all go
+        assert list(store._device) == ["e"], keep
+        assert store.committed_device_bytes == 450  # e, and x and a still held (ghosts)
+        assert [(h.get() == f).all() for h, f in zip(held, (1, 5, 1))] == [True] * 3
+        store.close()
+
+
+def test_kept_copies_are_visible_to_the_memory_manager(make_store: MakeStore) -> None:
+    import threading
+
+    store = make_store(device_memory_limit=200, memory_limit=10_000)
+    for key, fill in (("a", 1), ("b", 2), ("c", 3)):
+        store[key] = dev(100, fill)  # "a" to the host
+    del store["c"]
+    _read_back(store, "a", 1)  # the host tier is empty; "a"'s copy is kept
+    assert store.where("b") == "device" and store.metrics()["host-bytes"] == 0
+    assert store.fast  # distributed's memory manager calls evict() only when this is true
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with store.lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(30)
+        assert store.evict() == -1  # the lock is busy: evict does not wait for it
+    finally:
+        release.set()
+        holder.join(30)
+    assert store.evict() == 100 and not store.fast
+    _read_back(store, "a", 1)
+
+
+def test_host_writes_trim_kept_copies(make_store: MakeStore) -> None:
+    import numpy as np
+
+    store = make_store(device_memory_limit=100, memory_limit=2000)
+    store["a"] = dev(100, 1)
+    store["b"] = dev(100, 2)
+    _read_back(store, "a", 1)
+    assert store.metrics()["host-kept-copies"] == 1
+    store["h"] = np.zeros(1600, "u1")  # a host value: the kept copy no longer fits
+    metrics = store.metrics()
+    assert metrics["host-kept-copies"] == 0
+    assert metrics["host-bytes"] + metrics["host-kept-bytes"] <= 2000
+    assert (store["h"] == 0).all() and store.where("b") == "host"

@@ -19,13 +19,15 @@ background thread, spill on demand, the `ManualEvictProto` members
 
 Threading: not thread-safe; every method is called with the store's lock held,
 which `notify` (called when the device tier passes its spill target) belongs
-to. The copies of an `Unspill` are waited for without it, between `read` and
-`finish`.
+to, except `has_kept_copies` (a racy read) and `drop_kept_copy`, which takes the
+lock itself when it is free. The copies of an `Unspill` are waited for without
+it, between `read` and `finish`.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
@@ -111,6 +113,7 @@ class DeviceBuffer:
         self.new_generation(key)
         if ranges is None:
             self.host[key] = value
+            self._trim_clean()
         else:
             self.device.add(key, value, ranges)
 
@@ -152,7 +155,9 @@ class DeviceBuffer:
             self.metrics.device_read()
             return value
         if key not in self.spilled:
-            return self.host[key]
+            host_value = self.host[key]
+            self._trim_clean()  # read back from disk, it takes host memory again
+            return host_value
         gen = self.gen[key]
         prefetched = self.prefetched.pop(key, None)
         if prefetched is not None:
@@ -287,13 +292,10 @@ class DeviceBuffer:
         self._trim_clean()
         self.hold_pinned()
         nbytes = host_copy.nbytes
-        if kept is not None:
-            kept.wait()  # filling still only when read back while its copy was under way
-        copies = copies_of(host_copy) if kept is None else []
-        self.inflight.add(key, value, copies, nbytes, self.gen[key], ranges)
-        if kept is not None:
-            del value  # held elsewhere, it counts as a ghost at once: eviction goes on
-            self.reap()
+        # a kept copy still filling (read back while its first copy was under way) holds
+        # its source like a fresh one; its copies were reported by the spill that made them
+        self.inflight.add(key, value, copies_of(host_copy), nbytes, self.gen[key], ranges,
+                          timed=kept is None)
         self.metrics.spilled(nbytes, copied=kept is None)
         if self.log_spilling:
             how = "pinned" if host_copy.pinned() else "pageable"
@@ -341,9 +343,22 @@ class DeviceBuffer:
                 "host-kept-copies": float(len(clean) if clean is not None else 0),
                 "host-kept-bytes": float(clean.nbytes if clean is not None else 0)}
 
-    def drop_kept_copy(self) -> int:
-        """Give up the oldest kept host copy; its bytes, or -1 when none is kept."""
-        return self.clean.drop_oldest() if self.clean is not None else -1
+    def has_kept_copies(self) -> bool:
+        """Whether host copies are kept (a racy read: any thread)."""
+        return bool(self.clean)
+
+    def drop_kept_copy(self, lock: threading.RLock) -> int:
+        """Give up the oldest kept host copy, taking the store's `lock` if it is free
+        (called without it); its bytes, or -1 (none kept, or the lock is busy)."""
+        if self.clean is None or not self.clean or not lock.acquire(blocking=False):
+            return -1
+        try:
+            freed = self.clean.drop_oldest()
+            if freed >= 0:
+                self.hold_pinned()
+            return freed
+        finally:
+            lock.release()
 
     def host_bytes(self) -> int:
         """Host memory the store's data hold: the host tier's and the kept copies."""

@@ -38,11 +38,11 @@ Ghost = tuple[int, list[weakref.ref[Any]], weakref.ref[Any] | None]
 class InFlight:
     """A device object whose copies to the host are under way."""
 
-    __slots__ = ("copies", "gen", "key", "nbytes", "ranges", "value")
+    __slots__ = ("copies", "gen", "key", "nbytes", "ranges", "timed", "value")
 
     def __init__(
         self, key: Key, value: object, copies: list[Copy], nbytes: int, gen: int,
-        ranges: list[Range],
+        ranges: list[Range], timed: bool = True,
     ) -> None:
         self.key = key
         self.value: object | None = value
@@ -50,6 +50,7 @@ class InFlight:
         self.gen = gen
         self.nbytes = nbytes
         self.ranges = ranges  # device memory held until the copies complete
+        self.timed = timed  # whether retiring it reports the copies (once per copy)
 
     def ready(self) -> bool:
         return all(c.ready() for c in self.copies)
@@ -80,10 +81,11 @@ class InFlightCopies:
 
     def add(
         self, key: Key, value: object, copies: list[Copy], nbytes: int, gen: int,
-        ranges: list[Range],
+        ranges: list[Range], *, timed: bool = True,
     ) -> None:
-        """`value` is being copied to the host by `copies` (`nbytes` in all)."""
-        inflight = InFlight(key, value, copies, nbytes, gen, ranges)
+        """`value` is being copied to the host by `copies` (`nbytes` in all). `timed`
+        false: the copies were issued for an earlier spill, which reports them."""
+        inflight = InFlight(key, value, copies, nbytes, gen, ranges, timed)
         self._queue.append(inflight)
         self._by_key[key] = inflight
 
@@ -129,7 +131,8 @@ class InFlightCopies:
             elif not head.ready():
                 break
             queue.popleft()
-            retired(head.copies)
+            if head.timed:
+                retired(head.copies)
             is_current = self._by_key.get(head.key) is head and current(head.key, head.gen)
             if is_current:
                 del self._by_key[head.key]
