@@ -22,6 +22,14 @@ def _read_back(store: TieredStore, key: str, fill: int) -> None:
     assert store.where(key) == "device" and (got.get() == fill).all()
 
 
+def _a_read_back(store: TieredStore) -> None:
+    """"a" spilled by "b", then read back: "b" on the host, "a"'s host copy kept."""
+    store["a"] = dev(100, 1)
+    store["b"] = dev(100, 2)
+    _read_back(store, "a", 1)
+    assert store.metrics()["host-kept-copies"] == 1
+
+
 def test_a_key_read_back_goes_to_the_host_again_without_a_copy(make_store: MakeStore) -> None:
     backend = FakeCopyBackend()
     store = make_store(device_memory_limit=100, backend=backend)
@@ -87,10 +95,7 @@ def test_kept_copies_fit_the_room_the_host_limit_leaves(make_store: MakeStore) -
 
 def test_the_memory_manager_takes_kept_copies_before_the_disk(make_store: MakeStore) -> None:
     store = make_store(device_memory_limit=100, memory_limit=10_000)
-    store["a"] = dev(100, 1)
-    store["b"] = dev(100, 2)
-    _read_back(store, "a", 1)
-    assert store.metrics()["host-kept-copies"] == 1
+    _a_read_back(store)
     assert store.evict() == 100  # the kept copy of "a", not "b" to disk
     assert store.metrics()["host-kept-copies"] == 0 and store.where("b") == "host"
     _read_back(store, "b", 2)  # "a" is copied again
@@ -150,10 +155,7 @@ def test_host_writes_trim_kept_copies(make_store: MakeStore) -> None:
     import numpy as np
 
     store = make_store(device_memory_limit=100, memory_limit=2000)
-    store["a"] = dev(100, 1)
-    store["b"] = dev(100, 2)
-    _read_back(store, "a", 1)
-    assert store.metrics()["host-kept-copies"] == 1
+    _a_read_back(store)
     store["h"] = np.zeros(1600, "u1")  # a host value: the kept copy no longer fits
     metrics = store.metrics()
     assert metrics["host-kept-copies"] == 0
