@@ -144,7 +144,7 @@ class DeviceBuffer:
             self.ledger.discard(("p", key))
         self.device.unspillable.discard(key)
         if self.clean is not None:
-            self.clean.drop(key)
+            self.clean.take(key)  # written, deleted or discarded: its copy goes
 
     # ------------------------------------------------------------------ reads
     def read(self, key: Key) -> object:

@@ -4,8 +4,8 @@ Covers: `CleanCopies`, the host copies of keys that are back in the device tier
 unchanged since they were read back, oldest first, with their total size.
 A key read back from host memory keeps its host copy here (`keep`); when the key
 is spilled again, the copy goes back to the host tier as it is (`take`), so no
-device -> host copy is made. A key written, deleted or discarded loses its copy
-(`drop`). The copies are host memory like any other: `trim` drops the oldest
+device -> host copy is made; a key written, deleted or discarded loses its copy
+the same way. The copies are host memory like any other: `trim` drops the oldest
 until they fit the room the host tier leaves under its limit, and the store
 gives them up first when distributed's memory manager asks for host memory.
 
@@ -41,7 +41,7 @@ class CleanCopies:
 
     def keep(self, key: Key, copy: handlers.AnyHostCopy) -> None:
         """`key` is back on the device, unchanged from `copy`."""
-        self.drop(key)
+        self.take(key)
         self._copies[key] = copy
         self.nbytes += copy.nbytes
 
@@ -51,10 +51,6 @@ class CleanCopies:
         if copy is not None:
             self.nbytes -= copy.nbytes
         return copy
-
-    def drop(self, key: Key) -> None:
-        """Forget the copy of `key` (written, deleted or discarded)."""
-        self.take(key)
 
     def drop_oldest(self) -> int:
         """Give up the oldest copy; return its size, or -1 when none is kept."""
