@@ -5,14 +5,21 @@ must be importable there): `worker_counters`, this worker's IPC counters
 (cudask.comm.ipc), what it fetched from other workers (distributed's transfer log:
 count, bytes, seconds) and its store's pinned-pool and spill figures; `store_figures`
 alone; `ipc_stats`, the IPC counters with the reasons a transfer declined IPC;
-`incoming`, the transfer log itself. Does not cover: differences between two readings
-(the benchmarks take them). Threading: each call runs on the worker's event loop and
-only reads.
+`incoming`, the transfer log itself; `difference`, what changed between two readings
+(rates left out). Does not cover: when the benchmarks take readings. Threading: the
+worker functions run on the worker's event loop and only read; `difference` is pure.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+
+def difference(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """How much each counter that changed went up or down from `before` to `after`;
+    rates ("-gbps") are left out: their difference means nothing."""
+    return {k: v - before.get(k, 0.0) for k, v in after.items()
+            if v != before.get(k, 0.0) and not k.endswith("gbps")}
 
 
 def incoming(dask_worker: Any) -> list[dict[str, float]]:
@@ -48,4 +55,4 @@ def worker_counters(dask_worker: Any) -> dict[str, float]:
     return {**{f"ipc-{k}": float(v) for k, v in ipc.stats().items()}, **fetched, **store_figures(dask_worker)}
 
 
-__all__ = ["incoming", "ipc_stats", "store_figures", "worker_counters"]
+__all__ = ["difference", "incoming", "ipc_stats", "store_figures", "worker_counters"]

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cudask_bench import environment, stopping
+from cudask_bench.counters import difference
 from cudask_bench.etl_data import (
     DIM_DTYPES,
     FACT_DTYPES,
@@ -226,8 +227,7 @@ def one_run(client: Any, plan: EtlPlan, root: str, fmt: str, sampler: MemorySamp
             run["phases"][name] = phase
             run["answers"].update(answers)
             after = _counters(client)
-            phase["moved"] = {k: v - counters.get(k, 0.0) for k, v in after.items()
-                              if v != counters.get(k, 0.0)}
+            phase["moved"] = difference(counters, after)
             counters = after
             progress(f"{kind}: {name}")
             name = PHASES[min(PHASES.index(name) + 1, len(PHASES) - 1)]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from cudask_bench.counters import worker_counters
+from cudask_bench.counters import difference, worker_counters
 
 KEYS = 1 << 20
 METHODS = ("tasks", "p2p", "explicit")
@@ -48,9 +48,7 @@ def _moved(before: dict[str, dict[str, float]], after: dict[str, dict[str, float
     `after` (rates, "-gbps", are left out: their difference means nothing)."""
     out = {}
     for worker, now in after.items():
-        was = before.get(worker, {})
-        moved = {k: v - was.get(k, 0.0) for k, v in now.items()
-                 if v != was.get(k, 0.0) and not k.endswith("gbps")}
+        moved = difference(before.get(worker, {}), now)
         if moved:
             out[worker] = moved
     return out

@@ -7,7 +7,8 @@ also with `cudask.memory.pinned-headroom: 0`, and off, cudask over UCX, and dask
 workers over TCP and UCX when asked), each run without and with each RMM pool of the
 plan (a `Case`); `--rounds` rounds, each running every case once in a fresh cluster,
 the order rotated by one case each round (`rotations`: no case always pays the
-machine's first-use costs). Per case and round, a fresh scheduler in this process and
+machine's first-use costs), after `warmup` runs of round 0's first case that the
+figures leave out (the report's "warmup": they take the machine's first-use costs). Per case and round, a fresh scheduler in this process and
 one worker process per placement entry (its CUDA_VISIBLE_DEVICES, a worker per GPU in
 it: ("0", "0") two workers on GPU 0, ("0", "1") one on each of two GPUs seeing its own
 alone, ("0,1",) one process over both), then
@@ -90,6 +91,7 @@ class TransferPlan:
     settings: tuple[Setting, ...]
     pools: tuple[str | None, ...] = (None,)  # each worker's RMM pool (None: none), CuPy allocating from it
     rounds: int = 1
+    warmup: int = 0  # runs of the first case before the rounds, left out of the figures
     budget_s: float = 0.0  # no case starts after this many seconds (0: no limit)
     log_dir: str | None = None
     shuffle_rows: int = 0  # 0: no shuffle
@@ -248,8 +250,9 @@ Runner = Callable[[Setting, TransferPlan, str | None, str], dict[str, Any]]
 
 def run_transfer(plan: TransferPlan, run: Runner = run_setting,
                  progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Every case once per round, in each round's rotated order: {"plan", "order",
-    "settings": {case: {"rounds": [...], cold and warm across them}}, "targets"};
+    """`plan.warmup` runs of the first case, then every case once per round, in each
+    round's rotated order: {"plan", "order", "warmup": [...], "settings": {case:
+    {"rounds": [...], cold and warm across them}}, "targets"};
     `progress` gets the report so far after each case."""
     from cudask_bench.transfer_report import aggregate, targets
 
@@ -257,26 +260,33 @@ def run_transfer(plan: TransferPlan, run: Runner = run_setting,
     order = rotations(all_cases, plan.rounds)
     runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in all_cases}
     started = time.monotonic()
+    warmups: list[dict[str, Any]] = []
 
     def report() -> dict[str, Any]:
         done = {c.name: {"setting": c.setting.name, "pool": c.pool, "rounds": runs[c.name],
                          **aggregate(runs[c.name])} for c in all_cases}
         return {"plan": asdict(plan), "order": [[c.name for c in rnd] for rnd in order],
-                "settings": done, "targets": targets(done, plan.pools)}
+                "warmup": warmups, "settings": done, "targets": targets(done, plan.pools)}
 
+    def one(case: Case, entry: dict[str, Any], tag: str) -> dict[str, Any]:
+        if plan.budget_s and time.monotonic() - started > plan.budget_s:
+            entry["skipped"] = f"past the budget of {plan.budget_s:.0f} s"
+            return entry
+        case_start = time.monotonic()
+        try:
+            entry.update(run(case.setting, plan, case.pool, tag))
+        except Exception as exc:  # noqa: BLE001 - recorded; the other cases still run
+            entry["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        entry["case_s"] = time.monotonic() - case_start
+        return entry
+
+    for w in range(plan.warmup if order else 0):
+        warmups.append(one(order[0][0], {"case": order[0][0].name, "warmup": w}, f"-warmup{w}"))
+        if progress is not None:
+            progress(report())
     for r, rnd in enumerate(order):
         for position, case in enumerate(rnd):
-            entry: dict[str, Any] = {"round": r, "position": position}
-            if plan.budget_s and time.monotonic() - started > plan.budget_s:
-                entry["skipped"] = f"past the budget of {plan.budget_s:.0f} s"
-            else:
-                case_start = time.monotonic()
-                try:
-                    entry.update(run(case.setting, plan, case.pool, f"-r{r}"))
-                except Exception as exc:  # noqa: BLE001 - recorded; the other cases still run
-                    entry["error"] = f"{type(exc).__name__}: {exc}"[:2000]
-                entry["case_s"] = time.monotonic() - case_start
-            runs[case.name].append(entry)
+            runs[case.name].append(one(case, {"round": r, "position": position}, f"-r{r}"))
             if progress is not None:
                 progress(report())
     return report()

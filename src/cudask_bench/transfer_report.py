@@ -132,9 +132,13 @@ def _case_lines(name: str, case: Mapping[str, Any], n_bytes: float | None) -> li
 
 
 def summary(report: Mapping[str, Any]) -> list[str]:
-    """Each round's order, each case's cold and warm figures (medians across rounds,
+    """The warm-up runs, each round's order, each case's cold and warm figures (medians across rounds,
     each round's all-to-all in brackets), then every target, met or not."""
-    lines = [f"round {r}: {', '.join(names)}" for r, names in enumerate(report.get("order", []))]
+    lines = [f"warm-up (left out): {w['case']}, all-to-all "
+             + (f"{w['all_to_all']['seconds']:.2f} s" if "all_to_all" in w
+                else w.get("error") or w.get("skipped") or "no figure")
+             for w in report.get("warmup", [])]
+    lines += [f"round {r}: {', '.join(names)}" for r, names in enumerate(report.get("order", []))]
     n = (report.get("plan") or {}).get("n")
     for name, case in report["settings"].items():
         lines += _case_lines(name, case, n * n * 8 if n else None)

@@ -60,3 +60,12 @@ def test_moved_counters_are_differences() -> None:
                    "pinned-provision-gbps": 12.0},  # a rate: no difference taken
              "b": {"ipc-received": 0.0}}
     assert _moved(before, after) == {"a": {"ipc-received": 3.0, "spill-device-to-host-count": 1.0}}
+
+
+def test_difference_leaves_rates_out() -> None:
+    from cudask_bench.counters import difference
+
+    before = {"device-to-host/bytes": 10.0, "pinned-provision-gbps": 8.0, "same": 1.0}
+    after = {"device-to-host/bytes": 25.0, "pinned-provision-gbps": 3.0, "same": 1.0, "new": 2.0}
+    # a rate's difference (here -5 GB/s) means nothing; unchanged counters are left out
+    assert difference(before, after) == {"device-to-host/bytes": 15.0, "new": 2.0}

@@ -171,3 +171,21 @@ def test_auto_protocols_add_ucx_where_it_is_installed(no_runs: list[TransferPlan
     assert result.exit_code == 0, result.output
     assert [s.name for s in no_runs[0].settings] == ["cudask-ipc", "cudask-ipc-headroom0", "cudask-tcp",
                                                      "cudask-ucx"]
+
+
+def test_warmup_runs_first_and_stays_out_of_the_figures() -> None:
+    plan = _plan(settings=SETTINGS[:2], rounds=2, warmup=1)
+    calls: list[str] = []
+
+    def run(setting: Setting, plan: TransferPlan, pool: str | None, tag: str) -> dict[str, Any]:
+        calls.append(Case(setting, pool).name + tag)
+        return _result(9.0 if tag.startswith("-warmup") else 1.0, 0.5, 100.0)
+
+    report = transfer_run.run_transfer(plan, run=run)
+    assert calls == ["cudask-ipc-warmup0", "cudask-ipc-r0", "cudask-ipc-headroom0-r0",
+                     "cudask-ipc-headroom0-r1", "cudask-ipc-r1"]
+    assert [w["case"] for w in report["warmup"]] == ["cudask-ipc"]
+    assert report["warmup"][0]["all_to_all"]["seconds"] == 9.0
+    first = report["settings"]["cudask-ipc"]
+    assert len(first["rounds"]) == 2 and first["cold"]["all_to_all_s_each"] == [1.0, 1.0]
+    assert summary(report)[0] == "warm-up (left out): cudask-ipc, all-to-all 9.00 s"

@@ -241,6 +241,10 @@ TRANSFER: tuple[Option, ...] = (
     option("--rounds", default=2, show_default=True, type=click.IntRange(min=1),
            help="Rounds: each runs every setting once, each in a fresh cluster (cold, then "
            "warm), the order rotated by one setting each round."),
+    option("--warmup", default=1, show_default=True, type=click.IntRange(min=0),
+           help="Runs of the first round's first setting before the rounds, in fresh "
+           "clusters, left out of the figures: the machine's first-use costs (driver, page "
+           "cache) fall on them, not on whichever setting comes first."),
     option("--budget", default=0.0, show_default=True, type=click.FloatRange(min=0),
            help="Seconds after which no further setting starts (0: no limit); the ones left "
            "are recorded as skipped. The JSON file is rewritten after each setting."),

@@ -157,7 +157,7 @@ def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
     host memory, cudask over UCX and dask-cuda over TCP and UCX when asked; all-to-all
     rechunk, point to point and, with dask-cuDF, a DataFrame shuffle, each setting
     (with and without each RMM pool) in a fresh cluster of worker processes, cold and
-    warm, in --rounds rounds whose order rotates; then the targets against dask-cuda
+    warm, in --rounds rounds whose order rotates (after --warmup runs left out); then the targets against dask-cuda
     over UCX and against not pinning ahead."""
     sizes = _sizes(kw)
     protocols = _protocols(kw)
@@ -173,7 +173,7 @@ def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
     plan = transfer_run.TransferPlan(
         placement=placement, sizes=sizes, repeat=kw["repeat"], n=kw["side"],
         blocks=kw["blocks"], device_memory_limit=kw["device_memory_limit"], pools=pools,
-        rounds=kw["rounds"], budget_s=kw["budget"], settings=chosen, log_dir=log_dir,
+        rounds=kw["rounds"], warmup=kw["warmup"], budget_s=kw["budget"], settings=chosen, log_dir=log_dir,
         shuffle_rows=shuffle_rows, shuffle_methods=methods if shuffle_rows else ())
     machine, versions = environment.machine(), environment.versions()
 
