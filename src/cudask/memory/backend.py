@@ -53,8 +53,9 @@ class CopyBackend(Protocol):
     def record(self, stream: Any | None) -> Any:
         """Record an event on `stream` (None: the legacy default stream)."""
 
-    def wait_event(self, stream: Any, event: Any) -> None:
-        """Make `stream` wait for `event` (no host synchronisation)."""
+    def wait_event(self, stream: Any | None, event: Any) -> None:
+        """Make `stream` (None: the legacy default stream) wait for `event` (no host
+        synchronisation)."""
 
     def external_stream(self, handle: int) -> Any:
         """A stream object for a raw handle named by `__cuda_array_interface__`."""
@@ -124,8 +125,8 @@ class CupyBackend:
         event.record(self._cp.cuda.Stream.null if stream is None else stream)
         return event
 
-    def wait_event(self, stream: Any, event: Any) -> None:
-        stream.wait_event(event)
+    def wait_event(self, stream: Any | None, event: Any) -> None:
+        (self._cp.cuda.Stream.null if stream is None else stream).wait_event(event)
 
     def external_stream(self, handle: int) -> Any:
         return self._cp.cuda.ExternalStream(handle)

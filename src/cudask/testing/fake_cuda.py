@@ -292,8 +292,8 @@ class FakeCopyBackend:
                 stream.recorded.append(event)
             return event
 
-    def wait_event(self, stream: Any, event: Any) -> None:
-        self._enqueue(stream, ("wait", event))
+    def wait_event(self, stream: Any | None, event: Any) -> None:
+        self._enqueue(self.null if stream is None else stream, ("wait", event))
 
     def query(self, event: Any) -> bool:
         with self.lock:

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from cudask.memory.handlers import CudfHandler
+from cudask.memory.host.pool import PinnedPool
 from cudask.memory.host.transfer import TransferEngine
-from cudask.testing.fake_cuda import FakeDeviceArray
+from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
 
 
 class FrameObject:
@@ -28,9 +29,10 @@ class FrameObject:
 
     @classmethod
     def device_deserialize(cls, header: dict[str, Any], frames: list[Any]) -> FrameObject:
+        # as cuDF does: wraps the device frame, reads none of it on the host
         assert len(frames) == len(header["is-cuda"]), "frames lost"
         device, label = frames
-        return cls(device.array.view(header["dtype"]).copy(), bytes(label))
+        return cls(device.array.view(header["dtype"]), bytes(label))
 
 
 class FakeRmmBuffer:
@@ -59,6 +61,25 @@ def test_cudf_like_frames_roundtrip_also_after_pickling(
         copy = pickle.loads(data, buffers=[bytes(b.raw()) for b in buffers])
         assert not copy.copies
     value, copies = handler.to_device(copy, engine)
-    assert not copies
+    assert [c.nbytes for c in copies] == [obj.values.nbytes]  # counted by the store's metrics
+    for c in copies:
+        c.wait()
     assert isinstance(value, FrameObject) and value.label == b"meta"
+    np.testing.assert_array_equal(value.values, obj.values)
+
+
+def test_work_on_the_default_stream_waits_for_the_copies_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    # to_device returns with its copies under way; what cuDF enqueues on the legacy
+    # default stream while or after deserializing must run after them
+    monkeypatch.setitem(sys.modules, "rmm", SimpleNamespace(DeviceBuffer=FakeRmmBuffer))
+    backend = FakeCopyBackend()
+    engine = TransferEngine(backend, PinnedPool(backend, 1 << 20, 1 << 16))
+    handler = CudfHandler()
+    obj = FrameObject(np.arange(1000, dtype="f8"), b"meta")
+    host_copy = handler.to_host(obj, engine)  # copied at once (no lag)
+    backend.lag = 1_000_000  # from here on copies stay queued until something waits
+    value, copies = handler.to_device(host_copy, engine)
+    assert copies and not any(c.ready() for c in copies)  # not waited for on the host
+    backend.synchronize(backend.record(None))  # the default stream's later work
+    assert all(c.ready() for c in copies)
     np.testing.assert_array_equal(value.values, obj.values)

@@ -10,8 +10,11 @@ cuDF object is met, or a host copy named "cudf" is rebuilt.
 
 Does not cover: sending cuDF objects between workers (`cudask.comm.ipc`).
 
-Threading: stateless; any thread. `to_device` waits for its host -> device
-copies before deserializing (cuDF may read the frames at once).
+Threading: stateless; any thread. `to_device` returns at once with its host ->
+device copies under way (the caller waits for them, as for every handler);
+cuDF may launch work on the frames while deserializing, so the legacy default
+stream, which cuDF's streams synchronise with, is made to wait for the copies
+first.
 """
 
 from __future__ import annotations
@@ -98,10 +101,9 @@ class CudfHandler:
                 frames.append(buf)
             else:
                 frames.append(bytes(block.view))
-        for c in h2d:
-            c.wait()
+        engine.order_default_after(h2d)
         cls = pickle.loads(copy.meta["type"])
-        return cls.device_deserialize(copy.meta["header"], frames), []
+        return cls.device_deserialize(copy.meta["header"], frames), h2d
 
 
 class _NoCopy:

@@ -91,6 +91,13 @@ class TransferEngine:
         done = self.backend.record(stream)
         return Copy(nbytes, start, done, self.backend)
 
+    def order_default_after(self, copies: list[Copy]) -> None:
+        """Make the legacy default stream wait for `copies` (no host wait): work
+        enqueued there afterwards, and on every stream that synchronises with it,
+        reads what they copied."""
+        for copy in copies:
+            self.backend.wait_event(None, copy.done)
+
     def stream_seconds(self, copy: Copy) -> float:
         """Seconds a completed copy took on its stream, between its own events:
         what the bus took, without the wait for producers or for copies queued
