@@ -443,3 +443,19 @@ def test_rejects_a_duty_cycle_outside_zero_one() -> None:
     for bad in (0, -0.5, 1.5):
         with pytest.raises(ValueError, match="duty_cycle"):
             PinnedPool(FakeCopyBackend(), 10, 10, duty_cycle=bad)
+
+
+def test_a_fallback_the_free_bytes_would_have_held_is_counted_as_fragmented() -> None:
+    pool = PinnedPool(FakeCopyBackend(), 64 * KiB, 16 * KiB)
+    assert pool.preallocate(32 * KiB) == 32 * KiB  # two 16 KiB slabs, all free
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        block = pool.allocate(24 * KiB)  # 32 KiB free, no 24 KiB range in one slab
+    assert not block.pinned
+    stats = pool.stats()
+    assert stats["pageable-fallback-fragmented-bytes"] == 24 * KiB
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pool.allocate(80 * KiB)  # more than the pool can ever hold free: not fragmentation
+    assert pool.stats()["pageable-fallback-fragmented-bytes"] == 24 * KiB
+    pool.close()

@@ -75,6 +75,7 @@ class Fallbacks:
         self.blocks = 0
         self.bytes = 0
         self.warmup_bytes = 0  # those waiting for the pool's thread
+        self.fragmented_bytes = 0  # those the pool's free bytes held, no one range of them
         self._warned: set[str] = set()
         # fallback blocks waiting to be registered (weak: they may die first)
         self._to_register: deque[weakref.ref[FaultedMapping]] = deque()
@@ -87,15 +88,20 @@ class Fallbacks:
         """Whether blocks wait to be registered (lock held)."""
         return bool(self._to_register)
 
-    def block(self, nbytes: int, reason: str, why: str, *, register_later: bool) -> HostBlock:
+    def block(self, nbytes: int, reason: str, why: str, *, register_later: bool,
+              fragmented: bool = False) -> HostBlock:
         """Host memory for one copy that no pinned range serves (for `reason`,
-        explained by `why`): counted, warned about once per cause, and (when large
-        and `register_later`) registered later by the pool's thread."""
+        explained by `why`; `fragmented`: the pool's free pinned bytes would have
+        held it, but no single range of them): counted, warned about once per
+        cause, and (when large and `register_later`) registered later by the
+        pool's thread."""
         with self._wake:
             self.blocks += 1
             self.bytes += nbytes
             if reason == "warmup":
                 self.warmup_bytes += nbytes
+            if fragmented:
+                self.fragmented_bytes += nbytes
             first = reason not in self._warned
             self._warned.add(reason)
         if first and reason != "warmup":
@@ -149,6 +155,7 @@ class Fallbacks:
             "pageable-fallback-count": float(self.blocks),
             "pageable-fallback-bytes": float(self.bytes),
             "pageable-fallback-warmup-bytes": float(self.warmup_bytes),
+            "pageable-fallback-fragmented-bytes": float(self.fragmented_bytes),
             "pageable-registered-bytes": float(self.upgraded_bytes),
             "pageable-registered-seconds": self.upgrade_seconds,
         }

@@ -13,9 +13,9 @@ process's device traffic pauses (`traffic`), rests after pinning for
 and `available_fraction` of the host memory available.
 Why these defaults: docs/design/host-memory.md.
 
-Does not cover: how memory is pinned (`cudask.memory.host.pinning`), the
-slab free lists (`cudask.memory.host.slabs`), copying
-(`cudask.memory.host.transfer`), or how much the store needs.
+Does not cover: how memory is pinned (`cudask.memory.host.pinning`), the slab free
+lists (`cudask.memory.host.slabs`), copying (`cudask.memory.host.transfer`), or how
+much the store needs.
 
 Threading: every public method is thread-safe (one lock and a condition on
 it; faulting in and registering run outside it). A block must not be released
@@ -155,8 +155,7 @@ class PinnedPool:
             if block is not None:
                 self._ask_ahead(0)
                 return block
-        # Copies still in flight may be holding blocks (for milliseconds at bus
-        # speed): wait for them and retry before falling back.
+        # copies in flight may hold blocks (for milliseconds): wait, retry, then fall back
         if self._collect(wait=True):
             with self._lock:
                 block = self._take(nbytes, size)
@@ -166,10 +165,11 @@ class PinnedPool:
             reason = self._why_not(size)
             if reason == "warmup":
                 self._ask_ahead(size)
-            why = fallback.message(
-                reason, capacity=self.capacity, reserved=self.reserved, goal=self.goal
-            )
-        return self._fallbacks.block(nbytes, reason, why, register_later=self.method == "register")
+            why = fallback.message(reason, capacity=self.capacity, reserved=self.reserved,
+                                   goal=self.goal)
+            fragmented = self._slabs.size - self._slabs.in_use >= size
+        return self._fallbacks.block(nbytes, reason, why, register_later=self.method == "register",
+                                     fragmented=fragmented)
 
     def preallocate(self, nbytes: int | None = None) -> int:
         """Reserve slabs up to `nbytes` (default: the capacity) in the calling
