@@ -37,7 +37,7 @@ from typing import Any
 from dask.utils import format_bytes
 
 from cudask_bench import environment, harness, stopping
-from cudask_bench.etl_data import FACT_ROW_BYTES, SETTINGS, EtlPlan, compare
+from cudask_bench.etl_data import FACT_ROW_BYTES, EtlPlan, compare, setting_named
 from cudask_bench.etl_run import PHASES
 from cudask_bench.limit import SLACK
 from cudask_bench.targets import Target, make_shim, remove_shim
@@ -91,7 +91,7 @@ def run_etl(plan: EtlPlan, targets: Mapping[str, Target],
                     if data.get("status") != "ok" or (earlier and earlier[-1].get("status") != "ok"):
                         continue  # no data, or a setting that failed fails the same way again
                     label = f"{name} {fmt}" + (f" (repetition {rep + 1})" if plan.repeat > 1 else "")
-                    earlier.append(_spawn(plan, targets[SETTINGS[name].backend], "cudask_bench.etl_run",
+                    earlier.append(_spawn(plan, targets[setting_named(name).backend], "cudask_bench.etl_run",
                                           ["--root", root, "--setting", name, "--format", fmt],
                                           shim, progress, f"{done}/{total}", label))
     finally:
@@ -140,7 +140,7 @@ def bound(fig: dict[str, Any], limit: int) -> None:
 def setting_entry(name: str, children: list[dict[str, Any]],
                   reference: Mapping[str, Any] | None) -> dict[str, Any]:
     """One setting on one format: its children's results, each run checked."""
-    setting = SETTINGS[name]
+    setting = setting_named(name)
     entry: dict[str, Any] = {"setting": name, "description": setting.description,
                              "backend": setting.backend, "status": "ok", "error": None,
                              "children": children}
@@ -175,7 +175,7 @@ def document(plan: EtlPlan, data: Mapping[str, Any], results: Mapping[str, Mappi
         floor = out[fmt].get("floor")
         for entry in out[fmt].values():
             for mode in ("cold", "warm"):
-                if SETTINGS[entry["setting"]].limited and entry.get(mode):
+                if setting_named(entry["setting"]).limited and entry.get(mode):
                     bound(entry[mode], plan.device_memory_limit)
                 mine, base = entry.get(mode), (floor or {}).get(mode)
                 if mine and base and base["total_s"]:
@@ -260,7 +260,7 @@ def summary(doc: Mapping[str, Any]) -> list[str]:
         lines += [_row(name, e) for name, e in by_name.items()]
         verdicts = [f"{name} {_yes((e.get('cold') or {}).get('within'))}/"
                     f"{_yes((e.get('warm') or {}).get('within'))}"
-                    for name, e in by_name.items() if SETTINGS[name].limited]
+                    for name, e in by_name.items() if setting_named(name).limited]
         if verdicts:
             lines.append(f"  peak within {SLACK:.2f}x (limit + the largest task's inputs and output) "
                          "in every phase, cold/warm: " + ", ".join(verdicts))

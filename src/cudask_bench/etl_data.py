@@ -2,7 +2,8 @@
 
 Covers: `EtlPlan` (what every setting runs, as JSON for the child processes) and
 `SETTINGS` (floor, dask-cuda, dask-cuda-cudf-spill, cudask, cudask-jit,
-cudask-cudf-spill); the files: `files` fact files of `rows_per_file` rows (key int64
+cudask-cudf-spill) and `setting_named`, which also takes a cudask setting with
+`cudask.*` config values of its own (`cudask@memory.pinned-slab-size=1GiB`); the files: `files` fact files of `rows_per_file` rows (key int64
 drawn from `keys` values, x and y float64, v int32) and a dimension table of one row per
 key (key, w float64, cat int32 in `categories` values), written per format (csv,
 parquet) under a root directory, from one seed, by cuDF on the GPU where the plan's
@@ -54,6 +55,11 @@ class Setting:
     jit_unspill: bool = False
     cudf_spill: bool = False
     description: str = ""
+    config: tuple[tuple[str, str], ...] = ()  # cudask.* keys (without "cudask.") and values
+
+    def dask_config(self) -> dict[str, str]:
+        """The setting's own config values, as `dask.config.set` takes them."""
+        return {f"cudask.{key}": value for key, value in self.config}
 
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
@@ -66,6 +72,39 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("cudask-cudf-spill", "cudask", True, cudf_spill=True,
             description="cudask, enable_cudf_spill=True"),
 )}
+
+
+_MISSING = object()
+
+
+def setting_named(name: str) -> Setting:
+    """A setting of `SETTINGS`, or one of its cudask settings with config values of its
+    own: `BASE@KEY=VALUE[@KEY=VALUE...]`, each KEY a `cudask.` config key without that
+    prefix (`cudask@memory.pinned-slab-size=1GiB`). ValueError names what is wrong."""
+    if name in SETTINGS:
+        return SETTINGS[name]
+    base_name, *pairs = name.split("@")
+    base = SETTINGS.get(base_name)
+    cudask_names = [s.name for s in SETTINGS.values() if s.backend == "cudask"]
+    if base is None or base.backend != "cudask" or not pairs:
+        raise ValueError(f"{name!r}: accepted: {', '.join(SETTINGS)}, or a cudask setting "
+                         f"({', '.join(cudask_names)}) with @KEY=VALUE config values, "
+                         "e.g. 'cudask@memory.pinned-slab-size=1GiB'")
+    import dask
+
+    import cudask.config  # noqa: F401 - cudask's defaults, so its keys are known
+
+    config: list[tuple[str, str]] = []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        known = dask.config.get(f"cudask.{key}", _MISSING) if sep and key and value else _MISSING
+        if known is _MISSING or isinstance(known, dict):
+            raise ValueError(f"{name!r}: {pair!r} is not KEY=VALUE with KEY a cudask config "
+                             "key without 'cudask.' (e.g. memory.pinned-slab-size=1GiB)")
+        config.append((key, value))
+    described = ", ".join(f"{k}={v}" for k, v in config)
+    return Setting(name, base.backend, base.limited, base.jit_unspill, base.cudf_spill,
+                   f"{base.description}, {described}", tuple(config))
 
 
 @dataclass(frozen=True)
@@ -348,6 +387,21 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["FACT_DTYPES", "FORMATS", "FRAMES", "SETTINGS", "EtlPlan", "Setting", "category_answer",
-           "compare", "dim_file", "fact_files", "generate", "prepare", "reference",
-           "sample_answer", "sample_keys"]
+__all__ = [
+    "FACT_DTYPES",
+    "FORMATS",
+    "FRAMES",
+    "SETTINGS",
+    "EtlPlan",
+    "Setting",
+    "category_answer",
+    "compare",
+    "dim_file",
+    "fact_files",
+    "generate",
+    "prepare",
+    "reference",
+    "sample_answer",
+    "sample_keys",
+    "setting_named",
+]

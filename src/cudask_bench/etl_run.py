@@ -42,7 +42,6 @@ from cudask_bench.counters import difference
 from cudask_bench.etl_data import (
     DIM_DTYPES,
     FACT_DTYPES,
-    SETTINGS,
     EtlPlan,
     Setting,
     category_answer,
@@ -50,6 +49,7 @@ from cudask_bench.etl_data import (
     fact_files,
     sample_answer,
     sample_keys,
+    setting_named,
 )
 
 PHASES: tuple[str, ...] = ("load", "groupby", "merge", "mean")
@@ -396,20 +396,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "`cudask bench etl`.")
     p.add_argument("--plan", required=True, help="the EtlPlan as JSON")
     p.add_argument("--root", required=True, help="the data directory (cudask_bench.etl_data)")
-    p.add_argument("--setting", required=True, choices=list(SETTINGS))
+    p.add_argument("--setting", required=True, type=setting_named,
+                   help="a setting of cudask_bench.etl_data (setting_named)")
     p.add_argument("--format", required=True, choices=["csv", "parquet"])
     p.add_argument("--json", required=True, help="where to write the result")
     args = p.parse_args(argv)
     stopping.runner_lifeline()
-    plan, setting = EtlPlan.from_json(args.plan), SETTINGS[args.setting]
+    plan, setting = EtlPlan.from_json(args.plan), args.setting
     result: dict[str, Any] = {"setting": setting.name, "format": args.format,
                               "backend": setting.backend, "frames": plan.frames, "pid": os.getpid(),
                               "python": sys.executable, "status": "ok", "error": None, "runs": []}
     code = 0
     try:
         try:
-            execute(plan, args.root, setting, args.format, result,
-                    Progress(1 + len(PHASES) * (1 + plan.warm_runs)))
+            import dask
+
+            with dask.config.set(setting.dask_config()):  # the setting's own cudask.* values
+                result["config"] = {key: dask.config.get(key) for key in setting.dask_config()}
+                execute(plan, args.root, setting, args.format, result,
+                        Progress(1 + len(PHASES) * (1 + plan.warm_runs)))
         finally:
             check_honesty(setting.backend if plan.frames == "cudf" else "local", result)
     except stopping.Interrupted as exc:

@@ -224,7 +224,10 @@ PANDAS = ["bench", "etl", "--frames", "pandas", "--files", "3", "--rows-per-file
 
 
 @pytest.mark.parametrize("args, said", [
-    (["--settings", "floor,nope"], "'floor,nope'; accepted: floor, dask-cuda, "),
+    (["--settings", "floor,nope"], "'nope': accepted: floor, dask-cuda, "),
+    (["--settings", "cudask@memory.nope=1"], "'memory.nope=1' is not KEY=VALUE with KEY a cudask"),
+    (["--settings", "cudask@memory.pinned-slab-size=huge"],
+     "cudask.memory.pinned-slab-size='huge' is not a size"),
     (["--format", "xls"], "'xls'; accepted: csv, parquet, comma-separated"),
     (["--device-memory-limit", "none"], "--device-memory-limit='none'; accepted: a size"),
     (["--device-memory-limit", "1MB"], ("--files 3 x --rows-per-file 1,000 make 82.03 kiB on "
@@ -286,3 +289,18 @@ def test_interrupt_stops_the_children_and_removes_the_data(tmp_path: Path) -> No
     _, alive = psutil.wait_procs(processes, timeout=60)
     assert not alive, [p.cmdline() for p in alive]
     assert os.listdir(data_dir) == [] and os.listdir(tmp) == []
+
+
+def test_a_setting_with_config_values_of_its_own_runs_under_them(tmp_path: Path) -> None:
+    name = "cudask@memory.spill-target=0.75"
+    setting = etl_data.setting_named(name)
+    assert setting.dask_config() == {"cudask.memory.spill-target": "0.75"}
+    assert setting.limited and setting.backend == "cudask" and "spill-target=0.75" in setting.description
+    plan = dataclasses.replace(SMALL, settings=(name,), formats=("csv",), warm_runs=0,
+                               data_dir=str(tmp_path))
+    doc = etl.run_etl(plan, {"cudask": Target(sys.executable)}, argv=["etl"])
+    entry = doc["results"]["csv"][name]
+    assert entry["status"] == "ok" and entry["correct"], entry.get("error")
+    assert entry["description"] == setting.description
+    assert [c["config"] for c in entry["children"]] == [{"cudask.memory.spill-target": "0.75"}]
+

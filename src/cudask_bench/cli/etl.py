@@ -19,6 +19,7 @@ import tempfile
 from typing import Any
 
 import click
+import dask
 from dask.utils import format_bytes
 
 from cudask.errors import MissingDependencyError, NoGPUError, OptionError
@@ -26,7 +27,7 @@ from cudask.sizes import parse_size
 from cudask_bench import environment, harness, targets
 from cudask_bench.cli.plan import command, given
 from cudask_bench.etl import failures, run_etl, summary
-from cudask_bench.etl_data import FACT_ROW_BYTES, FORMATS, FRAMES, SETTINGS, EtlPlan
+from cudask_bench.etl_data import FACT_ROW_BYTES, FORMATS, FRAMES, SETTINGS, EtlPlan, setting_named
 from cudask_bench.report import write_json
 
 #: Bytes one row takes on disk, roughly, to check the free space before writing.
@@ -40,6 +41,24 @@ def _listed(text: str, accepted: tuple[str, ...], flag: str, example: str) -> tu
     if not chosen or any(p not in accepted for p in chosen):
         raise click.BadParameter(f"{text!r}; accepted: {', '.join(accepted)}, comma-separated, "
                                  f"e.g. {example!r}", param_hint=flag)
+    return chosen
+
+
+def _settings(text: str) -> tuple[str, ...]:
+    """--settings: names of SETTINGS, or cudask settings with config values of their own,
+    each checked (the cudask.memory.* values parsed) before anything starts."""
+    from cudask.memory.settings import check_memory_config
+
+    chosen = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    if not chosen:
+        raise click.BadParameter(f"{text!r}; accepted: {', '.join(SETTINGS)}, comma-separated, "
+                                 "e.g. 'floor,cudask,cudask-jit'", param_hint="--settings")
+    for name in chosen:
+        try:
+            with dask.config.set(setting_named(name).dask_config()):
+                check_memory_config()
+        except (ValueError, OptionError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--settings") from None
     return chosen
 
 
@@ -97,7 +116,7 @@ def resolve_targets(kw: dict[str, Any], plan: EtlPlan, asked: bool) -> tuple[Etl
     """Where each backend runs; dask-cuda's settings skipped (recorded) when it is not
     found and --settings did not name them."""
     found: dict[str, Any] = {"cudask": targets.Target(sys.executable)}
-    wanted = [s for s in plan.settings if SETTINGS[s].backend == "dask-cuda"]
+    wanted = [s for s in plan.settings if setting_named(s).backend == "dask-cuda"]
     if not wanted:
         return plan, found
     try:
@@ -126,7 +145,9 @@ def _limit(text: str, total: int | None) -> int:
               help="The settings compared, comma-separated: floor (cudask, no device limit), "
               "dask-cuda (its default spilling), dask-cuda-cudf-spill (enable_cudf_spill), "
               "cudask (its store), cudask-jit (jit_unspill), cudask-cudf-spill "
-              "(enable_cudf_spill). dask-cuda's run only where dask_cuda is found, unless named.")
+              "(enable_cudf_spill); a cudask one may carry cudask config values of its own, "
+              "'@'-separated: cudask@memory.pinned-slab-size=1GiB. dask-cuda's run only where "
+              "dask_cuda is found, unless named.")
 @click.option("--format", "formats", default="csv,parquet", show_default=True,
               help="File formats read, comma-separated: csv (read_csv), parquet (read_parquet).")
 @click.option("--device-memory-limit", default="1.6GB", show_default=True,
@@ -167,7 +188,7 @@ def etl(ctx: click.Context, kw: dict[str, Any]) -> None:
     column means; timed from the first submit in a fresh cluster (cold), then
     --warm-runs more, with seconds and peak device memory per phase, each setting in a
     process of its own, the answers checked against pandas."""
-    settings = _listed(kw["settings"], tuple(SETTINGS), "--settings", "floor,cudask,cudask-jit")
+    settings = _settings(kw["settings"])
     formats = _listed(kw["formats"], FORMATS, "--format", "parquet")
     _check_libraries(kw["frames"])
     total = _gpu_total(kw["frames"], kw["device"])
