@@ -55,9 +55,9 @@ class Setting:
     jit_unspill: bool = False
     cudf_spill: bool = False
     description: str = ""
-    config: tuple[tuple[str, str], ...] = ()  # cudask.* keys (without "cudask.") and values
+    config: tuple[tuple[str, Any], ...] = ()  # cudask.* keys (without "cudask.") and values
 
-    def dask_config(self) -> dict[str, str]:
+    def dask_config(self) -> dict[str, Any]:
         """The setting's own config values, as `dask.config.set` takes them."""
         return {f"cudask.{key}": value for key, value in self.config}
 
@@ -78,9 +78,10 @@ _MISSING = object()
 
 
 def setting_named(name: str) -> Setting:
-    """A setting of `SETTINGS`, or one of its cudask settings with config values of its
-    own: `BASE@KEY=VALUE[@KEY=VALUE...]`, each KEY a `cudask.` config key without that
-    prefix (`cudask@memory.pinned-slab-size=1GiB`). ValueError names what is wrong."""
+    """A setting of `SETTINGS`, or one of its cudask settings with values of its own for
+    `cudask.memory.*` keys: `BASE@KEY=VALUE[@KEY=VALUE...]`, each KEY without "cudask."
+    (`cudask@memory.pinned-slab-size=1GiB`), each VALUE read as YAML, as dask reads
+    environment variables. ValueError names what is wrong."""
     if name in SETTINGS:
         return SETTINGS[name]
     base_name, *pairs = name.split("@")
@@ -91,17 +92,18 @@ def setting_named(name: str) -> Setting:
                          f"({', '.join(cudask_names)}) with @KEY=VALUE config values, "
                          "e.g. 'cudask@memory.pinned-slab-size=1GiB'")
     import dask
+    import yaml
 
     import cudask.config  # noqa: F401 - cudask's defaults, so its keys are known
 
-    config: list[tuple[str, str]] = []
+    config: list[tuple[str, Any]] = []
     for pair in pairs:
-        key, sep, value = pair.partition("=")
-        known = dask.config.get(f"cudask.{key}", _MISSING) if sep and key and value else _MISSING
-        if known is _MISSING or isinstance(known, dict):
-            raise ValueError(f"{name!r}: {pair!r} is not KEY=VALUE with KEY a cudask config "
-                             "key without 'cudask.' (e.g. memory.pinned-slab-size=1GiB)")
-        config.append((key, value))
+        key, sep, text = pair.partition("=")
+        known = dask.config.get(f"cudask.{key}", _MISSING) if sep and text else _MISSING
+        if not key.startswith("memory.") or known is _MISSING or isinstance(known, dict):
+            raise ValueError(f"{name!r}: {pair!r} is not KEY=VALUE with KEY a cudask.memory "
+                             "config key without 'cudask.' (e.g. memory.pinned-slab-size=1GiB)")
+        config.append((key, yaml.safe_load(text)))
     described = ", ".join(f"{k}={v}" for k, v in config)
     return Setting(name, base.backend, base.limited, base.jit_unspill, base.cudf_spill,
                    f"{base.description}, {described}", tuple(config))

@@ -387,6 +387,13 @@ def _runs(client: Any, plan: EtlPlan, root: str, fmt: str, sampler: MemorySample
         run["released"] = _released(client)
 
 
+def _setting(name: str) -> Setting:
+    try:
+        return setting_named(name)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from cudask_bench.run import Progress, check_honesty
 
@@ -396,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "`cudask bench etl`.")
     p.add_argument("--plan", required=True, help="the EtlPlan as JSON")
     p.add_argument("--root", required=True, help="the data directory (cudask_bench.etl_data)")
-    p.add_argument("--setting", required=True, type=setting_named,
+    p.add_argument("--setting", required=True, type=_setting,
                    help="a setting of cudask_bench.etl_data (setting_named)")
     p.add_argument("--format", required=True, choices=["csv", "parquet"])
     p.add_argument("--json", required=True, help="where to write the result")

@@ -131,12 +131,17 @@ def _case_lines(name: str, case: Mapping[str, Any], n_bytes: float | None) -> li
     return lines
 
 
+def _warmup_figure(run: Mapping[str, Any]) -> str:
+    a2a = run.get("all_to_all")
+    if not a2a:
+        return str(run.get("error") or run.get("skipped") or "no figure")
+    return f"{a2a['seconds']:.2f} s" + ("" if a2a.get("sum_ok") else " (sum WRONG)")
+
+
 def summary(report: Mapping[str, Any]) -> list[str]:
     """The warm-up runs, each round's order, each case's cold and warm figures (medians across rounds,
     each round's all-to-all in brackets), then every target, met or not."""
-    lines = [f"warm-up (left out): {w['case']}, all-to-all "
-             + (f"{w['all_to_all']['seconds']:.2f} s" if "all_to_all" in w
-                else w.get("error") or w.get("skipped") or "no figure")
+    lines = [f"warm-up (left out): {w['case']}, all-to-all " + _warmup_figure(w)
              for w in report.get("warmup", [])]
     lines += [f"round {r}: {', '.join(names)}" for r, names in enumerate(report.get("order", []))]
     n = (report.get("plan") or {}).get("n")

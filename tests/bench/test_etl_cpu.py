@@ -226,6 +226,7 @@ PANDAS = ["bench", "etl", "--frames", "pandas", "--files", "3", "--rows-per-file
 @pytest.mark.parametrize("args, said", [
     (["--settings", "floor,nope"], "'nope': accepted: floor, dask-cuda, "),
     (["--settings", "cudask@memory.nope=1"], "'memory.nope=1' is not KEY=VALUE with KEY a cudask"),
+    (["--settings", "cudask@worker.jit-unspill=true"], "with KEY a cudask.memory config key"),
     (["--settings", "cudask@memory.pinned-slab-size=huge"],
      "cudask.memory.pinned-slab-size='huge' is not a size"),
     (["--format", "xls"], "'xls'; accepted: csv, parquet, comma-separated"),
@@ -294,7 +295,7 @@ def test_interrupt_stops_the_children_and_removes_the_data(tmp_path: Path) -> No
 def test_a_setting_with_config_values_of_its_own_runs_under_them(tmp_path: Path) -> None:
     name = "cudask@memory.spill-target=0.75"
     setting = etl_data.setting_named(name)
-    assert setting.dask_config() == {"cudask.memory.spill-target": "0.75"}
+    assert setting.dask_config() == {"cudask.memory.spill-target": 0.75}  # read as YAML
     assert setting.limited and setting.backend == "cudask" and "spill-target=0.75" in setting.description
     plan = dataclasses.replace(SMALL, settings=(name,), formats=("csv",), warm_runs=0,
                                data_dir=str(tmp_path))
@@ -302,5 +303,5 @@ def test_a_setting_with_config_values_of_its_own_runs_under_them(tmp_path: Path)
     entry = doc["results"]["csv"][name]
     assert entry["status"] == "ok" and entry["correct"], entry.get("error")
     assert entry["description"] == setting.description
-    assert [c["config"] for c in entry["children"]] == [{"cudask.memory.spill-target": "0.75"}]
+    assert [c["config"] for c in entry["children"]] == [{"cudask.memory.spill-target": 0.75}]
 

@@ -83,3 +83,32 @@ def test_work_on_the_default_stream_waits_for_the_copies_back(monkeypatch: pytes
     backend.synchronize(backend.record(None))  # the default stream's later work
     assert all(c.ready() for c in copies)
     np.testing.assert_array_equal(value.values, obj.values)
+
+
+class TwoFrames(FrameObject):
+    def device_serialize(self) -> tuple[dict[str, Any], list[Any]]:
+        header = {"is-cuda": [True, True], "dtype": self.values.dtype.str}
+        return header, [FakeDeviceArray.from_numpy(self.values), FakeDeviceArray.from_numpy(self.values)]
+
+
+def test_an_allocation_that_fails_midway_lets_the_earlier_copies_finish(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[Any] = []
+
+    class SecondFails(FakeRmmBuffer):
+        def __init__(self, size: int) -> None:
+            if made:
+                raise MemoryError("fake out of memory")
+            super().__init__(size)
+            made.append(self)
+
+    backend = FakeCopyBackend()
+    engine = TransferEngine(backend, PinnedPool(backend, 1 << 20, 1 << 16))
+    handler = CudfHandler()
+    host_copy = handler.to_host(TwoFrames(np.arange(100, dtype="f8"), b""), engine)
+    backend.lag = 1_000_000  # copies stay queued until something waits
+    monkeypatch.setitem(sys.modules, "rmm", SimpleNamespace(DeviceBuffer=SecondFails))
+    with pytest.raises(MemoryError):
+        handler.to_device(host_copy, engine)
+    assert len(made) == 1 and backend.in_flight() == 0  # the first frame's copy finished

@@ -106,3 +106,24 @@ def test_host_copy_outlives_the_copy_back_while_the_key_goes_to_disk(
         assert (value.get() == 1).all()
     finally:
         store.close()
+
+
+def test_a_prefetch_dropped_or_deleted_lets_its_copies_finish_first(make_store: MakeStore) -> None:
+    # a prefetched value's copies write into its device memory and read the key's host
+    # copy: dropping the value (the limit needs the room) or deleting the key (its host
+    # copy goes) must not free either under a copy still running
+    backend = FakeCopyBackend(lag=10_000)
+    store = make_store(device_memory_limit=300, backend=backend)
+    for i in range(5):
+        store[i] = dev(100, i)
+    backend.drain()
+    del store[4], store[3]  # room for two
+    assert store.prefetch([0, 1]) == 2
+    copies = {k: list(v[1]) for k, v in store._buffer.prefetched.items()}
+    assert all(not c.ready() for cs in copies.values() for c in cs)
+    del store[0]
+    assert all(c.ready() for c in copies[0])  # waited for before the key went
+    store[5] = dev(250, 5)  # over the limit with the prefetch: 5 goes to the host
+    assert (store[5].get() == 5).all()  # read back: the limit needs the prefetch's room
+    assert 1 not in store._buffer.prefetched and all(c.ready() for c in copies[1])
+    assert (store[1].get() == 1).all()

@@ -83,10 +83,24 @@ class CudfHandler:
         return HostCopy(self.name, meta, blocks, copies)  # type: ignore[arg-type]
 
     def to_device(self, copy: HostCopy, engine: TransferEngine) -> tuple[Any, list[Copy]]:
-        import rmm
-
         frames: list[Any] = []
         h2d: list[Copy] = []
+        try:
+            self._copy_frames(copy, engine, frames, h2d)
+        except BaseException:
+            for c in h2d:  # their destinations go with `frames`: not while being written
+                c.wait()
+            raise
+        engine.order_default_after(h2d)
+        cls = pickle.loads(copy.meta["type"])
+        return cls.device_deserialize(copy.meta["header"], frames), h2d
+
+    @staticmethod
+    def _copy_frames(copy: HostCopy, engine: TransferEngine, frames: list[Any],
+                     h2d: list[Copy]) -> None:
+        """Allocate each device frame and enqueue its copy back (into `frames`, `h2d`)."""
+        import rmm
+
         for i, (kind, block) in enumerate(zip(copy.meta["kinds"], copy.blocks, strict=True)):
             # a host copy rebuilt from pickle (a proxy sent to a client) has no copies
             filled = copy.copies[i] if i < len(copy.copies) else None
@@ -101,9 +115,6 @@ class CudfHandler:
                 frames.append(buf)
             else:
                 frames.append(bytes(block.view))
-        engine.order_default_after(h2d)
-        cls = pickle.loads(copy.meta["type"])
-        return cls.device_deserialize(copy.meta["header"], frames), h2d
 
 
 class _NoCopy:

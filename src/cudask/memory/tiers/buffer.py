@@ -135,13 +135,12 @@ class DeviceBuffer:
     def discard(self, key: Key) -> None:
         """Forget `key` wherever it is."""
         self.gen.pop(key, None)
+        self._drop_prefetched(key)  # before its host copy goes: the copies read it
         self.device.remove(key)
         if key in self.host:
             del self.host[key]
         self.spilled.discard(key)
         self.inflight.forget(key)
-        if self.prefetched.pop(key, None) is not None:
-            self.ledger.discard(("p", key))
         self.device.unspillable.discard(key)
         if self.clean is not None:
             self.clean.take(key)  # written, deleted or discarded: its copy goes
@@ -165,7 +164,7 @@ class DeviceBuffer:
             return Unspill(prefetched[0], prefetched[1], gen)
         shortcut = self.inflight.source(key)
         if shortcut is not None:
-            self.install(key, shortcut, copied=0)
+            self.install(key, shortcut, copied=None)
             return shortcut
         host_copy = cast(handlers.AnyHostCopy, self.host[key])
         return Unspill(*self.start_unspill(key, host_copy), gen)
@@ -181,7 +180,7 @@ class DeviceBuffer:
             return self.device[key]
         return unspill.value
 
-    def install(self, key: Key, value: object, *, copied: int) -> None:
+    def install(self, key: Key, value: object, *, copied: int | None) -> None:
         """Move a spilled key back into the device tier; its host copy is kept while
         host memory allows (`tiers.clean`) when it is in host memory, not on disk."""
         if self.clean is not None and self.host.tier_of(key) == "host":
@@ -192,7 +191,7 @@ class DeviceBuffer:
         self.inflight.forget(key)
         self.device.add(key, value, handlers.allocations(value))
         if self.log_spilling:
-            how = f"copied {format_bytes(copied)}" if copied else "no copy: still in device memory"
+            how = "no copy: still in device memory" if copied is None else f"copied {format_bytes(copied)}"
             moves.info("cudask: unspilled %r host -> device (%s)", key, how)
         if self.limit is not None:
             if self.ledger.total > self.limit:
@@ -266,7 +265,15 @@ class DeviceBuffer:
             key = next(iter(self.prefetched))
             if key == keep:
                 break
-            del self.prefetched[key]
+            self._drop_prefetched(key)
+
+    def _drop_prefetched(self, key: Key) -> None:
+        """Drop `key`'s prefetched value, once its copies back have finished (they
+        write into its device memory and read the host copy)."""
+        prefetched = self.prefetched.pop(key, None)
+        if prefetched is not None:
+            for copy in prefetched[1]:
+                copy.wait()
             self.ledger.discard(("p", key))
 
     def evict_key(self, key: Key) -> int:
