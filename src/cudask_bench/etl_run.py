@@ -331,6 +331,13 @@ def _cluster_class(setting: Setting, plan: EtlPlan) -> tuple[Any, dict[str, Any]
     return load_backend(setting.backend, False)
 
 
+def _config_values(keys: list[str]) -> dict[str, Any]:
+    """On a worker: its values of these dask config keys."""
+    import dask
+
+    return {key: dask.config.get(key, None) for key in keys}
+
+
 def execute(plan: EtlPlan, root: str, setting: Setting, fmt: str, result: dict[str, Any],
             progress: Callable[[str], None]) -> None:
     """Run the setting on the `fmt` files into `result` (a failure keeps what ran)."""
@@ -358,6 +365,9 @@ def execute(plan: EtlPlan, root: str, setting: Setting, fmt: str, result: dict[s
                     client.submit(_ping, pure=False).result()
                     client.get_task_stream(count=1)  # the scheduler records from now on
                     client.register_plugin(working_set.WorkingSets())
+                    if setting.config:  # what the worker runs with, not only this process
+                        result["worker_config"] = next(iter(client.run(
+                            _config_values, list(setting.dask_config())).values()))
                     memory["cluster_up_bytes"] = sampler.idle()
                     progress("cluster up")
                     _runs(client, plan, root, fmt, sampler, memory, result, progress)

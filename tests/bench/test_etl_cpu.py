@@ -304,4 +304,5 @@ def test_a_setting_with_config_values_of_its_own_runs_under_them(tmp_path: Path)
     assert entry["status"] == "ok" and entry["correct"], entry.get("error")
     assert entry["description"] == setting.description
     assert [c["config"] for c in entry["children"]] == [{"cudask.memory.spill-target": 0.75}]
+    assert [c["worker_config"] for c in entry["children"]] == [{"cudask.memory.spill-target": 0.75}]
 
