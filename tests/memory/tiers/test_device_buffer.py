@@ -42,14 +42,23 @@ def test_unspill_out_of_memory_retries_then_names_the_limit(make_store: MakeStor
     assert (store["b"].get() == 2).all()
 
 
-def test_prefetch_starts_copies_ahead(make_store: MakeStore) -> None:
+def _spilled(make_store: MakeStore, keys: int, kept: int) -> tuple[TieredStore, FakeCopyBackend]:
+    """A store with room for three 100 B keys, `keys` of them written, those from `kept`
+    on deleted (the earliest went to the host, their copies completed); new copies stay
+    queued until waited for."""
     backend = FakeCopyBackend(lag=10_000)
     store = make_store(device_memory_limit=300, backend=backend)
-    for i in range(6):
+    for i in range(keys):
         store[i] = dev(100, i)
     backend.drain()
+    for i in range(kept, keys):
+        del store[i]
+    return store, backend
+
+
+def test_prefetch_starts_copies_ahead(make_store: MakeStore) -> None:
+    store, backend = _spilled(make_store, 6, 3)  # room for three
     store[99] = b"host"
-    del store[5], store[4], store[3]  # room for three
     assert store.prefetch([0, 1, 99, "missing", 2]) == 3
     assert store.device_bytes == 300
     assert store.prefetch([0]) == 0  # already under way
@@ -112,12 +121,7 @@ def test_a_prefetch_dropped_or_deleted_lets_its_copies_finish_first(make_store: 
     # a prefetched value's copies write into its device memory and read the key's host
     # copy: dropping the value (the limit needs the room) or deleting the key (its host
     # copy goes) must not free either under a copy still running
-    backend = FakeCopyBackend(lag=10_000)
-    store = make_store(device_memory_limit=300, backend=backend)
-    for i in range(5):
-        store[i] = dev(100, i)
-    backend.drain()
-    del store[4], store[3]  # room for two
+    store, _ = _spilled(make_store, 5, 3)  # room for two
     assert store.prefetch([0, 1]) == 2
     copies = {k: list(v[1]) for k, v in store._buffer.prefetched.items()}
     assert all(not c.ready() for cs in copies.values() for c in cs)
