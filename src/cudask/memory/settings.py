@@ -80,53 +80,30 @@ def store_settings(
     name."""
     device_memory_limit = store_limit(device_memory_limit, "device_memory_limit")
     memory_limit = store_limit(memory_limit, "memory_limit")
-    target = _fraction(
-        config.get("memory.spill-target") if spill_target is None else spill_target,
-        "cudask.memory.spill-target", example="0.9",
-    )
-    pool = _pool_bytes(
-        config.get("memory.pinned-pool-size") if pinned_pool_size is None else pinned_pool_size,
-        device_memory_limit, memory_limit,
-    )
-    slab = parse_size(
-        config.get("memory.pinned-slab-size") if pinned_slab_size is None else pinned_slab_size,
-        total=None, name="cudask.memory.pinned-slab-size",
-    ) or (256 << 20)
+    target = _fraction(_key("spill-target", spill_target), "cudask.memory.spill-target",
+                       example="0.9")
+    pool = _pool_bytes(_key("pinned-pool-size", pinned_pool_size), device_memory_limit, memory_limit)
+    slab = parse_size(_key("pinned-slab-size", pinned_slab_size), total=None,
+                      name="cudask.memory.pinned-slab-size") or (256 << 20)
     return StoreSettings(
         spill_target=target,
         background=parse_flag(_key("background-spill", background), "cudask.memory.background-spill"),
         pinned_pool_size=pool,
         pinned_slab_size=slab,
-        pinned_preallocate=_preallocate_bytes(
-            config.get("memory.pinned-preallocate") if pinned_preallocate is None
-            else pinned_preallocate,
-            pool, device_memory_limit,
-        ),
-        pinned_release_after=release_seconds(
-            config.get("memory.pinned-release-after") if pinned_release_after is None
-            else pinned_release_after
-        ),
-        pinned_method=_method(
-            config.get("memory.pinned-method") if pinned_method is None else pinned_method
-        ),
-        pinned_headroom=_headroom_bytes(
-            config.get("memory.pinned-headroom") if pinned_headroom is None else pinned_headroom,
-            pool, device_memory_limit,
-        ),
+        pinned_preallocate=_preallocate_bytes(_key("pinned-preallocate", pinned_preallocate),
+                                              pool, device_memory_limit),
+        pinned_release_after=release_seconds(_key("pinned-release-after", pinned_release_after)),
+        pinned_method=_method(_key("pinned-method", pinned_method)),
+        pinned_headroom=_headroom_bytes(_key("pinned-headroom", pinned_headroom), pool,
+                                        device_memory_limit),
         pinned_available_fraction=_fraction(
-            config.get("memory.pinned-available-fraction") if pinned_available_fraction is None
-            else pinned_available_fraction,
-            "cudask.memory.pinned-available-fraction",
-        ),
-        pinned_duty_cycle=_fraction(
-            config.get("memory.pinned-duty-cycle") if pinned_duty_cycle is None else pinned_duty_cycle,
-            "cudask.memory.pinned-duty-cycle",
-        ),
+            _key("pinned-available-fraction", pinned_available_fraction),
+            "cudask.memory.pinned-available-fraction"),
+        pinned_duty_cycle=_fraction(_key("pinned-duty-cycle", pinned_duty_cycle),
+                                    "cudask.memory.pinned-duty-cycle"),
         pinned_headroom_from=_fraction(_key("pinned-headroom-from", pinned_headroom_from),
                                        "cudask.memory.pinned-headroom-from", within="[0, 1)"),
-        populate_threads=_threads(
-            config.get("memory.populate-threads") if populate_threads is None else populate_threads
-        ),
+        populate_threads=_threads(_key("populate-threads", populate_threads)),
         spill_on_demand=spill_on_demand_setting(spill_on_demand),
         spill_at_limit=parse_flag(_key("spill-at-limit", spill_at_limit),
                                   "cudask.memory.spill-at-limit"),
@@ -151,7 +128,7 @@ def store_limit(value: int | None, name: str) -> int | None:
 
 def spill_on_demand_setting(value: bool | None = None) -> bool:
     """`value`, or the `cudask.memory.spill-on-demand` key when None."""
-    return parse_flag(config.get("memory.spill-on-demand") if value is None else value,
+    return parse_flag(_key("spill-on-demand", value),
                       "cudask.memory.spill-on-demand")
 
 
