@@ -191,7 +191,8 @@ class DeviceBuffer:
         self.inflight.forget(key)
         self.device.add(key, value, handlers.allocations(value))
         if self.log_spilling:
-            how = "no copy: still in device memory" if copied is None else f"copied {format_bytes(copied)}"
+            how = ("no copy: still in device memory" if copied is None
+                   else f"copied {format_bytes(copied)}")
             moves.info("cudask: unspilled %r host -> device (%s)", key, how)
         if self.limit is not None:
             if self.ledger.total > self.limit:
