@@ -195,3 +195,11 @@ def test_an_unexplained_change_makes_a_quoted_file_stale() -> None:
     # and the pinning-ahead ramp changes the transfer runs' 30 GB limit (headroom 8 GiB)
     assert any(line.startswith("72b591f") for line in ri.stale(ROOT, "transfer-h200x2.json"))
     assert ri.stale(ROOT, "spill-cold-h100.json") == []
+
+
+def test_a_bracketed_key_picks_a_mapping_entry_with_dots_in_its_name() -> None:
+    document = {"results": {"cudask@memory.pinned-slab-size=1GiB": {"cold": {"total_s": 4.37}}},
+                "variants": [{"name": "a.b", "x": 1}, {"backend": "none", "x": 2}]}
+    assert ri.lookup(document, "results.[cudask@memory.pinned-slab-size=1GiB].cold.total_s") == 4.37
+    assert ri.lookup(document, "variants[a.b].x") == 1  # a list: the item of that name
+    assert ri.lookup(document, "variants[backend=none].x") == 2
