@@ -13,8 +13,8 @@ phase, the largest peaks) and the warm ones (the runs after it), each setting's 
 and warm total over the floor's, for the settings with the device limit the bound on
 each phase's peak (`bound`: the limit plus the largest task's inputs and output,
 cudask_bench.working_set) and whether the peaks are within `SLACK` of it, its error
-(the first failure, never hidden), and
-`summary`, the lines the command prints (a table per format, last).
+(the first failure, never hidden); a line on stdout as each child ends
+(`child_line`), and `summary`, the lines the command prints (a table per format, last).
 
 Does not cover: the options and their checks (cudask_bench.cli.etl), the work itself
 (cudask_bench.etl_run). Threading: the command's thread; spawn_runner reads each child's
@@ -59,9 +59,19 @@ def _spawn(plan: EtlPlan, target: Target, module: str, argv: list[str], shim: st
     progress.update(position, label, 0, 1, "starting")
     result = harness.spawn_runner(target, ["--plan", plan.to_json(), *argv], shim=shim,
                                   timeout=plan.timeout, on_progress=on_progress, module=module)
-    status = "ok" if result.get("status") == "ok" else f"FAILED: {result.get('error')}"
-    progress.finish(f"[{position}] {label}: {status}")
+    progress.end_line()
+    print(child_line(position, label, result), flush=True)  # a run cut short shows how far it got
     return result
+
+
+def child_line(position: str, label: str, result: Mapping[str, Any]) -> str:
+    """One child's outcome as one line: each run's total and peak, or the error."""
+    if result.get("status") != "ok":
+        return f"[{position}] {label}: FAILED: {result.get('error')}"
+    runs = [f"{r.get('kind')} {_n(r.get('total_s'), 0)} s"
+            + (f" (peak {r['peak_bytes'] / GB:.2f} GB)" if r.get("peak_bytes") is not None else "")
+            for r in result.get("runs", [])]
+    return f"[{position}] {label}: " + ("; ".join(runs) + " (answers checked at the end)" if runs else "ok")
 
 
 def run_etl(plan: EtlPlan, targets: Mapping[str, Target],

@@ -115,9 +115,14 @@ def test_sampler_peaks_per_window() -> None:
     assert none.mark() is None and none.idle(1) is None and none.reason
 
 
-def test_a_run_over_both_formats_rotates_checks_and_removes_its_data(tmp_path: Path) -> None:
+def test_a_run_over_both_formats_rotates_checks_and_removes_its_data(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan = dataclasses.replace(SMALL, repeat=2, formats=("parquet",), data_dir=str(tmp_path))
     doc = etl.run_etl(plan, {"cudask": Target(sys.executable)}, argv=["etl"])
+    lines = capsys.readouterr().out.splitlines()  # one per child as it ends
+    assert lines[0].startswith("[data] writing the files: ") and len(lines) == 5
+    assert lines[1].startswith("[1/4] floor parquet (repetition 1): cold ") and "; warm 1 " in lines[1]
+    assert lines[4].startswith("[4/4] floor parquet (repetition 2): cold ")
     assert os.listdir(tmp_path) == []  # the data folder is gone
     assert doc["status"] == "ok" and doc["order"] == [["floor", "cudask"], ["cudask", "floor"]]
     assert doc["data"]["status"] == "ok" and doc["data"]["formats"]["parquet"]["disk_bytes"] > 0
