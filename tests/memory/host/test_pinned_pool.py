@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from cudask.memory.host import faulting
+from cudask.memory.host import faulting, slabs
 from cudask.memory.host.blocks import HostBlock
 from cudask.memory.host.fallback import PinnedMemoryWarning
 from cudask.memory.host.pool import PinnedPool
@@ -237,7 +237,7 @@ def test_large_fallback_blocks_are_faulted_in_and_registered_later(wait_for: Wai
     del block
     assert wait_for(lambda: len(backend.registered) == registered - 1)
     pool.close()
-    assert backend.registered == {} and pool.registered_fallback == 0
+    assert backend.registered == {} and pool._fallbacks.registered == 0
 
 
 def test_small_fallback_blocks_are_plain_pageable_memory() -> None:
@@ -458,4 +458,42 @@ def test_a_fallback_the_free_bytes_would_have_held_is_counted_as_fragmented() ->
         warnings.simplefilter("ignore")
         pool.allocate(80 * KiB)  # more than the pool can ever hold free: not fragmentation
     assert pool.stats()["pageable-fallback-fragmented-bytes"] == 24 * KiB
+    pool.close()
+
+
+def test_a_block_larger_than_a_slab_widens_later_slabs_to_hold_two(wait_for: WaitFor) -> None:
+    pool = PinnedPool(FakeCopyBackend(), MiB, 16 * KiB)
+    assert pool.preallocate(64 * KiB) == 64 * KiB  # four 16 KiB slabs, all free
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = pool.allocate(24 * KiB)  # no 24 KiB range in any slab: a fallback
+    assert not first.pinned and pool.slab_size == 48 * KiB
+    assert wait_for(lambda: pool.slabs == 5, timeout=30)  # the thread adds one wide slab
+    blocks = [pool.allocate(24 * KiB) for _ in range(2)]
+    assert all(b.pinned for b in blocks) and blocks[0]._slab is blocks[1]._slab
+    stats = pool.stats()
+    assert stats["pageable-fallback-fragmented-bytes"] == 24 * KiB  # the first one only
+    assert stats["pinned-reserved-bytes"] == 64 * KiB + 48 * KiB
+    pool.close()
+
+
+def test_slabs_widen_no_further_than_the_capacity() -> None:
+    pool = PinnedPool(FakeCopyBackend(), 40 * KiB, 16 * KiB)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pool.allocate(24 * KiB)
+    assert pool.slab_size == 40 * KiB and pool.wait_ready(timeout=30)
+    assert pool.allocate(24 * KiB).pinned
+    pool.close()
+
+
+def test_a_block_past_the_widest_slab_gets_a_slab_of_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slabs, "WIDEST", 32 * KiB)  # 1 GiB, scaled down
+    pool = PinnedPool(FakeCopyBackend(), MiB, 16 * KiB)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert not pool.allocate(40 * KiB).pinned
+    assert pool.slab_size == 16 * KiB and pool.wait_ready(timeout=30)
+    assert pool.allocate(40 * KiB).pinned  # its own 48 KiB slab
     pool.close()

@@ -1,10 +1,10 @@
-"""Slab bookkeeping alone: first fit, coalescing, bytes in use, idle slabs."""
+"""Slab bookkeeping alone: first fit, coalescing, bytes in use, idle slabs, wider slabs."""
 
 from __future__ import annotations
 
 import time
 
-from cudask.memory.host.slabs import Slab, Slabs
+from cudask.memory.host.slabs import WIDEST, Slab, Slabs, wider
 
 
 def test_a_slab_carves_first_fit_and_coalesces_both_ways() -> None:
@@ -67,3 +67,15 @@ def test_a_slab_wholly_freed_is_idle_from_then() -> None:
     before = time.monotonic()
     slab.give(0, 64)
     assert slab.idle_since is not None and slab.idle_since >= before
+
+
+def test_later_slabs_widen_to_hold_two_blocks_up_to_the_widest() -> None:
+    MiB, GiB = 1 << 20, 1 << 30
+    base = 256 * MiB
+    assert WIDEST == GiB
+    assert wider(480 * 10**6, base, base) == GiB  # two 480 MB frames
+    assert wider(320 * 10**6, base, base) == 768 * MiB
+    assert wider(320 * 10**6, base, GiB) == GiB  # never narrower than before
+    assert wider(600 * MiB, base, base) == GiB  # two would pass 1 GiB: one
+    assert wider(1536 * MiB, base, base) == base  # past 1 GiB: a slab of its own, no widening
+    assert wider(1536 * MiB, 2 * GiB, 2 * GiB) == 2 * GiB  # a base past 1 GiB is the widest

@@ -36,7 +36,7 @@ from cudask.memory.host.blocks import DeferredBlocks, HostBlock
 from cudask.memory.host.fallback import Fallbacks
 from cudask.memory.host.faulting import round_up
 from cudask.memory.host.pinning import METHODS, Pinner
-from cudask.memory.host.slabs import Slab, Slabs
+from cudask.memory.host.slabs import Slab, Slabs, wider
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +89,7 @@ class PinnedPool:
         self.backend = backend
         self.capacity = capacity if backend is not None else 0
         self.slab_size = max(round_up(slab_size or capacity or 1, alignment), alignment)
+        self.base_slab = self.slab_size  # slab_size grows with the blocks asked (`wider`)
         self.alignment = alignment
         self.available = available or _available_memory
         self.available_fraction = available_fraction
@@ -131,11 +132,6 @@ class PinnedPool:
     def in_use(self) -> int:
         """Bytes of the slabs carved out as blocks not yet given back."""
         return self._slabs.in_use
-
-    @property
-    def registered_fallback(self) -> int:
-        """Bytes of fallback blocks registered later, still alive."""
-        return self._fallbacks.registered
 
     @property
     def method(self) -> str:
@@ -251,9 +247,12 @@ class PinnedPool:
 
     def _ask_ahead(self, size: int) -> None:
         """Raise the goal so `size` more bytes plus the headroom are free ahead of
-        use (lock held)."""
+        use; a block larger than a slab also widens later slabs (lock held)."""
         if size > self.slab_size:
             self._big = max(self._big, size)
+            self.slab_size = self._pinner.slab_size = min(
+                wider(size, self.base_slab, self.slab_size),
+                max(self.capacity - self.capacity % self.alignment, self.base_slab))
         want = min(self.in_use + size + self.headroom, self.capacity)
         if want > self.goal or self._big or self.reserved + self._reserving < self.goal:
             # (a goal not met may have waited for memory to become available)

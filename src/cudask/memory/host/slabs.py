@@ -5,7 +5,8 @@ offsets, first-fit `take`, `give` coalescing with both neighbours, since when
 it is wholly free), and `Slabs`, the pool's slabs in reservation order: carve
 a range from the first slab that has one, give it back, count the bytes in
 use, and pick the slabs idle long enough to go back to the operating system
-(newest first, keeping a floor). Plain data: addresses are numbers here.
+(newest first, keeping a floor); `wider`, the size of later slabs once a block
+found no slab large enough. Plain data: addresses are numbers here.
 
 Does not cover: reserving or freeing memory (`cudask.memory.host.pinning`),
 locking, or the pool's thread (`cudask.memory.host.pool`).
@@ -152,4 +153,25 @@ class Slabs:
         return slabs
 
 
-__all__ = ["Slab", "Slabs"]
+# Slabs widen for blocks up to this size (or the base size, if larger): each slab is one
+# registration, during which the worker's other CUDA calls wait (1 GiB slabs measured in
+# docs/design/host-memory.md). A larger block gets a slab of its own instead.
+WIDEST = 1 << 30
+
+
+def wider(block: int, base: int, current: int) -> int:
+    """The size of later slabs once a block of `block` bytes found no free range: a
+    multiple of `base` holding two such blocks, or one where two would pass `WIDEST`;
+    `current` for a block past it (the pool gives that one a slab of its own). A block
+    lies in one slab, so slabs smaller than a workload's blocks leave their free bytes
+    unusable to it."""
+    def multiple(n: int) -> int:
+        return -(-n // base) * base
+
+    widest = max(base, WIDEST)
+    if multiple(block) > widest:
+        return current
+    return max(current, min(multiple(2 * block), widest))
+
+
+__all__ = ["WIDEST", "Slab", "Slabs", "wider"]
