@@ -154,6 +154,35 @@ def test_fallback_blocks_are_registered_later(tmp_path: Any, wait_for: Callable[
         s.close()
 
 
+def test_a_block_larger_than_a_slab_widens_the_slabs_that_follow(
+    tmp_path: Any, wait_for: Callable[..., bool]
+) -> None:
+    cp = pytest.importorskip("cupy")
+    s = make(tmp_path, 32 * MiB, None, pinned_pool_size=256 * MiB,
+             pinned_slab_size=8 * MiB, pinned_preallocate=32 * MiB)
+    try:
+        pool = s.engine.pool
+        assert pool.wait_ready(timeout=120) and pool.slabs == 4  # 8 MiB slabs, all free
+        s[0] = cp.full(3 * MiB, 0.5, dtype="f8")  # 24 MiB blocks
+        s[1] = cp.full(3 * MiB, 1.5, dtype="f8")  # spills 0: no 24 MiB range in any slab
+        assert wait_for(lambda: s.peek_host_copy(0) is not None, timeout=60)
+        assert pool.slab_size == 48 * MiB
+        assert s.metrics()["pageable-fallback-fragmented-bytes"] >= 24 * MiB
+        assert wait_for(lambda: pool.slabs >= 5 and pool.reserved >= 80 * MiB, timeout=60)
+        s[2] = cp.full(3 * MiB, 2.5, dtype="f8")  # spills 1 into a registered 48 MiB slab
+        assert wait_for(lambda: s.peek_host_copy(1) is not None, timeout=60)
+        copy = s.peek_host_copy(1)
+        assert isinstance(copy, handlers.HostCopy) and copy.pinned()
+        slab = copy.blocks[0]._slab
+        assert slab is not None and slab.size == 48 * MiB  # in a wide slab, not a fallback
+        assert s.engine.backend.is_pinned(copy.blocks[0].ptr)
+        del copy
+        for i in range(3):
+            assert bool((s[i] == i + 0.5).all())
+    finally:
+        s.close()
+
+
 def test_pinned_pool_exhaustion_falls_back(tmp_path: Any) -> None:
     cp = pytest.importorskip("cupy")
     from cudask.memory.host.fallback import PinnedMemoryWarning
