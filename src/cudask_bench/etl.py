@@ -14,7 +14,8 @@ and warm total over the floor's, for the settings with the device limit the boun
 each phase's peak (`bound`: the limit plus the largest task's inputs and output,
 cudask_bench.working_set) and whether the peaks are within `SLACK` of it, its error
 (the first failure, never hidden); a line on stdout as each child ends
-(`child_line`), and `summary`, the lines the command prints (a table per format, last).
+(`child_line`) and the document so far handed to a `checkpoint` (the command writes it
+to --output, so an interrupted run keeps what finished), and `summary`, the lines the command prints (a table per format, last).
 
 Does not cover: the options and their checks (cudask_bench.cli.etl), the work itself
 (cudask_bench.etl_run). Threading: the command's thread; spawn_runner reads each child's
@@ -23,6 +24,7 @@ output in a daemon thread of its own.
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import shlex
 import shutil
@@ -30,7 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -75,8 +77,10 @@ def child_line(position: str, label: str, result: Mapping[str, Any]) -> str:
 
 
 def run_etl(plan: EtlPlan, targets: Mapping[str, Target],
-            progress: harness.ProgressLine | None = None, argv: Sequence[str] = ()) -> dict[str, Any]:
-    """Write the data, run every setting on every format, return the document."""
+            progress: harness.ProgressLine | None = None, argv: Sequence[str] = (),
+            checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Write the data, run every setting on every format, return the document; after
+    each child, hand `checkpoint` the document so far (status "partial")."""
     progress = progress or harness.ProgressLine(False)
     started, t0 = _dt.datetime.now(_dt.UTC), time.perf_counter()
     order = rotation(plan.settings, plan.repeat)
@@ -104,6 +108,11 @@ def run_etl(plan: EtlPlan, targets: Mapping[str, Target],
                     earlier.append(_spawn(plan, targets[setting_named(name).backend], "cudask_bench.etl_run",
                                           ["--root", root, "--setting", name, "--format", fmt],
                                           shim, progress, f"{done}/{total}", label))
+                    if checkpoint is not None:
+                        with stopping.deferred():  # a file written whole, or the last one kept
+                            checkpoint(document(plan, data, copy.deepcopy(results), order, targets,
+                                                started, time.perf_counter() - t0, argv)
+                                       | {"status": "partial"})
     finally:
         shutil.rmtree(root, ignore_errors=True)
         if shim is not None:

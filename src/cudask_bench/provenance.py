@@ -257,12 +257,19 @@ def stamp(document: dict[str, Any]) -> dict[str, Any]:
 
 
 def write(path: str | os.PathLike[str], document: dict[str, Any]) -> None:
-    """Stamp `document` and write it as indented JSON to `path`."""
+    """Stamp `document` and write it as indented JSON to `path`, whole or not at all
+    (a temporary file beside it, renamed over it)."""
     stamp(document)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        json.dump(document, fh, indent=1, default=str)
-        fh.write("\n")
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(partial, "w") as fh:
+            json.dump(document, fh, indent=1, default=str)
+            fh.write("\n")
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 __all__ = ["ENV_NAMES", "ENV_PREFIXES", "LIBRARIES", "STAMP_FILE", "configuration",

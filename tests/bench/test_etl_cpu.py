@@ -118,7 +118,11 @@ def test_sampler_peaks_per_window() -> None:
 def test_a_run_over_both_formats_rotates_checks_and_removes_its_data(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan = dataclasses.replace(SMALL, repeat=2, formats=("parquet",), data_dir=str(tmp_path))
-    doc = etl.run_etl(plan, {"cudask": Target(sys.executable)}, argv=["etl"])
+    saved: list[dict[str, Any]] = []
+    doc = etl.run_etl(plan, {"cudask": Target(sys.executable)}, argv=["etl"], checkpoint=saved.append)
+    assert [d["status"] for d in saved] == ["partial"] * 4  # the document so far, after each child
+    assert [sum(len(e["children"]) for e in d["results"]["parquet"].values()) for d in saved] == [1, 2, 3, 4]
+    assert saved[-1]["results"]["parquet"]["cudask"]["correct"]  # checked as the last document is
     lines = capsys.readouterr().out.splitlines()  # one per child as it ends
     assert lines[0].startswith("[data] writing the files: ") and len(lines) == 5
     assert lines[1].startswith("[1/4] floor parquet (repetition 1): cold ") and "; warm 1 " in lines[1]

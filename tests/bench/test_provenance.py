@@ -175,3 +175,13 @@ def test_probe_documents_are_stamped_too(tmp_path: Path) -> None:
     assert written["results"] == [{"a": 1}]
     assert "figures" not in written["provenance"]  # a probe's keys say what they are
     assert written["provenance"]["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
+
+
+def test_a_result_file_is_written_whole_or_left_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "out" / "result.json"
+    provenance.write(path, {"workload": "x", "n": 1})
+    assert json.loads(path.read_text())["n"] == 1
+    with pytest.raises(TypeError):  # fails midway: a key JSON cannot hold
+        provenance.write(path, {"workload": "x", "n": 2, (1, 2): "tuple key"})
+    assert json.loads(path.read_text())["n"] == 1  # the earlier file, whole
+    assert sorted(p.name for p in path.parent.iterdir()) == ["result.json"]  # no temporary left

@@ -180,7 +180,8 @@ def _limit(text: str, total: int | None) -> int:
 @click.option("--progress/--no-progress", default=False, show_default=True,
               help="Show a progress line on stderr.")
 @click.option("--output", "-o", default=None, type=click.Path(dir_okay=False),
-              help="Write the results as JSON, with their provenance.")
+              help="Write the results as JSON, with their provenance; also after each child, "
+                   "status \"partial\", so an interrupted run keeps what finished.")
 @command
 def etl(ctx: click.Context, kw: dict[str, Any]) -> None:
     """dask-cuDF ETL on files beyond the device limit: read (CSV, Parquet) and persist,
@@ -201,7 +202,9 @@ def etl(ctx: click.Context, kw: dict[str, Any]) -> None:
     _check_sizes(plan)
     _check_disk(plan)
     plan, found = resolve_targets(kw, plan, asked=given(ctx, "settings"))
-    doc = run_etl(plan, found, harness.ProgressLine(kw["progress"]), argv=sys.argv)
+    output = kw["output"]
+    doc = run_etl(plan, found, harness.ProgressLine(kw["progress"]), argv=sys.argv,
+                  checkpoint=(lambda partial: write_json(partial, output)) if output else None)
     if kw["output"]:
         write_json(doc, kw["output"])
         click.echo(f"results: {kw['output']}")
