@@ -75,13 +75,17 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
 
 
 _MISSING = object()
+#: The config keys a setting may give values of its own: the store's and the allocator's
+#: (the cluster's other options are the setting's own: its limit, JIT-unspill, cuDF spilling).
+OWN_KEYS = ("memory.", "worker.rmm-")
 
 
 def setting_named(name: str) -> Setting:
     """A setting of `SETTINGS`, or one of its cudask settings with values of its own for
-    `cudask.memory.*` keys: `BASE@KEY=VALUE[@KEY=VALUE...]`, each KEY without "cudask."
-    (`cudask@memory.pinned-slab-size=1GiB`), each VALUE read as YAML, as dask reads
-    environment variables. ValueError names what is wrong."""
+    `cudask.memory.*` and the allocator's `cudask.worker.rmm-*` keys:
+    `BASE@KEY=VALUE[@KEY=VALUE...]`, each KEY without "cudask."
+    (`cudask@memory.pinned-slab-size=1GiB`, `floor@worker.rmm-async=true`), each VALUE read
+    as YAML, as dask reads environment variables. ValueError names what is wrong."""
     if name in SETTINGS:
         return SETTINGS[name]
     base_name, *pairs = name.split("@")
@@ -100,9 +104,10 @@ def setting_named(name: str) -> Setting:
     for pair in pairs:
         key, sep, text = pair.partition("=")
         known = dask.config.get(f"cudask.{key}", _MISSING) if sep and text else _MISSING
-        if not key.startswith("memory.") or known is _MISSING or isinstance(known, dict):
-            raise ValueError(f"{name!r}: {pair!r} is not KEY=VALUE with KEY a cudask.memory "
-                             "config key without 'cudask.' (e.g. memory.pinned-slab-size=1GiB)")
+        if not key.startswith(OWN_KEYS) or known is _MISSING or isinstance(known, dict):
+            raise ValueError(f"{name!r}: {pair!r} is not KEY=VALUE with KEY a cudask.memory or "
+                             "cudask.worker.rmm-* config key without 'cudask.' (e.g. "
+                             "memory.pinned-slab-size=1GiB, worker.rmm-async=true)")
         config.append((key, yaml.safe_load(text)))
     described = ", ".join(f"{k}={v}" for k, v in config)
     return Setting(name, base.backend, base.limited, base.jit_unspill, base.cudf_spill,

@@ -235,7 +235,10 @@ PANDAS = ["bench", "etl", "--frames", "pandas", "--files", "3", "--rows-per-file
 @pytest.mark.parametrize("args, said", [
     (["--settings", "floor,nope"], "'nope': accepted: floor, dask-cuda, "),
     (["--settings", "cudask@memory.nope=1"], "'memory.nope=1' is not KEY=VALUE with KEY a cudask"),
-    (["--settings", "cudask@worker.jit-unspill=true"], "with KEY a cudask.memory config key"),
+    (["--settings", "cudask@worker.jit-unspill=true"], "with KEY a cudask.memory or cudask.worker.rmm-"),
+    (["--settings", "floor@worker.rmm-async=true@worker.rmm-managed-memory=true"],
+     "rmm_async=True and rmm_managed_memory=True cannot be combined"),
+    (["--settings", "floor@worker.rmm-pool-size=lots"], "rmm_pool_size='lots' is not a size"),
     (["--settings", "cudask@memory.pinned-slab-size=huge"],
      "cudask.memory.pinned-slab-size='huge' is not a size"),
     (["--format", "xls"], "'xls'; accepted: csv, parquet, comma-separated"),
@@ -299,6 +302,12 @@ def test_interrupt_stops_the_children_and_removes_the_data(tmp_path: Path) -> No
     _, alive = psutil.wait_procs(processes, timeout=60)
     assert not alive, [p.cmdline() for p in alive]
     assert os.listdir(data_dir) == [] and os.listdir(tmp) == []
+
+
+def test_a_setting_may_choose_the_allocator() -> None:
+    setting = etl_data.setting_named("floor@worker.rmm-async=true")
+    assert setting.dask_config() == {"cudask.worker.rmm-async": True}
+    assert not setting.limited and setting.backend == "cudask"
 
 
 def test_a_setting_with_config_values_of_its_own_runs_under_them(tmp_path: Path) -> None:

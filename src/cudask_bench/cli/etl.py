@@ -46,8 +46,10 @@ def _listed(text: str, accepted: tuple[str, ...], flag: str, example: str) -> tu
 
 def _settings(text: str) -> tuple[str, ...]:
     """--settings: names of SETTINGS, or cudask settings with config values of their own,
-    each checked (the cudask.memory.* values parsed) before anything starts."""
+    each checked (the cudask.memory.* values parsed, the worker's options resolved)
+    before anything starts."""
     from cudask.memory.settings import check_memory_config
+    from cudask.options import resolve
 
     chosen = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
     if not chosen:
@@ -57,6 +59,7 @@ def _settings(text: str) -> tuple[str, ...]:
         try:
             with dask.config.set(setting_named(name).dask_config()):
                 check_memory_config()
+                resolve({}, "cluster", libraries=False)
         except (ValueError, OptionError) as exc:
             raise click.BadParameter(str(exc), param_hint="--settings") from None
     return chosen
@@ -145,8 +148,9 @@ def _limit(text: str, total: int | None) -> int:
               help="The settings compared, comma-separated: floor (cudask, no device limit), "
               "dask-cuda (its default spilling), dask-cuda-cudf-spill (enable_cudf_spill), "
               "cudask (its store), cudask-jit (jit_unspill), cudask-cudf-spill "
-              "(enable_cudf_spill); a cudask one may carry cudask config values of its own, "
-              "'@'-separated: cudask@memory.pinned-slab-size=1GiB. dask-cuda's run only where "
+              "(enable_cudf_spill); a cudask one may carry values of its own for cudask.memory and "
+              "cudask.worker.rmm-* keys, '@'-separated: cudask@memory.pinned-slab-size=1GiB, "
+              "floor@worker.rmm-async=true. dask-cuda's run only where "
               "dask_cuda is found, unless named.")
 @click.option("--format", "formats", default="csv,parquet", show_default=True,
               help="File formats read, comma-separated: csv (read_csv), parquet (read_parquet).")
