@@ -497,3 +497,60 @@ def test_a_block_past_the_widest_slab_gets_a_slab_of_its_own(
     assert pool.slab_size == 16 * KiB and pool.wait_ready(timeout=30)
     assert pool.allocate(40 * KiB).pinned  # its own 48 KiB slab
     pool.close()
+
+
+def test_free_pieces_too_small_for_a_block_make_the_pool_grow(wait_for: WaitFor) -> None:
+    pool = PinnedPool(FakeCopyBackend(), 256 * KiB, 8 * KiB)
+    assert pool.preallocate(32 * KiB) == 32 * KiB
+    held = [pool.allocate(3 * KiB) for _ in range(8)]  # two per slab, a 2 KiB piece left in each
+    assert all(b.pinned for b in held) and pool.slabs == 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert not pool.allocate(3 * KiB).pinned  # 8 KiB free, in 2 KiB pieces
+    assert pool.stats()["pageable-fallback-fragmented-bytes"] == 3 * KiB
+    assert wait_for(lambda: pool.slabs == 5, timeout=30)  # the pieces did not count as free
+    assert pool.allocate(3 * KiB).pinned
+    pool.close()
+
+
+def test_a_block_wider_than_two_of_the_slabs_made_for_another_widens_them_again(
+        wait_for: WaitFor) -> None:
+    pool = PinnedPool(FakeCopyBackend(), MiB, 16 * KiB)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert not pool.allocate(20 * KiB).pinned  # slabs for two: 48 KiB
+        assert pool.slab_size == 48 * KiB and wait_for(lambda: pool.slabs == 1, timeout=30)
+        assert pool.allocate(20 * KiB).pinned  # 28 KiB left in the slab
+        assert not pool.allocate(30 * KiB).pinned  # smaller than a slab, larger than any range
+    assert pool.slab_size == 64 * KiB
+    pool.close()
+
+
+def test_a_slab_too_large_for_the_memory_available_gives_way_to_what_is_missing() -> None:
+    calls = []
+
+    def available() -> int:
+        calls.append(1)
+        return 30 * KiB  # with the whole of it allowed: any 30 KiB more fits
+
+    pool = PinnedPool(FakeCopyBackend(), MiB, 16 * KiB, available=available, available_fraction=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert not pool.allocate(24 * KiB).pinned  # slabs widen to 48 KiB: more than available
+    assert pool.slab_size == 48 * KiB
+    assert pool.wait_ready(timeout=30) and pool.reserved == 24 * KiB  # what was asked
+    deadline = time.monotonic() + 60
+    while not waits_until_woken(pool):  # the thread settles: it does not retry in a loop
+        assert time.monotonic() < deadline, f"the pool's thread never settled ({len(calls)} checks)"
+        time.sleep(0.01)
+    pool.close()
+
+
+def test_no_slab_is_made_ready_that_the_idle_cap_would_give_back(wait_for: WaitFor) -> None:
+    backend = FakeCopyBackend()
+    pool = PinnedPool(backend, MiB, 16 * KiB)
+    pool.limit_idle(10 * KiB)  # less free pinned memory than one slab
+    pool.ensure_free(5 * KiB)
+    assert wait_for(lambda: waits_until_woken(pool), timeout=60)
+    assert pool.reserved == 0 and pool.stats()["pinned-released-bytes"] == 0
+    pool.close()

@@ -48,27 +48,26 @@ class Pinner:
         backend: CopyBackend | None,
         method: str,
         *,
-        slab_size: int,
         populate_threads: int | None,
         warn_once: Callable[[str, str], None],
     ) -> None:
         self.backend = backend
         self.method = resolve_method(method)
-        self.slab_size = slab_size
         self.populate_threads = populate_threads
         self._warn_once = warn_once
         self._mapper: ThreadPoolExecutor | None = None  # faults the next slab in
         self._premapped: Future[int] | None = None
         self._premapped_size = 0
 
-    def pin(self, nbytes: int, *, premap_next: bool) -> tuple[int, bool]:
-        """Page-locked memory of `nbytes`: (address, registered). Registration
-        failures switch the pool to cudaHostAlloc (one warning)."""
+    def pin(self, nbytes: int, *, premap_next: int = 0) -> tuple[int, bool]:
+        """Page-locked memory of `nbytes`: (address, registered), faulting the next
+        slab's `premap_next` bytes in meanwhile (0: none). Registration failures switch
+        the pool to cudaHostAlloc (one warning)."""
         assert self.backend is not None
         if self.method == "register":
             ptr = self._mapped_slab(nbytes)
             if premap_next:
-                self._premap(self.slab_size)
+                self._premap(premap_next)
             try:
                 self.backend.register_host(ptr, nbytes)
                 return ptr, True

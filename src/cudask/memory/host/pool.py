@@ -1,8 +1,8 @@
 """The pinned pool: page-locked host memory in slabs, made ready by its own thread.
 
-Covers: `PinnedPool`, which carves blocks for device -> host copies out of
-pinned slabs (first fit, coalesced on release; a block released while its copy
-is in flight goes back once the copy completes) and never waits for pinning:
+Covers: `PinnedPool`, which carves blocks for device -> host copies out of pinned
+slabs (first fit, coalesced on release, later slabs widened for larger blocks; a block
+released while its copy is in flight goes back once it completes), never waiting for pinning:
 a request that finds no free pinned range gets a fallback block
 (`cudask.memory.host.fallback`) and asks the pool's thread for more. The
 thread ("cudask-pinned") reserves slabs up to a goal (`start_background`,
@@ -100,8 +100,7 @@ class PinnedPool:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._fallbacks = Fallbacks(self._wake, populate_threads)
-        self._pinner = Pinner(backend, method, slab_size=self.slab_size,
-                              populate_threads=populate_threads,
+        self._pinner = Pinner(backend, method, populate_threads=populate_threads,
                               warn_once=self._fallbacks.warn_once)
         self._slabs = Slabs()
         self._reserving = 0  # bytes being reserved by threads outside the lock
@@ -159,17 +158,16 @@ class PinnedPool:
                     return block
         with self._lock:
             reason = self._why_not(size)
+            fragmented = self._slabs.size - self._slabs.in_use >= size
             if reason == "warmup":
-                self._ask_ahead(size)
+                self._ask_ahead(size, fragmented)
             why = fallback.message(reason, capacity=self.capacity, reserved=self.reserved,
                                    goal=self.goal)
-            fragmented = self._slabs.size - self._slabs.in_use >= size
         return self._fallbacks.block(nbytes, reason, why, register_later=self.method == "register",
                                      fragmented=fragmented)
 
     def preallocate(self, nbytes: int | None = None) -> int:
-        """Reserve slabs up to `nbytes` (default: the capacity) in the calling
-        thread; return the bytes reserved."""
+        """Reserve slabs up to `nbytes` (default: the capacity) here; return the bytes reserved."""
         goal = self.capacity if nbytes is None else min(nbytes, self.capacity)
         while (remaining := goal - self.reserved - self._reserving) >= self.alignment:
             if not self._grow(min(self.slab_size, remaining - remaining % self.alignment)):
@@ -214,22 +212,20 @@ class PinnedPool:
         """Wait until the goal is reserved (or pinning failed, the footprint limit
         was reached, or the pool closed); return whether the goal is reserved."""
         with self._lock:
-            def done() -> bool:
-                return (self._closed or self._pin_failed
-                        or (not self._fits(self.slab_size) and not self._reserving)
-                        or self.reserved >= self._target())
+            def done() -> bool:  # the footprint limit: not even what is missing fits
+                missing = max(int(self._target() - self.reserved), self.alignment)
+                return (self._closed or self._pin_failed or self.reserved >= self._target()
+                        or (not self._fits(min(missing, self.slab_size)) and not self._reserving))
 
             self._wake.wait_for(done, timeout)
             return self.reserved >= self._target()
 
     def _target(self) -> float:
-        """Bytes the thread reserves up to: the goal, within the capacity and the
-        free bytes allowed beyond those in use (lock held)."""
+        """Bytes the thread reserves up to: the goal, within capacity and idle cap (lock held)."""
         return min(self.goal, self.capacity, self._slabs.in_use + self.idle_cap)
 
     def _fits(self, size: int) -> bool:
-        """Whether `size` more pinned bytes stay within the capacity and the
-        available-memory limit (lock held)."""
+        """Whether `size` more pinned bytes stay within capacity and available memory (lock held)."""
         held = self.reserved + self._reserving + self._fallbacks.registered
         if held + size > self.capacity:
             return False
@@ -245,15 +241,17 @@ class PinnedPool:
             return "available"
         return "warmup"
 
-    def _ask_ahead(self, size: int) -> None:
-        """Raise the goal so `size` more bytes plus the headroom are free ahead of
-        use; a block larger than a slab also widens later slabs (lock held)."""
+    def _ask_ahead(self, size: int, fragmented: bool = False) -> None:
+        """Raise the goal so `size` more bytes plus the headroom are free ahead of use (beyond
+        the reserved bytes where their free pieces are too small: `fragmented`); a block
+        larger than a slab widens later slabs (lock held)."""
         if size > self.slab_size:
             self._big = max(self._big, size)
-            self.slab_size = self._pinner.slab_size = min(
-                wider(size, self.base_slab, self.slab_size),
-                max(self.capacity - self.capacity % self.alignment, self.base_slab))
-        want = min(self.in_use + size + self.headroom, self.capacity)
+        if size > self.base_slab:
+            self.slab_size = min(wider(size, self.base_slab, self.slab_size),
+                                 max(self.capacity - self.capacity % self.alignment, self.base_slab))
+        ahead = max(self.in_use + self.headroom, self.reserved if fragmented else 0)
+        want = min(ahead + size, self.capacity)
         if want > self.goal or self._big or self.reserved + self._reserving < self.goal:
             # (a goal not met may have waited for memory to become available)
             self.goal = max(self.goal, want)
@@ -284,15 +282,18 @@ class PinnedPool:
                 slab_bytes -= slab_bytes % self.alignment
                 if slab_bytes < size or slab_bytes <= 0:
                     return False
-            if not self._fits(slab_bytes):
-                return False
+            if not self._fits(slab_bytes):  # a whole slab is too much: what was asked, if that fits
+                slab_bytes = round_up(size, self.alignment)
+                if not self._fits(slab_bytes):
+                    return False
             self._reserving += slab_bytes
             more = premap and (
                 self._target() - self.reserved - self._reserving >= self.slab_size
             )
+            after = self.slab_size if more else 0
         started = time.perf_counter()
         try:
-            ptr, registered = self._pinner.pin(slab_bytes, premap_next=more)
+            ptr, registered = self._pinner.pin(slab_bytes, premap_next=after)
         except Exception as exc:  # noqa: BLE001 - the driver or kernel refused: stop trying
             self._fallbacks.warn_once(
                 "refused", f"pinning {slab_bytes} bytes of host memory failed: {exc}"
@@ -316,10 +317,8 @@ class PinnedPool:
 
     # -- the pool's thread ---------------------------------------------------------
     def _step(self) -> bool:
-        """One step of the pool's thread: reserve a slab if below the goal,
-        register a fallback block, or give back the slabs idle for
-        `release_after`; return False when closed. Waits while there is
-        nothing to do."""
+        """One step of the pool's thread: reserve a slab if below the goal, register a fallback
+        block, or give back the slabs idle for `release_after`; False when closed. Waits idle."""
         idle: list[Slab] = []
         size = 0
         self._collect()  # blocks whose copies completed since they were released
@@ -328,9 +327,11 @@ class PinnedPool:
                 if self._closed:
                     return False
                 missing = int(self._target() - self.reserved - self._reserving)
-                if self._big and self.reserved - self.in_use + self._big > self.idle_cap:
+                room = self.idle_cap - (self.reserved + self._reserving - self.in_use)
+                if self._big > room:
                     self._big = 0  # no room for a free slab that large
-                if ((missing >= self.alignment or self._big) and not self._pin_failed
+                grow = missing >= self.alignment and room >= self.slab_size  # else given back
+                if ((grow or self._big) and not self._pin_failed
                         and self._fits(min(max(missing, self.alignment), self.slab_size))):
                     size = min(self.slab_size, max(missing - missing % self.alignment, 0))
                     if self._big:
@@ -459,11 +460,10 @@ class PinnedPool:
             self._pinner.free(slab)
 
     def stats(self) -> dict[str, float]:
-        """Pool state for the store's metrics: capacity, reserved and in-use bytes,
-        readiness (1.0 when the goal is reserved), how fast memory was made ready
-        (`pinned-provision-*`; fallback blocks registered later: `pageable-registered-*`),
-        pageable fallbacks (`-warmup-`: waiting for the thread), rests, deferrals for
-        device traffic and bytes given back while idle."""
+        """Pool state for the store's metrics: capacity, reserved and in-use bytes, readiness
+        (1.0: the goal reserved), how fast memory was made ready (`pinned-provision-*`;
+        fallback blocks registered later: `pageable-registered-*`), pageable fallbacks
+        (`-warmup-`: waiting for the thread), rests, deferrals, bytes given back."""
         with self._lock:
             goal = min(self.goal, self.capacity)
             ready = 1.0 if goal <= 0 else min(self.reserved / goal, 1.0)

@@ -161,10 +161,10 @@ WIDEST = 1 << 30
 
 def wider(block: int, base: int, current: int) -> int:
     """The size of later slabs once a block of `block` bytes found no free range: a
-    multiple of `base` holding two such blocks, or one where two would pass `WIDEST`;
-    `current` for a block past it (the pool gives that one a slab of its own). A block
-    lies in one slab, so slabs smaller than a workload's blocks leave their free bytes
-    unusable to it."""
+    multiple of `base` holding two such blocks, at most `WIDEST` (or `base`), and at
+    least one block; `current` for a block past that bound (the pool gives it a slab
+    of its own), and never below `current`. A block lies in one slab, so slabs smaller
+    than a workload's blocks leave their free bytes unusable to it."""
     def multiple(n: int) -> int:
         return -(-n // base) * base
 
