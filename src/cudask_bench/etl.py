@@ -80,7 +80,8 @@ def run_etl(plan: EtlPlan, targets: Mapping[str, Target],
             progress: harness.ProgressLine | None = None, argv: Sequence[str] = (),
             checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Write the data, run every setting on every format, return the document; after
-    each child, hand `checkpoint` the document so far (status "partial")."""
+    the data and after each child, hand `checkpoint` the document so far (status
+    "partial", `failed_so_far`, no `finished_at`)."""
     progress = progress or harness.ProgressLine(False)
     started, t0 = _dt.datetime.now(_dt.UTC), time.perf_counter()
     order = rotation(plan.settings, plan.repeat)
@@ -95,6 +96,16 @@ def run_etl(plan: EtlPlan, targets: Mapping[str, Target],
                 shim = make_shim()
         data = _spawn(plan, local, "cudask_bench.etl_data", ["--root", root], None, progress,
                       "data", "writing the files")
+
+        def save() -> None:  # the document so far: status "partial", whether any failed
+            if checkpoint is not None:
+                doc = document(plan, data, copy.deepcopy(results), order, targets, started,
+                               time.perf_counter() - t0, argv)
+                doc.pop("finished_at")
+                with stopping.deferred():  # handed over whole
+                    checkpoint(doc | {"status": "partial", "failed_so_far": doc["status"] != "ok"})
+
+        save()
         total = plan.repeat * len(plan.formats) * len(plan.settings)
         done = 0
         for rep, names in enumerate(order):
@@ -108,11 +119,7 @@ def run_etl(plan: EtlPlan, targets: Mapping[str, Target],
                     earlier.append(_spawn(plan, targets[setting_named(name).backend], "cudask_bench.etl_run",
                                           ["--root", root, "--setting", name, "--format", fmt],
                                           shim, progress, f"{done}/{total}", label))
-                    if checkpoint is not None:
-                        with stopping.deferred():  # a file written whole, or the last one kept
-                            checkpoint(document(plan, data, copy.deepcopy(results), order, targets,
-                                                started, time.perf_counter() - t0, argv)
-                                       | {"status": "partial"})
+                    save()
     finally:
         shutil.rmtree(root, ignore_errors=True)
         if shim is not None:

@@ -120,9 +120,12 @@ def test_a_run_over_both_formats_rotates_checks_and_removes_its_data(
     plan = dataclasses.replace(SMALL, repeat=2, formats=("parquet",), data_dir=str(tmp_path))
     saved: list[dict[str, Any]] = []
     doc = etl.run_etl(plan, {"cudask": Target(sys.executable)}, argv=["etl"], checkpoint=saved.append)
-    assert [d["status"] for d in saved] == ["partial"] * 4  # the document so far, after each child
-    assert [sum(len(e["children"]) for e in d["results"]["parquet"].values()) for d in saved] == [1, 2, 3, 4]
+    # the document so far, after the data and after each child
+    assert [(d["status"], d["failed_so_far"]) for d in saved] == [("partial", False)] * 5
+    assert [sum(len(e["children"]) for e in d["results"].get("parquet", {}).values())
+            for d in saved] == [0, 1, 2, 3, 4]
     assert saved[-1]["results"]["parquet"]["cudask"]["correct"]  # checked as the last document is
+    assert all("finished_at" not in d for d in saved) and "finished_at" in doc
     lines = capsys.readouterr().out.splitlines()  # one per child as it ends
     assert lines[0].startswith("[data] writing the files: ") and len(lines) == 5
     assert lines[1].startswith("[1/4] floor parquet (repetition 1): cold ") and "; warm 1 " in lines[1]
@@ -323,4 +326,16 @@ def test_a_setting_with_config_values_of_its_own_runs_under_them(tmp_path: Path)
     assert entry["description"] == setting.description
     assert [c["config"] for c in entry["children"]] == [{"cudask.memory.spill-target": 0.75}]
     assert [c["worker_config"] for c in entry["children"]] == [{"cudask.memory.spill-target": 0.75}]
+
+
+def test_results_so_far_that_cannot_be_written_are_said_once_and_the_run_goes_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from cudask_bench.cli.etl import _saver
+
+    (tmp_path / "file").write_text("")
+    save = _saver(str(tmp_path / "file" / "out.json"))  # under a file: no folder to write in
+    save({"workload": "etl"})
+    save({"workload": "etl"})
+    err = capsys.readouterr().err
+    assert err.count("could not write the results so far to --output") == 1 and "going on" in err
 

@@ -16,6 +16,7 @@ import dataclasses
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -24,7 +25,7 @@ from dask.utils import format_bytes
 
 from cudask.errors import MissingDependencyError, NoGPUError, OptionError
 from cudask.sizes import parse_size
-from cudask_bench import environment, harness, targets
+from cudask_bench import environment, harness, stopping, targets
 from cudask_bench.cli.plan import command, given
 from cudask_bench.etl import failures, run_etl, summary
 from cudask_bench.etl_data import FACT_ROW_BYTES, FORMATS, FRAMES, SETTINGS, EtlPlan, setting_named
@@ -63,6 +64,23 @@ def _settings(text: str) -> tuple[str, ...]:
         except (ValueError, OptionError) as exc:
             raise click.BadParameter(str(exc), param_hint="--settings") from None
     return chosen
+
+
+def _saver(output: str) -> Callable[[dict[str, Any]], None]:
+    """Write the results so far to `output`; a failed write is said once on stderr and the
+    run goes on (its results are written at the end, or shown)."""
+    said: list[str] = []
+
+    def save(partial: dict[str, Any]) -> None:
+        try:
+            write_json(partial, output)
+        except OSError as exc:
+            if not said:
+                said.append(str(exc))
+                click.echo(f"cudask bench etl: could not write the results so far to "
+                           f"--output {output!r}: {exc}; going on", err=True)
+
+    return save
 
 
 def _gpu_total(frames: str, device: str) -> int | None:
@@ -208,10 +226,11 @@ def etl(ctx: click.Context, kw: dict[str, Any]) -> None:
     plan, found = resolve_targets(kw, plan, asked=given(ctx, "settings"))
     output = kw["output"]
     doc = run_etl(plan, found, harness.ProgressLine(kw["progress"]), argv=sys.argv,
-                  checkpoint=(lambda partial: write_json(partial, output)) if output else None)
-    if kw["output"]:
-        write_json(doc, kw["output"])
-        click.echo(f"results: {kw['output']}")
+                  checkpoint=_saver(output) if output else None)
+    if output:
+        with stopping.deferred():  # the whole document, not the last partial one
+            write_json(doc, output)
+        click.echo(f"results: {output}")
     for line in summary(doc):
         click.echo(line)
     bad = failures(doc)
