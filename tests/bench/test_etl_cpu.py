@@ -288,7 +288,7 @@ def test_interrupt_stops_the_children_and_removes_the_data(tmp_path: Path) -> No
                                 "signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"),
          sys.executable, "-m",
          "cudask.cli", *PANDAS, "--device-memory-limit", "1kB", "--settings", "cudask",
-         "--warm-runs", "100000", "--data-dir", str(data_dir)],
+         "--warm-runs", "100000", "--data-dir", str(data_dir), "--output", str(tmp_path / "out.json")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "TMPDIR": str(tmp)})
     try:
@@ -305,6 +305,9 @@ def test_interrupt_stops_the_children_and_removes_the_data(tmp_path: Path) -> No
     _, alive = psutil.wait_procs(processes, timeout=60)
     assert not alive, [p.cmdline() for p in alive]
     assert os.listdir(data_dir) == [] and os.listdir(tmp) == []
+    saved = json.loads((tmp_path / "out.json").read_text())  # written once the data was there
+    assert saved["status"] == "partial" and saved["data"]["status"] == "ok"
+    assert f"the results so far (status partial) are in {tmp_path / 'out.json'}" in err
 
 
 def test_a_setting_may_choose_the_allocator() -> None:
@@ -330,12 +333,13 @@ def test_a_setting_with_config_values_of_its_own_runs_under_them(tmp_path: Path)
 
 def test_results_so_far_that_cannot_be_written_are_said_once_and_the_run_goes_on(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from cudask_bench.cli.etl import _saver
+    from cudask_bench.cli.etl import _Saver
 
     (tmp_path / "file").write_text("")
-    save = _saver(str(tmp_path / "file" / "out.json"))  # under a file: no folder to write in
+    save = _Saver(str(tmp_path / "file" / "out.json"))  # under a file: no folder to write in
     save({"workload": "etl"})
     save({"workload": "etl"})
     err = capsys.readouterr().err
     assert err.count("could not write the results so far to --output") == 1 and "going on" in err
+    assert not save.written
 

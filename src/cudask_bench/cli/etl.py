@@ -16,7 +16,6 @@ import dataclasses
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
 from typing import Any
 
 import click
@@ -66,21 +65,23 @@ def _settings(text: str) -> tuple[str, ...]:
     return chosen
 
 
-def _saver(output: str) -> Callable[[dict[str, Any]], None]:
-    """Write the results so far to `output`; a failed write is said once on stderr and the
-    run goes on (its results are written at the end, or shown)."""
-    said: list[str] = []
+class _Saver:
+    """Writes the results so far to `output`; a failed write is said once on stderr and
+    the run goes on (its results are written at the end, or shown). `written`: whether a
+    write succeeded."""
 
-    def save(partial: dict[str, Any]) -> None:
+    def __init__(self, output: str) -> None:
+        self.output, self.written, self._said = output, False, False
+
+    def __call__(self, partial: dict[str, Any]) -> None:
         try:
-            write_json(partial, output)
+            write_json(partial, self.output)
+            self.written = True
         except OSError as exc:
-            if not said:
-                said.append(str(exc))
+            if not self._said:
+                self._said = True
                 click.echo(f"cudask bench etl: could not write the results so far to "
-                           f"--output {output!r}: {exc}; going on", err=True)
-
-    return save
+                           f"--output {self.output!r}: {exc}; going on", err=True)
 
 
 def _gpu_total(frames: str, device: str) -> int | None:
@@ -225,8 +226,15 @@ def etl(ctx: click.Context, kw: dict[str, Any]) -> None:
     _check_disk(plan)
     plan, found = resolve_targets(kw, plan, asked=given(ctx, "settings"))
     output = kw["output"]
-    doc = run_etl(plan, found, harness.ProgressLine(kw["progress"]), argv=sys.argv,
-                  checkpoint=_saver(output) if output else None)
+    saver = _Saver(output) if output else None
+    try:
+        doc = run_etl(plan, found, harness.ProgressLine(kw["progress"]), argv=sys.argv,
+                      checkpoint=saver)
+    except stopping.Interrupted:
+        if saver is not None and saver.written:
+            click.echo(f"cudask bench etl: the results so far (status partial) are in {output}",
+                       err=True)
+        raise
     if output:
         with stopping.deferred():  # the whole document, not the last partial one
             write_json(doc, output)
