@@ -15,7 +15,8 @@ each phase's peak (`bound`: the limit plus the largest task's inputs and output,
 cudask_bench.working_set) and whether the peaks are within `SLACK` of it, its error
 (the first failure, never hidden); a line on stdout as each child ends
 (`child_line`) and the document so far handed to a `checkpoint` (the command writes it
-to --output, so an interrupted run keeps what finished), and `summary`, the lines the command prints (a table per format, last).
+to --output, so an interrupted run keeps what finished); and `summary`, the lines the
+command prints (a table per format, last).
 
 Does not cover: the options and their checks (cudask_bench.cli.etl), the work itself
 (cudask_bench.etl_run). Threading: the command's thread; spawn_runner reads each child's
