@@ -71,7 +71,8 @@ def child_line(position: str, label: str, result: Mapping[str, Any]) -> str:
     """One child's outcome as one line: each run's total and peak, or the error."""
     if result.get("status") != "ok":
         return f"[{position}] {label}: FAILED: {result.get('error')}"
-    runs = [f"{r.get('kind')} {_n(r.get('total_s'), 0)} s"
+    runs = [f"{r.get('kind')} FAILED: {r['error']}" if r.get("error") else
+            f"{r.get('kind')} {_n(r.get('total_s'), 0)} s"
             + (f" (peak {r['peak_bytes'] / GB:.2f} GB)" if r.get("peak_bytes") is not None else "")
             for r in result.get("runs", [])]
     return f"[{position}] {label}: " + ("; ".join(runs) + " (answers checked at the end)" if runs else "ok")

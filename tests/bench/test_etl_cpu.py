@@ -239,8 +239,9 @@ PANDAS = ["bench", "etl", "--frames", "pandas", "--files", "3", "--rows-per-file
     (["--settings", "floor,nope"], "'nope': accepted: floor, dask-cuda, "),
     (["--settings", "cudask@memory.nope=1"], "'memory.nope=1' is not KEY=VALUE with KEY a cudask"),
     (["--settings", "cudask@worker.jit-unspill=true"], "with KEY a cudask.memory or cudask.worker.rmm-"),
-    (["--settings", "floor@worker.rmm-async=true@worker.rmm-managed-memory=true"],
-     "rmm_async=True and rmm_managed_memory=True cannot be combined"),
+    (["--settings", "floor,floor@worker.rmm-async=true@worker.rmm-managed-memory=true"],
+     ("'floor@worker.rmm-async=true@worker.rmm-managed-memory=true': rmm_async=True and "
+      "rmm_managed_memory=True cannot be combined")),
     (["--settings", "floor@worker.rmm-pool-size=lots"], "rmm_pool_size='lots' is not a size"),
     (["--settings", "cudask@memory.pinned-slab-size=huge"],
      "cudask.memory.pinned-slab-size='huge' is not a size"),
@@ -342,4 +343,12 @@ def test_results_so_far_that_cannot_be_written_are_said_once_and_the_run_goes_on
     err = capsys.readouterr().err
     assert err.count("could not write the results so far to --output") == 1 and "going on" in err
     assert not save.written
+
+
+def test_a_run_that_failed_inside_a_child_is_shown_with_its_error() -> None:
+    result = {"status": "ok", "runs": [{"kind": "cold", "total_s": 1.5, "peak_bytes": 2e9},
+                                       {"kind": "warm 1", "error": "MemoryError: merge"}]}
+    assert etl.child_line("2/6", "cudask parquet", result) == (
+        "[2/6] cudask parquet: cold 1.50 s (peak 2.00 GB); warm 1 FAILED: MemoryError: merge "
+        "(answers checked at the end)")
 

@@ -61,7 +61,8 @@ def _settings(text: str) -> tuple[str, ...]:
                 check_memory_config()
                 resolve({}, "cluster", libraries=False)
         except (ValueError, OptionError) as exc:
-            raise click.BadParameter(str(exc), param_hint="--settings") from None
+            said = str(exc) if repr(name) in str(exc) else f"{name!r}: {exc}"  # which setting
+            raise click.BadParameter(said, param_hint="--settings") from None
     return chosen
 
 
