@@ -86,7 +86,7 @@ def run_etl(plan: EtlPlan, targets: Mapping[str, Target],
     "partial", `failed_so_far`, no `finished_at`)."""
     progress = progress or harness.ProgressLine(False)
     started, t0 = _dt.datetime.now(_dt.UTC), time.perf_counter()
-    order = rotation(plan.settings, plan.repeat)
+    order, env = rotation(plan.settings, plan.repeat), harness_environment()
     results: dict[str, dict[str, list[dict[str, Any]]]] = {
         fmt: {name: [] for name in plan.settings} for fmt in plan.formats}
     local = Target(sys.executable)
@@ -102,7 +102,7 @@ def run_etl(plan: EtlPlan, targets: Mapping[str, Target],
         def save() -> None:  # the document so far: status "partial", whether any failed
             if checkpoint is not None:
                 doc = document(plan, data, copy.deepcopy(results), order, targets, started,
-                               time.perf_counter() - t0, argv)
+                               time.perf_counter() - t0, argv, env)
                 doc.pop("finished_at")
                 with stopping.deferred():  # handed over whole
                     checkpoint(doc | {"status": "partial", "failed_so_far": doc["status"] != "ok"})
@@ -126,7 +126,8 @@ def run_etl(plan: EtlPlan, targets: Mapping[str, Target],
         shutil.rmtree(root, ignore_errors=True)
         if shim is not None:
             remove_shim(shim)
-    return document(plan, data, results, order, targets, started, time.perf_counter() - t0, argv)
+    return document(plan, data, results, order, targets, started, time.perf_counter() - t0, argv,
+                    env)
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -190,10 +191,17 @@ def setting_entry(name: str, children: list[dict[str, Any]],
     return entry
 
 
+def harness_environment() -> dict[str, Any]:
+    """The machine and this process's library versions (about a second: read once a run)."""
+    return {"machine": environment.machine(),
+            "harness": {"python": sys.executable, "versions": environment.versions()}}
+
+
 def document(plan: EtlPlan, data: Mapping[str, Any], results: Mapping[str, Mapping[str, list[Any]]],
              order: list[list[str]], targets: Mapping[str, Target], started: _dt.datetime,
-             wall: float, argv: Sequence[str]) -> dict[str, Any]:
-    """The result document (before provenance: cudask_bench.report.write_json adds it)."""
+             wall: float, argv: Sequence[str], env: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The result document (before provenance: cudask_bench.report.write_json adds it);
+    `env`: `harness_environment()`, read here when not given."""
     formats = data.get("formats") or {}
     out: dict[str, dict[str, Any]] = {}
     for fmt, by_name in results.items():
@@ -217,8 +225,7 @@ def document(plan: EtlPlan, data: Mapping[str, Any], results: Mapping[str, Mappi
         "plan": asdict(plan), "order": order, "skipped": dict(plan.skipped), "data": dict(data),
         "targets": {b: {"python": t.python, "pythonpath": list(t.pythonpath)}
                     for b, t in targets.items()},
-        "results": out, "machine": environment.machine(),
-        "harness": {"python": sys.executable, "versions": environment.versions()},
+        "results": out, **(env if env is not None else harness_environment()),
     }
 
 

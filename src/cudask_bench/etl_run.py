@@ -429,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             import dask
 
             with dask.config.set(setting.dask_config()):  # the setting's own cudask.* values
-                result["config"] = {key: dask.config.get(key) for key in setting.dask_config()}
+                result["config"] = _config_values(list(setting.dask_config()))
                 execute(plan, args.root, setting, args.format, result,
                         Progress(1 + len(PHASES) * (1 + plan.warm_runs)))
         finally:

@@ -8,8 +8,9 @@ workers over TCP and UCX when asked), each run without and with each RMM pool of
 plan (a `Case`); `--rounds` rounds, each running every case once in a fresh cluster,
 the order rotated by one case each round (`rotations`: no case always pays the
 machine's first-use costs), after `warmup` runs of round 0's first case that the
-figures leave out (the report's "warmup": they take the machine's first-use costs). Per case and round, a fresh scheduler in this process and
-one worker process per placement entry (its CUDA_VISIBLE_DEVICES, a worker per GPU in
+figures leave out (the report's "warmup": they take the machine's first-use costs).
+Per case and round, a fresh scheduler in this process and one worker process per
+placement entry (its CUDA_VISIBLE_DEVICES, a worker per GPU in
 it: ("0", "0") two workers on GPU 0, ("0", "1") one on each of two GPUs seeing its own
 alone, ("0,1",) one process over both), then
 - all-to-all: an N x N float64 CuPy array in row blocks rechunked to column blocks
