@@ -262,6 +262,8 @@ CONFIG = [
     ({"cudask.comm.device-ipc": "often"}, "cudask.comm.device-ipc='often'", "true or false"),
     ({"cudask.comm.device-ipc-min-size": "banana"}, "cudask.comm.device-ipc-min-size='banana'",
      "'1MiB'"),
+    ({"cudask.comm.device-ipc-lease": "soon"}, "cudask.comm.device-ipc-lease='soon'", "'10s'"),
+    ({"cudask.comm.device-ipc-lease": 1}, "cudask.comm.device-ipc-lease=1", "at least 5 s"),
     ({"cudask.memory.spill-on-demand": "often"}, "cudask.memory.spill-on-demand='often'",
      "true or false"),
     ({"cudask.memory.spill-at-limit": "often"}, "cudask.memory.spill-at-limit='often'",

@@ -102,9 +102,10 @@ def _warm_up(module: str) -> int:
     x = xp.arange(1000, dtype="int64") % 1000
     total = int((_with_temporary(x, 8000, module)).sum()) + int(x.sum())
     del x
-    pool = getattr(xp, "get_default_memory_pool", None)
-    if pool is not None:
-        pool().free_all_blocks()
+    if module == "cupy":  # the pool this worker's CuPy allocates from (cudask.comm.leases)
+        from cudask.comm.leases import current_pool
+
+        current_pool().free_all_blocks()
     return total
 
 

@@ -8,6 +8,7 @@ which way it went."""
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from pathlib import Path
@@ -155,6 +156,10 @@ def _mapped() -> int:
     return ipc.mapped()
 
 
+def _none_mapped(client: Any, workers: list[str]) -> bool:
+    return all(n == 0 for n in client.run(_mapped, workers=workers).values())
+
+
 def _pid() -> int:
     import os
 
@@ -205,7 +210,8 @@ def test_a_worker_killed_mid_transfer(victim: str, tmp_path: Path) -> None:
             by_name = {info["name"]: addr for addr, info in workers_info(client).items()}
             a, b = by_name[names[a]], by_name[names[b]]
             names = {a: "w0", b: "w1"}
-            assert all(n == 0 for n in client.run(_mapped, workers=workers).values())
+            # leased mappings close half a lease after their last use (cudask.comm.leases)
+            assert wait_for(functools.partial(_none_mapped, client, workers), timeout=120)
 
 
 @pytest.mark.gpu
@@ -238,6 +244,53 @@ def test_pool_slabs_stay_mapped(placement: list[str]) -> None:
         while client.run(_mapped, workers=[b])[b] and time.monotonic() < deadline:
             time.sleep(0.5)
         assert client.run(_mapped, workers=[b])[b] == 0
+
+
+def _lease_stats() -> dict[str, float]:
+    from cudask.comm import leases
+
+    return leases.stats()
+
+
+def _give_back_cached_blocks() -> None:
+    from cudask.comm.leases import current_pool
+
+    current_pool().free_all_blocks()
+
+
+def _keys(dask_worker: Any) -> int:
+    return len(dask_worker.data)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("placement", [["0", "0"], pytest.param(["0", "1"], marks=pytest.mark.multigpu)],
+                         ids=["one-gpu", "two-gpus"])
+def test_leased_chunks_stay_mapped(placement: list[str]) -> None:
+    """Without an RMM pool, the worker's CuPy allocates from cudask's leasing pool:
+    the receiver maps a sent chunk once and keeps it for the next transfers, every
+    value identical. When the sender's pool gives its cached chunks back, the sent
+    one stays allocated until its lease ends; the receiver closes its mapping after
+    half the lease, and the sender then frees the chunk."""
+    pytest.importorskip("cupy")
+    env = {"DASK_CUDASK__COMM__DEVICE_IPC_LEASE": "6s"}
+    with worker_processes(placement, env=env, args=["--device-memory-limit", "16GB"]) as client:
+        a, b = sorted(workers_info(client))
+        assert client.run(_lease_stats, workers=[a])[a]["lease-seconds"] == 6.0
+        for i in range(4):  # one 256 MiB value at a time: each in the chunk the last one left
+            x = client.submit(make_value, 400 + i, 256 * MiB, "f8", workers=[a], pure=False)
+            there = client.submit(digest, x, workers=[a], pure=False).result(timeout=120)
+            assert client.submit(digest, x, workers=[b], pure=False).result(timeout=120) == there
+            del x
+            assert wait_for(lambda: client.run(_keys, workers=[a])[a] == 0, timeout=120)
+        stats = client.run(_ipc_stats, workers=[b])[b]
+        assert stats["received"] >= 4 and stats["mappings-reused"] >= 1, stats
+        assert stats["mappings-opened"] + stats["mappings-reused"] == stats["received"], stats
+        client.run(_give_back_cached_blocks, workers=[a])
+        assert client.run(_lease_stats, workers=[a])[a]["chunks-retired-bytes"] >= 256 * MiB
+        assert wait_for(lambda: client.run(_mapped, workers=[b])[b] == 0, timeout=120)
+        assert wait_for(lambda: client.run(_lease_stats, workers=[a])[a]["chunks-retired-bytes"] == 0,
+                        timeout=120)
+        assert client.run(_lease_stats, workers=[a])[a]["chunks-freed-late"] >= 1
 
 
 @pytest.mark.gpu

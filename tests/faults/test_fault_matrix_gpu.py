@@ -533,9 +533,9 @@ def test_pinned_pool_exhausted_mid_spill(fault_row: Row) -> None:
 
 # ---------------------------------------------------------------- another process
 def _free_cached_blocks() -> None:
-    import cupy
+    from cudask.comm.leases import current_pool
 
-    cupy.get_default_memory_pool().free_all_blocks()
+    current_pool().free_all_blocks()
 
 
 @contextlib.contextmanager

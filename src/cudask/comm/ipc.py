@@ -8,7 +8,8 @@ too), each cuDF object's device buffers (``device_serialize``), and each
 JIT-unspill proxy's object on the device, going to a worker on the same host,
 is sent as a CUDA IPC handle of its allocation plus offset and layout. The
 receiver maps the allocation, copies into memory of its own, waits for the
-copy, unmaps (or keeps a lasting pool slab mapped: cudask.comm.lifetimes), and
+copy, unmaps (or keeps mapped a lasting pool slab, or a leased chunk of CuPy's
+pool for a while: cudask.comm.lifetimes, cudask.comm.leases), and
 only then answers, so the sender's memory outlives every mapping of it.
 Anything else falls through to distributed's own serializers. Also the
 per-process switch (`enable`, `disable`), counters (`stats`, `declined`) and
@@ -45,7 +46,7 @@ from typing import Any
 
 from distributed.protocol.serialize import register_serialization_family
 
-from cudask.comm import ipc_cuda, ipc_layout, lifetimes
+from cudask.comm import ipc_cuda, ipc_layout, leases, lifetimes
 from cudask.comm.ipc_cuda import Backend, Explained
 from cudask.memory.host import traffic
 from cudask.memory.jit import wire
@@ -87,6 +88,9 @@ _state = _State()
 # here until the sender has the peer's answer. Set by `keep_alive`; a context variable,
 # so distributed's serialization threads (offload copies the context) see the same list.
 _held: ContextVar[list[Any] | None] = ContextVar("cudask_ipc_held", default=None)
+# The chunks of the leasing pool (cudask.comm.leases) sent by handle inside `keep_alive`,
+# leased from the end of the block.
+_leased: ContextVar[list[int] | None] = ContextVar("cudask_ipc_leased", default=None)
 
 
 @contextmanager
@@ -95,11 +99,13 @@ def keep_alive() -> Iterator[None]:
     send and the wait for the peer's answer (cudask.comm.worker.Worker.get_data,
     the explicit-comms shuffle). Objects whose device frames need it go by handle
     only inside such a block."""
-    token = _held.set([])
+    token, leased = _held.set([]), _leased.set([])
     try:
         with traffic.moving():  # the peer maps and reads this process's memory meanwhile
             yield
     finally:
+        leases.extend(_leased.get() or ())  # the peer has answered (or failed): leases start now
+        _leased.reset(leased)
         _held.reset(token)
 
 
@@ -264,9 +270,14 @@ def _export(backend: Backend, x: Any) -> dict[str, Any]:
     except RuntimeError as exc:  # CUDA errors, e.g. stream-ordered (cudaMallocAsync) memory
         _decline(f"its memory cannot be exported for IPC ({exc})")
     backend.ready()
-    held = _held.get()
+    held, leased = _held.get(), _leased.get()
     if held is not None:  # alive until the peer answers, even if its owner lets go (a spilled proxy)
         held.append(x)
+    base = layout.address - offset
+    lasting = lifetimes.sending(base)  # an RMM pool slab
+    lease = leases.sending(base) if leased is not None and not lasting else 0.0
+    if lease and leased is not None:
+        leased.append(base)
     itemsize = int(layout.typestr[2:])
     return {
         "shape": list(layout.shape),
@@ -275,7 +286,8 @@ def _export(backend: Backend, x: Any) -> dict[str, Any]:
         "strides": list(layout.strides),
         "handle": handle,
         "offset": offset,
-        "lasting": lifetimes.sending(layout.address - offset),  # an RMM pool slab
+        "lasting": lasting,
+        "lease": lease,  # seconds the sender keeps the allocation after answered (leases)
         "nbytes": itemsize * math.prod(layout.shape),
     }
 
@@ -347,10 +359,13 @@ def _receive_array(backend: Backend, entry: dict[str, Any], mappings: ExitStack,
                    sender: lifetimes.Process | None) -> Any:
     """A new array of this process holding a copy of the one `entry` names (the
     mapping is in use in `mappings` until the caller closes it, then closed, or
-    kept when the sender marked its allocation lasting and `sender` is given)."""
+    kept when the sender marked its allocation lasting or leased and `sender` is
+    given)."""
     out = backend.empty(tuple(entry["shape"]), entry["dtype"], entry["order"])
-    keep = sender if entry.get("lasting") else None
-    base = mappings.enter_context(_state.mappings.use(Explained(backend), bytes(entry["handle"]), keep))
+    lease = float(entry.get("lease") or 0.0)
+    keep = sender if entry.get("lasting") or lease else None
+    base = mappings.enter_context(
+        _state.mappings.use(Explained(backend), bytes(entry["handle"]), keep, lease))
     backend.copy(out, base + int(entry["offset"]), tuple(int(s) for s in entry["strides"]))
     return out
 

@@ -6,13 +6,16 @@ resource, `Slabs`), which the sender marks "lasting" in what it sends; and the
 receiver's mappings of other processes' allocations (`Mappings`): opened on
 first use, shared by the arrays received together, closed after the message,
 except lasting ones, which stay open for the next messages until their sender's
-process ends (checked by `sweep`, which the worker runs periodically, and on
-each receive), more than `limit` of them sit idle, or the worker closes.
-Only lasting allocations stay mapped, since CUDA leaves undefined what happens
-when an exporter frees memory another process maps; a pool one of whose slabs
-was sent is held until its process ends (`keep_if_shared`). A sender is known
-by pid, start time and pid namespace; mappings of a sender in another pid
-namespace are never kept. Costs and reasons: docs/design/comm.md.
+process ends, and leased ones (chunks of CuPy's pool that the sender keeps
+allocated for a lease after the message: cudask.comm.leases), which stay open
+for half the lease after their last use. `sweep`, which the worker runs
+periodically and on each receive, closes what has ended; idle mappings past
+`limit` are closed, and all when the worker closes. Only lasting and leased
+allocations stay mapped, since CUDA leaves undefined what happens when an
+exporter frees memory another process maps; a pool one of whose slabs was sent
+is held until its process ends (`keep_if_shared`). A sender is known by pid,
+start time and pid namespace; mappings of a sender in another pid namespace are
+never kept. Costs and reasons: docs/design/comm.md.
 
 Does not cover: the wire format and the copies (cudask.comm.ipc), building the
 RMM resource (cudask.worker.rmm).
@@ -25,10 +28,12 @@ is never closed under its user.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
@@ -160,14 +165,16 @@ class _Mapped:
     base: int
     users: int
     sender: Process | None  # None: closed when its last user ends
+    expires: float = math.inf  # kept until then (a leased chunk), or while its sender runs
 
 
 class Mappings:
     """Other processes' allocations mapped in this one, by IPC handle. A handle may
     be opened only once per process, so arrays of one allocation share it."""
 
-    def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
+    def __init__(self, limit: int = DEFAULT_LIMIT, clock: Callable[[], float] = time.monotonic) -> None:
         self.limit = limit
+        self._clock = clock
         self._open: OrderedDict[bytes, _Mapped] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
         self.counts = {"mappings-opened": 0, "mappings-reused": 0}
@@ -182,11 +189,19 @@ class Mappings:
             return sum(1 for m in self._open.values() if m.sender is not None)
 
     @contextmanager
-    def use(self, mapper: Mapper, handle: bytes, sender: Process | None) -> Iterator[int]:
+    def use(self, mapper: Mapper, handle: bytes, sender: Process | None,
+            lease: float = 0.0) -> Iterator[int]:
         """The address of the allocation `handle` names, mapped while in use; kept
-        afterwards when `sender` is given (a lasting allocation of that process)."""
+        afterwards when `sender` is given: while that process runs (a lasting
+        allocation), or, with a `lease` (seconds the sender keeps the allocation
+        after this message), for half the lease from now."""
+        now = self._clock()
         with self._lock:
             mapped = self._open.get(handle)
+            if mapped is not None and mapped.users == 0 and mapped.expires <= now:
+                del self._open[handle]  # its sender may have freed it since: map it anew
+                mapper.close(mapped.base)
+                mapped = None
             if mapped is None:
                 mapped = self._open[handle] = _Mapped(mapper.open(handle), 0, sender)
                 self.counts["mappings-opened"] += 1
@@ -194,6 +209,9 @@ class Mappings:
                 self._open.move_to_end(handle)
                 if mapped.users == 0:
                     self.counts["mappings-reused"] += 1
+            if sender is not None:
+                mapped.sender = sender
+                mapped.expires = now + lease / 2 if lease else math.inf
             mapped.users += 1
         try:
             yield mapped.base
@@ -213,17 +231,22 @@ class Mappings:
             mapper.close(self._open.pop(handle).base)
 
     def sweep(self, mapper: Mapper) -> int:
-        """Close the idle mappings whose sender has ended; how many were closed."""
+        """Close the idle mappings whose lease has run out or whose sender has ended;
+        how many were closed."""
+        now = self._clock()
         with self._lock:
+            expired = [h for h, m in self._open.items() if m.users == 0 and m.expires <= now]
+            for handle in expired:
+                mapper.close(self._open.pop(handle).base)
             senders = {m.sender for m in self._open.values() if m.users == 0 and m.sender is not None}
         gone = {s for s in senders if not alive(s)}
         if not gone:
-            return 0
+            return len(expired)
         with self._lock:
             ended = [h for h, m in self._open.items() if m.users == 0 and m.sender in gone]
             for handle in ended:
                 mapper.close(self._open.pop(handle).base)
-        return len(ended)
+        return len(expired) + len(ended)
 
     def close_all(self, mapper: Mapper) -> None:
         """Close every idle mapping (the worker is closing)."""

@@ -28,7 +28,7 @@ from typing import Any
 from dask.utils import parse_timedelta
 
 from cudask import config
-from cudask.comm.settings import device_ipc_min_size
+from cudask.comm.settings import device_ipc_lease, device_ipc_min_size
 from cudask.deploy import check_files as files
 from cudask.deploy import check_network as net
 from cudask.devices.discovery import check_visible_devices
@@ -224,6 +224,7 @@ def check_input(
     check_n_workers(n_workers)
     _config_origin(check_memory_config)
     _config_origin(device_ipc_min_size)  # the cudask.comm keys
+    _config_origin(device_ipc_lease)
     if libraries:
         check_libraries(options)
     return options

@@ -43,11 +43,11 @@ Allocator = Callable[[int], Any]
 class CupyHook:
     """CuPy's allocator replaced by `wrap(current allocator, reserved, release)`.
 
-    `reserved`, `cached` and `release` are given when CuPy allocates from its
-    default memory pool (`cupy.get_default_memory_pool().malloc`): the pool's
-    total bytes, its cached free bytes, and `free_all_blocks`; None for any
-    other allocator (RMM's, say,
-    whose memory the RMM hook counts).
+    `reserved`, `cached` and `release` are given when CuPy allocates from a
+    memory pool of its own (`cupy.get_default_memory_pool().malloc`, or the
+    `malloc` of another `cupy.cuda.MemoryPool`): the pool's total bytes, its
+    cached free bytes, and `free_all_blocks`; None for any other allocator
+    (RMM's, say, whose memory the RMM hook counts).
     """
 
     def __init__(self, wrap: Callable[[Allocator, Callable[[], int] | None], Allocator]) -> None:
@@ -55,8 +55,10 @@ class CupyHook:
 
         self._cupy = cupy
         self.previous = cupy.cuda.get_allocator()
-        pool = cupy.get_default_memory_pool()
-        own = getattr(self.previous, "__self__", None) is pool
+        pool: Any = getattr(self.previous, "__self__", None)
+        # CuPy's default pool, or another CuPy memory pool (cudask.comm.leases')
+        own = pool is not None and (pool is cupy.get_default_memory_pool()
+                                    or isinstance(pool, getattr(cupy.cuda, "MemoryPool", ())))
         self.reserved: Callable[[], int] | None = pool.total_bytes if own else None
         self.cached: Callable[[], int] | None = pool.free_bytes if own else None
         self.release: Callable[[], None] | None = pool.free_all_blocks if own else None

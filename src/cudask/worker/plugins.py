@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 
 from distributed import WorkerPlugin
 
-from cudask.comm import cudf_wire, ipc, ipc_cuda
+from cudask.comm import cudf_wire, ipc, ipc_cuda, leases
 from cudask.devices.nvml import gpu_model, gpus_without_peer_access, transfer_counters
 from cudask.memory.store import worker_metrics
 from cudask.worker import neighbours
@@ -284,6 +284,7 @@ class StoreMetrics(WorkerPlugin):
 
 def _sweep() -> None:
     ipc.sweep()
+    leases.sweep()
 
 
 class DeviceIPC(WorkerPlugin):
@@ -291,14 +292,18 @@ class DeviceIPC(WorkerPlugin):
     on this host go by CUDA IPC handle. Stays off, with one log line, on a MIG
     instance (CUDA IPC does not work there), when NVML shows a GPU of this host
     that this one cannot read by peer access (a receiver there could not map
-    the memory), or without CuPy or cuda-bindings."""
+    the memory), or without CuPy or cuda-bindings. With a lease, CuPy's default
+    pool gives way to cudask.comm.leases' pool, whose sent chunks receivers keep
+    mapped."""
 
     name = "cudask-device-ipc"
-    sweep_interval = 2.0  # seconds between checks for ended senders of kept mappings
+    # seconds between checks for kept mappings that have ended and leased chunks to free
+    sweep_interval = 2.0
 
-    def __init__(self, device_uuid: str, min_size: int) -> None:
+    def __init__(self, device_uuid: str, min_size: int, lease: float = 0.0) -> None:
         self.device_uuid = device_uuid
         self.min_size = min_size
+        self.lease = lease  # cudask.comm.device-ipc-lease: 0, no leasing pool
         self.off_because: str | None = None  # why it stayed off (`cudask config` shows it)
         self._sweep: Any = None
 
@@ -315,7 +320,9 @@ class DeviceIPC(WorkerPlugin):
                 from tornado.ioloop import PeriodicCallback
 
                 ipc.enable(backend, self.min_size)
-                # Mappings kept for RMM pool slabs end with their sender (cudask.comm.lifetimes).
+                if self.lease:  # CuPy's own pool: its sent chunks leased (cudask.comm.leases)
+                    leases.install(self.lease)
+                # Kept mappings end with their sender or lease (cudask.comm.lifetimes).
                 self._sweep = PeriodicCallback(_sweep, self.sweep_interval * 1000)
                 self._sweep.start()
                 return

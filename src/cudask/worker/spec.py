@@ -200,7 +200,7 @@ def plugins(o: WorkerOptions, device: Device, sizes: DeviceSizes,
     out.append(StoreMetrics())
     min_size = device_ipc_min_size(o)
     if min_size is not None:
-        out.append(DeviceIPC(device.uuid, min_size))
+        out.append(DeviceIPC(device.uuid, min_size, comm_settings.device_ipc_lease()))
     return out
 
 

@@ -36,9 +36,9 @@ def _store_metrics(dask_worker: Any) -> dict[str, Any]:
 
 
 def _limit_cupy_pool(nbytes: int) -> None:
-    import cupy
+    from cudask.comm.leases import current_pool
 
-    cupy.get_default_memory_pool().set_limit(size=nbytes)
+    current_pool().set_limit(size=nbytes)
 
 
 def _host(x: Any) -> np.ndarray:
