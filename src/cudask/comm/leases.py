@@ -36,6 +36,10 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
+# cudaErrorMemoryAllocation: the status of a CUDARuntimeError raised by a cudaMalloc that found
+# no memory (CuPy's Python runtime module does not export the enum).
+CUDA_ERROR_MEMORY_ALLOCATION = 2
+
 
 class _Owner:
     """What the pool's record of a chunk holds: its end is the pool dropping the chunk."""
@@ -164,7 +168,7 @@ def _cupy_chunks(lease: float) -> Chunks:
         return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(int(memory.ptr), nbytes, owner, device), 0)
 
     def out_of_memory(exc: BaseException) -> bool:
-        return isinstance(exc, runtime.CUDARuntimeError) and exc.status == runtime.errorMemoryAllocation
+        return isinstance(exc, runtime.CUDARuntimeError) and exc.status == CUDA_ERROR_MEMORY_ALLOCATION
 
     return Chunks(lease, cupy.cuda.Memory, wrap, out_of_memory)
 
