@@ -270,12 +270,12 @@ def test_leased_chunks_stay_mapped(placement: list[str]) -> None:
     the receiver maps a sent chunk once and keeps it for the next transfers, every
     value identical. When the sender's pool gives its cached chunks back, the sent
     one stays allocated until its lease ends; the receiver closes its mapping after
-    half the lease, and the sender then frees the chunk."""
+    a quarter of the lease, and the sender then frees the chunk, none closed late."""
     pytest.importorskip("cupy")
-    env = {"DASK_CUDASK__COMM__DEVICE_IPC_LEASE": "6s"}
+    env = {"DASK_CUDASK__COMM__DEVICE_IPC_LEASE": "30s"}  # mappings kept 7.5 s after each use
     with worker_processes(placement, env=env, args=["--device-memory-limit", "16GB"]) as client:
         a, b = sorted(workers_info(client))
-        assert client.run(_lease_stats, workers=[a])[a]["lease-seconds"] == 6.0
+        assert client.run(_lease_stats, workers=[a])[a]["lease-seconds"] == 30.0
         for i in range(4):  # one 256 MiB value at a time: each in the chunk the last one left
             x = client.submit(make_value, 400 + i, 256 * MiB, "f8", workers=[a], pure=False)
             there = client.submit(digest, x, workers=[a], pure=False).result(timeout=120)
@@ -291,6 +291,7 @@ def test_leased_chunks_stay_mapped(placement: list[str]) -> None:
         assert wait_for(lambda: client.run(_lease_stats, workers=[a])[a]["chunks-retired-bytes"] == 0,
                         timeout=120)
         assert client.run(_lease_stats, workers=[a])[a]["chunks-freed-late"] >= 1
+        assert client.run(_ipc_stats, workers=[b])[b]["mappings-closed-late"] == 0
 
 
 @pytest.mark.gpu

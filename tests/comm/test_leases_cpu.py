@@ -1,7 +1,7 @@
 """Leased chunks of CuPy's pool (cudask.comm.leases) and the receiver's mappings of
 them (cudask.comm.lifetimes) on CPU, with a fake clock: a chunk the pool drops is
 freed at once unless a send leased it, then when its lease ends; receivers keep
-the mapping for half the lease after each use and map anew after that. The GPU
+the mapping for a quarter of the lease after each use and map anew after that. The GPU
 proof is tests/comm/test_ipc_gpu.py::test_leased_chunks_stay_mapped."""
 
 from __future__ import annotations
@@ -116,16 +116,32 @@ def test_each_send_extends_the_lease() -> None:
     assert chunks.sweep() == 1 and device.used == 0
 
 
-def test_an_allocation_cuda_refuses_waits_for_a_retired_chunk() -> None:
+def test_an_allocation_refused_twice_waits_for_a_retired_chunk() -> None:
     device, clock = Device(capacity=8192), Clock()
     chunks = _chunks(device, clock)
     first = chunks.malloc(8192)
     chunks.extend([first.ptr])
     del first
     gc.collect()
-    second = chunks.malloc(8192)  # the device is full of the retired chunk until t=110
-    assert clock.slept == pytest.approx(10.0) and device.used == 8192 and len(device.freed) == 1
+    with pytest.raises(OutOfMemory):  # the first refusal goes through: the pool frees its cache first
+        chunks.malloc(8192)
+    clock.now += 0.5
+    second = chunks.malloc(8192)  # refused again: the device is full of the retired chunk until t=110
+    assert clock.slept == pytest.approx(9.5) and device.used == 8192 and len(device.freed) == 1
     assert chunks.live() == 1 and second.ptr in device.buffers
+
+
+def test_a_refusal_that_retired_chunks_could_not_hold_does_not_wait() -> None:
+    device, clock = Device(capacity=8192), Clock()
+    chunks = _chunks(device, clock)
+    first, other = chunks.malloc(4096), chunks.malloc(4096)
+    chunks.extend([first.ptr])
+    del first
+    gc.collect()
+    for _ in range(2):
+        with pytest.raises(OutOfMemory):  # 8 KiB: more than the retired 4 KiB
+            chunks.malloc(8192)
+    assert not hasattr(clock, "slept") and chunks.retired_bytes() == 4096 and other.ptr in device.buffers
 
 
 def test_other_errors_and_a_full_device_without_retired_chunks_raise() -> None:
@@ -159,32 +175,48 @@ class Mapper:
         self.closed.append(base)
 
 
-def test_a_leased_mapping_is_kept_for_half_the_lease_after_each_use() -> None:
+def test_a_leased_mapping_is_kept_for_a_quarter_of_the_lease_after_each_use() -> None:
     clock, mapper = Clock(), Mapper()
     mappings = lifetimes.Mappings(clock=clock)
     me = lifetimes.this_process()
-    with mappings.use(mapper, b"h", me, lease=10.0) as base:
+    with mappings.use(mapper, b"h", me, lease=20.0) as base:
         pass
     clock.now = 104.0
-    with mappings.use(mapper, b"h", me, lease=10.0) as again:  # kept until 109 from now
+    with mappings.use(mapper, b"h", me, lease=20.0) as again:  # kept until 109 from now
         assert again == base
     clock.now = 108.0
     assert mappings.sweep(mapper) == 0 and mappings.kept() == 1
     clock.now = 109.0
     assert mappings.sweep(mapper) == 1 and mapper.closed == [base] and len(mappings) == 0
-    assert mappings.counts == {"mappings-opened": 1, "mappings-reused": 1}
+    assert mappings.counts == {"mappings-opened": 1, "mappings-reused": 1, "mappings-closed-late": 0}
 
 
 def test_an_expired_mapping_is_mapped_anew_before_use() -> None:
     clock, mapper = Clock(), Mapper()
     mappings = lifetimes.Mappings(clock=clock)
     me = lifetimes.this_process()
-    with mappings.use(mapper, b"h", me, lease=10.0) as base:
+    with mappings.use(mapper, b"h", me, lease=20.0) as base:
         pass
-    clock.now = 106.0  # not swept yet: the sender may have freed it since 105
-    with mappings.use(mapper, b"h", me, lease=10.0) as fresh:
+    clock.now = 106.0  # not swept yet (kept until 105)
+    with mappings.use(mapper, b"h", me, lease=20.0) as fresh:
         assert fresh != base and mapper.closed == [base]
     assert mapper.opened == [b"h", b"h"] and mappings.kept() == 1
+
+
+def test_a_mapping_closed_after_its_sender_may_free_it_is_counted_and_said(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock, mapper = Clock(), Mapper()
+    mappings = lifetimes.Mappings(clock=clock)
+    with mappings.use(mapper, b"h", lifetimes.this_process(), lease=20.0):
+        pass
+    clock.now = 119.0  # a sweep that ran late, still within the lease
+    assert mappings.sweep(mapper) == 1 and mappings.counts["mappings-closed-late"] == 0
+    with mappings.use(mapper, b"h", lifetimes.this_process(), lease=20.0):
+        pass
+    clock.now = 139.5  # past the sender's earliest free (119 + 20)
+    with caplog.at_level("WARNING", logger="cudask.comm"):
+        assert mappings.sweep(mapper) == 1
+    assert mappings.counts["mappings-closed-late"] == 1 and "give cudask.comm.device-ipc-lease" in caplog.text
 
 
 # ---------------------------------------------------------------- through ipc
@@ -225,9 +257,15 @@ def test_a_chunk_sent_inside_keep_alive_is_leased_and_stays_mapped(wired: Any) -
     assert backend.opened == [b"chunk"] and backend.closed == []
     stats = ipc.stats()
     assert stats["mappings-opened"] == 1 and stats["mappings-reused"] == 2 and stats["mappings-kept"] == 1
-    clock.now += 5.0
-    assert ipc.sweep() == 1 and ipc.mapped() == 0  # closed at half the lease, before the chunk's end
-    assert leases.sweep() == 0 and chunks.live() == 1
+    clock.now += 2.5
+    assert ipc.sweep() == 1 and ipc.mapped() == 0  # closed at a quarter of the lease
+    assert ipc.stats()["mappings-closed-late"] == 0
+    base = block.ptr
+    del block  # the pool gives the chunk back: it stays allocated until its lease ends
+    gc.collect()
+    assert chunks.retired_bytes() == 1 << 16 and leases.sweep() == 0 and base in chunks._memory
+    clock.now += 7.5
+    assert leases.sweep() == 1 and base not in chunks._memory
 
 
 def test_a_chunk_sent_outside_keep_alive_is_not_leased(wired: Any) -> None:

@@ -232,10 +232,15 @@ def test_device_ipc_stays_off_where_it_cannot_work(monkeypatch, caplog):
         raise ImportError("No module named 'cuda.bindings'", name="cuda.bindings")
 
     monkeypatch.setattr(ipc_cuda, "CudaBackend", no_bindings)
+    off = plugins.DeviceIPC(uuid, 1 << 20)
     with caplog.at_level(logging.INFO, logger="cudask.worker"):
-        plugins.DeviceIPC(uuid, 1 << 20).setup(types.SimpleNamespace())
+        off.setup(types.SimpleNamespace())
     assert not ipc.enabled()
     assert "not CUDA IPC: cuda.bindings is not installed" in caplog.text
+    # its peers may still send to it by IPC: the mappings it keeps are still swept
+    assert off._sweep is not None and off._sweep.is_running()
+    off.teardown(types.SimpleNamespace())
+    assert off._sweep is None
 
     monkeypatch.setattr(ipc_cuda, "CudaBackend", lambda: object())
     plugin = plugins.DeviceIPC(uuid, 4096)

@@ -11,12 +11,14 @@ A chunk sent by handle is leased for `lease` seconds from the moment its sender
 has the receiver's answer (`extend`). The pool may drop the chunk meanwhile
 (`free_all_blocks`, or its own retry when CUDA is out of memory), but its
 cudaFree then waits until the lease has run out (`sweep`: before each new chunk,
-periodically from the worker plugin, and before an allocation that CUDA refused
-is retried, when that needs it). A receiver keeps its mapping of a leased chunk
-for half the lease after each use and closes it then
-(cudask.comm.lifetimes.Mappings), so no process frees memory another still
+periodically from the worker plugin, and when CUDA refuses a chunk; an allocation
+refused again after the pool gave its cached chunks back waits for a lease to end,
+at most the lease, where the retired chunks could hold it). A receiver keeps its
+mapping of a leased chunk for a quarter of the lease after each use and closes it
+then (cudask.comm.lifetimes.Mappings), so no process frees memory another still
 maps, which CUDA leaves undefined. A dropped chunk still leased counts in the
-pool's `total_bytes`. Reasons and costs: docs/design/comm.md.
+pool's `total_bytes` (so in the device limit). Reasons and costs:
+docs/design/comm.md.
 
 Does not cover: RMM pools (their slabs last as long as the pool:
 cudask.comm.lifetimes.Slabs), what is sent and how (cudask.comm.ipc).
@@ -31,6 +33,7 @@ event loop, `sweep` in the event loop and allocating threads.
 from __future__ import annotations
 
 import functools
+import math
 import time
 import weakref
 from collections.abc import Callable, Iterable
@@ -39,6 +42,9 @@ from typing import Any
 # cudaErrorMemoryAllocation: the status of a CUDARuntimeError raised by a cudaMalloc that found
 # no memory (CuPy's Python runtime module does not export the enum).
 CUDA_ERROR_MEMORY_ALLOCATION = 2
+# Two refusals this close together are one allocation's tries (CuPy's pool frees its cached
+# chunks between them): only the second waits for a lease to end.
+RETRY_WINDOW = 1.0
 
 
 class _Owner:
@@ -69,6 +75,7 @@ class Chunks:
         self._until: dict[int, float] = {}  # base -> end of the lease of a sent live chunk
         self._retired: dict[int, float] = {}  # base -> end of its lease, dropped by the pool
         self.counts = {"chunks-freed-late": 0}
+        self._refused_at = -math.inf  # when CUDA last refused a chunk
 
     def malloc(self, nbytes: int) -> Any:
         """A new chunk of `nbytes` (the pool's allocator)."""
@@ -76,7 +83,7 @@ class Chunks:
         try:
             memory = self._allocate(nbytes)
         except Exception as exc:
-            if not (self._out_of_memory(exc) and self._wait_for_retired()):
+            if not (self._out_of_memory(exc) and self._wait_for_retired(nbytes)):
                 raise
             memory = self._allocate(nbytes)
         base = int(memory.ptr)
@@ -97,13 +104,19 @@ class Chunks:
         self._sizes.pop(base, None)
         self._memory.pop(base, None)  # the last reference: the allocation is freed
 
-    def _wait_for_retired(self) -> bool:
-        """Wait until the first retired chunk's lease ends and free it; False when none
-        is retired."""
+    def _wait_for_retired(self, nbytes: int) -> bool:
+        """CUDA refused `nbytes`: free the retired chunks whose lease has ended. When none
+        had, the retired ones could hold `nbytes` and the last refusal came just before
+        (the pool gives its cached chunks back between two tries, as CuPy's does), wait
+        for the first lease to end. False: let the refusal through."""
+        now = self._clock()
+        previous, self._refused_at = self._refused_at, now
+        if self.sweep() > 0:
+            return True
         ends = list(self._retired.values())
-        if not ends:
+        if not ends or now - previous > RETRY_WINDOW or self.retired_bytes() < nbytes:
             return False
-        self._sleep(max(0.0, min(ends) - self._clock()))
+        self._sleep(max(0.0, min(ends) - now))
         return self.sweep() > 0
 
     def sending(self, base: int) -> bool:

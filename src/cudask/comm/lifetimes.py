@@ -8,7 +8,7 @@ first use, shared by the arrays received together, closed after the message,
 except lasting ones, which stay open for the next messages until their sender's
 process ends, and leased ones (chunks of CuPy's pool that the sender keeps
 allocated for a lease after the message: cudask.comm.leases), which stay open
-for half the lease after their last use. `sweep`, which the worker runs
+for a quarter of the lease after their last use. `sweep`, which the worker runs
 periodically and on each receive, closes what has ended; idle mappings past
 `limit` are closed, and all when the worker closes. Only lasting and leased
 allocations stay mapped, since CUDA leaves undefined what happens when an
@@ -28,6 +28,7 @@ is never closed under its user.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import threading
@@ -38,7 +39,12 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+logger = logging.getLogger("cudask.comm")
+
 DEFAULT_LIMIT = 64  # idle lasting mappings kept per receiving process
+# A leased mapping is kept for this part of the lease after each use, then closed by the
+# next sweep (cudask.comm.settings.MIN_LEASE leaves room for a sweep in the rest).
+KEEP_FRACTION = 0.25
 
 
 class Mapper(Protocol):
@@ -166,6 +172,7 @@ class _Mapped:
     users: int
     sender: Process | None  # None: closed when its last user ends
     expires: float = math.inf  # kept until then (a leased chunk), or while its sender runs
+    freed_from: float = math.inf  # a leased chunk: when its sender may free it, at the earliest
 
 
 class Mappings:
@@ -177,7 +184,7 @@ class Mappings:
         self._clock = clock
         self._open: OrderedDict[bytes, _Mapped] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
-        self.counts = {"mappings-opened": 0, "mappings-reused": 0}
+        self.counts = {"mappings-opened": 0, "mappings-reused": 0, "mappings-closed-late": 0}
 
     def __len__(self) -> int:
         with self._lock:
@@ -194,13 +201,13 @@ class Mappings:
         """The address of the allocation `handle` names, mapped while in use; kept
         afterwards when `sender` is given: while that process runs (a lasting
         allocation), or, with a `lease` (seconds the sender keeps the allocation
-        after this message), for half the lease from now."""
+        after this message), for a quarter of the lease from now: the sender answered
+        after this, and frees it no earlier than a lease after its answer."""
         now = self._clock()
         with self._lock:
             mapped = self._open.get(handle)
             if mapped is not None and mapped.users == 0 and mapped.expires <= now:
-                del self._open[handle]  # its sender may have freed it since: map it anew
-                mapper.close(mapped.base)
+                self._close(mapper, handle, now)  # its sender may have freed it since: map it anew
                 mapped = None
             if mapped is None:
                 mapped = self._open[handle] = _Mapped(mapper.open(handle), 0, sender)
@@ -211,7 +218,8 @@ class Mappings:
                     self.counts["mappings-reused"] += 1
             if sender is not None:
                 mapped.sender = sender
-                mapped.expires = now + lease / 2 if lease else math.inf
+                mapped.expires = now + lease * KEEP_FRACTION if lease else math.inf
+                mapped.freed_from = now + lease if lease else math.inf
             mapped.users += 1
         try:
             yield mapped.base
@@ -225,6 +233,19 @@ class Mappings:
                     self._open.move_to_end(handle)  # used until now: the most recent
                 self._trim(mapper)
 
+    def _close(self, mapper: Mapper, handle: bytes, now: float) -> None:
+        """Unmap `handle` (the lock held), counting a leased one closed after its sender
+        may have freed it (the sweep ran that late: said once in the log)."""
+        mapped = self._open.pop(handle)
+        mapper.close(mapped.base)
+        if now >= mapped.freed_from:
+            self.counts["mappings-closed-late"] += 1
+            if self.counts["mappings-closed-late"] == 1:
+                logger.warning("cudask: a leased IPC mapping was closed %.1f s after its lease "
+                               "ended (this worker's sweeps ran late; CUDA leaves mapping freed "
+                               "memory undefined): give cudask.comm.device-ipc-lease more time",
+                               now - mapped.freed_from)
+
     def _trim(self, mapper: Mapper) -> None:
         idle = [h for h, m in self._open.items() if m.users == 0]
         for handle in idle[:max(0, len(idle) - self.limit)]:
@@ -237,7 +258,7 @@ class Mappings:
         with self._lock:
             expired = [h for h, m in self._open.items() if m.users == 0 and m.expires <= now]
             for handle in expired:
-                mapper.close(self._open.pop(handle).base)
+                self._close(mapper, handle, now)
             senders = {m.sender for m in self._open.values() if m.users == 0 and m.sender is not None}
         gone = {s for s in senders if not alive(s)}
         if not gone:

@@ -17,11 +17,12 @@ from cudask import config
 from cudask.errors import OptionError
 from cudask.memory.settings import parse_flag
 
-# The shortest lease: a receiver keeps a leased mapping for half of it and closes it
-# at its next sweep (every 2 s, cudask.worker.plugins.DeviceIPC), before the sender
-# may free the chunk.
-MIN_LEASE = 5.0
-
+# The shortest lease: a receiver keeps a leased mapping for a quarter of it and closes it
+# at its next sweep (every 2 s, cudask.worker.plugins.DeviceIPC), well before the sender
+# may free the chunk (a lease after the receiver's answer). The longest: a chunk the pool
+# gave back stays allocated that long.
+MIN_LEASE = 8.0
+MAX_LEASE = 600.0
 
 def device_ipc_min_size() -> int | None:
     """The smallest device array sent to a worker of the same host by CUDA IPC
@@ -48,13 +49,14 @@ def device_ipc_lease() -> float:
     value = config.get("comm.device-ipc-lease")
     try:
         seconds = -1.0 if isinstance(value, bool) else float(parse_timedelta(value, default="s") or 0)
-    except (TypeError, ValueError, KeyError):
+    except (TypeError, ValueError, KeyError, AttributeError):  # what parse_timedelta raises
         seconds = -1.0
     if seconds < 0:
         raise OptionError(f"cudask.comm.device-ipc-lease={value!r} is not a duration; give seconds "
-                          "(10), a string such as '10s', or 0 for none")
-    if 0 < seconds < MIN_LEASE:
-        raise OptionError(f"cudask.comm.device-ipc-lease={value!r} is too short: receivers close a "
-                          f"kept mapping up to {MIN_LEASE / 2:g} s after half the lease; give 0 (none) "
-                          f"or at least {MIN_LEASE:g} s")
+                          "(20), a string such as '20s', or 0 for none")
+    if seconds and not MIN_LEASE <= seconds <= MAX_LEASE:
+        raise OptionError(f"cudask.comm.device-ipc-lease={value!r} is out of range: give 0 (none) or "
+                          f"{MIN_LEASE:g} to {MAX_LEASE:g} seconds (receivers keep a mapping for a "
+                          "quarter of it and check every 2 s; the sender holds a chunk it gave back "
+                          "that long)")
     return seconds

@@ -310,6 +310,12 @@ class DeviceIPC(WorkerPlugin):
     def setup(self, worker: Any) -> None:
         if ipc.enabled():
             return
+        from tornado.ioloop import PeriodicCallback
+
+        # Kept mappings end with their sender or lease (cudask.comm.lifetimes); swept also
+        # where this worker does not send by IPC, since its peers may still send to it.
+        self._sweep = PeriodicCallback(_sweep, self.sweep_interval * 1000)
+        self._sweep.start()
         reason = self.unavailable()
         if reason is None:
             try:
@@ -317,14 +323,9 @@ class DeviceIPC(WorkerPlugin):
             except ImportError as exc:
                 reason = f"{exc.name or exc} is not installed"
             else:
-                from tornado.ioloop import PeriodicCallback
-
                 ipc.enable(backend, self.min_size)
                 if self.lease:  # CuPy's own pool: its sent chunks leased (cudask.comm.leases)
                     leases.install(self.lease)
-                # Kept mappings end with their sender or lease (cudask.comm.lifetimes).
-                self._sweep = PeriodicCallback(_sweep, self.sweep_interval * 1000)
-                self._sweep.start()
                 return
         self.off_because = reason
         logger.info("cudask: device data between this host's workers go through host memory, "
