@@ -10,6 +10,7 @@ import gc
 import itertools
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -275,3 +276,91 @@ def test_a_chunk_sent_outside_keep_alive_is_not_leased(wired: Any) -> None:
     assert header["lease"] == 0.0
     deserialize(header, frames, deserializers=REPLY)
     assert ipc.mapped() == 0 and len(backend.closed) == 1 and block.ptr not in chunks._until
+
+
+# ---------------------------------------------------------------- install, with a fake CuPy
+class FakeMemoryPool:
+    """CuPy's MemoryPool as far as install and CupyHook use it: built over an allocator."""
+
+    def __init__(self, allocator: Any = None) -> None:
+        self.allocator = allocator
+        self.blocks: list[Any] = []
+
+    def malloc(self, nbytes: int) -> Any:
+        block = self.allocator(nbytes)
+        self.blocks.append(block)
+        return block
+
+    def total_bytes(self) -> int:
+        return 0
+
+    def free_bytes(self) -> int:
+        return 0
+
+    def free_all_blocks(self) -> None:
+        self.blocks.clear()
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
+    """A `cupy` whose allocator is its default pool's malloc, over NumPy buffers."""
+    device = Device()
+
+    class Memory:
+        def __init__(self, nbytes: int) -> None:
+            self.inner = device.allocate(nbytes)
+            self.ptr = self.inner.ptr
+
+    default = FakeMemoryPool(Memory)
+    state = {"allocator": default.malloc}
+    cupy = types.ModuleType("cupy")
+    cupy.get_default_memory_pool = lambda: default  # type: ignore[attr-defined]
+    cupy.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
+        MemoryPool=FakeMemoryPool, Memory=Memory,
+        UnownedMemory=lambda ptr, size, owner, device_id: types.SimpleNamespace(ptr=ptr, owner=owner),
+        MemoryPointer=lambda memory, offset: types.SimpleNamespace(mem=memory, ptr=memory.ptr + offset),
+        get_allocator=lambda: state["allocator"], set_allocator=lambda a: state.__setitem__("allocator", a),
+        runtime=types.SimpleNamespace(getDevice=lambda: 0, CUDARuntimeError=OutOfMemory),
+        memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemory))
+    cupy.device = device  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(leases, "_installed", None)
+    monkeypatch.setattr(leases, "_pool", None)
+    leases._pool_type.cache_clear()
+    yield cupy
+    leases._pool_type.cache_clear()
+
+
+def test_install_puts_a_leasing_pool_in_place_of_the_default_one(fake_cupy: Any) -> None:
+    chunks = leases.install(20.0)
+    assert chunks is not None and leases.install(30.0) is chunks  # once per process
+    pool = leases.current_pool()
+    assert pool is not fake_cupy.get_default_memory_pool() and isinstance(pool, FakeMemoryPool)
+    assert fake_cupy.cuda.get_allocator() == pool.malloc
+    block = fake_cupy.cuda.get_allocator()(4096)
+    assert leases.sending(block.ptr) == 20.0 and leases.stats()["chunks-live"] == 1
+    leases.extend([block.ptr])
+    pool.free_all_blocks()
+    del block
+    gc.collect()
+    assert leases.stats()["chunks-retired-bytes"] == 4096 and pool.total_bytes() == 4096
+    assert fake_cupy.device.used == 4096  # held until the lease ends
+
+
+def test_install_leaves_another_allocator_alone(fake_cupy: Any) -> None:
+    fake_cupy.cuda.set_allocator(lambda nbytes: None)  # RMM's, say
+    assert leases.install(20.0) is None
+    assert leases.current_pool() is fake_cupy.get_default_memory_pool()
+    assert leases.sending(12345) == 0.0 and leases.stats()["lease-seconds"] == 0.0
+
+
+def test_the_on_demand_hook_reads_the_leasing_pool(fake_cupy: Any) -> None:
+    from cudask.memory.allocators import CupyHook
+
+    leases.install(20.0)
+    pool = leases.current_pool()
+    hook = CupyHook(lambda malloc, reserved: malloc)
+    try:
+        assert hook.reserved == pool.total_bytes and hook.release == pool.free_all_blocks
+    finally:
+        hook.remove()
