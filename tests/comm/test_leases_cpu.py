@@ -176,12 +176,18 @@ class Mapper:
         self.closed.append(base)
 
 
-def test_a_leased_mapping_is_kept_for_a_quarter_of_the_lease_after_each_use() -> None:
+def _used_once() -> tuple[Clock, Mapper, lifetimes.Mappings, int]:
+    """Mappings in which handle b"h", leased for 20 s, was used once at t=100."""
     clock, mapper = Clock(), Mapper()
     mappings = lifetimes.Mappings(clock=clock)
-    me = lifetimes.this_process()
-    with mappings.use(mapper, b"h", me, lease=20.0) as base:
+    with mappings.use(mapper, b"h", lifetimes.this_process(), lease=20.0) as base:
         pass
+    return clock, mapper, mappings, base
+
+
+def test_a_leased_mapping_is_kept_for_a_quarter_of_the_lease_after_each_use() -> None:
+    clock, mapper, mappings, base = _used_once()
+    me = lifetimes.this_process()
     clock.now = 104.0
     with mappings.use(mapper, b"h", me, lease=20.0) as again:  # kept until 109 from now
         assert again == base
@@ -193,23 +199,16 @@ def test_a_leased_mapping_is_kept_for_a_quarter_of_the_lease_after_each_use() ->
 
 
 def test_an_expired_mapping_is_mapped_anew_before_use() -> None:
-    clock, mapper = Clock(), Mapper()
-    mappings = lifetimes.Mappings(clock=clock)
-    me = lifetimes.this_process()
-    with mappings.use(mapper, b"h", me, lease=20.0) as base:
-        pass
+    clock, mapper, mappings, base = _used_once()
     clock.now = 106.0  # not swept yet (kept until 105)
-    with mappings.use(mapper, b"h", me, lease=20.0) as fresh:
+    with mappings.use(mapper, b"h", lifetimes.this_process(), lease=20.0) as fresh:
         assert fresh != base and mapper.closed == [base]
     assert mapper.opened == [b"h", b"h"] and mappings.kept() == 1
 
 
 def test_a_mapping_closed_after_its_sender_may_free_it_is_counted_and_said(
         caplog: pytest.LogCaptureFixture) -> None:
-    clock, mapper = Clock(), Mapper()
-    mappings = lifetimes.Mappings(clock=clock)
-    with mappings.use(mapper, b"h", lifetimes.this_process(), lease=20.0):
-        pass
+    clock, mapper, mappings, _ = _used_once()
     clock.now = 119.0  # a sweep that ran late, still within the lease
     assert mappings.sweep(mapper) == 1 and mappings.counts["mappings-closed-late"] == 0
     with mappings.use(mapper, b"h", lifetimes.this_process(), lease=20.0):
