@@ -67,6 +67,9 @@ def test_a_local_contiguous_array_goes_by_handle_and_arrives_identical(backend: 
     stats = ipc.stats()
     assert stats["sent"] == stats["received"] == 2
     assert stats["sent-bytes"] == stats["received-bytes"] == 1024 * 8 + 600 * 4
+    phases = [stats[f"receive-{p}-seconds"] for p in ("allocate", "map", "copy")]
+    assert all(p > 0 for p in phases) and sum(phases) <= stats["receive-seconds"]
+    assert stats["send-export-seconds"] > 0 and stats["send-wait-seconds"] > 0
 
 
 def test_strided_views_go_by_handle_read_in_place(backend: FakeIPCBackend) -> None:

@@ -75,7 +75,8 @@ class _State:
     # Mapped allocations of other processes, by handle (one mapping per handle and process).
     mappings: lifetimes.Mappings = field(default_factory=lifetimes.Mappings)
     counts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
-        ("sent", "sent-bytes", "received", "received-bytes", "receive-seconds", "declined"), 0.0))
+        ("sent", "sent-bytes", "send-export-seconds", "send-wait-seconds", "received", "received-bytes", "receive-seconds",
+         "receive-allocate-seconds", "receive-map-seconds", "receive-copy-seconds", "declined"), 0.0))
     warned: set[str] = field(default_factory=set)
 
 
@@ -152,8 +153,11 @@ def enabled() -> bool:
 
 def stats() -> dict[str, float]:
     """Arrays and bytes sent and received by IPC in this process, seconds spent
-    receiving (map, copy, unmap), arrays declined (sent the usual way), and the
-    mappings opened, reused (kept from an earlier message) and open now."""
+    exporting handles and waiting for the work queued to write what is sent, seconds spent
+    receiving (in all, and in three of its phases: allocating the arrays that
+    receive, mapping or finding the sender's allocations, copying and waiting for
+    the copies), arrays declined (sent the usual way), and the mappings opened,
+    reused (kept from an earlier message) and open now."""
     with _state.lock:
         counts = dict(_state.counts)
     mappings = _state.mappings
@@ -265,11 +269,16 @@ def _export(backend: Backend, x: Any) -> dict[str, Any]:
     layout = ipc_layout.layout(x)
     if layout is None:
         raise NotImplementedError(FAMILY)  # distributed's serializer copies it
+    start = time.perf_counter()
     try:
         handle, offset = backend.export(layout.address)
     except RuntimeError as exc:  # CUDA errors, e.g. stream-ordered (cudaMallocAsync) memory
         _decline(f"its memory cannot be exported for IPC ({exc})")
+    exported = time.perf_counter()
     backend.ready()
+    with _state.lock:
+        _state.counts["send-export-seconds"] += exported - start
+        _state.counts["send-wait-seconds"] += time.perf_counter() - exported
     held, leased = _held.get(), _leased.get()
     if held is not None:  # alive until the peer answers, even if its owner lets go (a spilled proxy)
         held.append(x)
@@ -361,12 +370,20 @@ def _receive_array(backend: Backend, entry: dict[str, Any], mappings: ExitStack,
     mapping is in use in `mappings` until the caller closes it, then closed, or
     kept when the sender marked its allocation lasting or leased and `sender` is
     given)."""
+    start = time.perf_counter()
     out = backend.empty(tuple(entry["shape"]), entry["dtype"], entry["order"])
+    allocated = time.perf_counter()
     lease = float(entry.get("lease") or 0.0)
     keep = sender if entry.get("lasting") or lease else None
     base = mappings.enter_context(
         _state.mappings.use(Explained(backend), bytes(entry["handle"]), keep, lease))
+    mapped_at = time.perf_counter()
     backend.copy(out, base + int(entry["offset"]), tuple(int(s) for s in entry["strides"]))
+    with _state.lock:
+        counts = _state.counts
+        counts["receive-allocate-seconds"] += allocated - start
+        counts["receive-map-seconds"] += mapped_at - allocated
+        counts["receive-copy-seconds"] += time.perf_counter() - mapped_at
     return out
 
 
