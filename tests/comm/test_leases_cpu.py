@@ -195,7 +195,8 @@ def test_a_leased_mapping_is_kept_for_a_quarter_of_the_lease_after_each_use() ->
     assert mappings.sweep(mapper) == 0 and mappings.kept() == 1
     clock.now = 109.0
     assert mappings.sweep(mapper) == 1 and mapper.closed == [base] and len(mappings) == 0
-    assert mappings.counts == {"mappings-opened": 1, "mappings-reused": 1, "mappings-closed-late": 0}
+    assert mappings.counts == {"mappings-opened": 1, "mappings-opened-ahead": 0, "mappings-reused": 1,
+                              "mappings-closed-late": 0}
 
 
 def test_an_expired_mapping_is_mapped_anew_before_use() -> None:

@@ -196,3 +196,36 @@ def test_a_slab_sent_after_teardown_does_not_keep_the_pool() -> None:
     assert not lifetimes.keep_if_shared(slabs, "pool")
     assert not lifetimes.sending(ptr) and not slabs.shared and lifetimes._kept == []
     slabs.deallocate(ptr, 4096, None)
+
+
+def test_an_offered_slab_is_mapped_ahead_and_found_by_the_first_message(
+        backend: FakeIPCBackend, sender: subprocess.Popen) -> None:
+    slabs, slab = _pool_slab(backend, 1 << 16)
+    slab[:] = np.arange(slab.size) % 251
+    offer = ipc.offer()
+    assert offer is not None and offer["handles"] == [b"slab"] and slabs.shared
+    offer = _as_sent_by(offer, sender)
+    assert ipc.map_ahead(offer) == 1 and ipc.map_ahead(offer) == 0  # once per handle
+    assert backend.opened == [b"slab"] and ipc.mapped() == 1
+    piece = FakeDeviceArray(slab[8192:16384])
+    header, frames = serialize(piece, serializers=REPLY, context=LOCAL)
+    out = deserialize(_as_sent_by(header, sender), frames, deserializers=REPLY)
+    assert out._array.tobytes() == piece._array.tobytes() and backend.opened == [b"slab"]
+    stats = ipc.stats()
+    assert stats["mappings-opened-ahead"] == 1 and stats["mappings-opened"] == 0, stats
+    assert stats["mappings-reused"] == 1 and stats["mappings-kept"] == 1, stats
+    sender.kill()
+    sender.wait()
+    assert ipc.sweep() == 1 and ipc.mapped() == 0  # kept only while its sender runs
+    slabs.deallocate(slab.ctypes.data, slab.nbytes, None)
+
+
+def test_nothing_is_mapped_ahead_from_another_host_namespace_or_no_offer(
+        backend: FakeIPCBackend, sender: subprocess.Popen) -> None:
+    assert ipc.offer() is None  # no pool, nothing to offer
+    slabs, slab = _pool_slab(backend, 8192)
+    offer = _as_sent_by(ipc.offer() or {}, sender)
+    assert ipc.map_ahead({**offer, "node": "another host"}) == 0
+    assert ipc.map_ahead({**offer, "sender": {**offer["sender"], "pidns": offer["sender"]["pidns"] + 1}}) == 0
+    assert ipc.map_ahead(None) == 0 and backend.opened == []
+    slabs.deallocate(slab.ctypes.data, slab.nbytes, None)

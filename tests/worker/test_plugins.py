@@ -234,17 +234,17 @@ def test_device_ipc_stays_off_where_it_cannot_work(monkeypatch, caplog):
     monkeypatch.setattr(ipc_cuda, "CudaBackend", no_bindings)
     off = plugins.DeviceIPC(uuid, 1 << 20)
     with caplog.at_level(logging.INFO, logger="cudask.worker"):
-        off.setup(types.SimpleNamespace())
+        off.setup(types.SimpleNamespace(handlers={}))
     assert not ipc.enabled()
     assert "not CUDA IPC: cuda.bindings is not installed" in caplog.text
     # its peers may still send to it by IPC: the mappings it keeps are still swept
     assert off._sweep is not None and off._sweep.is_running()
     off.teardown(types.SimpleNamespace())
-    assert off._sweep is None
+    assert off._sweep is None and off._ahead is None
 
     monkeypatch.setattr(ipc_cuda, "CudaBackend", lambda: object())
     plugin = plugins.DeviceIPC(uuid, 4096)
-    plugin.setup(types.SimpleNamespace())
+    plugin.setup(types.SimpleNamespace(handlers={}))
     assert ipc.enabled() and ipc._state.min_size == 4096
     plugin.teardown(types.SimpleNamespace())
     assert not ipc.enabled()

@@ -12,8 +12,9 @@ copy, unmaps (or keeps mapped a lasting pool slab, or a leased chunk of CuPy's
 pool for a while: cudask.comm.lifetimes, cudask.comm.leases), and
 only then answers, so the sender's memory outlives every mapping of it.
 Anything else falls through to distributed's own serializers. Also the
-per-process switch (`enable`, `disable`), counters (`stats`, `declined`) and
-`keep_alive`. Each send (`keep_alive`) and receive is marked as device traffic
+per-process switch (`enable`, `disable`), counters (`stats`, `declined`),
+`keep_alive`, and the offer of lasting allocations to map ahead (`offer`,
+`map_ahead`; exchanged by cudask.comm.ahead). Each send (`keep_alive`) and receive is marked as device traffic
 (cudask.memory.host.traffic), during which pinning ahead of spills waits.
 Registers the family with distributed, and with the JIT-unspill layer
 (cudask.memory.jit.wire) as a device family, when imported.
@@ -156,8 +157,9 @@ def stats() -> dict[str, float]:
     exporting handles and waiting for the work queued to write what is sent, seconds spent
     receiving (in all, and in three of its phases: allocating the arrays that
     receive, mapping or finding the sender's allocations, copying and waiting for
-    the copies), arrays declined (sent the usual way), and the mappings opened,
-    reused (kept from an earlier message) and open now."""
+    the copies), arrays declined (sent the usual way), and the mappings opened
+    (by a message, or ahead of any: `map_ahead`), reused (kept from an earlier
+    message or mapped ahead) and open now."""
     with _state.lock:
         counts = dict(_state.counts)
     mappings = _state.mappings
@@ -385,6 +387,33 @@ def _receive_array(backend: Backend, entry: dict[str, Any], mappings: ExitStack,
         counts["receive-map-seconds"] += mapped_at - allocated
         counts["receive-copy-seconds"] += time.perf_counter() - mapped_at
     return out
+
+
+def offer() -> dict[str, Any] | None:
+    """What this worker offers the workers of its host to map ahead of any message
+    (`map_ahead`): the handles of its lasting allocations (RMM pool slabs); None
+    when it does not send by IPC or has none."""
+    backend = _state.backend
+    bases = lifetimes.offered() if backend is not None else []
+    if backend is None or not bases:
+        return None
+    return {"node": node_identity(), "sender": lifetimes.this_process().as_header(),
+            "handles": [backend.export(base)[0] for base in bases]}
+
+
+def map_ahead(offered: dict[str, Any] | None) -> int:
+    """Map another worker's offered allocations (`offer`) here now, once device
+    traffic has been quiet for a moment (within a bound: opening a mapping takes
+    milliseconds per GB and messages wait for it); how many were mapped. Blocks:
+    call it from a thread of its own."""
+    sender = lifetimes.keepable(offered.get("sender")) if offered else None
+    if not offered or sender is None or offered.get("node") != node_identity():
+        return 0
+    backend = Explained(_receiving_backend())
+    wake = threading.Condition()
+    with wake:
+        traffic.await_quiet(wake, lambda: False)
+    return sum(_state.mappings.map_ahead(backend, bytes(h), sender) for h in offered["handles"])
 
 
 def _receiving_backend() -> Backend:

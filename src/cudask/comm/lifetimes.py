@@ -8,8 +8,10 @@ first use, shared by the arrays received together, closed after the message,
 except lasting ones, which stay open for the next messages until their sender's
 process ends, and leased ones (chunks of CuPy's pool that the sender keeps
 allocated for a lease after the message: cudask.comm.leases), which stay open
-for a quarter of the lease after their last use. `sweep`, which the worker runs
-periodically and on each receive, closes what has ended; idle mappings past
+for a quarter of the lease after their last use. Lasting allocations may also
+be mapped before any message names them (`offered`, `Mappings.map_ahead`).
+`sweep`, which the worker runs periodically and on each receive, closes what
+has ended; idle mappings past
 `limit` are closed, and all when the worker closes. Only lasting and leased
 allocations stay mapped, since CUDA leaves undefined what happens when an
 exporter frees memory another process maps; a pool one of whose slabs was sent
@@ -151,6 +153,16 @@ def sending(base: int) -> bool:
     return False
 
 
+def offered() -> list[int]:
+    """The lasting slabs of this process, offered to the workers of this host to map
+    ahead of any message (cudask.comm.ahead); their pools are noted as shared, to be
+    held past the worker (`keep_if_shared`)."""
+    with _pools_lock:
+        for pool in _pools:
+            pool.shared = pool.shared or bool(pool.bases)
+        return sorted(base for pool in _pools for base in pool.bases)
+
+
 def keep_if_shared(slabs: Slabs, resource: Any) -> bool:
     """The worker gives up the pool over `slabs` (its teardown): hold `resource` (the
     pool) until this process ends if one of its slabs was sent, as receivers keep
@@ -184,7 +196,8 @@ class Mappings:
         self._clock = clock
         self._open: OrderedDict[bytes, _Mapped] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
-        self.counts = {"mappings-opened": 0, "mappings-reused": 0, "mappings-closed-late": 0}
+        self.counts = {"mappings-opened": 0, "mappings-opened-ahead": 0, "mappings-reused": 0,
+                       "mappings-closed-late": 0}
 
     def __len__(self) -> int:
         with self._lock:
@@ -232,6 +245,18 @@ class Mappings:
                 elif handle in self._open:
                     self._open.move_to_end(handle)  # used until now: the most recent
                 self._trim(mapper)
+
+    def map_ahead(self, mapper: Mapper, handle: bytes, sender: Process) -> bool:
+        """Map a lasting allocation of `sender` before any message names it, kept
+        while `sender` runs, as a lasting one `use` kept; False when it is mapped
+        already. Messages wait for the opening (the lock is held through it)."""
+        with self._lock:
+            if handle in self._open:
+                return False
+            self._open[handle] = _Mapped(mapper.open(handle), 0, sender)
+            self.counts["mappings-opened-ahead"] += 1
+            self._trim(mapper)
+        return True
 
     def _close(self, mapper: Mapper, handle: bytes, now: float) -> None:
         """Unmap `handle` (the lock held), counting a leased one closed after its sender

@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 from distributed import WorkerPlugin
 
 from cudask.comm import cudf_wire, ipc, ipc_cuda, leases
+from cudask.comm.ahead import MapAhead
 from cudask.devices.nvml import gpu_model, gpus_without_peer_access, transfer_counters
 from cudask.memory.store import worker_metrics
 from cudask.worker import neighbours
@@ -294,7 +295,8 @@ class DeviceIPC(WorkerPlugin):
     that this one cannot read by peer access (a receiver there could not map
     the memory), or without CuPy or cuda-bindings. With a lease, CuPy's default
     pool gives way to cudask.comm.leases' pool, whose sent chunks receivers keep
-    mapped."""
+    mapped. The workers of a host map each other's RMM pool slabs when they
+    start (cudask.comm.ahead)."""
 
     name = "cudask-device-ipc"
     # seconds between checks for kept mappings that have ended and leased chunks to free
@@ -306,6 +308,7 @@ class DeviceIPC(WorkerPlugin):
         self.lease = lease  # cudask.comm.device-ipc-lease: 0, no leasing pool
         self.off_because: str | None = None  # why it stayed off (`cudask config` shows it)
         self._sweep: Any = None
+        self._ahead: MapAhead | None = None
 
     def setup(self, worker: Any) -> None:
         if ipc.enabled():
@@ -316,6 +319,9 @@ class DeviceIPC(WorkerPlugin):
         # where this worker does not send by IPC, since its peers may still send to it.
         self._sweep = PeriodicCallback(_sweep, self.sweep_interval * 1000)
         self._sweep.start()
+        # The pool slabs of this host's workers mapped at start (cudask.comm.ahead).
+        self._ahead = MapAhead(worker)
+        self._ahead.start()
         reason = self.unavailable()
         if reason is None:
             try:
@@ -344,5 +350,8 @@ class DeviceIPC(WorkerPlugin):
         if self._sweep is not None:
             self._sweep.stop()
             self._sweep = None
+        if self._ahead is not None:
+            self._ahead.stop()
+            self._ahead = None
         ipc.close_mappings()  # while the backend that opened them is still set
         ipc.disable()
