@@ -160,6 +160,15 @@ def _none_mapped(client: Any, workers: list[str]) -> bool:
     return all(n == 0 for n in client.run(_mapped, workers=workers).values())
 
 
+def _mapped_from(pid: int) -> int:
+    """Mappings open here of allocations of process `pid`."""
+    from cudask.comm import ipc
+
+    mappings = ipc._state.mappings
+    with mappings._lock:
+        return sum(1 for m in mappings._open.values() if m.sender is not None and m.sender.pid == pid)
+
+
 def _pid() -> int:
     import os
 
@@ -242,11 +251,9 @@ def test_pool_slabs_stay_mapped(placement: list[str]) -> None:
         stats = client.run(_ipc_stats, workers=[b])[b]
         assert stats["received"] >= 4 and stats["mappings-opened"] == 0, stats
         assert stats["mappings-reused"] >= 4 and stats["mappings-kept"] == 1, stats
-        os.kill(client.run(_pid, workers=[a])[a], signal.SIGKILL)
-        deadline = time.monotonic() + 120
-        while client.run(_mapped, workers=[b])[b] and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert client.run(_mapped, workers=[b])[b] == 0
+        pid = client.run(_pid, workers=[a])[a]
+        os.kill(pid, signal.SIGKILL)  # its nanny starts another, whose slab b maps ahead
+        assert wait_for(lambda: client.run(_mapped_from, pid, workers=[b])[b] == 0, timeout=120)
 
 
 def _lease_stats() -> dict[str, float]:
