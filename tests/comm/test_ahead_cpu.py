@@ -17,23 +17,10 @@ from distributed import Client, LocalCluster, WorkerPlugin
 
 from cudask.comm import ahead, ipc, lifetimes
 from cudask.testing import wait_for, workers_info
-from cudask.testing.fake_cuda import FakeDeviceArray, FakeIPCBackend
+from cudask.testing.fake_cuda import FakeDeviceArray, FakeIPCBackend, FakeUpstream
 
 REPLY = [ipc.FAMILY, "dask", "pickle", "error"]
 _BACKEND = FakeIPCBackend()
-
-
-class _Upstream:
-    def __init__(self) -> None:
-        self.buffers: dict[int, np.ndarray] = {}
-
-    def allocate(self, nbytes: int, stream: Any) -> int:
-        buf = np.zeros(nbytes, dtype="u1")
-        self.buffers[buf.ctypes.data] = buf
-        return int(buf.ctypes.data)
-
-    def deallocate(self, ptr: int, nbytes: int, stream: Any) -> None:
-        self.buffers.pop(ptr)
 
 
 class _StartMapAhead(WorkerPlugin):
@@ -63,7 +50,7 @@ def test_the_workers_of_a_host_map_each_others_slabs_before_any_transfer(
     monkeypatch.setattr(lifetimes, "_pools", [])
     monkeypatch.setattr(lifetimes, "_kept", [])
     ipc.enable(_BACKEND, min_size=1024)
-    upstream = _Upstream()
+    upstream = FakeUpstream()
     slabs = lifetimes.Slabs(upstream)
     slab = upstream.buffers[slabs.allocate(1 << 16, None)]
     slab[:] = np.arange(slab.size) % 251

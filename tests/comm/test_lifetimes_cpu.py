@@ -18,25 +18,10 @@ import pytest
 from distributed.protocol.serialize import deserialize, serialize
 
 from cudask.comm import ipc, lifetimes
-from cudask.testing.fake_cuda import FakeDeviceArray, FakeIPCBackend
+from cudask.testing.fake_cuda import FakeDeviceArray, FakeIPCBackend, FakeUpstream
 
 REPLY = [ipc.FAMILY, "dask", "pickle", "error"]
 LOCAL = {"recipient": {"address": "tcp://127.0.0.1:40000"}}
-
-
-class Upstream:
-    """An RMM resource's allocate/deallocate over NumPy buffers."""
-
-    def __init__(self) -> None:
-        self.buffers: dict[int, np.ndarray] = {}
-
-    def allocate(self, nbytes: int, stream: Any) -> int:
-        buf = np.zeros(nbytes, dtype="u1")
-        self.buffers[buf.ctypes.data] = buf
-        return int(buf.ctypes.data)
-
-    def deallocate(self, ptr: int, nbytes: int, stream: Any) -> None:
-        assert self.buffers.pop(ptr).nbytes == nbytes
 
 
 @pytest.fixture(autouse=True)
@@ -75,7 +60,7 @@ def _as_sent_by(header: dict[str, Any], child: subprocess.Popen) -> dict[str, An
 
 def _pool_slab(backend: FakeIPCBackend, nbytes: int) -> tuple[lifetimes.Slabs, np.ndarray]:
     """A slab of a recorded pool, which the fake backend exports as handle b"slab"."""
-    upstream = Upstream()
+    upstream = FakeUpstream()
     slabs = lifetimes.Slabs(upstream)
     slab = upstream.buffers[slabs.allocate(nbytes, None)]
     backend.allocations[b"slab"] = slab
@@ -83,7 +68,7 @@ def _pool_slab(backend: FakeIPCBackend, nbytes: int) -> tuple[lifetimes.Slabs, n
 
 
 def test_slabs_are_lasting_while_allocated() -> None:
-    upstream = Upstream()
+    upstream = FakeUpstream()
     slabs = lifetimes.Slabs(upstream)
     ptr = slabs.allocate(4096, None)
     assert slabs.bases == {ptr} and not slabs.shared
@@ -175,7 +160,7 @@ def test_closing_the_worker_closes_kept_mappings(backend: FakeIPCBackend, sender
 
 
 def test_a_pool_is_kept_once_one_of_its_slabs_was_sent() -> None:
-    mine, other = lifetimes.Slabs(Upstream()), lifetimes.Slabs(Upstream())
+    mine, other = lifetimes.Slabs(FakeUpstream()), lifetimes.Slabs(FakeUpstream())
     ptr, elsewhere = mine.allocate(4096, None), other.allocate(4096, None)
     assert not lifetimes.sending(ptr + 4096)  # not a slab: nothing to keep
     assert lifetimes.sending(ptr) and mine.shared and not other.shared
@@ -191,7 +176,7 @@ def test_a_pool_is_kept_once_one_of_its_slabs_was_sent() -> None:
 
 
 def test_a_slab_sent_after_teardown_does_not_keep_the_pool() -> None:
-    slabs = lifetimes.Slabs(Upstream())
+    slabs = lifetimes.Slabs(FakeUpstream())
     ptr = slabs.allocate(4096, None)
     assert not lifetimes.keep_if_shared(slabs, "pool")
     assert not lifetimes.sending(ptr) and not slabs.shared and lifetimes._kept == []

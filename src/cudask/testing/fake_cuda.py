@@ -15,7 +15,8 @@ Covers:
   ordinary memory with a configurable refusal limit, and which records what
   happened (copies, pinned allocations) for assertions.
 
-- `FakeIPCBackend`: the CUDA calls of cudask.comm.ipc within one process.
+- `FakeIPCBackend`: the CUDA calls of cudask.comm.ipc within one process;
+  `FakeUpstream`, an RMM resource's calls for a recorded pool's slabs.
 
 Tests inject `FakeCopyBackend` into `TieredStore(backend=...)`; runtime code
 never looks for it. Does not cover: NVML/device discovery fakes
@@ -378,16 +379,6 @@ def as_numpy(value: Any) -> Any:
     return value
 
 
-__all__ = [
-    "FakeCopyBackend",
-    "FakeDeviceArray",
-    "FakeHandler",
-    "ForeignDeviceObject",
-    "as_numpy",
-    "filled",
-]
-
-
 class FakeIPCBackend:
     """A `cudask.comm.ipc_cuda.Backend` for one process: allocations are NumPy
     buffers behind FakeDeviceArrays, named by a handle; `open` gives their
@@ -431,3 +422,31 @@ class FakeIPCBackend:
         low, span = extent(src, target.shape, strides, target.itemsize)
         memory = (ctypes.c_char * span).from_address(low)
         target[...] = numpy.ndarray(target.shape, target.dtype, memoryview(memory), src - low, strides)
+
+
+class FakeUpstream:
+    """An RMM resource's allocate and deallocate over NumPy buffers (the upstream
+    of a recorded pool, cudask.comm.lifetimes.Slabs); `buffers` by address."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[int, numpy.ndarray] = {}
+
+    def allocate(self, nbytes: int, stream: Any) -> int:
+        buf = numpy.zeros(nbytes, dtype="u1")
+        self.buffers[buf.ctypes.data] = buf
+        return int(buf.ctypes.data)
+
+    def deallocate(self, ptr: int, nbytes: int, stream: Any) -> None:
+        assert self.buffers.pop(ptr).nbytes == nbytes
+
+
+__all__ = [
+    "FakeCopyBackend",
+    "FakeDeviceArray",
+    "FakeHandler",
+    "FakeIPCBackend",
+    "FakeUpstream",
+    "ForeignDeviceObject",
+    "as_numpy",
+    "filled",
+]
