@@ -55,12 +55,24 @@ def test_the_workers_of_a_host_map_each_others_slabs_before_any_transfer(
     slab = upstream.buffers[slabs.allocate(1 << 16, None)]
     slab[:] = np.arange(slab.size) % 251
     _BACKEND.allocations[b"slab"] = slab
+    mapped_from: list[str] = []  # who offered what was mapped: a peer's address, or "its offer"
+    original = ahead.MapAhead._map
+
+    async def recording(self: ahead.MapAhead, offer: Any, source: str) -> None:
+        if offer is not None:
+            mapped_from.append(source)
+        await original(self, offer, source)
+
+    monkeypatch.setattr(ahead.MapAhead, "_map", recording)
     with LocalCluster(n_workers=2, processes=False, protocol="tcp", dashboard_address=":0",
                       threads_per_worker=1, serializers=REPLY,
                       deserializers=REPLY) as cluster, Client(cluster) as client:
         client.register_plugin(_StartMapAhead())
         assert wait_for(lambda: ipc.stats()["mappings-opened-ahead"] == 1, timeout=120)
         a, b = list(workers_info(client))
+        # both sides mapped: the handler an introducer's offer, an introducer the answer
+        assert wait_for(lambda: "its offer" in mapped_from and bool(set(mapped_from) & {a, b}),
+                        timeout=120), mapped_from
         x = client.submit(_slab_piece, workers=[a])
         assert client.submit(_sum, x, workers=[b]).result(timeout=120) == float(
             slab[4096:12288].astype("f8").sum())

@@ -209,7 +209,9 @@ def test_nothing_is_mapped_ahead_from_another_host_namespace_or_no_offer(
         backend: FakeIPCBackend, sender: subprocess.Popen) -> None:
     assert ipc.offer() is None  # no pool, nothing to offer
     slabs, slab = _pool_slab(backend, 8192)
-    offer = _as_sent_by(ipc.offer() or {}, sender)
+    offered = ipc.offer()
+    assert offered is not None
+    offer = _as_sent_by(offered, sender)
     assert ipc.map_ahead({**offer, "node": "another host"}) == 0
     assert ipc.map_ahead({**offer, "sender": {**offer["sender"], "pidns": offer["sender"]["pidns"] + 1}}) == 0
     assert ipc.map_ahead(None) == 0 and backend.opened == []
