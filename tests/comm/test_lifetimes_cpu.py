@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -216,3 +217,66 @@ def test_nothing_is_mapped_ahead_from_another_host_namespace_or_no_offer(
     assert ipc.map_ahead({**offer, "sender": {**offer["sender"], "pidns": offer["sender"]["pidns"] + 1}}) == 0
     assert ipc.map_ahead(None) == 0 and backend.opened == []
     slabs.deallocate(slab.ctypes.data, slab.nbytes, None)
+
+
+class _SlowMapper:
+    """Opens block until `release` is set (a pool slab's opening takes up to a second)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.started = threading.Event()
+        self.opened: list[bytes] = []
+        self.closed: list[int] = []
+
+    def open(self, handle: bytes) -> int:
+        if handle == b"slow":
+            self.started.set()
+            assert self.release.wait(60)
+        self.opened.append(handle)
+        return 1000 + len(self.opened)
+
+    def close(self, base: int) -> None:
+        self.closed.append(base)
+
+
+def _in_thread(fn: Any) -> threading.Thread:
+    thread = threading.Thread(target=fn, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_an_opening_ahead_holds_up_only_a_use_of_its_own_handle() -> None:
+    mappings, mapper = lifetimes.Mappings(), _SlowMapper()
+    me = lifetimes.this_process()
+    ahead = _in_thread(lambda: mappings.map_ahead(mapper, b"slow", me))
+    assert mapper.started.wait(60)
+    with mappings.use(mapper, b"other", None) as base:  # not held up by the opening
+        assert base and mappings.sweep(mapper) == 0 and len(mappings) == 1
+    used: list[int] = []
+
+    def use_slow() -> None:
+        with mappings.use(mapper, b"slow", me) as address:
+            used.append(address)
+
+    user = _in_thread(use_slow)
+    user.join(0.2)
+    assert user.is_alive() and not used  # waits for the opening ...
+    mapper.release.set()
+    ahead.join(60)
+    user.join(60)
+    # ... and finds it mapped: one opening of b"slow", reused
+    assert mapper.opened.count(b"slow") == 1 and used == [mapper.opened.index(b"slow") + 1001]
+    assert mappings.counts["mappings-opened-ahead"] == 1 and mappings.counts["mappings-reused"] == 1
+
+
+def test_an_opening_ahead_that_spans_the_workers_close_is_closed() -> None:
+    mappings, mapper = lifetimes.Mappings(), _SlowMapper()
+    result: list[bool] = []
+    ahead = _in_thread(lambda: result.append(
+        mappings.map_ahead(mapper, b"slow", lifetimes.this_process())))
+    assert mapper.started.wait(60)
+    mappings.close_all(mapper)
+    mapper.release.set()
+    ahead.join(60)
+    assert result == [False] and len(mappings) == 0 and mapper.closed == [1001]
+    assert mappings.map_ahead(mapper, b"slow", lifetimes.this_process())  # a later worker maps again

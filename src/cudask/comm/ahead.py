@@ -2,14 +2,14 @@
 on their first transfer.
 
 Covers: `MapAhead`, a worker's side of the exchange. Once the worker has joined
-its scheduler, it asks the scheduler for the workers, and sends each one of
-this host its offer (`cudask.comm.ipc.offer`: the handles of its pool's slabs)
-through the `cudask_ipc_map_ahead` handler; the peer maps them in a thread of
-its own and answers with its offer, which this worker maps in turn. A worker
-that joins later does the same, so every pair of workers of a host is covered
-by whichever of the two joined last. Opening a mapping of a peer's slab takes
-milliseconds per GB of the slab (0.15 s for a 20 GB pool on an H100): paid at
-start, that cost leaves the first exchange between the workers. Everything here
+its scheduler, it asks the scheduler for the workers (`ncores`), and sends each
+one of this host its offer (`cudask.comm.ipc.offer`: the handles of its pool's
+slabs) through the `cudask_ipc_map_ahead` handler; the peer maps them in a
+thread of its own and answers with its offer, which this worker maps in turn. A
+worker that joins later does the same, so every pair of workers of a host is
+covered by whichever of the two joined last. Opening a mapping of a peer's slab
+takes milliseconds per GB of the slab (docs/design/comm.md): paid at start,
+that cost leaves the first exchange between the workers. Everything here
 is an optimisation: a peer that does not answer, answers nothing or cannot be
 mapped is left to the first transfer, which maps it as before; the failure is
 logged at debug level.
@@ -19,7 +19,8 @@ offer itself (cudask.comm.ipc), CuPy's chunks without a pool (leased per message
 cudask.comm.leases).
 
 Threading: `start`, `stop` and the handler run on the worker's event loop; the
-mappings are opened in threads of the loop's default executor.
+mappings are opened in threads of the loop's default executor. An opening still
+running when the worker closes is closed once open (`Mappings.close_all`).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class MapAhead:
     async def answer(self, offer: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """The handler: map the peer's `offer` (in the background) and return ours."""
         self._spawn(self._map(offer, "its offer"))
-        return await asyncio.to_thread(ipc.offer)
+        return await _own_offer()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -77,22 +78,21 @@ class MapAhead:
         """Once joined: offer ours to each worker of this host, map what each answers."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + JOIN_WITHIN
-        while self.worker.status != Status.running:
+        while self.worker.status not in (Status.running, Status.paused):
             if self.worker.status in (Status.closing, Status.closed, Status.failed) \
                     or loop.time() > deadline:
                 return
             await asyncio.sleep(_POLL)
         try:
-            identity = await self.worker.scheduler.identity()
+            workers = await self.worker.scheduler.ncores()
         except Exception:  # an optimisation: the first transfer maps instead
             logger.debug("cudask: no worker list to map pool slabs ahead", exc_info=True)
             return
         me = self.worker.address
-        peers = [a for a in identity.get("workers", {})
-                 if a != me and ipc.same_host({"recipient": {"address": a}})]
+        peers = [a for a in workers if a != me and ipc.same_host({"recipient": {"address": a}})]
         if not peers:
             return
-        mine = await asyncio.to_thread(ipc.offer)
+        mine = await _own_offer()
         for peer in peers:
             try:
                 theirs = await self.worker.rpc(peer).cudask_ipc_map_ahead(offer=mine)
@@ -109,6 +109,16 @@ class MapAhead:
             return
         if mapped:
             logger.debug("cudask: mapped %d pool slab(s) of %s ahead", mapped, source)
+
+
+async def _own_offer() -> dict[str, Any] | None:
+    """This worker's offer (`ipc.offer`, in a thread: it exports handles); None when
+    that fails (logged at debug level: peers map its slabs on their first message)."""
+    try:
+        return await asyncio.to_thread(ipc.offer)
+    except Exception:
+        logger.debug("cudask: could not offer this worker's pool slabs", exc_info=True)
+        return None
 
 
 __all__ = ["HANDLER", "JOIN_WITHIN", "MapAhead"]

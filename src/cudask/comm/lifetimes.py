@@ -24,7 +24,9 @@ RMM resource (cudask.worker.rmm).
 
 Threading: thread-safe. One lock guards the sender's record (a pool's
 deallocate may run at interpreter exit), one per `Mappings`; a mapping in use
-is never closed under its user.
+is never closed under its user. `Mappings.map_ahead` opens without the lock
+(a pool slab's opening takes up to a second); a `use` of the handle it is
+opening waits for it, and nothing else does.
 """
 
 from __future__ import annotations
@@ -195,6 +197,9 @@ class Mappings:
         self.limit = limit
         self._clock = clock
         self._open: OrderedDict[bytes, _Mapped] = OrderedDict()  # least recently used first
+        # Handles `map_ahead` is opening outside the lock; set once they are in `_open` (or failed).
+        self._opening: dict[bytes, threading.Event] = {}
+        self._closings = 0  # `close_all` calls: an opening that spans one is closed at once
         self._lock = threading.Lock()
         self.counts = {"mappings-opened": 0, "mappings-opened-ahead": 0, "mappings-reused": 0,
                        "mappings-closed-late": 0}
@@ -217,7 +222,27 @@ class Mappings:
         after this message), for a quarter of the lease from now: the sender answered
         after this, and frees it no earlier than a lease after its answer."""
         now = self._clock()
+        while (mapped := self._acquire(mapper, handle, sender, lease, now)) is None:
+            self._await_opening(handle)
+        try:
+            yield mapped.base
+        finally:
+            with self._lock:
+                mapped.users -= 1
+                if mapped.users == 0 and mapped.sender is None:
+                    del self._open[handle]
+                    mapper.close(mapped.base)
+                elif handle in self._open:
+                    self._open.move_to_end(handle)  # used until now: the most recent
+                self._trim(mapper)
+
+    def _acquire(self, mapper: Mapper, handle: bytes, sender: Process | None, lease: float,
+                 now: float) -> _Mapped | None:
+        """`use`'s mapping of `handle`, one more user counted; None while `map_ahead`
+        opens it."""
         with self._lock:
+            if handle in self._opening:
+                return None
             mapped = self._open.get(handle)
             if mapped is not None and mapped.users == 0 and mapped.expires <= now:
                 self._close(mapper, handle, now)  # its sender may have freed it since: map it anew
@@ -234,29 +259,43 @@ class Mappings:
                 mapped.expires = now + lease * KEEP_FRACTION if lease else math.inf
                 mapped.freed_from = now + lease if lease else math.inf
             mapped.users += 1
-        try:
-            yield mapped.base
-        finally:
-            with self._lock:
-                mapped.users -= 1
-                if mapped.users == 0 and mapped.sender is None:
-                    del self._open[handle]
-                    mapper.close(mapped.base)
-                elif handle in self._open:
-                    self._open.move_to_end(handle)  # used until now: the most recent
-                self._trim(mapper)
+            return mapped
 
     def map_ahead(self, mapper: Mapper, handle: bytes, sender: Process) -> bool:
         """Map a lasting allocation of `sender` before any message names it, kept
         while `sender` runs, as a lasting one `use` kept; False when it is mapped
-        already. Messages wait for the opening (the lock is held through it)."""
+        already, or when `close_all` ran meanwhile (the new mapping is closed). The
+        opening runs outside the lock: only a `use` of this handle waits for it."""
         with self._lock:
-            if handle in self._open:
+            if handle in self._open or handle in self._opening:
                 return False
-            self._open[handle] = _Mapped(mapper.open(handle), 0, sender)
-            self.counts["mappings-opened-ahead"] += 1
-            self._trim(mapper)
-        return True
+            done = self._opening[handle] = threading.Event()
+            closings = self._closings
+        try:
+            base = mapper.open(handle)
+        except BaseException:
+            with self._lock:
+                del self._opening[handle]
+            done.set()
+            raise
+        with self._lock:
+            del self._opening[handle]
+            kept = closings == self._closings
+            if kept:
+                self._open[handle] = _Mapped(base, 0, sender)
+                self.counts["mappings-opened-ahead"] += 1
+                self._trim(mapper)
+            else:
+                mapper.close(base)
+        done.set()
+        return kept
+
+    def _await_opening(self, handle: bytes) -> None:
+        """Wait while `map_ahead` opens `handle` (without the lock)."""
+        with self._lock:
+            done = self._opening.get(handle)
+        if done is not None:
+            done.wait()
 
     def _close(self, mapper: Mapper, handle: bytes, now: float) -> None:
         """Unmap `handle` (the lock held), counting a leased one closed after its sender
@@ -295,7 +334,9 @@ class Mappings:
         return len(expired) + len(ended)
 
     def close_all(self, mapper: Mapper) -> None:
-        """Close every idle mapping (the worker is closing)."""
+        """Close every idle mapping (the worker is closing), and those `map_ahead` is
+        opening now once they are open."""
         with self._lock:
+            self._closings += 1
             for handle in [h for h, m in self._open.items() if m.users == 0]:
                 mapper.close(self._open.pop(handle).base)
