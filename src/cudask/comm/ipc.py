@@ -14,8 +14,9 @@ only then answers, so the sender's memory outlives every mapping of it.
 Anything else falls through to distributed's own serializers. Also the
 per-process switch (`enable`, `disable`), counters (`stats`, `declined`),
 `keep_alive`, and the offer of lasting allocations to map ahead (`offer`,
-`map_ahead`; exchanged by cudask.comm.ahead). Each send (`keep_alive`) and receive is marked as device traffic
-(cudask.memory.host.traffic), during which pinning ahead of spills waits.
+`map_ahead`; exchanged by cudask.comm.ahead). Each send (`keep_alive`) and
+receive is marked as device traffic (cudask.memory.host.traffic), during which
+pinning ahead of spills waits.
 Registers the family with distributed, and with the JIT-unspill layer
 (cudask.memory.jit.wire) as a device family, when imported.
 
@@ -63,6 +64,10 @@ FAMILY = "cudask-ipc"
 SERIALIZERS = ("dask", "pickle", "error", FAMILY)
 
 
+# The phases of a receive whose seconds `stats` counts.
+RECEIVE_PHASES = ("receive-allocate-seconds", "receive-map-seconds", "receive-copy-seconds")
+
+
 @dataclass
 class _State:
     """This process's side of the family: on once `enable` ran."""
@@ -76,8 +81,8 @@ class _State:
     # Mapped allocations of other processes, by handle (one mapping per handle and process).
     mappings: lifetimes.Mappings = field(default_factory=lifetimes.Mappings)
     counts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
-        ("sent", "sent-bytes", "send-export-seconds", "send-wait-seconds", "received", "received-bytes", "receive-seconds",
-         "receive-allocate-seconds", "receive-map-seconds", "receive-copy-seconds", "declined"), 0.0))
+        ("sent", "sent-bytes", "send-export-seconds", "send-wait-seconds", "received",
+         "received-bytes", "receive-seconds", *RECEIVE_PHASES, "declined"), 0.0))
     warned: set[str] = field(default_factory=set)
 
 
@@ -348,18 +353,22 @@ def _loads(header: dict[str, Any], frames: list[Any]) -> Any:
     start = time.perf_counter()
     _state.mappings.sweep(backend)
     sender = lifetimes.keepable(header.get("sender"))
+    phases = dict.fromkeys(RECEIVE_PHASES, 0.0)
     if "device-serialized" in header:
         with ExitStack() as mappings:  # buffers of one allocation share its mapping
             parts = [frames[e["host"]] if "host" in e
                      else backend.empty((0,), e["empty"], "C") if "empty" in e
-                     else _receive_array(backend, e, mappings, sender) for e in header["entries"]]
+                     else _receive_array(backend, e, mappings, sender, phases)
+                     for e in header["entries"]]
         out = pickle.loads(header["type"]).device_deserialize(header["device-serialized"], parts)
         nbytes = sum(e["nbytes"] for e in header["entries"] if "handle" in e)
     else:
         with ExitStack() as mappings:
-            out = _receive_array(backend, header, mappings, sender)
+            out = _receive_array(backend, header, mappings, sender, phases)
         nbytes = header["nbytes"]
     with _state.lock:
+        for phase, seconds in phases.items():
+            _state.counts[phase] += seconds
         _state.counts["received"] += 1
         _state.counts["received-bytes"] += nbytes
         _state.counts["receive-seconds"] += time.perf_counter() - start
@@ -367,11 +376,11 @@ def _loads(header: dict[str, Any], frames: list[Any]) -> Any:
 
 
 def _receive_array(backend: Backend, entry: dict[str, Any], mappings: ExitStack,
-                   sender: lifetimes.Process | None) -> Any:
+                   sender: lifetimes.Process | None, phases: dict[str, float]) -> Any:
     """A new array of this process holding a copy of the one `entry` names (the
     mapping is in use in `mappings` until the caller closes it, then closed, or
     kept when the sender marked its allocation lasting or leased and `sender` is
-    given)."""
+    given); the seconds of each phase are added to `phases`."""
     start = time.perf_counter()
     out = backend.empty(tuple(entry["shape"]), entry["dtype"], entry["order"])
     allocated = time.perf_counter()
@@ -381,11 +390,9 @@ def _receive_array(backend: Backend, entry: dict[str, Any], mappings: ExitStack,
         _state.mappings.use(Explained(backend), bytes(entry["handle"]), keep, lease))
     mapped_at = time.perf_counter()
     backend.copy(out, base + int(entry["offset"]), tuple(int(s) for s in entry["strides"]))
-    with _state.lock:
-        counts = _state.counts
-        counts["receive-allocate-seconds"] += allocated - start
-        counts["receive-map-seconds"] += mapped_at - allocated
-        counts["receive-copy-seconds"] += time.perf_counter() - mapped_at
+    phases["receive-allocate-seconds"] += allocated - start
+    phases["receive-map-seconds"] += mapped_at - allocated
+    phases["receive-copy-seconds"] += time.perf_counter() - mapped_at
     return out
 
 

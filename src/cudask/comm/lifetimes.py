@@ -11,8 +11,8 @@ allocated for a lease after the message: cudask.comm.leases), which stay open
 for a quarter of the lease after their last use. Lasting allocations may also
 be mapped before any message names them (`offered`, `Mappings.map_ahead`).
 `sweep`, which the worker runs periodically and on each receive, closes what
-has ended; idle mappings past
-`limit` are closed, and all when the worker closes. Only lasting and leased
+has ended; idle mappings past `limit` are closed, and all when the worker
+closes. Only lasting and leased
 allocations stay mapped, since CUDA leaves undefined what happens when an
 exporter frees memory another process maps; a pool one of whose slabs was sent
 is held until its process ends (`keep_if_shared`). A sender is known by pid,
