@@ -206,16 +206,20 @@ def test_an_offered_slab_is_mapped_ahead_and_found_by_the_first_message(
     slabs.deallocate(slab.ctypes.data, slab.nbytes, None)
 
 
-def test_nothing_is_mapped_ahead_from_another_host_namespace_or_no_offer(
+def test_nothing_is_mapped_ahead_from_another_host_namespace_this_process_or_no_offer(
         backend: FakeIPCBackend, sender: subprocess.Popen) -> None:
     assert ipc.offer() is None  # no pool, nothing to offer
     slabs, slab = _pool_slab(backend, 8192)
     offered = ipc.offer()
-    assert offered is not None
+    assert offered is not None and ipc.accepts(_as_sent_by(offered, sender))
     offer = _as_sent_by(offered, sender)
-    assert ipc.map_ahead({**offer, "node": "another host"}) == 0
-    assert ipc.map_ahead({**offer, "sender": {**offer["sender"], "pidns": offer["sender"]["pidns"] + 1}}) == 0
-    assert ipc.map_ahead(None) == 0 and backend.opened == []
+    refused = [{**offer, "node": "another host"},
+               {**offer, "sender": {**offer["sender"], "pidns": offer["sender"]["pidns"] + 1}},
+               offered,  # this process's own: it cannot map its memory by IPC handle
+               {**offer, "sender": {"pid": "not a pid"}}, None]
+    for one in refused:
+        assert not ipc.accepts(one) and ipc.map_ahead(one) == 0, one
+    assert backend.opened == []
     slabs.deallocate(slab.ctypes.data, slab.nbytes, None)
 
 

@@ -74,6 +74,7 @@ def test_device_ipc_serializers_and_plugin(dgx, monkeypatch):
     assert spec["worker_class"] is IPCWorker
     (ipc_plugin,) = [p for p in spec["plugins"] if p.name == "cudask-device-ipc"]
     assert ipc_plugin.device_uuid == dgx.gpus[0].uuid and ipc_plugin.min_size == 1 << 20
+    assert ipc_plugin.map_ahead  # cudask.comm.map-ahead's default
     for opts, cfg in (({}, {"cudask.comm.device-ipc": False}), ({"protocol": "ucx"}, {})):
         with dask.config.set(cfg):
             spec = nanny_options(resolve(opts, "cluster"), devices, 0, n_workers=1, name=0)
@@ -82,6 +83,9 @@ def test_device_ipc_serializers_and_plugin(dgx, monkeypatch):
     with dask.config.set({"cudask.comm.device-ipc-min-size": "64KiB"}):
         spec = nanny_options(resolve({}, "cluster"), devices, 0, n_workers=1, name=0)
     assert [p.min_size for p in spec["plugins"] if p.name == "cudask-device-ipc"] == [65536]
+    with dask.config.set({"cudask.comm.map-ahead": False}):
+        spec = nanny_options(resolve({}, "cluster"), devices, 0, n_workers=1, name=0)
+    assert [p.map_ahead for p in spec["plugins"] if p.name == "cudask-device-ipc"] == [False]
     for bad in ("banana", -1, "1 parsec", True):
         with dask.config.set({"cudask.comm.device-ipc-min-size": bad}), \
                 pytest.raises(OptionError, match=r"cudask.comm.device-ipc-min-size=.*is not a size"):

@@ -2,25 +2,32 @@
 on their first transfer.
 
 Covers: `MapAhead`, a worker's side of the exchange. Once the worker has joined
-its scheduler, it asks the scheduler for the workers (`ncores`), and sends each
-one of this host its offer (`cudask.comm.ipc.offer`: the handles of its pool's
-slabs) through the `cudask_ipc_map_ahead` handler; the peer maps them in a
-thread of its own and answers with its offer, which this worker maps in turn. A
-worker that joins later does the same, so every pair of workers of a host is
-covered by whichever of the two joined last. Opening a mapping of a peer's slab
-takes milliseconds per GB of the slab (docs/design/comm.md): paid at start,
-that cost leaves the first exchange between the workers. Everything here
-is an optimisation: a peer that does not answer, answers nothing or cannot be
-mapped is left to the first transfer, which maps it as before; the failure is
-logged at debug level.
+its scheduler, it advertises itself in the scheduler's metadata (under `KEY`:
+its address and `cudask.comm.ipc.identity`), reads the others' advertisements
+and the workers still there (`ncores`), and sends each advertised worker whose
+process it may map (`ipc.accepts`: same host, same pid namespace, another
+process) its offer (`ipc.offer`: the handles of its pool's slabs) through the
+`cudask_ipc_map_ahead` handler. The peer maps them in a thread of its own and
+answers with its offer, which this worker maps in turn. Of two workers, the one
+that reads the metadata last sees the other, so every pair of a host is
+covered. Workers that did not advertise (no DeviceIPC plugin, a second worker in
+one process, `cudask.comm.map-ahead: false`) are never asked. Opening a mapping
+of a peer's slab takes milliseconds per GB of the slab (docs/design/comm.md):
+paid at start, that cost leaves the first exchange between the workers.
+Everything here is an optimisation: a peer that does not answer, answers
+nothing or cannot be mapped is left to the first transfer, which maps it as
+before; the failure is logged at debug level.
 
 Does not cover: what is mapped and for how long (cudask.comm.lifetimes), the
 offer itself (cudask.comm.ipc), CuPy's chunks without a pool (leased per message:
-cudask.comm.leases).
+cudask.comm.leases). An advertisement stays in the scheduler's metadata after
+its worker leaves (distributed has no call to remove one); the list of workers
+still there filters it out.
 
-Threading: `start`, `stop` and the handler run on the worker's event loop; the
-mappings are opened in threads of the loop's default executor. An opening still
-running when the worker closes is closed once open (`Mappings.close_all`).
+Threading: `start`, `stop` and the handler run on the worker's event loop (`start`
+must be called there, as distributed sets plugins up); the mappings are opened
+in threads of the loop's default executor. An opening still running when the
+worker closes is closed once open (`Mappings.close_all`).
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from cudask.comm import ipc
 logger = logging.getLogger("cudask.comm")
 
 HANDLER = "cudask_ipc_map_ahead"
+# The scheduler's metadata key under which workers advertise the exchange.
+KEY = "cudask-map-ahead"
 # Seconds to wait for the worker to join its scheduler before giving up.
 JOIN_WITHIN = 300.0
 _POLL = 0.05
@@ -49,13 +58,9 @@ class MapAhead:
         self.tasks: set[asyncio.Task[Any]] = set()
 
     def start(self) -> None:
-        """Answer peers' offers; introduce this worker once it has joined (when
-        called on its event loop, as distributed sets plugins up)."""
+        """Answer peers' offers; introduce this worker once it has joined. Call it
+        on the worker's event loop."""
         self.worker.handlers[HANDLER] = self.answer
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return
         self._spawn(self._introduce())
 
     def stop(self) -> None:
@@ -64,13 +69,18 @@ class MapAhead:
         for task in self.tasks:
             task.cancel()
 
-    async def answer(self, offer: dict[str, Any] | None = None) -> dict[str, Any] | None:
-        """The handler: map the peer's `offer` (in the background) and return ours."""
-        self._spawn(self._map(offer, "its offer"))
+    async def answer(self, peer: dict[str, Any] | None = None,
+                     offer: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """The handler: map the offer of `peer` (an `ipc.identity`) in the
+        background and return ours, if this process may exchange with it."""
+        if not ipc.accepts(peer):
+            return None
+        if offer is not None:
+            self._spawn(self._map(offer, "its offer"))
         return await _own_offer()
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
+        task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -83,23 +93,32 @@ class MapAhead:
                     or loop.time() > deadline:
                 return
             await asyncio.sleep(_POLL)
-        try:
-            workers = await self.worker.scheduler.ncores()
-        except Exception:  # an optimisation: the first transfer maps instead
-            logger.debug("cudask: no worker list to map pool slabs ahead", exc_info=True)
-            return
-        me = self.worker.address
-        peers = [a for a in workers if a != me and ipc.same_host({"recipient": {"address": a}})]
+        peers = await self._peers()
         if not peers:
             return
-        mine = await _own_offer()
+        me, mine = ipc.identity(), await _own_offer()
         for peer in peers:
             try:
-                theirs = await self.worker.rpc(peer).cudask_ipc_map_ahead(offer=mine)
-            except Exception:  # a peer without the handler, or gone
+                theirs = await self.worker.rpc(peer).cudask_ipc_map_ahead(peer=me, offer=mine)
+            except Exception:  # gone, or an older cudask
                 logger.debug("cudask: %s did not exchange pool slabs", peer, exc_info=True)
                 continue
             await self._map(theirs, peer)
+
+    async def _peers(self) -> list[str]:
+        """Advertise this worker; the advertised workers still there whose process
+        this one may map (empty when the scheduler does not answer)."""
+        me = self.worker.address
+        scheduler = self.worker.scheduler
+        try:
+            await scheduler.set_metadata(keys=[KEY, me], value=ipc.identity())
+            advertised = await scheduler.get_metadata(keys=[KEY], default={})
+            workers = await scheduler.ncores()
+        except Exception:  # an optimisation: the first transfer maps instead
+            logger.debug("cudask: no list of workers to map pool slabs ahead", exc_info=True)
+            return []
+        return [address for address, identity in advertised.items()
+                if address != me and address in workers and ipc.accepts(identity)]
 
     async def _map(self, offer: dict[str, Any] | None, source: str) -> None:
         try:
@@ -121,4 +140,4 @@ async def _own_offer() -> dict[str, Any] | None:
         return None
 
 
-__all__ = ["HANDLER", "JOIN_WITHIN", "MapAhead"]
+__all__ = ["HANDLER", "JOIN_WITHIN", "KEY", "MapAhead"]

@@ -35,6 +35,7 @@ import functools
 import ipaddress
 import logging
 import math
+import os
 import pickle
 import socket
 import sys
@@ -404,8 +405,26 @@ def offer() -> dict[str, Any] | None:
     bases = lifetimes.offered() if backend is not None else []
     if backend is None or not bases:
         return None
-    return {"node": node_identity(), "sender": lifetimes.this_process().as_header(),
-            "handles": [backend.export(base)[0] for base in bases]}
+    return {**identity(), "handles": [backend.export(base)[0] for base in bases]}
+
+
+def identity() -> dict[str, Any]:
+    """This process as another worker checks it before an exchange of offers
+    (`accepts`): its host's boot and its pid, start time and pid namespace."""
+    return {"node": node_identity(), "sender": lifetimes.this_process().as_header()}
+
+
+def accepts(peer: dict[str, Any] | None) -> bool:
+    """Whether this process may map what `peer` (an `identity`, or an `offer`)
+    offers: another process of this host and pid namespace (a process cannot
+    map its own memory by IPC handle)."""
+    if not isinstance(peer, dict) or peer.get("node") != node_identity():
+        return False
+    try:
+        sender = lifetimes.keepable(peer.get("sender"))
+    except (KeyError, TypeError, ValueError):  # not an identity
+        return False
+    return sender is not None and sender.pid != os.getpid()
 
 
 def map_ahead(offered: dict[str, Any] | None) -> int:
@@ -413,8 +432,8 @@ def map_ahead(offered: dict[str, Any] | None) -> int:
     traffic has been quiet for a moment (within a bound: opening a mapping takes
     milliseconds per GB and messages wait for it); how many were mapped. Blocks:
     call it from a thread of its own."""
-    sender = lifetimes.keepable(offered.get("sender")) if offered else None
-    if not offered or sender is None or offered.get("node") != node_identity():
+    sender = lifetimes.keepable(offered.get("sender")) if offered and accepts(offered) else None
+    if not offered or sender is None:
         return 0
     backend = Explained(_receiving_backend())
     wake = threading.Condition()

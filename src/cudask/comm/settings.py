@@ -2,8 +2,9 @@
 
 Covers: `device_ipc_min_size()`, the smallest device array sent by CUDA IPC, or
 None when device IPC is off; `device_ipc_lease()`, how long a sent chunk of
-CuPy's pool stays mappable (cudask.comm.leases). A malformed value raises
-OptionError naming it.
+CuPy's pool stays mappable (cudask.comm.leases); `map_ahead()`, whether the
+workers of a host map each other's pool slabs at start (cudask.comm.ahead). A
+malformed value raises OptionError naming it.
 Does not cover: what the keys switch on (cudask.comm.ipc, cudask.worker.plugins).
 
 Threading: reads dask.config; call it from any thread.
@@ -60,3 +61,9 @@ def device_ipc_lease() -> float:
                           "quarter of it and check every 2 s; the sender holds a chunk it gave back "
                           "that long)")
     return seconds
+
+
+def map_ahead() -> bool:
+    """Whether the workers of a host map each other's RMM pool slabs when they
+    start (`cudask.comm.map-ahead`). Raises OptionError naming a malformed value."""
+    return parse_flag(config.get("comm.map-ahead"), "cudask.comm.map-ahead")

@@ -28,7 +28,7 @@ from typing import Any
 from dask.utils import parse_timedelta
 
 from cudask import config
-from cudask.comm.settings import device_ipc_lease, device_ipc_min_size
+from cudask.comm.settings import device_ipc_lease, device_ipc_min_size, map_ahead
 from cudask.deploy import check_files as files
 from cudask.deploy import check_network as net
 from cudask.devices.discovery import check_visible_devices
@@ -225,6 +225,7 @@ def check_input(
     _config_origin(check_memory_config)
     _config_origin(device_ipc_min_size)  # the cudask.comm keys
     _config_origin(device_ipc_lease)
+    _config_origin(map_ahead)
     if libraries:
         check_libraries(options)
     return options

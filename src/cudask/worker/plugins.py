@@ -296,16 +296,18 @@ class DeviceIPC(WorkerPlugin):
     the memory), or without CuPy or cuda-bindings. With a lease, CuPy's default
     pool gives way to cudask.comm.leases' pool, whose sent chunks receivers keep
     mapped. The workers of a host map each other's RMM pool slabs when they
-    start (cudask.comm.ahead)."""
+    start (cudask.comm.ahead), unless `map_ahead` (`cudask.comm.map-ahead`) is off."""
 
     name = "cudask-device-ipc"
     # seconds between checks for kept mappings that have ended and leased chunks to free
     sweep_interval = 2.0
 
-    def __init__(self, device_uuid: str, min_size: int, lease: float = 0.0) -> None:
+    def __init__(self, device_uuid: str, min_size: int, lease: float = 0.0,
+                 map_ahead: bool = False) -> None:
         self.device_uuid = device_uuid
         self.min_size = min_size
         self.lease = lease  # cudask.comm.device-ipc-lease: 0, no leasing pool
+        self.map_ahead = map_ahead  # cudask.comm.map-ahead
         self.off_because: str | None = None  # why it stayed off (`cudask config` shows it)
         self._sweep: Any = None
         self._ahead: MapAhead | None = None
@@ -319,9 +321,9 @@ class DeviceIPC(WorkerPlugin):
         # where this worker does not send by IPC, since its peers may still send to it.
         self._sweep = PeriodicCallback(_sweep, self.sweep_interval * 1000)
         self._sweep.start()
-        # The pool slabs of this host's workers mapped at start (cudask.comm.ahead).
-        self._ahead = MapAhead(worker)
-        self._ahead.start()
+        if self.map_ahead:  # this host's workers' pool slabs mapped at start (cudask.comm.ahead)
+            self._ahead = MapAhead(worker)
+            self._ahead.start()
         reason = self.unavailable()
         if reason is None:
             try:
