@@ -36,7 +36,7 @@ def test_config_says_why_device_ipc_is_off(monkeypatch):
     monkeypatch.setattr(plugins, "gpus_without_peer_access", lambda uuid: ["GPU-b"])
     with LocalCluster(n_workers=1, processes=False, threads_per_worker=1,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
-        client.register_plugin(plugins.DeviceIPC("GPU-a", 1 << 20))
+        client.register_plugin(plugins.DeviceIPC("GPU-a", 1 << 20, map_ahead=False))
         result = CliRunner().invoke(cli, ["config", cluster.scheduler_address, "--json"])
         (report,) = json.loads(result.output).values()
         assert report["device_ipc"] == "off: GPU-a has no peer access to GPU-b"

@@ -8,6 +8,7 @@ asked. The GPU proof is tests/comm/test_ipc_gpu.py::test_pool_slabs_stay_mapped.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import subprocess
 import sys
@@ -30,8 +31,16 @@ _BACKEND = FakeIPCBackend()
 _EXCHANGES: list[ahead.MapAhead] = []  # the workers' exchanges, as started
 
 
+_ASKED: list[dict[str, Any]] = []  # what a worker without the exchange was asked
+
+
+async def _record(**message: Any) -> None:
+    _ASKED.append(message)
+
+
 class _StartMapAhead(WorkerPlugin):
-    """Starts the exchange on every worker, or only on the worker named `only`."""
+    """Starts the exchange on every worker, or only on the worker named `only` (the
+    others then record what they are asked, as if they had the handler)."""
 
     name = "test-map-ahead"
 
@@ -44,6 +53,8 @@ class _StartMapAhead(WorkerPlugin):
             self.exchange = ahead.MapAhead(worker)
             self.exchange.start()
             _EXCHANGES.append(self.exchange)
+        else:
+            worker.handlers[ahead.HANDLER] = _record
 
     def teardown(self, worker: Any) -> None:
         if self.exchange is not None:
@@ -65,6 +76,7 @@ def as_child(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     try:
         yield identity
     finally:
+        _EXCHANGES.clear()
         child.kill()
         child.wait()
 
@@ -122,8 +134,7 @@ def test_a_worker_that_did_not_advertise_the_exchange_is_not_asked(
         monkeypatch: pytest.MonkeyPatch, as_child: dict[str, Any],
         caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(ipc, "_state", ipc._State())
-    asked: list[Any] = []
-    monkeypatch.setattr(ahead.MapAhead, "answer", lambda self, **kw: asked.append(kw))
+    _ASKED.clear()
     with caplog.at_level(logging.DEBUG), \
             LocalCluster(n_workers=2, processes=False, protocol="tcp", dashboard_address=":0",
                          threads_per_worker=1) as cluster, Client(cluster) as client:
@@ -134,4 +145,64 @@ def test_a_worker_that_did_not_advertise_the_exchange_is_not_asked(
         advertised = client.run_on_scheduler(
             lambda dask_scheduler: dict(dask_scheduler.task_metadata.get(ahead.KEY, {})))
     assert list(advertised.values()) == [as_child], advertised
-    assert asked == [] and "No handler" not in caplog.text
+    assert _ASKED == [] and "No handler" not in caplog.text
+
+
+class _Scheduler:
+    """The scheduler calls `MapAhead._peers` makes: its metadata and its workers."""
+
+    def __init__(self, advertised: dict[str, Any], workers: list[str]) -> None:
+        self.metadata = dict(advertised)
+        self.workers = workers
+
+    async def set_metadata(self, keys: list[str], value: Any) -> None:
+        self.metadata[keys[1]] = value
+
+    async def get_metadata(self, keys: list[str], default: Any = None) -> dict[str, Any]:
+        return dict(self.metadata)
+
+    async def ncores(self) -> dict[str, int]:
+        return dict.fromkeys(self.workers, 1)
+
+
+def test_only_running_processes_of_this_host_that_advertised_are_asked(
+        as_child: dict[str, Any]) -> None:
+    later = as_child["sender"]["started"] + 100
+    ended = {**as_child, "sender": {**as_child["sender"], "started": later}}
+    advertised = {
+        "tcp://peer:1": as_child,
+        "tcp://gone:1": as_child,  # left the cluster: not among the scheduler's workers
+        "tcp://reused:1": ended,  # its process ended (the pid now another's)
+        "tcp://elsewhere:1": {**as_child, "node": "another host"},
+        "tcp://this-process:1": {"node": ipc.node_identity(),
+                                 "sender": lifetimes.this_process().as_header()},
+        "tcp://junk:1": {"node": ipc.node_identity(), "sender": {"pid": float("inf")}},
+        "tcp://none:1": None,
+    }
+    workers = ["tcp://me:1", *(a for a in advertised if a != "tcp://gone:1")]
+    scheduler = _Scheduler(advertised, workers)
+    exchange = ahead.MapAhead(types.SimpleNamespace(address="tcp://me:1", scheduler=scheduler))
+    assert asyncio.run(exchange._peers()) == ["tcp://peer:1"]
+    assert scheduler.metadata["tcp://me:1"] == as_child  # advertised itself first
+
+
+def test_the_handler_answers_only_a_process_it_may_map(
+        monkeypatch: pytest.MonkeyPatch, as_child: dict[str, Any]) -> None:
+    mapped: list[Any] = []
+
+    async def record(self: ahead.MapAhead, offer: Any, source: str) -> None:
+        mapped.append(offer)
+
+    monkeypatch.setattr(ahead.MapAhead, "_map", record)
+    monkeypatch.setattr(ipc, "offer", lambda: {"handles": [b"mine"]})
+
+    async def answers() -> list[Any]:
+        exchange = ahead.MapAhead(types.SimpleNamespace(handlers={}))
+        got = [await exchange.answer(peer=as_child, offer={"handles": [b"theirs"]}),
+               await exchange.answer(peer={**as_child, "node": "another host"}, offer={"x": 1}),
+               await exchange.answer(peer=None, offer={"x": 1})]
+        await asyncio.gather(*exchange.tasks)
+        return got
+
+    assert asyncio.run(answers()) == [{"handles": [b"mine"]}, None, None]
+    assert mapped == [{"handles": [b"theirs"]}]  # only the accepted peer's offer

@@ -223,16 +223,17 @@ def test_device_ipc_stays_off_where_it_cannot_work(monkeypatch, caplog):
     monkeypatch.setattr(ipc, "_state", ipc._State())
     uuid = "GPU-00000000-fake-4000-8000-000000000000"
     monkeypatch.setattr(plugins, "gpus_without_peer_access", lambda u: ["GPU-other"])
-    assert plugins.DeviceIPC(uuid, 1 << 20).unavailable() == f"{uuid} has no peer access to GPU-other"
-    assert "MIG instance" in plugins.DeviceIPC("MIG-1234", 1 << 20).unavailable()
+    assert (plugins.DeviceIPC(uuid, 1 << 20, map_ahead=False).unavailable()
+            == f"{uuid} has no peer access to GPU-other")
+    assert "MIG instance" in plugins.DeviceIPC("MIG-1234", 1 << 20, map_ahead=False).unavailable()
     monkeypatch.setattr(plugins, "gpus_without_peer_access", lambda u: [])
-    assert plugins.DeviceIPC(uuid, 1 << 20).unavailable() is None
+    assert plugins.DeviceIPC(uuid, 1 << 20, map_ahead=False).unavailable() is None
 
     def no_bindings() -> None:
         raise ImportError("No module named 'cuda.bindings'", name="cuda.bindings")
 
     monkeypatch.setattr(ipc_cuda, "CudaBackend", no_bindings)
-    off = plugins.DeviceIPC(uuid, 1 << 20)
+    off = plugins.DeviceIPC(uuid, 1 << 20, map_ahead=False)
     with caplog.at_level(logging.INFO, logger="cudask.worker"):
         off.setup(types.SimpleNamespace(handlers={}))
     assert not ipc.enabled()
@@ -243,8 +244,38 @@ def test_device_ipc_stays_off_where_it_cannot_work(monkeypatch, caplog):
     assert off._sweep is None and off._ahead is None
 
     monkeypatch.setattr(ipc_cuda, "CudaBackend", lambda: object())
-    plugin = plugins.DeviceIPC(uuid, 4096)
+    plugin = plugins.DeviceIPC(uuid, 4096, map_ahead=False)
     plugin.setup(types.SimpleNamespace(handlers={}))
     assert ipc.enabled() and ipc._state.min_size == 4096
     plugin.teardown(types.SimpleNamespace())
     assert not ipc.enabled()
+
+
+def test_device_ipc_starts_the_exchange_of_pool_slabs_only_when_asked(monkeypatch):
+    """`map_ahead` (cudask.comm.map-ahead) decides whether setup starts the exchange
+    of pool slabs (cudask.comm.ahead): its handler answers while the plugin is set
+    up and declines (None) after teardown; without it there is no handler."""
+    import asyncio
+
+    from distributed.core import Status
+
+    from cudask.comm import ahead, ipc, ipc_cuda
+    from cudask.worker import plugins
+
+    monkeypatch.setattr(ipc, "_state", ipc._State())
+    monkeypatch.setattr(plugins, "gpus_without_peer_access", lambda u: [])
+    monkeypatch.setattr(ipc_cuda, "CudaBackend", lambda: object())
+
+    async def set_up_and_down(map_ahead: bool) -> tuple[bool, bool, object]:
+        worker = types.SimpleNamespace(handlers={}, status=Status.closed)
+        plugin = plugins.DeviceIPC("GPU-x", 4096, map_ahead=map_ahead)
+        plugin.setup(worker)
+        during = worker.handlers.get(ahead.HANDLER)
+        started = plugin._ahead is not None and during == plugin._ahead.answer
+        plugin.teardown(worker)
+        assert plugin._ahead is None
+        after = worker.handlers.get(ahead.HANDLER)
+        return started, after is not None, after and await after(peer=ipc.identity())
+
+    assert asyncio.run(set_up_and_down(True)) == (True, True, None)  # declined after teardown
+    assert asyncio.run(set_up_and_down(False)) == (False, False, None)  # never registered

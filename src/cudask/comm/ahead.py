@@ -11,7 +11,8 @@ process) its offer (`ipc.offer`: the handles of its pool's slabs) through the
 answers with its offer, which this worker maps in turn. Of two workers, the one
 that reads the metadata last sees the other, so every pair of a host is
 covered. Workers that did not advertise (no DeviceIPC plugin, a second worker in
-one process, `cudask.comm.map-ahead: false`) are never asked. Opening a mapping
+one process, `cudask.comm.map-ahead: false`) are never asked, nor are advertisements
+whose process has ended (an address a later worker may reuse). Opening a mapping
 of a peer's slab takes milliseconds per GB of the slab (docs/design/comm.md):
 paid at start, that cost leaves the first exchange between the workers.
 Everything here is an optimisation: a peer that does not answer, answers
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from distributed.core import Status
@@ -60,17 +62,20 @@ class MapAhead:
     def start(self) -> None:
         """Answer peers' offers; introduce this worker once it has joined. Call it
         on the worker's event loop."""
+        asyncio.get_running_loop()  # raises here, before anything is registered
         self.worker.handlers[HANDLER] = self.answer
         self._spawn(self._introduce())
 
     def stop(self) -> None:
+        """Answer no more offers (a peer that still lists this worker gets None) and
+        cancel what is under way."""
         if self.worker.handlers.get(HANDLER) == self.answer:
-            del self.worker.handlers[HANDLER]
+            self.worker.handlers[HANDLER] = _declined
         for task in self.tasks:
             task.cancel()
 
     async def answer(self, peer: dict[str, Any] | None = None,
-                     offer: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                     offer: dict[str, Any] | None = None, **_: Any) -> dict[str, Any] | None:
         """The handler: map the offer of `peer` (an `ipc.identity`) in the
         background and return ours, if this process may exchange with it."""
         if not ipc.accepts(peer):
@@ -79,9 +84,10 @@ class MapAhead:
             self._spawn(self._map(offer, "its offer"))
         return await _own_offer()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
+        task.add_done_callback(_ended)
         task.add_done_callback(self.tasks.discard)
 
     async def _introduce(self) -> None:
@@ -114,11 +120,11 @@ class MapAhead:
             await scheduler.set_metadata(keys=[KEY, me], value=ipc.identity())
             advertised = await scheduler.get_metadata(keys=[KEY], default={})
             workers = await scheduler.ncores()
+            return [address for address, identity in advertised.items()
+                    if address != me and address in workers and ipc.accepts(identity)]
         except Exception:  # an optimisation: the first transfer maps instead
             logger.debug("cudask: no list of workers to map pool slabs ahead", exc_info=True)
             return []
-        return [address for address, identity in advertised.items()
-                if address != me and address in workers and ipc.accepts(identity)]
 
     async def _map(self, offer: dict[str, Any] | None, source: str) -> None:
         try:
@@ -128,6 +134,16 @@ class MapAhead:
             return
         if mapped:
             logger.debug("cudask: mapped %d pool slab(s) of %s ahead", mapped, source)
+
+
+async def _declined(**_: Any) -> None:
+    """The handler of a worker whose exchange has stopped: no offer."""
+
+
+def _ended(task: asyncio.Task[Any]) -> None:
+    """Log at debug level what a background step raised (none should)."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.debug("cudask: mapping pool slabs ahead failed", exc_info=task.exception())
 
 
 async def _own_offer() -> dict[str, Any] | None:

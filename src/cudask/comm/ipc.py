@@ -416,15 +416,15 @@ def identity() -> dict[str, Any]:
 
 def accepts(peer: dict[str, Any] | None) -> bool:
     """Whether this process may map what `peer` (an `identity`, or an `offer`)
-    offers: another process of this host and pid namespace (a process cannot
-    map its own memory by IPC handle)."""
+    offers: another running process of this host and pid namespace (a process
+    cannot map its own memory by IPC handle)."""
     if not isinstance(peer, dict) or peer.get("node") != node_identity():
         return False
     try:
         sender = lifetimes.keepable(peer.get("sender"))
-    except (KeyError, TypeError, ValueError):  # not an identity
+    except Exception:  # noqa: BLE001 - not an identity: refused
         return False
-    return sender is not None and sender.pid != os.getpid()
+    return sender is not None and sender.pid != os.getpid() and lifetimes.alive(sender)
 
 
 def map_ahead(offered: dict[str, Any] | None) -> int:

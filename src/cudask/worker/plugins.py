@@ -302,8 +302,8 @@ class DeviceIPC(WorkerPlugin):
     # seconds between checks for kept mappings that have ended and leased chunks to free
     sweep_interval = 2.0
 
-    def __init__(self, device_uuid: str, min_size: int, lease: float = 0.0,
-                 map_ahead: bool = False) -> None:
+    def __init__(self, device_uuid: str, min_size: int, lease: float = 0.0, *,
+                 map_ahead: bool) -> None:
         self.device_uuid = device_uuid
         self.min_size = min_size
         self.lease = lease  # cudask.comm.device-ipc-lease: 0, no leasing pool
