@@ -23,7 +23,7 @@ Does not cover: what is mapped and for how long (cudask.comm.lifetimes), the
 offer itself (cudask.comm.ipc), CuPy's chunks without a pool (leased per message:
 cudask.comm.leases). An advertisement stays in the scheduler's metadata after
 its worker leaves (distributed has no call to remove one); the list of workers
-still there filters it out.
+still there and the check that its process runs filter it out.
 
 Threading: `start`, `stop` and the handler run on the worker's event loop (`start`
 must be called there, as distributed sets plugins up); the mappings are opened

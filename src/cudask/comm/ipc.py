@@ -14,7 +14,8 @@ only then answers, so the sender's memory outlives every mapping of it.
 Anything else falls through to distributed's own serializers. Also the
 per-process switch (`enable`, `disable`), counters (`stats`, `declined`),
 `keep_alive`, and the offer of lasting allocations to map ahead (`offer`,
-`map_ahead`; exchanged by cudask.comm.ahead). Each send (`keep_alive`) and
+`map_ahead`, and `identity`/`accepts`, which say which processes may exchange
+offers; exchanged by cudask.comm.ahead). Each send (`keep_alive`) and
 receive is marked as device traffic (cudask.memory.host.traffic), during which
 pinning ahead of spills waits.
 Registers the family with distributed, and with the JIT-unspill layer
