@@ -419,13 +419,20 @@ def accepts(peer: dict[str, Any] | None) -> bool:
     """Whether this process may map what `peer` (an `identity`, or an `offer`)
     offers: another running process of this host and pid namespace (a process
     cannot map its own memory by IPC handle)."""
+    return _accepted(peer) is not None
+
+
+def _accepted(peer: dict[str, Any] | None) -> lifetimes.Process | None:
+    """The process `peer` names if `accepts` holds for it, else None."""
     if not isinstance(peer, dict) or peer.get("node") != node_identity():
-        return False
+        return None
     try:
         sender = lifetimes.keepable(peer.get("sender"))
     except Exception:  # noqa: BLE001 - not an identity: refused
-        return False
-    return sender is not None and sender.pid != os.getpid() and lifetimes.alive(sender)
+        return None
+    if sender is None or sender.pid == os.getpid() or not lifetimes.alive(sender):
+        return None
+    return sender
 
 
 def map_ahead(offered: dict[str, Any] | None) -> int:
@@ -433,8 +440,8 @@ def map_ahead(offered: dict[str, Any] | None) -> int:
     traffic has been quiet for a moment (within a bound: opening a mapping takes
     milliseconds per GB and messages wait for it); how many were mapped. Blocks:
     call it from a thread of its own."""
-    sender = lifetimes.keepable(offered.get("sender")) if offered and accepts(offered) else None
-    if not offered or sender is None:
+    sender = _accepted(offered)
+    if offered is None or sender is None:
         return 0
     backend = Explained(_receiving_backend())
     wake = threading.Condition()
