@@ -98,8 +98,9 @@ OPTIONS: tuple[Option, ...] = (
            flag="--set-rmm-allocator-for-libs",
            extra_flags=("--rmm-allocator-external-lib-list",)),
     # --- cuDF and imports
-    _bool("enable_cudf_spill", "cuDF's own spilling (needs cuDF): cuDF spills its least "
-          "recently used buffers past device_memory_limit; results reach any client.",
+    _bool("enable_cudf_spill", "cuDF's own spilling too (needs cuDF): when an allocation "
+          "fails, cuDF spills its least recently used buffers; the store still holds "
+          "device_memory_limit; results reach any client.",
           "enable-cudf-spill",
           on="--enable-cudf-spill", off="--disable-cudf-spill", group="cudf"),
     Option("cudf_spill_stats", "int", "cuDF spill statistics level: 0, 1 or 2.",

@@ -125,7 +125,7 @@ def test_proxy_of_a_cudf_frame(tmp_path: Any) -> None:
         store.close()
 
 
-def _cudf_options() -> tuple[Any, Any]:
+def _cudf_options() -> tuple[Any, Any, Any]:
     import cudf
 
     return (cudf.get_option("spill"), cudf.get_option("spill_stats"),
@@ -141,18 +141,28 @@ def test_cudf_spill_options_on_the_workers() -> None:
     with LocalCUDACluster(n_workers=1, enable_cudf_spill=True, cudf_spill_stats=1,
                           device_memory_limit="1GB", dashboard_address=":0") as cluster, \
             Client(cluster) as client:
-        assert list(client.run(_cudf_options).values()) == [(True, 1, 10**9)]
+        # cuDF spills when an allocation fails; the store holds the device limit
+        assert list(client.run(_cudf_options).values()) == [(True, 1, None)]
+        (metrics,) = client.run(_store_metrics).values()
+        assert metrics["type"] == "TieredStore"
         limits = client.run(lambda dask_worker: dask_worker.data.device_memory_limit)
-        assert list(limits.values()) == [None]  # cuDF spills; the device tier is unlimited
+        assert list(limits.values()) == [10**9]
 
 
-def _cudf_spilled_bytes() -> int:
-    """Bytes of cuDF's spillable buffers now in host memory on this worker."""
+def _cudf_spilling_on() -> bool:
+    from cudf.core.buffer.spill_manager import get_global_manager
+
+    return get_global_manager() is not None
+
+
+def _cudf_spill_everything() -> int:
+    """Have cuDF spill every spillable buffer of this worker to host memory, as it
+    does when an allocation fails; the bytes it spilled."""
     from cudf.core.buffer.spill_manager import get_global_manager
 
     manager = get_global_manager()
     assert manager is not None, "cuDF spilling is off on this worker"
-    return sum(buf.size for buf in manager.buffers() if buf.is_spilled)
+    return int(manager.spill_device_memory(nbytes=1 << 62))
 
 
 _SEPARATE_CLIENT = """
@@ -174,7 +184,8 @@ print(type(got).__name__, round(float(got.sum()), 6), len(whole))
 def test_cudf_spill_results_reach_clients_without_spilling(tmp_path: Any) -> None:
     """With enable_cudf_spill=True the workers' frames are spillable, and results
     reach a client that does not spill: the one in this process and one in a
-    separate process. cuDF holds the device limit: it spills past it."""
+    separate process. The store holds the device limit: it spills whole frames past
+    it, including frames some of whose buffers cuDF had spilled itself."""
     cudf = pytest.importorskip("cudf")
     dask_cudf = pytest.importorskip("dask_cudf")
     import subprocess
@@ -190,8 +201,15 @@ def test_cudf_spill_results_reach_clients_without_spilling(tmp_path: Any) -> Non
                           dashboard_address=":0") as cluster, Client(cluster) as client:
         ddf = dask_cudf.from_cudf(cudf.from_pandas(left), npartitions=16).persist()
         wait(ddf)
-        (spilled,) = client.run(_cudf_spilled_bytes).values()
-        assert spilled > 0
+        assert list(client.run(_cudf_spilling_on).values()) == [True]
+        (metrics,) = client.run(_store_metrics).values()
+        assert metrics["spill-device-to-host-count"] > 0
+        # frames cuDF spilled itself (as on a failed allocation), then moved by the store
+        (by_cudf,) = client.run(_cudf_spill_everything).values()
+        assert by_cudf > 0
+        more = dask_cudf.from_cudf(cudf.from_pandas(left), npartitions=16).persist()
+        wait(more)
+        assert float(more.x.sum().compute()) == pytest.approx(left.x.sum(), rel=1e-9)
         got = ddf.groupby("k").x.sum().compute()
         assert isinstance(got, cudf.Series)
         pd.testing.assert_series_equal(got.to_pandas().sort_index(),
@@ -212,8 +230,9 @@ def test_cudf_spill_results_reach_clients_without_spilling(tmp_path: Any) -> Non
 
 
 def test_cudf_spill_on_cli_workers(tmp_path: Any) -> None:
-    """`cudask worker --enable-cudf-spill --device-memory-limit 16MB`: cuDF spills
-    on the worker and its results reach this (non-spilling) client."""
+    """`cudask worker --enable-cudf-spill --device-memory-limit 16MB`: cuDF spilling
+    is on, the store spills past the limit, and results reach this (non-spilling)
+    client."""
     cudf = pytest.importorskip("cudf")
     dask_cudf = pytest.importorskip("dask_cudf")
     from distributed import wait
@@ -225,9 +244,9 @@ def test_cudf_spill_on_cli_workers(tmp_path: Any) -> None:
                           args=["--enable-cudf-spill", "--device-memory-limit", "16MB"]) as client:
         ddf = dask_cudf.from_cudf(cudf.from_pandas(left), npartitions=8).persist()
         wait(ddf)
-        assert list(client.run(_cudf_options).values()) == [(True, 0, 16 * 10**6)]
-        (spilled,) = client.run(_cudf_spilled_bytes).values()
-        assert spilled > 0
+        assert list(client.run(_cudf_options).values()) == [(True, 0, None)]
+        (metrics,) = client.run(_store_metrics).values()
+        assert metrics["type"] == "TieredStore" and metrics["spill-device-to-host-count"] > 0
         got = ddf.x.sum().compute()
         assert float(got) == pytest.approx(left.x.sum(), rel=1e-9)
         pd.testing.assert_frame_equal(_sorted(ddf.compute(), ["y", "k", "x"]),

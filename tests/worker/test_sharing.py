@@ -72,14 +72,14 @@ def test_each_worker_gets_its_share_of_the_device_sizes(dgx, monkeypatch) -> Non
                      device)
 
 
-def test_cudf_spill_limit_is_shared_too(dgx, monkeypatch) -> None:
+def test_cudf_spill_keeps_the_store_limit_shared(dgx, monkeypatch) -> None:
     from cudask import options
 
     monkeypatch.setattr(options, "_library", lambda m: True)
     device = select_devices(dgx, "0", None)[0]
     sizes = device_sizes(resolve({"device_memory_limit": "20GB", "enable_cudf_spill": True,
                                   "workers_per_gpu": 4}, "cluster"), device)
-    assert sizes.cudf_spill_limit == 5_000_000_000 and sizes.device_memory_limit is None
+    assert sizes.device_memory_limit == 5_000_000_000  # the store holds it, cuDF spilling on
 
 
 def test_specs_of_two_workers_on_each_gpu(dgx) -> None:

@@ -165,18 +165,20 @@ class PreImport(WorkerPlugin):
 
 
 class CudfSpill(WorkerPlugin):
-    """Set cuDF's spilling options in the worker process: `spill`, `spill_stats` and,
-    with spilling on, `spill_device_limit` (the worker's device memory limit, so cuDF
-    spills its least recently used buffers past it). With spilling on, the worker
-    also sends cuDF objects in a form any process can read (cudask.comm.cudf_wire)."""
+    """Set cuDF's `spill` and `spill_stats` options in the worker process. With
+    spilling on, cuDF's spill manager is made here, at start: its failure callback
+    then sits under the store's hooks (cuDF refuses to add one above another), so
+    cuDF spills its buffers when an allocation fails even after the store spilled
+    all it could. Its `spill_device_limit` is left as it is (unset by default); the
+    worker's store holds `device_memory_limit` as in every mode. The worker also
+    sends cuDF objects in a form any process can read (cudask.comm.cudf_wire)."""
 
     name = "cudask-cudf-spill"
 
-    def __init__(self, enable: bool, stats: int, device_limit: int | None = None) -> None:
+    def __init__(self, enable: bool, stats: int) -> None:
         self.enable = enable
         self.stats = stats
-        self.device_limit = device_limit if enable else None
-        self.previous: tuple[Any, Any, Any] | None = None
+        self.previous: tuple[Any, Any] | None = None
 
     def setup(self, worker: Any) -> None:
         if self.previous is not None:
@@ -187,12 +189,11 @@ class CudfSpill(WorkerPlugin):
             if self.enable:
                 raise
             return
-        self.previous = (cudf.get_option("spill"), cudf.get_option("spill_stats"),
-                         cudf.get_option("spill_device_limit"))
+        self.previous = (cudf.get_option("spill"), cudf.get_option("spill_stats"))
         cudf.set_option("spill", self.enable)
         cudf.set_option("spill_stats", self.stats)
-        cudf.set_option("spill_device_limit", self.device_limit)
         if self.enable:
+            _start_cudf_spilling()
             cudf_wire.register()
 
     def teardown(self, worker: Any) -> None:
@@ -202,8 +203,17 @@ class CudfSpill(WorkerPlugin):
 
         cudf.set_option("spill", self.previous[0])
         cudf.set_option("spill_stats", self.previous[1])
-        cudf.set_option("spill_device_limit", self.previous[2])
         self.previous = None
+
+
+def _start_cudf_spilling() -> None:
+    """Make cuDF's spill manager now (it is made at first use otherwise); warn when
+    this process had already made it without spilling."""
+    from cudf.core.buffer.spill_manager import get_global_manager
+
+    if get_global_manager() is None:
+        logger.warning("enable_cudf_spill=True has no effect in this worker: cuDF was used "
+                       "here before the worker started, with spilling off")
 
 
 class StoreCollector:

@@ -53,7 +53,6 @@ class DeviceSizes:
     several workers per GPU, each worker's share of them."""
 
     device_memory_limit: int | None
-    cudf_spill_limit: int | None
     rmm_pool_size: int | None
     rmm_maximum_pool_size: int | None
     rmm_release_threshold: int | None
@@ -73,10 +72,6 @@ def device_sizes(o: WorkerOptions, device: Device) -> DeviceSizes:
     limit = parse_size(o.device_memory_limit, total=total, name="device_memory_limit" + where,
                        auto=1.0 if dedicated else None, default=0.8 if dedicated else None,
                        maximum=total)
-    # With cuDF spilling, cuDF's spill manager holds the limit and the store's device
-    # tier is not limited (cuDF frames would otherwise be spilled twice).
-    store_limit, cudf_limit = (None, limit) if o.enable_cudf_spill else (limit, None)
-
     def rmm(name: str) -> int | None:
         return parse_size(o[name], total=total, name=name + where, auto=1.0, default=None,
                           maximum=total, alignment=RMM_ALIGNMENT)
@@ -86,7 +81,7 @@ def device_sizes(o: WorkerOptions, device: Device) -> DeviceSizes:
         raise OptionError(f"rmm_maximum_pool_size={o.rmm_maximum_pool_size!r} is smaller than "
                           f"rmm_pool_size={o.rmm_pool_size!r}")
     n = workers_per_gpu(o)
-    return DeviceSizes(share(store_limit, n), share(cudf_limit, n),
+    return DeviceSizes(share(limit, n),
                        share(pool, n, RMM_ALIGNMENT), share(maximum, n, RMM_ALIGNMENT),
                        share(rmm("rmm_release_threshold"), n, RMM_ALIGNMENT))
 
@@ -195,8 +190,7 @@ def plugins(o: WorkerOptions, device: Device, sizes: DeviceSizes,
     if o.pre_import:
         out.append(PreImport(o.pre_import))
     if o.enable_cudf_spill or o.cudf_spill_stats:
-        out.append(CudfSpill(bool(o.enable_cudf_spill), int(o.cudf_spill_stats or 0),
-                             sizes.cudf_spill_limit))
+        out.append(CudfSpill(bool(o.enable_cudf_spill), int(o.cudf_spill_stats or 0)))
     out.append(StoreMetrics())
     min_size = device_ipc_min_size(o)
     if min_size is not None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pickle
 import sys
+import weakref
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -112,3 +113,42 @@ def test_an_allocation_that_fails_midway_lets_the_earlier_copies_finish(
     with pytest.raises(MemoryError):
         handler.to_device(host_copy, engine)
     assert len(made) == 1 and backend.in_flight() == 0  # the first frame's copy finished
+
+
+class Tracked(FrameObject):
+    """Records a weak reference to each device frame it serializes."""
+
+    frames: ClassVar[list[Any]] = []
+
+    def device_serialize(self) -> tuple[dict[str, Any], list[Any]]:
+        header, out = super().device_serialize()
+        Tracked.frames.append(weakref.ref(out[0]))
+        return header, out
+
+
+def test_each_device_frame_lives_until_its_copy_is_seen_complete() -> None:
+    # with cuDF spilling on, a device frame of device_serialize() holds a spill lock on
+    # its buffer: dropped before the copy completes, cuDF could spill the buffer (and
+    # free its memory) under the copy
+    backend = FakeCopyBackend()
+    engine = TransferEngine(backend, PinnedPool(backend, 1 << 20, 1 << 16))
+    backend.lag = 1_000_000  # copies stay queued until something waits
+    Tracked.frames.clear()
+    host_copy = CudfHandler().to_host(Tracked(np.arange(100, dtype="f8"), b""), engine)
+    (frame,) = Tracked.frames
+    assert frame() is not None and not host_copy.ready()
+    for c in host_copy.copies:
+        c.wait()
+    assert frame() is None
+
+
+def test_an_empty_host_frame(monkeypatch: pytest.MonkeyPatch, engine: TransferEngine) -> None:
+    # with cuDF spilling on, an empty buffer cuDF has spilled is an empty host frame
+    monkeypatch.setitem(sys.modules, "rmm", SimpleNamespace(DeviceBuffer=FakeRmmBuffer))
+    handler = CudfHandler()
+    obj = FrameObject(np.arange(10, dtype="f8"), b"")
+    value, copies = handler.to_device(handler.to_host(obj, engine), engine)
+    for c in copies:
+        c.wait()
+    assert value.label == b""
+    np.testing.assert_array_equal(value.values, obj.values)

@@ -5,7 +5,8 @@ Covers: `CudfHandler`, which moves an object through cuDF's own
 their extent and copied raw, host frames kept as they are; the type is
 pickled into the metadata so the receiver rebuilds the same class. A copy
 rebuilt from pickle (a proxy sent to a client) has no device -> host copies
-and keeps every frame. `register` is called by the package the first time a
+and keeps every frame. With cuDF spilling on, a buffer cuDF has spilled is a
+host frame (not counted as device memory, kept as it is). `register` is called by the package the first time a
 cuDF object is met, or a host copy named "cudf" is rebuilt.
 
 Does not cover: sending cuDF objects between workers (`cudask.comm.ipc`).
@@ -69,13 +70,17 @@ class CudfHandler:
             if is_cuda:
                 low, high, _ = interface_extent(frame.__cuda_array_interface__)
                 block, copy = engine.to_host(low, high - low)
+                # held until the copy is seen complete: with cuDF spilling on, the
+                # frame's spill lock keeps cuDF from spilling the buffer under it
+                copy.source = frame
                 blocks.append(block)
                 copies.append(copy)
                 kinds.append("device")
             else:
                 view = memoryview(frame).cast("B")
                 block = HostBlock.pageable(view.nbytes)
-                block.view[:] = view
+                if view.nbytes:  # an empty block's view is read-only
+                    block.view[:] = view
                 blocks.append(block)
                 copies.append(_NoCopy())  # type: ignore[arg-type]
                 kinds.append("host")
