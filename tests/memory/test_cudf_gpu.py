@@ -7,6 +7,7 @@ spilling options set on the workers. Skipped where cuDF / dask-cuDF are missing.
 
 from __future__ import annotations
 
+import operator
 import pickle
 import sys
 from typing import Any
@@ -149,6 +150,13 @@ def test_cudf_spill_options_on_the_workers() -> None:
         assert list(limits.values()) == [10**9]
 
 
+# A deep copy of a partition: with cuDF spilling on, frames a worker receives from a
+# client arrive as buffers cuDF keeps spilled on the host until used; a copy is made on
+# the device, so the store holds it. (A stdlib callable: `cudask worker` processes
+# cannot import this module.)
+_ON_DEVICE = operator.methodcaller("copy", deep=True)
+
+
 def _cudf_spilling_on() -> bool:
     from cudf.core.buffer.spill_manager import get_global_manager
 
@@ -199,7 +207,8 @@ def test_cudf_spill_results_reach_clients_without_spilling(tmp_path: Any) -> Non
     with LocalCUDACluster(n_workers=1, threads_per_worker=1, enable_cudf_spill=True,
                           cudf_spill_stats=1, device_memory_limit="16MB",
                           dashboard_address=":0") as cluster, Client(cluster) as client:
-        ddf = dask_cudf.from_cudf(cudf.from_pandas(left), npartitions=16).persist()
+        ddf = dask_cudf.from_cudf(cudf.from_pandas(left), npartitions=16)
+        ddf = ddf.map_partitions(_ON_DEVICE).persist()
         wait(ddf)
         assert list(client.run(_cudf_spilling_on).values()) == [True]
         (metrics,) = client.run(_store_metrics).values()
@@ -207,7 +216,8 @@ def test_cudf_spill_results_reach_clients_without_spilling(tmp_path: Any) -> Non
         # frames cuDF spilled itself (as on a failed allocation), then moved by the store
         (by_cudf,) = client.run(_cudf_spill_everything).values()
         assert by_cudf > 0
-        more = dask_cudf.from_cudf(cudf.from_pandas(left), npartitions=16).persist()
+        more = dask_cudf.from_cudf(cudf.from_pandas(left), npartitions=16)
+        more = more.map_partitions(_ON_DEVICE).persist()
         wait(more)
         assert float(more.x.sum().compute()) == pytest.approx(left.x.sum(), rel=1e-9)
         got = ddf.groupby("k").x.sum().compute()
@@ -242,7 +252,8 @@ def test_cudf_spill_on_cli_workers(tmp_path: Any) -> None:
     left, _ = _frames(1_000_000)
     with worker_processes(["0"], log_dir=tmp_path,
                           args=["--enable-cudf-spill", "--device-memory-limit", "16MB"]) as client:
-        ddf = dask_cudf.from_cudf(cudf.from_pandas(left), npartitions=8).persist()
+        ddf = dask_cudf.from_cudf(cudf.from_pandas(left), npartitions=8)
+        ddf = ddf.map_partitions(_ON_DEVICE).persist()
         wait(ddf)
         assert list(client.run(_cudf_options).values()) == [(True, 0, None)]
         (metrics,) = client.run(_store_metrics).values()
