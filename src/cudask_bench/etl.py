@@ -284,6 +284,7 @@ def summary(doc: Mapping[str, Any]) -> list[str]:
             f"{format_bytes(device)} on the device ({device / limit:.1f}x the "
             f"{format_bytes(limit)} limit)" + (f", {format_bytes(disk)} on disk" if disk else "")
             + f"; data by {data.get('generator', '?')}, frames {plan['frames']}"
+            + ("; graphs fused (collection.optimize())" if plan.get("fuse") else "")
             + (" (distributed.LocalCluster standing in for every setting)"
                if plan["frames"] == "pandas" else ""))
         lines.append("  cold: first run of a fresh cluster from the first submit (median of "

@@ -133,6 +133,10 @@ class EtlPlan:
     seed: int = 0
     keys: int = 1_000_000
     categories: int = 100
+    # compute each phase's `collection.optimize()` (dask-expr's blockwise fusion: one task
+    # per partition); False: what compute submits, which Client.compute does not fuse
+    # (dask/distributed#8833), so the worker stores every intermediate
+    fuse: bool = False
     skipped: dict[str, str] = field(default_factory=dict)  # setting -> why it did not run
 
     @property

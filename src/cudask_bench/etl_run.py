@@ -192,13 +192,17 @@ def _phases(client: Any, plan: EtlPlan, df: Any, dim: Any) -> Any:
         if future.status == "error":
             future.result()  # raises the task's error (wait does not)
     yield "load", {}
-    groups = df.groupby("key").agg({"x": "sum", "y": "sum", "v": "count"})
+
+    def submitted(collection: Any) -> Any:
+        return collection.optimize() if plan.fuse else collection
+
+    groups = submitted(df.groupby("key").agg({"x": "sum", "y": "sum", "v": "count"}))
     count, sample = _on_worker(client, groups, _groupby_answer, sample_keys(plan.keys))
     yield "groupby", {"groups": int(count), "sample": sample_answer(sample)}
     merged = df.merge(dim, on="key", how="inner")
-    by_cat = merged.groupby("cat").agg({"x": "sum", "w": "sum", "y": "count"})
+    by_cat = submitted(merged.groupby("cat").agg({"x": "sum", "w": "sum", "y": "count"}))
     yield "merge", {"by_category": category_answer(_on_worker(client, by_cat, _host))}
-    means = _on_worker(client, df[list(FACT_DTYPES)].mean(), _host)
+    means = _on_worker(client, submitted(df[list(FACT_DTYPES)].mean()), _host)
     yield "mean", {"means": {str(k): float(v) for k, v in means.items()}}
 
 

@@ -352,3 +352,19 @@ def test_a_run_that_failed_inside_a_child_is_shown_with_its_error() -> None:
         "[2/6] cudask parquet: cold 1.50 s (peak 2.00 GB); warm 1 FAILED: MemoryError: merge "
         "(answers checked at the end)")
 
+
+
+def test_fused_graphs_store_fewer_intermediates(tmp_path: Path) -> None:
+    # Client.compute does not fuse dask-expr's blockwise steps (dask/distributed#8833): the
+    # merge phase's projections and merge outputs are stored by the worker, and read again
+    reads = {}
+    for fuse in (False, True):
+        plan = dataclasses.replace(SMALL, settings=("cudask",), formats=("parquet",),
+                                   warm_runs=0, data_dir=str(tmp_path), fuse=fuse)
+        doc = etl.run_etl(plan, {"cudask": Target(sys.executable)}, argv=["etl"])
+        entry = doc["results"]["parquet"]["cudask"]
+        assert entry["correct"] and doc["plan"]["fuse"] is fuse
+        (run,) = entry["children"][0]["runs"]
+        reads[fuse] = run["phases"]["merge"]["moved"]["memory-read/count"]
+        assert ("graphs fused" in "\n".join(etl.summary(doc))) is fuse
+    assert reads[True] < reads[False]

@@ -188,6 +188,11 @@ def _limit(text: str, total: int | None) -> int:
               help="Runs after the cold one in the same cluster (the warm figures).")
 @click.option("--timeout", default=900, show_default=True, type=click.IntRange(min=1),
               help="Seconds one child process (the data, or a setting on a format) may take.")
+@click.option("--fuse/--no-fuse", default=False, show_default=True,
+              help="Compute each phase's collection.optimize(): dask-expr fuses blockwise "
+              "steps into one task per partition. Without it, what compute submits: "
+              "Client.compute does not fuse (dask/distributed#8833), so the worker stores "
+              "every intermediate.")
 @click.option("--device", default="0", show_default=True, help="The GPU: an index or a UUID.")
 @click.option("--memory-limit", default="auto", show_default=True,
               help="Host memory limit of the worker.")
@@ -222,7 +227,7 @@ def etl(ctx: click.Context, kw: dict[str, Any]) -> None:
                    device_memory_limit=_limit(kw["device_memory_limit"], total),
                    device=kw["device"], memory_limit=kw["memory_limit"], repeat=kw["repeat"],
                    warm_runs=kw["warm_runs"], timeout=float(kw["timeout"]), frames=kw["frames"],
-                   data_dir=kw["data_dir"])
+                   data_dir=kw["data_dir"], fuse=kw["fuse"])
     _check_sizes(plan)
     _check_disk(plan)
     plan, found = resolve_targets(kw, plan, asked=given(ctx, "settings"))
