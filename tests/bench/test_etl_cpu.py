@@ -353,7 +353,6 @@ def test_a_run_that_failed_inside_a_child_is_shown_with_its_error() -> None:
         "(answers checked at the end)")
 
 
-
 def test_fused_graphs_store_fewer_intermediates(tmp_path: Path) -> None:
     # Client.compute does not fuse dask-expr's blockwise steps (dask/distributed#8833): the
     # merge phase's projections and merge outputs are stored by the worker, and read again

@@ -142,6 +142,15 @@ def test_cudf_spill_options_on_the_workers() -> None:
     with LocalCUDACluster(n_workers=1, enable_cudf_spill=True, cudf_spill_stats=1,
                           device_memory_limit="1GB", dashboard_address=":0") as cluster, \
             Client(cluster) as client:
+        # cuDF's failure callback is in place at start, before any cuDF object
+        assert list(client.run(_failure_callbacks).values()) == [1]
+        # the store's hooks first (a CuPy array), cuDF after: no "already registered"
+        import cupy
+
+        assert int(client.submit(cupy.arange, 10**6).result().sum()) == sum(range(10**6))
+        frame = client.submit(lambda n: __import__("cudf").DataFrame({"x": range(n)}), 1000)
+        assert len(frame.result()) == 1000
+        assert list(client.run(_failure_callbacks).values()) == [2]  # cuDF's, the store's
         # cuDF spills when an allocation fails; the store holds the device limit
         assert list(client.run(_cudf_options).values()) == [(True, 1, None)]
         (metrics,) = client.run(_store_metrics).values()
@@ -155,6 +164,15 @@ def test_cudf_spill_options_on_the_workers() -> None:
 # the device, so the store holds it. (A stdlib callable: `cudask worker` processes
 # cannot import this module.)
 _ON_DEVICE = operator.methodcaller("copy", deep=True)
+
+
+def _failure_callbacks() -> int:
+    """RMM failure-callback adaptors in this worker's current resource stack."""
+    import rmm
+    from cudf.core.buffer.spill_manager import get_rmm_memory_resource_stack
+
+    stack = get_rmm_memory_resource_stack(rmm.mr.get_current_device_resource())
+    return sum(isinstance(m, rmm.mr.FailureCallbackResourceAdaptor) for m in stack)
 
 
 def _cudf_spilling_on() -> bool:
@@ -216,9 +234,13 @@ def test_cudf_spill_results_reach_clients_without_spilling(tmp_path: Any) -> Non
         # frames cuDF spilled itself (as on a failed allocation), then moved by the store
         (by_cudf,) = client.run(_cudf_spill_everything).values()
         assert by_cudf > 0
+        before = metrics["spill-device-to-host-count"] + metrics["spill-device-to-host-kept-count"]
         more = dask_cudf.from_cudf(cudf.from_pandas(left), npartitions=16)
         more = more.map_partitions(_ON_DEVICE).persist()
         wait(more)
+        (after,) = client.run(_store_metrics).values()
+        moved = after["spill-device-to-host-count"] + after["spill-device-to-host-kept-count"]
+        assert moved > before
         assert float(more.x.sum().compute()) == pytest.approx(left.x.sum(), rel=1e-9)
         got = ddf.groupby("k").x.sum().compute()
         assert isinstance(got, cudf.Series)

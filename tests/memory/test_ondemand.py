@@ -9,11 +9,13 @@ ones gated, small ones not; the hooks go away on close."""
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from cudask.memory import ondemand
 from cudask.memory.allocators import GATE_MIN_BYTES
 from cudask.memory.ondemand import SpillOnDemand
 from cudask.memory.store import TieredStore
@@ -249,3 +251,38 @@ def test_rmm_refusal_of_a_gated_allocation_reaches_the_failure_callback(
     assert asked == [8 * MiB] and hook.limit_count == 0  # the failure callback's spill
     assert hook.reserved() == 0  # nothing was counted for the refused allocation
     hook.uninstall()
+
+
+def test_an_allocation_waits_for_a_busy_store_only_a_bounded_time(
+        make_store: MakeStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # cuDF holds a buffer's lock while it unspills the buffer (an allocation), and a thread
+    # spilling that buffer holds the store's lock and waits for the buffer's: spilling on
+    # demand waits for the store's lock a bounded time, then lets the allocation go ahead
+    monkeypatch.setattr(ondemand, "STORE_LOCK_WAIT", 0.2)
+    held = [0]  # what the fake device holds for the store, read without the store's lock
+    cupy = fakes.cupy_module(fakes.FakeDevice(4000, held=lambda: held[0]))
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    store = make_store(device_memory_limit=1000, backend=FakeCopyBackend())
+    for i in range(8):
+        store[i] = filled(100, i)
+    held[0] = store.device_bytes
+    allocate = cupy.cuda.get_allocator()
+    buffer_lock = threading.Lock()
+    store_held = threading.Event()
+
+    def spilling_that_buffer() -> None:
+        with store.lock:
+            store_held.set()
+            with buffer_lock:
+                pass
+
+    with buffer_lock:  # the allocating thread holds the buffer's lock
+        spiller = threading.Thread(target=spilling_that_buffer, daemon=True)
+        spiller.start()
+        assert store_held.wait(30)
+        assert allocate(300) == 300  # past the limit, the store busy: it goes ahead
+    spiller.join(30)
+    assert not spiller.is_alive()
+    assert store.keys_on("device") == set(range(8))  # nothing spilled for it
+    assert allocate(300) == 300 and store.keys_on("host")  # the store free again: spilled
+    held[0] = 0

@@ -4,6 +4,8 @@ and nothing changed with one worker per GPU."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from cudask.deploy.local import select_devices
@@ -77,9 +79,12 @@ def test_cudf_spill_keeps_the_store_limit_shared(dgx, monkeypatch) -> None:
 
     monkeypatch.setattr(options, "_library", lambda m: True)
     device = select_devices(dgx, "0", None)[0]
-    sizes = device_sizes(resolve({"device_memory_limit": "20GB", "enable_cudf_spill": True,
-                                  "workers_per_gpu": 4}, "cluster"), device)
-    assert sizes.device_memory_limit == 5_000_000_000  # the store holds it, cuDF spilling on
+    def sizes(cudf_spill: bool) -> Any:
+        return device_sizes(resolve({"device_memory_limit": "20GB", "workers_per_gpu": 4,
+                                     "enable_cudf_spill": cudf_spill}, "cluster"), device)
+
+    # the store holds the limit with cuDF spilling on as off
+    assert sizes(True) == sizes(False) and sizes(True).device_memory_limit == 5_000_000_000
 
 
 def test_specs_of_two_workers_on_each_gpu(dgx) -> None:

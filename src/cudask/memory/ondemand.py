@@ -20,8 +20,9 @@ allocators of PyTorch and Numba (not hooked: docs/memory.md says what is held).
 
 Threading: spilling runs in the thread whose allocation asked for it; an
 allocation made while that thread is spilling neither waits for the limit
-nor spills again. Below the limit an allocation costs one read of the
-counters and one comparison.
+nor spills again. Spilling a store waits at most `STORE_LOCK_WAIT` for the
+store's lock (`SpillOnDemand.for_store`). Below the limit an allocation costs
+one read of the counters and one comparison.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +39,10 @@ from dask.utils import format_bytes
 from cudask.memory.allocators import CupyHook, RmmHook, current_task
 
 logger = logging.getLogger("cudask.memory")
+
+# Seconds an allocation spilling a store on demand waits for the store's lock
+# (`SpillOnDemand.for_store`).
+STORE_LOCK_WAIT = 1.0
 
 # Spilling for an allocation the driver refused asks for this much more than
 # the driver reports missing (its page granularity), at most 1% of the request.
@@ -71,6 +77,27 @@ class SpillOnDemand:
         self._releasers: list[Callable[[], None]] = []
         self._cupy: CupyHook | None = None
         self._rmm: RmmHook | None = None
+
+    @classmethod
+    def for_store(cls, store: Any, limit: int | None) -> SpillOnDemand:
+        """Spill on demand for `store` (a TieredStore), held weakly so the hooks never
+        keep it alive. Its spills wait at most `STORE_LOCK_WAIT` for the store's lock:
+        the allocating thread may hold a lock that a thread holding the store's lock
+        waits for (cuDF holds a buffer's lock while it unspills it, and serializing
+        that buffer for a spill takes the same lock); past the wait nothing is
+        spilled and the allocation goes ahead."""
+        ref = weakref.ref(store)
+
+        def spill(nbytes: int) -> int:
+            s = ref()
+            return 0 if s is None or s.closed else int(
+                s.spill_device(nbytes, lock_wait=STORE_LOCK_WAIT))
+
+        def free() -> int | None:
+            s = ref()
+            return None if s is None or s.closed else s.free_device_memory()
+
+        return cls(spill, limit=limit, free_memory=free)
 
     # ------------------------------------------------------------------ spilling
     def _spill_now(self, nbytes: int) -> int:

@@ -20,13 +20,14 @@ Threading: every public method is thread-safe. One RLock (`lock`) guards every
 tier; device -> host copies are enqueued under it, host -> device copies are
 waited for without it. `evict()` takes it only when free, to drop a kept host
 copy; the host tier's SpillBuffer locks itself. Without a device limit, reads of device
-keys take no lock (a dict read).
+keys take no lock (a dict read). Spilling for an allocation waits for the lock a
+bounded time (cudask.memory.ondemand), then lets the allocation go ahead.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-import weakref
 from collections import defaultdict
 from collections.abc import Collection, Iterator, MutableMapping, Sized
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -52,6 +53,8 @@ from cudask.memory.tiers.names import EntryNames
 
 if TYPE_CHECKING:
     from distributed import Worker
+
+logger = logging.getLogger("cudask.memory")
 
 
 class TieredStore(MutableMapping[Key, object]):
@@ -124,14 +127,10 @@ class TieredStore(MutableMapping[Key, object]):
         self._device.shared = self._names.users
         self._thread: threading.Thread | None = None
         # Spill on demand, hooked at the first device object (after the worker's RMM
-        # plugin has set its resource); a weak reference, so the hook never keeps the
-        # store alive.
-        ref = weakref.ref(self)
-        self.on_demand = (
-            SpillOnDemand(_weak_spill(ref), free_memory=_weak_free(ref),
-                          limit=self.device_memory_limit if self.settings.spill_at_limit else None)
-            if self.settings.spill_on_demand and self.device_memory_limit is not None else None
-        )
+        # plugin has set its resource); it holds the store weakly.
+        self.on_demand = SpillOnDemand.for_store(
+            self, limit=self.device_memory_limit if self.settings.spill_at_limit else None
+        ) if self.settings.spill_on_demand and self.device_memory_limit is not None else None
         self._hooked = False
         if self.settings.pinned_preallocate:
             # Pin ahead of the first spill, without delaying the worker's start.
@@ -405,17 +404,29 @@ class TieredStore(MutableMapping[Key, object]):
                             engine.pool.stats() if engine is not None else None)
 
     # ------------------------------------------------------------------ for proxies
-    def spill_device(self, nbytes: int) -> int:
+    def spill_device(self, nbytes: int, lock_wait: float | None = None) -> int:
         """Move least recently used device keys to the host until `nbytes` of
         device memory are released (or nothing more can move), and wait for the
         copies, so the memory is really free when this returns; return the bytes
         released (possibly more than asked: in-flight copies also complete).
-        The caller must not hold device objects of the keys it wants freed."""
+        The caller must not hold device objects of the keys it wants freed.
+        `lock_wait`: at most this many seconds waiting for the store's lock, then
+        nothing is spilled (0); None waits as long as it takes."""
         if nbytes <= 0:
             return 0
-        with self.lock:
+        if not self.lock.acquire(timeout=-1 if lock_wait is None else lock_wait):
+            logger.debug("cudask: spilling %s on demand skipped: the store stayed busy for "
+                         "%.1f s", format_bytes(nbytes), lock_wait)
+            return 0
+        try:
             self._leave_fast_path()
             return self._buffer.spill(nbytes)
+        finally:
+            self.lock.release()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def free_device_memory(self) -> int | None:
         """Device memory the driver reports free (creating the copy backend if need
@@ -465,22 +476,6 @@ class TieredStore(MutableMapping[Key, object]):
 
 
 _MISSING: Any = object()
-
-
-def _weak_spill(store_ref: weakref.ref[TieredStore]) -> Any:
-    def spill(nbytes: int) -> int:
-        store = store_ref()
-        return 0 if store is None or store._closed else store.spill_device(nbytes)
-
-    return spill
-
-
-def _weak_free(store_ref: weakref.ref[TieredStore]) -> Any:
-    def free() -> int | None:
-        store = store_ref()
-        return None if store is None or store._closed else store.free_device_memory()
-
-    return free
 
 
 def _fmt(nbytes: int | None) -> str:

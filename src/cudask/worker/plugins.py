@@ -165,20 +165,23 @@ class PreImport(WorkerPlugin):
 
 
 class CudfSpill(WorkerPlugin):
-    """Set cuDF's `spill` and `spill_stats` options in the worker process. With
-    spilling on, cuDF's spill manager is made here, at start: its failure callback
-    then sits under the store's hooks (cuDF refuses to add one above another), so
-    cuDF spills its buffers when an allocation fails even after the store spilled
-    all it could. Its `spill_device_limit` is left as it is (unset by default); the
-    worker's store holds `device_memory_limit` as in every mode. The worker also
-    sends cuDF objects in a form any process can read (cudask.comm.cudf_wire)."""
+    """Set cuDF's spilling options in the worker process: `spill` and `spill_stats`
+    as asked, and, with spilling on, `spill_on_demand` on and `spill_device_limit`
+    unset, so cuDF spills its buffers only when an allocation fails; the worker's
+    store holds `device_memory_limit` as in every mode. With spilling on, cuDF's
+    spill manager is made here, at start: its failure callback then sits under the
+    store's hooks (cuDF refuses to add one above another), so on a failed allocation
+    cuDF spills first, then the store. The worker also sends cuDF objects in a form
+    any process can read (cudask.comm.cudf_wire). Teardown restores the options; a
+    spill manager once made stays for the life of the process (cuDF offers no undo)."""
 
     name = "cudask-cudf-spill"
+    OPTIONS = ("spill", "spill_stats", "spill_on_demand", "spill_device_limit")
 
     def __init__(self, enable: bool, stats: int) -> None:
         self.enable = enable
         self.stats = stats
-        self.previous: tuple[Any, Any] | None = None
+        self.previous: dict[str, Any] | None = None
 
     def setup(self, worker: Any) -> None:
         if self.previous is not None:
@@ -189,10 +192,12 @@ class CudfSpill(WorkerPlugin):
             if self.enable:
                 raise
             return
-        self.previous = (cudf.get_option("spill"), cudf.get_option("spill_stats"))
+        self.previous = {name: cudf.get_option(name) for name in self.OPTIONS}
         cudf.set_option("spill", self.enable)
         cudf.set_option("spill_stats", self.stats)
         if self.enable:
+            cudf.set_option("spill_on_demand", True)
+            cudf.set_option("spill_device_limit", None)
             _start_cudf_spilling()
             cudf_wire.register()
 
@@ -201,17 +206,24 @@ class CudfSpill(WorkerPlugin):
             return
         import cudf
 
-        cudf.set_option("spill", self.previous[0])
-        cudf.set_option("spill_stats", self.previous[1])
+        for name, value in self.previous.items():
+            cudf.set_option(name, value)
         self.previous = None
 
 
 def _start_cudf_spilling() -> None:
     """Make cuDF's spill manager now (it is made at first use otherwise); warn when
-    this process had already made it without spilling."""
+    this process had already made it without spilling, or when cuDF could not add
+    its failure callback."""
     from cudf.core.buffer.spill_manager import get_global_manager
 
-    if get_global_manager() is None:
+    try:
+        manager = get_global_manager()
+    except ValueError as exc:  # another failure callback is already in the RMM stack
+        logger.warning("enable_cudf_spill=True: cuDF spills at no failed allocation in this "
+                       "worker: %s", exc)
+        return
+    if manager is None:
         logger.warning("enable_cudf_spill=True has no effect in this worker: cuDF was used "
                        "here before the worker started, with spilling off")
 

@@ -72,6 +72,7 @@ def device_sizes(o: WorkerOptions, device: Device) -> DeviceSizes:
     limit = parse_size(o.device_memory_limit, total=total, name="device_memory_limit" + where,
                        auto=1.0 if dedicated else None, default=0.8 if dedicated else None,
                        maximum=total)
+
     def rmm(name: str) -> int | None:
         return parse_size(o[name], total=total, name=name + where, auto=1.0, default=None,
                           maximum=total, alignment=RMM_ALIGNMENT)

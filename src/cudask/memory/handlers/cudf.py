@@ -6,8 +6,10 @@ their extent and copied raw, host frames kept as they are; the type is
 pickled into the metadata so the receiver rebuilds the same class. A copy
 rebuilt from pickle (a proxy sent to a client) has no device -> host copies
 and keeps every frame. With cuDF spilling on, a buffer cuDF has spilled is a
-host frame (not counted as device memory, kept as it is). `register` is called by the package the first time a
-cuDF object is met, or a host copy named "cudf" is rebuilt.
+host frame (not counted as device memory, kept as it is), and each device frame
+is held until its copy is seen complete (it holds cuDF's spill lock on the
+buffer). `register` is called by the package the first time a cuDF object is
+met, or a host copy named "cudf" is rebuilt.
 
 Does not cover: sending cuDF objects between workers (`cudask.comm.ipc`).
 
