@@ -32,7 +32,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from dask.utils import format_bytes
 
@@ -47,6 +47,17 @@ STORE_LOCK_WAIT = 1.0
 # Spilling for an allocation the driver refused asks for this much more than
 # the driver reports missing (its page granularity), at most 1% of the request.
 _MARGIN = 2 << 20
+
+
+class SpillableStore(Protocol):
+    """What `SpillOnDemand.for_store` calls of a store (cudask.memory.store.TieredStore)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def spill_device(self, nbytes: int, lock_wait: float | None = None) -> int: ...
+
+    def free_device_memory(self) -> int | None: ...
 
 
 class SpillOnDemand:
@@ -79,8 +90,8 @@ class SpillOnDemand:
         self._rmm: RmmHook | None = None
 
     @classmethod
-    def for_store(cls, store: Any, limit: int | None) -> SpillOnDemand:
-        """Spill on demand for `store` (a TieredStore), held weakly so the hooks never
+    def for_store(cls, store: SpillableStore, limit: int | None) -> SpillOnDemand:
+        """Spill on demand for `store`, held weakly so the hooks never
         keep it alive. Its spills wait at most `STORE_LOCK_WAIT` for the store's lock:
         the allocating thread may hold a lock that a thread holding the store's lock
         waits for (cuDF holds a buffer's lock while it unspills it, and serializing
@@ -90,8 +101,7 @@ class SpillOnDemand:
 
         def spill(nbytes: int) -> int:
             s = ref()
-            return 0 if s is None or s.closed else int(
-                s.spill_device(nbytes, lock_wait=STORE_LOCK_WAIT))
+            return 0 if s is None or s.closed else s.spill_device(nbytes, STORE_LOCK_WAIT)
 
         def free() -> int | None:
             s = ref()
