@@ -11,9 +11,9 @@ child's result with each run's answers checked against the reference, the cold f
 (first run of each fresh cluster: medians over repetitions of the total and each
 phase, the largest peaks) and the warm ones (the runs after it), each setting's cold
 and warm total over the floor's, for the settings with the device limit the bound on
-each phase's peak (`bound`: the limit plus the largest task's inputs and output,
-cudask_bench.working_set) and whether the peaks are within `SLACK` of it, its error
-(the first failure, never hidden); a line on stdout as each child ends
+each phase's peak (`bound`: the limit plus the largest task's inputs, output and, as
+the floor's samples saw them, temporaries: cudask_bench.working_set) and whether the
+peaks are within `SLACK` of it, its error (the first failure, never hidden); a line on stdout as each child ends
 (`child_line`) and the document so far handed to a `checkpoint` (the command writes it
 to --output, so an interrupted run keeps what finished); and `summary`, the lines the
 command prints (a table per format, last).
@@ -151,16 +151,26 @@ def figures(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
             "peak_bytes": _largest([r.get("peak_bytes") for r in done]),
             "phase_peak_bytes": {p: _largest([r["phases"].get(p, {}).get("peak_bytes")
                                               for r in done]) for p in PHASES},
-            "phase_working_set_bytes": {p: _largest([r["phases"].get(p, {}).get("working_set_bytes")
-                                                     for r in done]) for p in PHASES}}
+            "phase_working_set_bytes": _phase_largest(done, "working_set_bytes"),
+            "phase_working_set_nvml_bytes": _phase_largest(done, "working_set_nvml_bytes")}
 
 
-def bound(fig: dict[str, Any], limit: int) -> None:
-    """Per phase, the bound on the peak (the limit plus the largest task's inputs and
-    output) and whether every phase's peak is within SLACK of it; unknown without NVML."""
-    sets, peaks = fig.get("phase_working_set_bytes") or {}, fig["phase_peak_bytes"]
-    fig["phase_bound_bytes"] = {p: limit + sets[p] if sets.get(p) is not None else None
-                                for p in PHASES}
+def _phase_largest(runs: Sequence[Mapping[str, Any]], field: str) -> dict[str, int | None]:
+    return {p: _largest([r["phases"].get(p, {}).get(field) for r in runs]) for p in PHASES}
+
+
+def bound(fig: dict[str, Any], limit: int, floor: Mapping[str, Any] | None = None) -> None:
+    """Per phase, the bound on the peak and whether every phase's peak is within SLACK of
+    it (unknown without NVML). The bound is the limit plus the phase's largest task: its
+    inputs and output as sized in this run, or, where larger, its inputs, temporaries and
+    output as NVML saw them in `floor`'s figures (the same work with no limit, where
+    nothing spills; `working_set.growth`)."""
+    own, peaks = fig.get("phase_working_set_bytes") or {}, fig["phase_peak_bytes"]
+    seen = (floor or {}).get("phase_working_set_nvml_bytes") or {}
+    tasks: dict[str, int | None] = {
+        p: max([v for v in (own.get(p), seen.get(p)) if v is not None], default=None) for p in PHASES}
+    fig["phase_task_bytes"] = tasks
+    fig["phase_bound_bytes"] = {p: None if n is None else limit + n for p, n in tasks.items()}
     known = [(peaks[p], b) for p, b in fig["phase_bound_bytes"].items()
              if b is not None and peaks.get(p) is not None]
     fig["within"] = all(peak <= SLACK * b for peak, b in known) if known else None
@@ -211,9 +221,10 @@ def document(plan: EtlPlan, data: Mapping[str, Any], results: Mapping[str, Mappi
         floor = out[fmt].get("floor")
         for entry in out[fmt].values():
             for mode in ("cold", "warm"):
+                base = (floor or {}).get(mode)
                 if setting_named(entry["setting"]).limited and entry.get(mode):
-                    bound(entry[mode], plan.device_memory_limit)
-                mine, base = entry.get(mode), (floor or {}).get(mode)
+                    bound(entry[mode], plan.device_memory_limit, base)
+                mine = entry.get(mode)
                 if mine and base and base["total_s"]:
                     mine["x_floor"] = mine["total_s"] / base["total_s"]
     entries = [e for by_name in out.values() for e in by_name.values()]
@@ -298,8 +309,9 @@ def summary(doc: Mapping[str, Any]) -> list[str]:
                     f"{_yes((e.get('warm') or {}).get('within'))}"
                     for name, e in by_name.items() if setting_named(name).limited]
         if verdicts:
-            lines.append(f"  peak within {SLACK:.2f}x (limit + the largest task's inputs and output) "
-                         "in every phase, cold/warm: " + ", ".join(verdicts))
+            lines.append(f"  peak within {SLACK:.2f}x (limit + the largest task's inputs, output and, "
+                         "as NVML saw them with no limit, temporaries) in every phase, cold/warm: "
+                         + ", ".join(verdicts))
     if doc.get("skipped"):
         lines += [f"skipped {name}: {why}" for name, why in doc["skipped"].items()]
     return lines

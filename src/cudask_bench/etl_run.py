@@ -37,7 +37,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cudask_bench import environment, stopping
+from cudask_bench import environment, stopping, working_set
 from cudask_bench.counters import difference
 from cudask_bench.etl_data import (
     DIM_DTYPES,
@@ -71,7 +71,7 @@ class MemorySampler:
         self.interval = interval
         self.reason: str | None = None
         self._read: Callable[[], int] | None = read
-        self._samples: list[tuple[float, int]] = []
+        self._samples: list[tuple[float, float, int]] = []  # (perf_counter, epoch, bytes)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -97,7 +97,7 @@ class MemorySampler:
             return None
         value = self._read()
         with self._lock:
-            self._samples.append((time.perf_counter(), value))
+            self._samples.append((time.perf_counter(), time.time(), value))
         return value
 
     def _loop(self) -> None:
@@ -127,8 +127,13 @@ class MemorySampler:
     def peak(self, start: float, end: float) -> int | None:
         """The largest sample taken from `start` to `end` (perf_counter seconds)."""
         with self._lock:
-            inside = [v for t, v in self._samples if start <= t <= end]
+            inside = [v for t, _, v in self._samples if start <= t <= end]
         return max(inside) if inside else None
+
+    def by_epoch(self) -> list[tuple[float, int]]:
+        """Every sample so far as (epoch seconds, bytes): the clock of the task stream."""
+        with self._lock:
+            return [(epoch, v) for _, epoch, v in self._samples]
 
 
 # ----------------------------------------------------------------- on the worker
@@ -245,15 +250,23 @@ def one_run(client: Any, plan: EtlPlan, root: str, fmt: str, sampler: MemorySamp
         end - last if run["error"] else 0.0)
     run["wall_s"] = end - start
     run["peak_bytes"] = _above(sampler.peak(start, end), idle)
-    spans = _task_seconds(client.get_task_stream(start=began, stop=time.time()), windows)
+    stream = client.get_task_stream(start=began, stop=time.time())
+    spans = _task_seconds(stream, windows)
     for phase_name, seconds in spans.items():
         run["phases"][phase_name].update(seconds)
-    from cudask_bench import working_set
-
-    sets = working_set.largest(client.run_on_scheduler(working_set.records), windows)
-    for phase_name, nbytes in sets.items():
-        run["phases"][phase_name]["working_set_bytes"] = nbytes
+    _working_sets(run, client.run_on_scheduler(working_set.records), stream, sampler, windows)
     return run
+
+
+def _working_sets(run: dict[str, Any], found: list[working_set.Record], stream: Any,
+                  sampler: MemorySampler, windows: dict[str, tuple[float, float]]) -> None:
+    """Each phase's largest task: its inputs and output as the worker sized them, and its
+    inputs plus the larger of its output and what NVML saw it add while it computed."""
+    grown = working_set.growth(sampler.by_epoch(), working_set.compute_spans(stream))
+    sized, seen = working_set.largest(found, windows), working_set.largest(found, windows, grown)
+    for phase_name in windows:
+        run["phases"][phase_name]["working_set_bytes"] = sized[phase_name]
+        run["phases"][phase_name]["working_set_nvml_bytes"] = seen[phase_name]
 
 
 def _store_counters(dask_worker: Any) -> dict[str, float]:
@@ -347,7 +360,7 @@ def execute(plan: EtlPlan, root: str, setting: Setting, fmt: str, result: dict[s
     """Run the setting on the `fmt` files into `result` (a failure keeps what ran)."""
     from distributed import Client
 
-    from cudask_bench import tasks, working_set
+    from cudask_bench import tasks
 
     sampler = MemorySampler(plan.device if plan.frames == "cudf" else None)
     memory: dict[str, Any] = {"nvml": sampler.reason or "sampled every "

@@ -2,36 +2,45 @@
 ETL benchmark's peak-memory bound that the tasks themselves bring.
 
 Covers: `WorkingSets`, a scheduler plugin that records, as each task's output reaches
-memory, the time and the bytes of that output plus its inputs (the sizes the worker
-reported: `sizeof`); `records`, read on the scheduler; and `largest`, the largest per
-phase window. Temporaries inside a task are not seen, so this is the least working
-set the bound allows (limit + largest, within `cudask_bench.limit.SLACK`).
+memory, the time, the key and the bytes of that output and of its inputs (the sizes the
+worker reported: `sizeof`); `records`, read on the scheduler; `compute_spans`, each
+task's compute spans in a task stream; `growth`, how far NVML's used memory rose above
+its level before a task while the task computed (its temporaries and output, as far as
+samples taken every few tens of milliseconds see them); and `largest`, the largest per
+phase window, with or without that growth. Without it, temporaries inside a task are not
+seen: the least working set the bound allows. With it, a task shorter than the sampling
+interval or whose memory rose between two samples is seen in part only, so the figure
+errs low, never high.
 
-Does not cover: the peak itself (`cudask_bench.etl_run.MemorySampler`), the bound's
-verdict (`cudask_bench.etl`).
+Does not cover: the samples themselves (`cudask_bench.etl_run.MemorySampler`), the
+bound's verdict (`cudask_bench.etl`).
 
 Threading: the plugin runs on the scheduler's event loop; `records` is called there
-through `Client.run_on_scheduler`.
+through `Client.run_on_scheduler`; the rest are pure functions.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 NAME = "cudask-bench-working-sets"
 
+#: (epoch seconds, key as str, output bytes, input bytes) of a task that reached memory.
+Record = tuple[float, str, int, int]
+
 
 class WorkingSets(SchedulerPlugin):
-    """(epoch seconds, output + input bytes) of every task that reached memory."""
+    """A `Record` of every task that reached memory."""
 
     name = NAME
 
     def __init__(self) -> None:
-        self.records: list[tuple[float, int]] = []
+        self.records: list[Record] = []
         self.scheduler: Any = None
 
     async def start(self, scheduler: Any) -> None:
@@ -43,22 +52,49 @@ class WorkingSets(SchedulerPlugin):
         ts = self.scheduler.tasks.get(key)
         if ts is not None:
             inputs = sum(max(dep.nbytes, 0) for dep in ts.dependencies)
-            self.records.append((time.time(), max(ts.nbytes, 0) + inputs))
+            self.records.append((time.time(), str(key), max(ts.nbytes, 0), inputs))
 
 
-def records(dask_scheduler: Any) -> list[tuple[float, int]]:
+def records(dask_scheduler: Any) -> list[Record]:
     plugin = dask_scheduler.plugins.get(NAME)
     return list(plugin.records) if plugin is not None else []
 
 
-def largest(found: list[tuple[float, int]], windows: Mapping[str, tuple[float, float]]) -> dict[str, int]:
-    """Per phase window (epoch seconds), the largest working set of a task that ended in it."""
+def compute_spans(stream: Iterable[Mapping[str, Any]] | None) -> list[tuple[str, float, float]]:
+    """(key as str, start, stop) of every "compute" span of a task stream (epoch seconds)."""
+    return [(str(record.get("key")), float(span["start"]), float(span["stop"]))
+            for record in stream or () for span in record.get("startstops", ())
+            if span.get("action") == "compute"]
+
+
+def growth(samples: list[tuple[float, int]], spans: Iterable[tuple[str, float, float]]) -> dict[str, int]:
+    """Per key, the most NVML's used memory rose while the task computed: the largest
+    sample inside a span less the last sample before it (0 where no sample fell inside,
+    or none came before). `samples`: (epoch seconds, bytes)."""
+    ordered = sorted(samples)
+    times = [t for t, _ in ordered]
+    out: dict[str, int] = {}
+    for key, start, stop in spans:
+        first = bisect.bisect_left(times, start)
+        inside = [v for _, v in ordered[first:bisect.bisect_right(times, stop)]]
+        if first == 0 or not inside:
+            continue
+        rise = max(inside) - ordered[first - 1][1]
+        out[key] = max(out.get(key, 0), rise)
+    return out
+
+
+def largest(found: list[Record], windows: Mapping[str, tuple[float, float]],
+            grown: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Per phase window (epoch seconds), the largest working set of a task that ended in
+    it: its inputs plus its output, or plus what it `grown` where that is larger."""
     out = dict.fromkeys(windows, 0)
-    for when, nbytes in found:
+    for when, key, output, inputs in found:
+        nbytes = inputs + max(output, (grown or {}).get(key, 0))
         for name, (a, b) in windows.items():
             if a <= when <= b:
                 out[name] = max(out[name], nbytes)
     return out
 
 
-__all__ = ["NAME", "WorkingSets", "largest", "records"]
+__all__ = ["NAME", "Record", "WorkingSets", "compute_spans", "growth", "largest", "records"]

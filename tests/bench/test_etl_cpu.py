@@ -109,6 +109,8 @@ def test_sampler_peaks_per_window() -> None:
     early, late = sampler.peak(first, middle), sampler.peak(middle, time.perf_counter())
     assert early is not None and late is not None and early < late
     assert sampler.peak(0.0, first - 1) is None
+    epochs = sampler.by_epoch()
+    assert len(epochs) > 40 and abs(epochs[-1][0] - time.time()) < 60
     idle = sampler.idle(count=3)
     assert idle is not None and idle > late
     none = etl_run.MemorySampler(None)
@@ -149,9 +151,12 @@ def test_a_run_over_both_formats_rotates_checks_and_removes_its_data(
     assert doc["results"]["parquet"]["floor"]["cold"]["x_floor"] == 1.0
     runs = [r for e in doc["results"]["parquet"].values() for c in e["children"] for r in c["runs"]]
     assert all(p["working_set_bytes"] > 0 for r in runs for p in r["phases"].values())
-    cold = doc["results"]["parquet"]["cudask"]["cold"]
-    assert cold["phase_bound_bytes"]["merge"] == (plan.device_memory_limit
-                                                  + cold["phase_working_set_bytes"]["merge"])
+    # no NVML here: what a task was seen to add is what the worker sized
+    assert all(p["working_set_nvml_bytes"] == p["working_set_bytes"]
+               for r in runs for p in r["phases"].values())
+    cold, floor = (doc["results"]["parquet"][name]["cold"] for name in ("cudask", "floor"))
+    assert cold["phase_bound_bytes"]["merge"] == plan.device_memory_limit + max(
+        cold["phase_working_set_bytes"]["merge"], floor["phase_working_set_nvml_bytes"]["merge"])
     assert cold["within"] is None  # no NVML peaks on this machine
     assert "phase_bound_bytes" not in doc["results"]["parquet"]["floor"]["cold"]  # no limit
     text = "\n".join(etl.summary(doc))
@@ -162,8 +167,10 @@ def test_a_run_over_both_formats_rotates_checks_and_removes_its_data(
 
 def test_the_bound_adds_the_largest_task_of_each_phase_to_the_limit() -> None:
     windows = {"load": (0.0, 10.0), "merge": (10.0, 20.0)}
-    assert working_set.largest([(1.0, 5), (2.0, 9), (15.0, 3), (30.0, 99)], windows) == {
-        "load": 9, "merge": 3}
+    found = [(1.0, "a", 2, 3), (2.0, "b", 4, 5), (15.0, "c", 1, 2), (30.0, "d", 90, 9)]
+    assert working_set.largest(found, windows) == {"load": 9, "merge": 3}
+    # what NVML saw a task add counts where it is more than its output
+    assert working_set.largest(found, windows, {"a": 20, "c": 0}) == {"load": 23, "merge": 3}
     fig = {"phase_peak_bytes": dict.fromkeys(etl_run.PHASES, 100),
            "phase_working_set_bytes": dict.fromkeys(etl_run.PHASES, 10)}
     etl.bound(fig, 90)
@@ -171,6 +178,25 @@ def test_the_bound_adds_the_largest_task_of_each_phase_to_the_limit() -> None:
     fig["phase_peak_bytes"]["merge"] = 111  # past 1.10x its bound
     etl.bound(fig, 90)
     assert fig["within"] is False
+    # the same tasks' temporaries, seen where nothing spilled, widen the bound
+    floor = {"phase_working_set_nvml_bytes": {**dict.fromkeys(etl_run.PHASES, 4), "merge": 20}}
+    etl.bound(fig, 90, floor)
+    assert fig["phase_task_bytes"]["merge"] == 20 and fig["phase_task_bytes"]["load"] == 10
+    assert fig["phase_bound_bytes"]["merge"] == 110 and fig["within"] is True
+
+
+def test_growth_is_the_rise_of_used_memory_while_a_task_computed() -> None:
+    samples = [(0.0, 100), (1.0, 100), (1.5, 180), (2.0, 150), (2.5, 120), (4.0, 300)]
+    stream = [{"key": "('merge', 0)", "startstops": [
+                  {"action": "compute", "start": 1.2, "stop": 2.2},
+                  {"action": "transfer", "start": 0.0, "stop": 9.0}]},
+              {"key": "short", "startstops": [{"action": "compute", "start": 3.0, "stop": 3.5}]},
+              {"key": "first", "startstops": [{"action": "compute", "start": -1.0, "stop": 0.5}]}]
+    spans = working_set.compute_spans(stream)
+    assert spans == [("('merge', 0)", 1.2, 2.2), ("short", 3.0, 3.5), ("first", -1.0, 0.5)]
+    # the largest sample inside less the last before; none inside or none before: not seen
+    assert working_set.growth(list(reversed(samples)), spans) == {"('merge', 0)": 80}
+    assert working_set.compute_spans(None) == []
 
 
 def _run(**run: Any) -> dict[str, Any]:

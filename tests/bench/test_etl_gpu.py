@@ -1,7 +1,8 @@
 """`cudask bench etl` on a real GPU, small: the floor and cudask's store on CSV or Parquet
 files of 3.4x a small device limit, cuDF writing the data; every answer right, NVML's
-peaks present, cudask's store spilling (its device-to-host bytes) and the floor not, the
-data folder gone (speed is the benchmark's to show, not asserted)."""
+peaks and each phase's largest task present, cudask's store spilling (its device-to-host
+bytes) and the floor not, the data folder gone (speed is the benchmark's to show, not
+asserted)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ def test_etl_floor_and_cudask_right_with_spilling(tmp_path: Path, fmt: str) -> N
     cold = doc["results"][fmt]["cudask"]["children"][0]["runs"][0]
     assert sum(p["moved"].get("device-to-host/bytes", 0) for p in cold["phases"].values()) > 0
     assert all(p["compute_s"] > 0 for p in cold["phases"].values())
+    # each phase's largest task, sized by the worker and as NVML saw it (never less)
+    assert all(p["working_set_nvml_bytes"] >= p["working_set_bytes"] > 0 for p in cold["phases"].values())
+    bound = doc["results"][fmt]["cudask"]["cold"]
+    assert bound["phase_bound_bytes"]["merge"] == 25_000_000 + bound["phase_task_bytes"]["merge"] > 25_000_000
     store = doc["results"][fmt]["cudask"]["children"][0]["store"]
     assert store["data_type"].startswith("cudask."), store["data_type"]
     floor = doc["results"][fmt]["floor"]["children"][0]["store"]
