@@ -13,10 +13,10 @@ phase, the largest peaks) and the warm ones (the runs after it), each setting's 
 and warm total over the floor's, for the settings with the device limit the bound on
 each phase's peak (`bound`: the limit plus the largest task's inputs, output and, as
 the floor's samples saw them, temporaries: cudask_bench.working_set) and whether the
-peaks are within `SLACK` of it, its error (the first failure, never hidden); a line on stdout as each child ends
-(`child_line`) and the document so far handed to a `checkpoint` (the command writes it
-to --output, so an interrupted run keeps what finished); and `summary`, the lines the
-command prints (a table per format, last).
+peaks are within `SLACK` of it, its error (the first failure, never hidden); a line on
+stdout as each child ends (`child_line`) and the document so far handed to a
+`checkpoint` (the command writes it to --output, so an interrupted run keeps what
+finished); and `summary`, the lines the command prints (a table per format, last).
 
 Does not cover: the options and their checks (cudask_bench.cli.etl), the work itself
 (cudask_bench.etl_run). Threading: the command's thread; spawn_runner reads each child's
@@ -309,8 +309,9 @@ def summary(doc: Mapping[str, Any]) -> list[str]:
                     f"{_yes((e.get('warm') or {}).get('within'))}"
                     for name, e in by_name.items() if setting_named(name).limited]
         if verdicts:
-            lines.append(f"  peak within {SLACK:.2f}x (limit + the largest task's inputs, output and, "
-                         "as NVML saw them with no limit, temporaries) in every phase, cold/warm: "
+            lines.append(f"  peak within {SLACK:.2f}x (limit + the largest task's inputs, output "
+                         "and, as NVML saw them with no limit, temporaries) in every phase, "
+                         "cold/warm: "
                          + ", ".join(verdicts))
     if doc.get("skipped"):
         lines += [f"skipped {name}: {why}" for name, why in doc["skipped"].items()]

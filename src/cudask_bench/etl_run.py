@@ -13,8 +13,10 @@ objects, converted on the worker (no CUDA context here for them). Per phase: sec
 peak of NVML's used memory (`MemorySampler`, every 20 ms) above the idle cluster, what
 the store moved (its counters, read with the clock stopped) and, from the task stream,
 the seconds the worker computed and its event loop read inputs from the store and wrote
-outputs to it, and the largest working set of a task (cudask_bench.working_set). A
-failure (OOM, lost worker, crash) ends the runs as the result's error.
+outputs to it, and the largest working set of a task: as the worker sized its inputs and
+output, and with what NVML's samples (stamped in both clocks) saw it add while it
+computed (cudask_bench.working_set). A failure (OOM, lost worker, crash) ends the runs
+as the result's error.
 
 Honesty: for dask-cuda settings no cudask cluster code is loaded here or on the worker
 (cudask_bench.run.check_honesty). Does not cover: the files and their answers
@@ -95,9 +97,11 @@ class MemorySampler:
         """Read now, keep the sample, return it."""
         if self._read is None:
             return None
+        before, epoch = time.perf_counter(), time.time()
         value = self._read()
+        middle = (time.perf_counter() - before) / 2  # stamped halfway through the read
         with self._lock:
-            self._samples.append((time.perf_counter(), time.time(), value))
+            self._samples.append((before + middle, epoch + middle, value))
         return value
 
     def _loop(self) -> None:
@@ -261,12 +265,15 @@ def one_run(client: Any, plan: EtlPlan, root: str, fmt: str, sampler: MemorySamp
 def _working_sets(run: dict[str, Any], found: list[working_set.Record], stream: Any,
                   sampler: MemorySampler, windows: dict[str, tuple[float, float]]) -> None:
     """Each phase's largest task: its inputs and output as the worker sized them, and its
-    inputs plus the larger of its output and what NVML saw it add while it computed."""
+    inputs plus the larger of its output and what NVML saw it add while it computed (and
+    of how many tasks NVML saw that)."""
     grown = working_set.growth(sampler.by_epoch(), working_set.compute_spans(stream))
     sized, seen = working_set.largest(found, windows), working_set.largest(found, windows, grown)
+    counted = working_set.measured(found, windows, grown)
     for phase_name in windows:
-        run["phases"][phase_name]["working_set_bytes"] = sized[phase_name]
-        run["phases"][phase_name]["working_set_nvml_bytes"] = seen[phase_name]
+        run["phases"][phase_name].update(working_set_bytes=sized[phase_name],
+                                         working_set_nvml_bytes=seen[phase_name],
+                                         working_set_nvml_tasks=counted[phase_name])
 
 
 def _store_counters(dask_worker: Any) -> dict[str, float]:

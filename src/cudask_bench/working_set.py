@@ -4,13 +4,17 @@ ETL benchmark's peak-memory bound that the tasks themselves bring.
 Covers: `WorkingSets`, a scheduler plugin that records, as each task's output reaches
 memory, the time, the key and the bytes of that output and of its inputs (the sizes the
 worker reported: `sizeof`); `records`, read on the scheduler; `compute_spans`, each
-task's compute spans in a task stream; `growth`, how far NVML's used memory rose above
-its level before a task while the task computed (its temporaries and output, as far as
-samples taken every few tens of milliseconds see them); and `largest`, the largest per
-phase window, with or without that growth. Without it, temporaries inside a task are not
-seen: the least working set the bound allows. With it, a task shorter than the sampling
-interval or whose memory rose between two samples is seen in part only, so the figure
-errs low, never high.
+task's compute spans in a task stream; `growth`, how far NVML's used memory rose while a
+task computed above a sample taken after the previous task ended and before it began (its
+temporaries and output, as samples taken every few tens of milliseconds see them); and
+`largest`, the largest per phase window, with or without that growth (`measured`: how
+many tasks had one). Without it,
+temporaries inside a task are not seen: the least working set the bound allows. With it,
+the figure errs low where a task is shorter than the sampling interval or its peak fell
+between two samples, and high where something else allocated on the device while the task
+ran (NVML counts the whole device: another process, CUDA loading modules, an allocator's
+pool growing). Meant for one worker thread: with several, tasks overlap and each is
+charged the others' allocations.
 
 Does not cover: the samples themselves (`cudask_bench.etl_run.MemorySampler`), the
 bound's verdict (`cudask_bench.etl`).
@@ -67,17 +71,23 @@ def compute_spans(stream: Iterable[Mapping[str, Any]] | None) -> list[tuple[str,
             if span.get("action") == "compute"]
 
 
-def growth(samples: list[tuple[float, int]], spans: Iterable[tuple[str, float, float]]) -> dict[str, int]:
+def growth(samples: list[tuple[float, int]],
+           spans: Iterable[tuple[str, float, float]]) -> dict[str, int]:
     """Per key, the most NVML's used memory rose while the task computed: the largest
-    sample inside a span less the last sample before it (0 where no sample fell inside,
-    or none came before). `samples`: (epoch seconds, bytes)."""
+    sample inside a span (start <= t <= stop) less the last sample before the span, if
+    that sample came after the previous span ended (else what the previous task left
+    would be charged to this one). Keys with no such pair of samples are absent; a key
+    that computed more than once gets its largest rise. `samples`: (epoch seconds, bytes)."""
     ordered = sorted(samples)
     times = [t for t, _ in ordered]
     out: dict[str, int] = {}
-    for key, start, stop in spans:
+    previous_stop = float("-inf")
+    for key, start, stop in sorted(spans, key=lambda span: span[1]):
         first = bisect.bisect_left(times, start)
         inside = [v for _, v in ordered[first:bisect.bisect_right(times, stop)]]
-        if first == 0 or not inside:
+        clean = first > 0 and times[first - 1] > previous_stop
+        previous_stop = max(previous_stop, stop)
+        if not inside or not clean:
             continue
         rise = max(inside) - ordered[first - 1][1]
         out[key] = max(out.get(key, 0), rise)
@@ -97,4 +107,16 @@ def largest(found: list[Record], windows: Mapping[str, tuple[float, float]],
     return out
 
 
-__all__ = ["NAME", "Record", "WorkingSets", "compute_spans", "growth", "largest", "records"]
+def measured(found: list[Record], windows: Mapping[str, tuple[float, float]],
+             grown: Mapping[str, int]) -> dict[str, int]:
+    """Per phase window, how many of the tasks that ended in it have a rise in `grown`."""
+    out = dict.fromkeys(windows, 0)
+    for when, key, _, _ in found:
+        for name, (a, b) in windows.items():
+            if a <= when <= b and key in grown:
+                out[name] += 1
+    return out
+
+
+__all__ = ["NAME", "Record", "WorkingSets", "compute_spans", "growth", "largest", "measured",
+           "records"]

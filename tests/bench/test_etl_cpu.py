@@ -194,9 +194,26 @@ def test_growth_is_the_rise_of_used_memory_while_a_task_computed() -> None:
               {"key": "first", "startstops": [{"action": "compute", "start": -1.0, "stop": 0.5}]}]
     spans = working_set.compute_spans(stream)
     assert spans == [("('merge', 0)", 1.2, 2.2), ("short", 3.0, 3.5), ("first", -1.0, 0.5)]
-    # the largest sample inside less the last before; none inside or none before: not seen
+    # the largest sample inside less the last before; none inside or none before: absent
     assert working_set.growth(list(reversed(samples)), spans) == {"('merge', 0)": 80}
     assert working_set.compute_spans(None) == []
+    # a sample at a span's very start or stop is inside it
+    assert working_set.growth(samples, [("edges", 1.5, 2.0)]) == {"edges": 80}
+    # a task that computed twice (retried) keeps its larger rise
+    assert working_set.growth(samples, [("again", 1.2, 1.6), ("again", 3.0, 4.0)]) == {"again": 180}
+
+
+def test_growth_never_charges_a_task_with_what_the_task_before_it_left() -> None:
+    # A (0.001-0.005) allocates 100 between two samples; B (0.006-0.025) allocates nothing
+    samples = [(0.0, 100), (0.02, 201)]
+    spans = [("A", 0.001, 0.005), ("B", 0.006, 0.025)]
+    # B's last sample before it came before A ended: no clean baseline, so B is not seen
+    assert working_set.growth(samples, spans) == {}
+    # with a sample between A and B, B's rise is its own
+    assert working_set.growth([*samples, (0.0055, 200)], spans) == {"B": 1}
+    windows = {"load": (0.0, 1.0)}
+    found = [(0.005, "A", 10, 0), (0.025, "B", 10, 5)]
+    assert working_set.measured(found, windows, {"B": 1}) == {"load": 1}
 
 
 def _run(**run: Any) -> dict[str, Any]:

@@ -41,10 +41,15 @@ def test_etl_floor_and_cudask_right_with_spilling(tmp_path: Path, fmt: str) -> N
     cold = doc["results"][fmt]["cudask"]["children"][0]["runs"][0]
     assert sum(p["moved"].get("device-to-host/bytes", 0) for p in cold["phases"].values()) > 0
     assert all(p["compute_s"] > 0 for p in cold["phases"].values())
-    # each phase's largest task, sized by the worker and as NVML saw it (never less)
-    assert all(p["working_set_nvml_bytes"] >= p["working_set_bytes"] > 0 for p in cold["phases"].values())
+    # where nothing spills, NVML's samples saw tasks add memory while they computed, and the
+    # bound of cudask's phases counts what they saw
+    floor_runs = [r for c in doc["results"][fmt]["floor"]["children"] for r in c["runs"]]
+    assert sum(p["working_set_nvml_tasks"] for r in floor_runs for p in r["phases"].values()) > 0
+    limit = doc["plan"]["device_memory_limit"]
+    floor_seen = doc["results"][fmt]["floor"]["cold"]["phase_working_set_nvml_bytes"]
     bound = doc["results"][fmt]["cudask"]["cold"]
-    assert bound["phase_bound_bytes"]["merge"] == 25_000_000 + bound["phase_task_bytes"]["merge"] > 25_000_000
+    for phase, seen in floor_seen.items():
+        assert bound["phase_bound_bytes"][phase] >= limit + seen, phase
     store = doc["results"][fmt]["cudask"]["children"][0]["store"]
     assert store["data_type"].startswith("cudask."), store["data_type"]
     floor = doc["results"][fmt]["floor"]["children"][0]["store"]
