@@ -167,8 +167,7 @@ def bound(fig: dict[str, Any], limit: int, floor: Mapping[str, Any] | None = Non
     nothing spills; `working_set.growth`)."""
     own, peaks = fig.get("phase_working_set_bytes") or {}, fig["phase_peak_bytes"]
     seen = (floor or {}).get("phase_working_set_nvml_bytes") or {}
-    tasks: dict[str, int | None] = {
-        p: max([v for v in (own.get(p), seen.get(p)) if v is not None], default=None) for p in PHASES}
+    tasks = {p: _largest([own.get(p), seen.get(p)]) for p in PHASES}
     fig["phase_task_bytes"] = tasks
     fig["phase_bound_bytes"] = {p: None if n is None else limit + n for p, n in tasks.items()}
     known = [(peaks[p], b) for p, b in fig["phase_bound_bytes"].items()

@@ -101,9 +101,8 @@ def largest(found: list[Record], windows: Mapping[str, tuple[float, float]],
     out = dict.fromkeys(windows, 0)
     for when, key, output, inputs in found:
         nbytes = inputs + max(output, (grown or {}).get(key, 0))
-        for name, (a, b) in windows.items():
-            if a <= when <= b:
-                out[name] = max(out[name], nbytes)
+        for name in _phases_of(when, windows):
+            out[name] = max(out[name], nbytes)
     return out
 
 
@@ -112,10 +111,14 @@ def measured(found: list[Record], windows: Mapping[str, tuple[float, float]],
     """Per phase window, how many of the tasks that ended in it have a rise in `grown`."""
     out = dict.fromkeys(windows, 0)
     for when, key, _, _ in found:
-        for name, (a, b) in windows.items():
-            if a <= when <= b and key in grown:
-                out[name] += 1
+        for name in _phases_of(when, windows) if key in grown else ():
+            out[name] += 1
     return out
+
+
+def _phases_of(when: float, windows: Mapping[str, tuple[float, float]]) -> list[str]:
+    """The phase windows (epoch seconds) that hold the moment `when`."""
+    return [name for name, (a, b) in windows.items() if a <= when <= b]
 
 
 __all__ = ["NAME", "Record", "WorkingSets", "compute_spans", "growth", "largest", "measured",
