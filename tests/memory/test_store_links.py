@@ -1,6 +1,7 @@
-"""TieredStore keys that hold the very same device object (dask-expr's Alias tasks)
-share one entry: counted, spilled and read back once; each key reads, deletes and
-overwrites on its own. CPU, fake device objects."""
+"""TieredStore keys that hold the very same device object (dask-expr's Alias tasks),
+or a `Linked` value naming another key, share one entry: counted, spilled and read
+back once; each key reads, deletes and overwrites on its own. CPU, fake device
+objects."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from cudask.memory.store import TieredStore
+from cudask.memory.tiers.names import Linked
 from cudask.testing.fake_cuda import filled
 
 MakeStore = Callable[..., TieredStore]
@@ -111,3 +113,31 @@ def test_shared_entries_are_spilled_last(make_store: MakeStore) -> None:
     assert store.where(("p", 0)) == "host" and store.where(("out", 1)) == "device"
     assert store.where(("p", 2)) == "device"
     assert (store[("alias", 1)].get() == 1).all()
+
+
+def test_a_linked_value_names_the_entry_of_a_spilled_key(make_store: MakeStore) -> None:
+    """What cudask's worker stores for an Alias task of a spilled key
+    (cudask.memory.aliases): the key joins the entry, and nothing moves."""
+    store = make_store(device_memory_limit=4 * MB)
+    store["a"] = filled(MB, 5)
+    store.spill_device(MB)
+    moved = _moved(store)
+    store["b"] = Linked("a")
+    assert _moved(store) == moved and store.keys_on("host") == {"a", "b"}
+    assert store.peek_host_copy("b") is store.peek_host_copy("a") is not None
+    del store["a"]
+    assert (store["b"].get() == 5).all() and set(store) == {"b"}
+    assert _moved(store) == (moved[0], moved[1] + MB)  # read back once, for "b"
+
+
+def test_a_linked_value_of_a_missing_key_changes_nothing(make_store: MakeStore) -> None:
+    store = make_store(device_memory_limit=4 * MB)
+    store["b"] = filled(MB, 1)
+    with pytest.raises(KeyError):
+        store["b"] = Linked("absent")
+    assert (store["b"].get() == 1).all() and set(store) == {"b"}
+    unlimited = make_store()  # no device limit: the dict path stays
+    with pytest.raises(KeyError):
+        unlimited["x"] = Linked("absent")
+    assert unlimited._unlimited and len(unlimited) == 0
+

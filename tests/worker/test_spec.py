@@ -78,7 +78,9 @@ def test_device_ipc_serializers_and_plugin(dgx, monkeypatch):
     for opts, cfg in (({}, {"cudask.comm.device-ipc": False}), ({"protocol": "ucx"}, {})):
         with dask.config.set(cfg):
             spec = nanny_options(resolve(opts, "cluster"), devices, 0, n_workers=1, name=0)
-        assert "serializers" not in spec and "worker_class" not in spec
+        from cudask.memory.aliases import Worker as AliasWorker
+
+        assert "serializers" not in spec and spec["worker_class"] is AliasWorker
         assert not [p for p in spec["plugins"] if p.name == "cudask-device-ipc"]
     with dask.config.set({"cudask.comm.device-ipc-min-size": "64KiB"}):
         spec = nanny_options(resolve({}, "cluster"), devices, 0, n_workers=1, name=0)
@@ -304,15 +306,15 @@ def test_device_order_from_the_environment_is_kept(dgx, monkeypatch):
 
 def test_no_nanny_gets_the_resolved_worker_class(dgx):
     import dask
-    from distributed import Worker
 
     from cudask.comm.worker import Worker as IPCWorker
+    from cudask.memory.aliases import Worker as AliasWorker
     from cudask.testing.workers import TaggedWorker
     from cudask.worker.spec import worker_options
 
     devices = select_devices(dgx, "2", None)
     for given, ipc, expected in (("cudask.testing.workers.TaggedWorker", True, TaggedWorker),
-                                 (None, True, IPCWorker), (None, False, Worker)):
+                                 (None, True, IPCWorker), (None, False, AliasWorker)):
         o = resolve({"worker_class": given}, "worker")
         with dask.config.set({"cudask.comm.device-ipc": ipc}):
             cls, opts, env = worker_options(nanny_options(o, devices, 0, n_workers=1, name="w"))

@@ -11,7 +11,9 @@ A worker that cannot map a peer's memory (`MappingRefused`: e.g. containers
 with separate IPC namespaces) stops asking for the family, drops its
 connections to that peer (which still waits for an answer on one) and fetches
 the keys again, through host memory (`gather_dep`, the state machine's
-extension point). Everything else is distributed.Worker's.
+extension point). Alias tasks of spilled keys are linked in the store
+(cudask.memory.aliases, which this class derives from); everything else is
+distributed.Worker's.
 
 Does not cover: the family itself (cudask.comm.ipc) and choosing this class
 (cudask.worker.spec; a user's own worker_class is used as given, without IPC
@@ -28,7 +30,6 @@ import pickle
 from collections.abc import Collection
 from typing import Any
 
-import distributed
 from distributed.worker_state_machine import (
     GatherDepFailureEvent,
     GatherDepNetworkFailureEvent,
@@ -37,13 +38,14 @@ from distributed.worker_state_machine import (
 
 from cudask.comm.ipc import FAMILY, keep_alive
 from cudask.comm.ipc_cuda import MappingRefused
+from cudask.memory import aliases
 
 logger = logging.getLogger("cudask.comm")
 
 
-class Worker(distributed.Worker):
-    """distributed.Worker whose replies to get_data try CUDA IPC first when the
-    requester accepts it."""
+class Worker(aliases.Worker):
+    """cudask's worker (cudask.memory.aliases) whose replies to get_data try CUDA IPC
+    first when the requester accepts it."""
 
     async def get_data(self, comm: Any, keys: Collection[str], who: str | None = None,
                        serializers: list[str] | None = None) -> Any:

@@ -6,7 +6,7 @@ go to a device tier limited to `device_memory_limit`, everything else to a host
 tier (distributed's SpillBuffer, over disk past `memory_limit`); least recently
 used device keys are copied to the host past the limit (in a background thread
 past `spill-target`) and back when read, keeping their host copy (`tiers.buffer`,
-`tiers.clean`); keys holding the very same device object share one entry
+`tiers.clean`); keys holding the same device object, or `Linked`, share one entry
 (`tiers.names`). Without a device limit, device keys take a dict's path. It
 spills on an allocator's out-of-memory (`cudask.memory.ondemand`), implements
 distributed's `ManualEvictProto` (checked statically at the end) and reports
@@ -49,7 +49,7 @@ from cudask.memory.tiers.engine import LazyEngine
 from cudask.memory.tiers.host import HostTier
 from cudask.memory.tiers.inflight import InFlightCopies
 from cudask.memory.tiers.metrics import snapshot
-from cudask.memory.tiers.names import EntryNames
+from cudask.memory.tiers.names import EntryNames, Linked
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -107,8 +107,7 @@ class TieredStore(MutableMapping[Key, object]):
         self.lock = threading.RLock()
         self._cv = threading.Condition(self.lock)
         self._closed = False
-        # No device limit: nothing is ever spilled, so device values skip the
-        # ledger, the generations and the background thread (a dict's cost).
+        # No device limit: device values skip the ledger, generations and background thread.
         self._unlimited = self.device_memory_limit is None
         self._host_used = False  # whether a host value was ever stored (unlimited path)
 
@@ -143,6 +142,8 @@ class TieredStore(MutableMapping[Key, object]):
 
     # ------------------------------------------------------------------ mapping
     def __setitem__(self, key: Key, value: object) -> None:
+        if isinstance(value, Linked):  # an alias of a spilled key (cudask.memory.aliases)
+            return self._link(key, value.target)
         if self._unlimited and self._set_unlimited(key, value):
             return
         ranges = handlers.allocations(value) if handlers.is_device_object(value) else None
@@ -167,6 +168,16 @@ class TieredStore(MutableMapping[Key, object]):
                     self._hooked = True
                     self.on_demand.install()
                 self._buffer.fit(name, ranges)
+
+    def _link(self, key: Key, target: Key) -> None:
+        """Make `key` a second name of `target`'s entry; no data moves."""
+        with self.lock:
+            if not self._has(target):
+                raise KeyError(target)
+            self._leave_fast_path()
+            dropped = self._names.join(key, cast(Key, self._names.visible(target)))
+            if dropped is not None:
+                self._drop(dropped)
 
     def _drop(self, name: Key) -> None:
         self._buffer.discard(name)  # the entry, lock held
@@ -468,18 +479,12 @@ class TieredStore(MutableMapping[Key, object]):
         self._lazy.close()
 
     def __repr__(self) -> str:
-        return (
-            f"<TieredStore: {len(self._device)} on device "
-            f"({format_bytes(self._ledger.total)}/{_fmt(self.device_memory_limit)}), "
-            f"{len(self._host)} on host/disk>"
-        )
+        limit = "None" if self.device_memory_limit is None else format_bytes(self.device_memory_limit)
+        return (f"<TieredStore: {len(self._device)} on device ({format_bytes(self._ledger.total)}"
+                f"/{limit}), {len(self._host)} on host/disk>")
 
 
 _MISSING: Any = object()
-
-
-def _fmt(nbytes: int | None) -> str:
-    return "None" if nbytes is None else format_bytes(nbytes)
 
 
 def worker_metrics(worker: Worker) -> dict[str, float]:

@@ -30,6 +30,7 @@ from cudask.comm.ipc import SERIALIZERS
 from cudask.comm.worker import Worker as IPCWorker
 from cudask.devices import Device, cuda_visible_devices
 from cudask.errors import DeviceMemoryLimitWarning, MissingDependencyError, OptionError
+from cudask.memory.aliases import Worker as AliasWorker
 from cudask.memory.settings import store_settings
 from cudask.options import UCX_PROTOCOLS, WorkerOptions, require_library
 from cudask.sizes import parse_size
@@ -353,9 +354,10 @@ def nanny_options(
     if o.interface is not None:
         options["interface"] = o.interface
     cls = worker_class(o.worker_class) if o.worker_class is not None else None
-    if cls is None and "serializers" in options:
-        cls = IPCWorker  # answers get_data by CUDA IPC first (cudask.comm.worker)
-    if cls is not None and issubclass(cls, Worker):  # a Nanny subclass: see nanny_class
+    if cls is None:  # IPCWorker answers get_data by CUDA IPC first (cudask.comm.worker); both
+        # link alias tasks of spilled keys in the store (cudask.memory.aliases)
+        cls = IPCWorker if "serializers" in options else AliasWorker
+    if issubclass(cls, Worker):  # a Nanny subclass (see nanny_class) keeps its own worker
         options["worker_class"] = cls
     options.update(extra or {})
     return options

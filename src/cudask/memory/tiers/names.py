@@ -3,7 +3,8 @@
 Covers: `EntryNames`, the map from the keys a worker stores to the entries of
 the tiers. A key written with a device object that another key already holds
 on the device (dask-expr's `Alias` tasks store the object they read under a
-second key) becomes a link to that key's entry instead of a second entry: the
+second key), or with a `Linked` value naming another key, becomes a link to that
+key's entry instead of a second entry: the
 object is counted, spilled and read back once for all of its keys, and the
 entry is dropped with its last key. An entry whose own key was deleted or
 written with another value while links remain stays under its name, hidden;
@@ -12,8 +13,9 @@ a new value for that key then gets an entry of its own under a fresh
 
 Does not cover: the tiers themselves (`device`, `host`, `cudask.memory.tiers.
 buffer`), host values (a host object stored twice is stored twice, as in
-distributed's SpillBuffer), or the store without a device limit (its dict
-path keeps every key's value itself, at no cost).
+distributed's SpillBuffer; only a `Linked` value shares one), or the store without
+a device limit (its dict path keeps every key's value itself, at no cost; a `Linked`
+value takes the store off it).
 
 Threading: not thread-safe; the store calls every method under its lock,
 except `entry`, a dict read that may run without it.
@@ -26,6 +28,20 @@ from collections.abc import Iterable, Mapping
 from typing import cast
 
 from dask.typing import Key
+
+
+class Linked:
+    """A value that names another key's entry: stored under a key, it makes that key
+    a second name of `target`'s entry without moving any data (what cudask's worker
+    stores for an Alias task over a spilled key: cudask.memory.aliases)."""
+
+    __slots__ = ("target",)
+
+    def __init__(self, target: Key) -> None:
+        self.target = target
+
+    def __repr__(self) -> str:
+        return f"Linked({self.target!r})"
 
 
 class Renamed:
@@ -96,6 +112,14 @@ class EntryNames:
         if key != name:
             self.links[key] = name
 
+    def join(self, key: Key, name: Key) -> Key | None:
+        """Make `key` name entry `name` (which holds data now), letting go of the
+        entry it named before; return that entry's name when it must be dropped."""
+        dropped = self.release(key)
+        if name != key or key in self.users:
+            self.link(key, name, orphan=dropped == name)
+        return dropped if dropped != name else None
+
     def release(self, key: Key) -> Key | None:
         """`key` lets go of its entry: return the entry's name when it is now
         unused and must be dropped (None: kept for other keys, or no entry)."""
@@ -144,4 +168,4 @@ def _own_key(name: Key) -> Key:
     return name.key if isinstance(name, Renamed) else name
 
 
-__all__ = ["EntryNames", "Renamed"]
+__all__ = ["EntryNames", "Linked", "Renamed"]

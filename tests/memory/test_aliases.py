@@ -1,0 +1,110 @@
+"""cudask's worker links an Alias task of a spilled device key in its TieredStore
+instead of reading the key back: nothing moves until a task uses the data, the
+alias names the source's entry, reads right, and reports the source's size. distributed's Worker, on the same store, reads the key
+back for the alias. CPU: a real scheduler and worker, fake device objects."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from dask._task_spec import Alias
+from distributed import Client, Scheduler, Worker, wait
+
+from cudask.memory.aliases import Worker as AliasWorker
+from cudask.memory.settings import store_settings
+from cudask.memory.store import TieredStore
+from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
+
+
+def make_chunk(i: int) -> FakeDeviceArray:
+    a = FakeDeviceArray.empty(1000, "u1")
+    a.fill(i)
+    return a
+
+
+def check(a: FakeDeviceArray, i: int) -> bool:
+    return type(a) is FakeDeviceArray and bool((a.get() == i).all())
+
+
+def _read_back(store: TieredStore) -> float:
+    return store.cumulative_metrics["host-to-device", "bytes"]
+
+
+@contextlib.asynccontextmanager
+async def _cluster(worker_class: type[Worker],
+                   device_limit: int) -> AsyncIterator[tuple[Client, TieredStore, Scheduler]]:
+    """A scheduler, one one-thread worker of `worker_class` on a TieredStore of fake
+    device objects at `device_limit` bytes, and a client; both check their state
+    machines' invariants after every transition (`validate`)."""
+    kwargs = {"device_memory_limit": device_limit, "memory_limit": 10**6,
+              "backend": FakeCopyBackend(),
+              "settings": store_settings(device_limit, 10**6, pinned_preallocate=False,
+                                         pinned_pool_size=1 << 16)}
+    async with Scheduler(dashboard_address=":0", port=0, validate=True) as scheduler, \
+            worker_class(scheduler.address, nthreads=1, data=(TieredStore, kwargs),
+                         dashboard_address=":0", validate=True) as worker, \
+            Client(scheduler.address, asynchronous=True) as client:
+        assert isinstance(worker.data, TieredStore)
+        yield client, worker.data, scheduler
+
+
+async def _alias_of_spilled(worker_class: type[Worker]) -> dict[str, Any]:
+    """Persist a chunk, push it off the device, run an Alias task of it, then use the
+    alias; what moved and what was read."""
+    out: dict[str, Any] = {}
+    async with _cluster(worker_class, 3000) as (client, store, scheduler):
+        source = client.submit(make_chunk, 7, key="source")
+        await wait(source)
+        others = client.map(make_chunk, range(1, 5), key=[f"other-{i}" for i in range(4)])
+        await wait(others)  # 4 kB more at a 3 kB limit: the source (least recent) moved
+        assert store.where("source") == "host"
+        before = _read_back(store)
+        alias = client.get({"alias": Alias("alias", "source")}, "alias", sync=False)
+        await wait(alias)
+        out["alias_read_back"] = _read_back(store) - before
+        out["alias_where"] = store.where("alias")
+        out["nbytes"] = scheduler.tasks["alias"].nbytes, scheduler.tasks["source"].nbytes
+        out["one_entry"] = store.peek_host_copy("alias") is store.peek_host_copy("source")
+        out["used"] = await client.submit(check, alias, 7)
+        out["used_read_back"] = _read_back(store) - before
+        out["gathered"] = bool(((await alias).get() == 7).all())
+        del alias, others, source
+        while len(store):
+            await asyncio.sleep(0.01)
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_an_alias_of_a_spilled_key_is_linked_not_read() -> None:
+    linked = asyncio.run(_alias_of_spilled(AliasWorker))
+    assert linked["alias_read_back"] == 0 and linked["alias_where"] == "host"
+    assert linked["nbytes"][0] == linked["nbytes"][1] > 0  # the source's size
+    assert linked["one_entry"] is True  # the alias names the source's entry
+    assert linked["used"] is True and linked["gathered"] is True
+    assert linked["used_read_back"] == 1000  # read back once, by the task that used it
+
+
+@pytest.mark.timeout(90)
+def test_distributed_worker_reads_the_key_back_for_the_alias() -> None:
+    plain = asyncio.run(_alias_of_spilled(Worker))
+    assert plain["alias_read_back"] == 1000 and plain["alias_where"] == "device"
+    assert plain["used"] is True and plain["gathered"] is True
+
+
+@pytest.mark.timeout(60)
+def test_an_alias_of_a_key_on_the_device_runs_as_usual() -> None:
+    async def main() -> None:
+        async with _cluster(AliasWorker, 10**5) as (client, store, _):
+            source = client.submit(make_chunk, 3, key="source")
+            await wait(source)
+            alias = client.get({"alias": Alias("alias", "source")}, "alias", sync=False)
+            await wait(alias)
+            assert store.where("alias") == "device" and store["alias"] is store["source"]
+            assert store.device_bytes == 1000  # one entry for both keys
+            assert await client.submit(check, alias, 3)
+
+    asyncio.run(main())
