@@ -164,7 +164,7 @@ def bound(fig: dict[str, Any], limit: int, floor: Mapping[str, Any] | None = Non
     it (unknown without NVML). The bound is the limit plus the phase's largest task: its
     inputs and output as sized in this run, or, where larger, its inputs, temporaries and
     output as NVML saw them in `floor`'s figures (the same work with no limit, where
-    nothing spills; `working_set.growth`)."""
+    nothing spills: `_floor_tasks`, its cold and warm runs together; `working_set.growth`)."""
     own, peaks = fig.get("phase_working_set_bytes") or {}, fig["phase_peak_bytes"]
     seen = (floor or {}).get("phase_working_set_nvml_bytes") or {}
     tasks = {p: _largest([own.get(p), seen.get(p)]) for p in PHASES}
@@ -173,6 +173,16 @@ def bound(fig: dict[str, Any], limit: int, floor: Mapping[str, Any] | None = Non
     known = [(peaks[p], b) for p, b in fig["phase_bound_bytes"].items()
              if b is not None and peaks.get(p) is not None]
     fig["within"] = all(peak <= SLACK * b for peak, b in known) if known else None
+
+
+def _floor_tasks(floor: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The floor's largest tasks as NVML saw them, its cold and warm runs together (the
+    same tasks: a clean sample before a task is rare, so each run sees few of them)."""
+    figs = [f for f in ((floor or {}).get("cold"), (floor or {}).get("warm")) if f]
+    if not figs:
+        return None
+    return {"phase_working_set_nvml_bytes": {p: _largest(
+        [(f.get("phase_working_set_nvml_bytes") or {}).get(p) for f in figs]) for p in PHASES}}
 
 
 def setting_entry(name: str, children: list[dict[str, Any]],
@@ -218,11 +228,12 @@ def document(plan: EtlPlan, data: Mapping[str, Any], results: Mapping[str, Mappi
         out[fmt] = {name: setting_entry(name, children, reference)
                     for name, children in by_name.items() if children}
         floor = out[fmt].get("floor")
+        seen = _floor_tasks(floor)
         for entry in out[fmt].values():
             for mode in ("cold", "warm"):
                 base = (floor or {}).get(mode)
                 if setting_named(entry["setting"]).limited and entry.get(mode):
-                    bound(entry[mode], plan.device_memory_limit, base)
+                    bound(entry[mode], plan.device_memory_limit, seen)
                 mine = entry.get(mode)
                 if mine and base and base["total_s"]:
                     mine["x_floor"] = mine["total_s"] / base["total_s"]

@@ -154,9 +154,11 @@ def test_a_run_over_both_formats_rotates_checks_and_removes_its_data(
     # no NVML here: what a task was seen to add is what the worker sized
     assert all(p["working_set_nvml_bytes"] == p["working_set_bytes"]
                for r in runs for p in r["phases"].values())
-    cold, floor = (doc["results"]["parquet"][name]["cold"] for name in ("cudask", "floor"))
+    cold = doc["results"]["parquet"]["cudask"]["cold"]
+    floor = doc["results"]["parquet"]["floor"]
+    seen = max(floor[mode]["phase_working_set_nvml_bytes"]["merge"] for mode in ("cold", "warm"))
     assert cold["phase_bound_bytes"]["merge"] == plan.device_memory_limit + max(
-        cold["phase_working_set_bytes"]["merge"], floor["phase_working_set_nvml_bytes"]["merge"])
+        cold["phase_working_set_bytes"]["merge"], seen)  # the floor's runs, cold and warm
     assert cold["within"] is None  # no NVML peaks on this machine
     assert "phase_bound_bytes" not in doc["results"]["parquet"]["floor"]["cold"]  # no limit
     text = "\n".join(etl.summary(doc))
@@ -183,6 +185,13 @@ def test_the_bound_adds_the_largest_task_of_each_phase_to_the_limit() -> None:
     etl.bound(fig, 90, floor)
     assert fig["phase_task_bytes"]["merge"] == 20 and fig["phase_task_bytes"]["load"] == 10
     assert fig["phase_bound_bytes"]["merge"] == 110 and fig["within"] is True
+    # the floor's cold and warm runs count together: each sees few tasks
+    runs = {"cold": {"phase_working_set_nvml_bytes": {**dict.fromkeys(etl_run.PHASES, 4), "merge": 20}},
+            "warm": {"phase_working_set_nvml_bytes": {**dict.fromkeys(etl_run.PHASES, None), "merge": 30}}}
+    seen = etl._floor_tasks(runs)
+    assert seen is not None and seen["phase_working_set_nvml_bytes"] == {
+        **dict.fromkeys(etl_run.PHASES, 4), "merge": 30}
+    assert etl._floor_tasks(None) is None and etl._floor_tasks({"cold": None}) is None
 
 
 def test_growth_is_the_rise_of_used_memory_while_a_task_computed() -> None:
