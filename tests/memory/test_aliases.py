@@ -13,10 +13,13 @@ from typing import Any
 import pytest
 from dask._task_spec import Alias
 from distributed import Client, Scheduler, Worker, wait
+from distributed.core import Status
+from distributed.worker_state_machine import ExecuteSuccessEvent
 
 from cudask.memory.aliases import Worker as AliasWorker
 from cudask.memory.settings import store_settings
 from cudask.memory.store import TieredStore
+from cudask.memory.tiers.names import Linked
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
 
 
@@ -35,8 +38,8 @@ def _read_back(store: TieredStore) -> float:
 
 
 @contextlib.asynccontextmanager
-async def _cluster(worker_class: type[Worker],
-                   device_limit: int) -> AsyncIterator[tuple[Client, TieredStore, Scheduler]]:
+async def _cluster(worker_class: type[Worker], device_limit: int
+                   ) -> AsyncIterator[tuple[Client, TieredStore, Scheduler, Worker]]:
     """A scheduler, one one-thread worker of `worker_class` on a TieredStore of fake
     device objects at `device_limit` bytes, and a client; both check their state
     machines' invariants after every transition (`validate`)."""
@@ -49,14 +52,14 @@ async def _cluster(worker_class: type[Worker],
                          dashboard_address=":0", validate=True) as worker, \
             Client(scheduler.address, asynchronous=True) as client:
         assert isinstance(worker.data, TieredStore)
-        yield client, worker.data, scheduler
+        yield client, worker.data, scheduler, worker
 
 
 async def _alias_of_spilled(worker_class: type[Worker]) -> dict[str, Any]:
     """Persist a chunk, push it off the device, run an Alias task of it, then use the
     alias; what moved and what was read."""
     out: dict[str, Any] = {}
-    async with _cluster(worker_class, 3000) as (client, store, scheduler):
+    async with _cluster(worker_class, 3000) as (client, store, scheduler, _):
         source = client.submit(make_chunk, 7, key="source")
         await wait(source)
         others = client.map(make_chunk, range(1, 5), key=[f"other-{i}" for i in range(4)])
@@ -98,7 +101,7 @@ def test_distributed_worker_reads_the_key_back_for_the_alias() -> None:
 @pytest.mark.timeout(60)
 def test_an_alias_of_a_key_on_the_device_runs_as_usual() -> None:
     async def main() -> None:
-        async with _cluster(AliasWorker, 10**5) as (client, store, _):
+        async with _cluster(AliasWorker, 10**5) as (client, store, _, _):
             source = client.submit(make_chunk, 3, key="source")
             await wait(source)
             alias = client.get({"alias": Alias("alias", "source")}, "alias", sync=False)
@@ -106,5 +109,61 @@ def test_an_alias_of_a_key_on_the_device_runs_as_usual() -> None:
             assert store.where("alias") == "device" and store["alias"] is store["source"]
             assert store.device_bytes == 1000  # one entry for both keys
             assert await client.submit(check, alias, 3)
+
+    asyncio.run(main())
+
+
+class _HeldLinkWorker(AliasWorker):
+    """Holds back the result of the linked alias `alias` until `go` is set: the keys
+    can be freed between the link's check and distributed storing the result."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.checked, self.go = asyncio.Event(), asyncio.Event()
+
+    async def execute(self, key: Any, *, stimulus_id: str) -> Any:
+        event = await super().execute(key, stimulus_id=stimulus_id)
+        if key == "alias":
+            self.linked = event.value if isinstance(event, ExecuteSuccessEvent) else None
+            self.checked.set()
+            await self.go.wait()
+        return event
+
+
+async def _until(condition: Any, what: str, within: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("free_source", [False, True])
+def test_keys_freed_while_a_link_is_on_its_way(free_source: bool) -> None:
+    """The alias cancelled (and its source released) after the worker chose to link it
+    but before distributed stored the result: the worker's state stays valid
+    (`validate`), nothing is stored for the alias, and the other keys read right."""
+    async def main() -> None:
+        async with _cluster(_HeldLinkWorker, 3000) as (client, store, scheduler, worker):
+            assert isinstance(worker, _HeldLinkWorker)
+            source = client.submit(make_chunk, 7, key="source")
+            await wait(source)
+            others = client.map(make_chunk, range(1, 5), key=[f"other-{i}" for i in range(4)])
+            await wait(others)
+            assert store.where("source") == "host"
+            alias = client.get({"alias": Alias("alias", "source")}, "alias", sync=False)
+            await asyncio.wait_for(worker.checked.wait(), 60)
+            assert isinstance(worker.linked, Linked) and worker.linked.target == "source"
+            await client.cancel([alias, source] if free_source else [alias])
+            await _until(lambda: "alias" not in scheduler.tasks, "the scheduler forgets the alias")
+            worker.go.set()
+            await _until(lambda: "alias" not in worker.state.tasks, "the worker forgets the alias")
+            await _until(lambda: ("source" in store) != free_source, "the source freed or kept")
+            assert "alias" not in store
+            assert all(await client.gather([client.submit(check, f, i + 1)
+                                            for i, f in enumerate(others)]))
+            if not free_source:
+                assert await client.submit(check, source, 7)
+            assert worker.status == Status.running
 
     asyncio.run(main())

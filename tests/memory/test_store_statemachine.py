@@ -22,6 +22,7 @@ from cudask.memory import handlers
 from cudask.memory.accounting import union_bytes
 from cudask.memory.settings import store_settings
 from cudask.memory.store import TieredStore
+from cudask.memory.tiers.names import Linked
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray, as_numpy
 
 KEYS = st.sampled_from([0, 1, 2, 3, 4, 5, ("x", 0), "y"])
@@ -126,6 +127,21 @@ class StoreMachine(RuleBasedStateMachine):
         if isinstance(value, FakeDeviceArray) and view and len(value.shape) == 1 and value.shape[0] > 1:
             value = value[1:]
         self._put(key, value)
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data(), key=KEYS, spilled=st.booleans())
+    def put_link(self, data: st.DataObject, key: Any, spilled: bool) -> None:
+        """What cudask.memory.aliases' worker stores for an alias of a spilled key:
+        `key` becomes a second name of the source's entry, nothing moves."""
+        keys = sorted(self.model, key=repr)
+        moved = [k for k in keys if self.store.is_spilled_device_object(k)]
+        source = data.draw(st.sampled_from(moved if spilled and moved else keys))
+        read_before = self.store.cumulative_metrics["host-to-device", "bytes"]
+        self.store[key] = Linked(source)
+        self.model[key] = self.model[source]
+        if key == self.last_read:
+            self.last_read = None
+        assert self.store.cumulative_metrics["host-to-device", "bytes"] == read_before  # no read
 
     @precondition(lambda self: self.model)
     @rule(data=st.data())
