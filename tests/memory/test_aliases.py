@@ -156,6 +156,10 @@ def test_keys_freed_while_a_link_is_on_its_way(free_source: bool) -> None:
             assert isinstance(worker.linked, Linked) and worker.linked.target == "source"
             await client.cancel([alias, source] if free_source else [alias])
             await _until(lambda: "alias" not in scheduler.tasks, "the scheduler forgets the alias")
+            await _until(lambda: worker.state.tasks["alias"].state == "cancelled",
+                         "the worker cancels the alias")
+            if free_source:
+                await _until(lambda: "source" not in store, "the worker frees the source")
             worker.go.set()
             await _until(lambda: "alias" not in worker.state.tasks, "the worker forgets the alias")
             await _until(lambda: ("source" in store) != free_source, "the source freed or kept")
