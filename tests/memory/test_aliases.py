@@ -171,3 +171,45 @@ def test_keys_freed_while_a_link_is_on_its_way(free_source: bool) -> None:
             assert worker.status == Status.running
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(120)
+def test_a_resumed_alias_whose_source_left_still_gets_its_value() -> None:
+    """The alias cancelled once linked, its source freed on this worker and computed on
+    another, then the alias asked for again here: distributed resumes the task that was
+    running, so the link meets a source the store no longer has. The store refuses the
+    write, the worker reports the stale run as erred, the scheduler runs the alias again
+    (the source fetched from the other worker) and the client gets the value."""
+    async def main() -> None:
+        async with _cluster(_HeldLinkWorker, 3000) as (client, store, scheduler, a), \
+                Worker(scheduler.address, nthreads=1, dashboard_address=":0", validate=True) as b:
+            assert isinstance(a, _HeldLinkWorker)
+            source = client.submit(make_chunk, 7, key="source", workers=[a.address])
+            await wait(source)
+            others = client.map(make_chunk, range(1, 5), key=[f"other-{i}" for i in range(4)],
+                                workers=[a.address])
+            await wait(others)
+            assert store.where("source") == "host"
+            alias = client.get({"alias": Alias("alias", "source")}, "alias", sync=False,
+                               workers=[a.address])
+            await asyncio.wait_for(a.checked.wait(), 60)
+            assert isinstance(a.linked, Linked) and a.linked.target == "source"
+            await client.cancel([alias, source])
+            await _until(lambda: a.state.tasks["alias"].state == "cancelled",
+                         "the worker cancels the alias")
+            await _until(lambda: "source" not in store, "the worker frees the source")
+            source = client.submit(make_chunk, 7, key="source", workers=[b.address])
+            await wait(source)
+            alias = client.get({"alias": Alias("alias", "source")}, "alias", sync=False,
+                               workers=[a.address])
+            await _until(lambda: a.state.tasks["alias"].state == "executing",
+                         "the worker resumes the alias")
+            assert "source" not in store
+            a.go.set()
+            assert await client.submit(check, alias, 7, workers=[a.address])
+            assert check(await alias, 7)
+            assert a.status == Status.running
+            story = [e[1:3] for e in a.state.story("alias") if e[1:2] == ("executing",)]
+            assert ("executing", "error") in story  # the race happened: the link was refused
+
+    asyncio.run(main())

@@ -23,10 +23,12 @@ Threading: `execute` runs on the worker's event loop, as distributed's does. Its
 check that the key is spilled reads the store without its lock (a stale answer only
 links a key that is back on the device, which is as right); the store takes its lock
 to link. The link is written a moment after the check, when distributed's state
-machine stores the task's value: should the key leave the store in between (the task
-cancelled and resumed while the key is freed), the write raises KeyError and the task
-errs where distributed's own run would have read the value first. The skipped task
-records no thread or fine-grained metrics, only its (empty) compute span.
+machine stores the task's value. A task cancelled meanwhile stores nothing. One
+cancelled and asked for again (resumed) after the key left the store meets a
+refused write (KeyError): the worker reports that run as erred under its old run id,
+which the scheduler takes as stale, releasing the task and running it again
+(tests/memory/test_aliases.py). The skipped task records no thread or fine-grained
+metrics, only its (empty) compute span.
 """
 
 from __future__ import annotations
