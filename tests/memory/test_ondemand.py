@@ -184,11 +184,18 @@ def test_task_asking_more_than_the_gpu_fails_naming_itself(tmp_path: Any,
 
 
 # ------------------------------------------------------------------------------ RMM
-def test_rmm_allocations_are_counted_and_large_ones_gated(monkeypatch: pytest.MonkeyPatch) -> None:
-    device = fakes.FakeDevice(64 * MiB)
+def _rmm_only(monkeypatch: pytest.MonkeyPatch, device: fakes.FakeDevice) -> Any:
+    """A fake rmm as the only allocator the hook finds imported (a real CuPy installed
+    on a machine without a GPU, imported by an earlier test, is hidden)."""
     rmm = fakes.rmm_module(device)
-    upstream = rmm.mr.get_current_device_resource()
     monkeypatch.setitem(sys.modules, "rmm", rmm)
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    return rmm
+
+
+def test_rmm_allocations_are_counted_and_large_ones_gated(monkeypatch: pytest.MonkeyPatch) -> None:
+    rmm = _rmm_only(monkeypatch, fakes.FakeDevice(64 * MiB))
+    upstream = rmm.mr.get_current_device_resource()
     spilled: list[int] = []
 
     def spill(n: int) -> int:
@@ -213,8 +220,7 @@ def test_rmm_allocations_are_counted_and_large_ones_gated(monkeypatch: pytest.Mo
 
 def test_rmm_without_a_limit_only_spills_on_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     device = fakes.FakeDevice(4 * MiB)
-    rmm = fakes.rmm_module(device)
-    monkeypatch.setitem(sys.modules, "rmm", rmm)
+    rmm = _rmm_only(monkeypatch, device)
     freed = iter([MiB, 0])
 
     def spill(n: int) -> int:
@@ -235,9 +241,7 @@ def test_rmm_without_a_limit_only_spills_on_failure(monkeypatch: pytest.MonkeyPa
 
 def test_rmm_refusal_of_a_gated_allocation_reaches_the_failure_callback(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    device = fakes.FakeDevice(4 * MiB)
-    rmm = fakes.rmm_module(device)
-    monkeypatch.setitem(sys.modules, "rmm", rmm)
+    rmm = _rmm_only(monkeypatch, fakes.FakeDevice(4 * MiB))
     asked: list[int] = []
 
     def spill(n: int) -> int:
