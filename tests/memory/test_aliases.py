@@ -14,6 +14,7 @@ import pytest
 from dask._task_spec import Alias
 from distributed import Client, Scheduler, Worker, wait
 from distributed.core import Status
+from distributed.utils_test import async_poll_for
 from distributed.worker_state_machine import ExecuteSuccessEvent
 
 from cudask.memory.aliases import Worker as AliasWorker
@@ -130,13 +131,6 @@ class _HeldLinkWorker(AliasWorker):
         return event
 
 
-async def _until(condition: Any, what: str, within: float = 60.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, what
-        await asyncio.sleep(0.01)
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("free_source", [False, True])
 def test_keys_freed_while_a_link_is_on_its_way(free_source: bool) -> None:
@@ -155,14 +149,13 @@ def test_keys_freed_while_a_link_is_on_its_way(free_source: bool) -> None:
             await asyncio.wait_for(worker.checked.wait(), 60)
             assert isinstance(worker.linked, Linked) and worker.linked.target == "source"
             await client.cancel([alias, source] if free_source else [alias])
-            await _until(lambda: "alias" not in scheduler.tasks, "the scheduler forgets the alias")
-            await _until(lambda: worker.state.tasks["alias"].state == "cancelled",
-                         "the worker cancels the alias")
+            await async_poll_for(lambda: "alias" not in scheduler.tasks, timeout=60)
+            await async_poll_for(lambda: worker.state.tasks["alias"].state == "cancelled", timeout=60)
             if free_source:
-                await _until(lambda: "source" not in store, "the worker frees the source")
+                await async_poll_for(lambda: "source" not in store, timeout=60)
             worker.go.set()
-            await _until(lambda: "alias" not in worker.state.tasks, "the worker forgets the alias")
-            await _until(lambda: ("source" in store) != free_source, "the source freed or kept")
+            await async_poll_for(lambda: "alias" not in worker.state.tasks, timeout=60)
+            await async_poll_for(lambda: ("source" in store) != free_source, timeout=60)
             assert "alias" not in store
             assert all(await client.gather([client.submit(check, f, i + 1)
                                             for i, f in enumerate(others)]))
@@ -195,15 +188,13 @@ def test_a_resumed_alias_whose_source_left_still_gets_its_value() -> None:
             await asyncio.wait_for(a.checked.wait(), 60)
             assert isinstance(a.linked, Linked) and a.linked.target == "source"
             await client.cancel([alias, source])
-            await _until(lambda: a.state.tasks["alias"].state == "cancelled",
-                         "the worker cancels the alias")
-            await _until(lambda: "source" not in store, "the worker frees the source")
+            await async_poll_for(lambda: a.state.tasks["alias"].state == "cancelled", timeout=60)
+            await async_poll_for(lambda: "source" not in store, timeout=60)
             source = client.submit(make_chunk, 7, key="source", workers=[b.address])
             await wait(source)
             alias = client.get({"alias": Alias("alias", "source")}, "alias", sync=False,
                                workers=[a.address])
-            await _until(lambda: a.state.tasks["alias"].state == "executing",
-                         "the worker resumes the alias")
+            await async_poll_for(lambda: a.state.tasks["alias"].state == "executing", timeout=60)
             assert "source" not in store
             a.go.set()
             assert await client.submit(check, alias, 7, workers=[a.address])
