@@ -4,10 +4,7 @@ behind the fake backend, each worker presented as a child process (a process
 does not map its own memory); each worker offers the slab to the other through
 the handler, the slab is mapped once, before any transfer, and the first
 transfer finds it mapped. A worker that did not advertise the exchange is never
-asked. Without a pool, a chunk the leasing pool takes once the workers have
-joined is offered as soon as device data moves, and the first transfer finds it
-mapped. The GPU proofs are tests/comm/test_ipc_gpu.py::test_pool_slabs_stay_mapped
-and ::test_leased_chunks_are_mapped_ahead."""
+asked. The GPU proof is tests/comm/test_ipc_gpu.py::test_pool_slabs_stay_mapped."""
 
 from __future__ import annotations
 
@@ -15,7 +12,6 @@ import asyncio
 import logging
 import subprocess
 import sys
-import time
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -24,8 +20,7 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster, WorkerPlugin
 
-from cudask.comm import ahead, ipc, leases, lifetimes
-from cudask.memory.host import traffic
+from cudask.comm import ahead, ipc, lifetimes
 from cudask.testing import wait_for, workers_info
 from cudask.testing.fake_cuda import FakeDeviceArray, FakeIPCBackend, FakeUpstream
 
@@ -211,47 +206,3 @@ def test_the_handler_answers_only_a_process_it_may_map(
 
     assert asyncio.run(answers()) == [{"handles": [b"mine"]}, None, None]
     assert mapped == [{"handles": [b"theirs"]}]  # only the accepted peer's offer
-
-
-_CHUNK_BACKEND: list[FakeIPCBackend] = []  # the backend holding the leasing pool's chunk
-
-
-def _chunk_piece() -> FakeDeviceArray:
-    """A piece of the chunk (the workers run in this process)."""
-    return FakeDeviceArray(_CHUNK_BACKEND[0].allocations[b"chunk0"][1024:9216])
-
-
-def test_new_chunks_of_the_leasing_pool_are_offered_while_device_data_moves(
-        monkeypatch: pytest.MonkeyPatch, as_child: dict[str, Any]) -> None:
-    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(ndarray=FakeDeviceArray))
-    monkeypatch.setattr(ipc, "_state", ipc._State())
-    monkeypatch.setattr(lifetimes, "_pools", [])
-    backend = FakeIPCBackend()
-    ipc.enable(backend, min_size=1024)
-
-    def allocate(nbytes: int) -> Any:
-        buffer = np.arange(nbytes, dtype="u1")
-        backend.allocations[f"chunk{len(backend.allocations)}".encode()] = buffer
-        return types.SimpleNamespace(ptr=buffer.ctypes.data, buffer=buffer)
-
-    chunks = leases.Chunks(20.0, allocate, lambda memory, nbytes, owner: types.SimpleNamespace(
-        ptr=int(memory.ptr), owner=owner), lambda exc: False)
-    monkeypatch.setattr(leases, "_installed", chunks)
-    with LocalCluster(n_workers=2, processes=False, protocol="tcp", dashboard_address=":0",
-                      threads_per_worker=1, serializers=REPLY,
-                      deserializers=REPLY) as cluster, Client(cluster) as client:
-        client.register_plugin(_StartMapAhead())
-        a, b = list(workers_info(client))
-        block = chunks.malloc(1 << 16)  # a chunk the pool took after the workers joined
-        with traffic.moving():  # and device data moved: the exchange offers it
-            pass
-        assert wait_for(lambda: ipc.stats()["mappings-opened-ahead"] == 1, timeout=120), ipc.stats()
-        assert backend.opened == [b"chunk0"] and chunks._until[block.ptr] > time.monotonic()
-        _CHUNK_BACKEND[:] = [backend]
-        buffer = backend.allocations[b"chunk0"]
-        piece = client.submit(_chunk_piece, workers=[a])
-        assert client.submit(_sum, piece, workers=[b]).result(timeout=120) == float(
-            buffer[1024:9216].astype("f8").sum())
-        stats = ipc.stats()
-    assert backend.opened == [b"chunk0"] and stats["mappings-opened"] == 0, stats
-    assert stats["mappings-reused"] == 1 and leases.stats()["chunks-offered"] >= 1, stats

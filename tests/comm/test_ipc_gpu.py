@@ -305,34 +305,6 @@ def test_leased_chunks_stay_mapped(placement: list[str]) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("placement", [["0", "0"], pytest.param(["0", "1"], marks=pytest.mark.multigpu)],
-                         ids=["one-gpu", "two-gpus"])
-def test_leased_chunks_are_mapped_ahead(placement: list[str]) -> None:
-    """Without an RMM pool, once device data has moved between two workers, each
-    offers the other its leasing pool's chunks as they come: a value made later in
-    a new chunk is already mapped when it is sent, every value identical."""
-    pytest.importorskip("cupy")
-    env = {"DASK_CUDASK__COMM__DEVICE_IPC_LEASE": "30s"}  # offers renewed every 3.75 s
-    with worker_processes(placement, env=env, args=["--device-memory-limit", "16GB"]) as client:
-        a, b = sorted(workers_info(client))
-        first = client.submit(make_value, 500, 256 * MiB, "f8", workers=[a], pure=False)
-        there = client.submit(digest, first, workers=[a], pure=False).result(timeout=120)
-        assert client.submit(digest, first, workers=[b], pure=False).result(timeout=120) == there
-        later = client.submit(make_value, 501, 768 * MiB, "f8", workers=[a], pure=False)
-        there = client.submit(digest, later, workers=[a], pure=False).result(timeout=120)
-        live = client.run(_lease_stats, workers=[a])[a]["chunks-live"]
-        before = client.run(_ipc_stats, workers=[b])[b]
-        assert before["mappings-opened"] == 1, before  # the first value's chunk, by its message
-        # every chunk of a's pool (the later value's among them) mapped on b, ahead
-        assert wait_for(lambda: client.run(_mapped, workers=[b])[b] >= live, timeout=120)
-        assert client.submit(digest, later, workers=[b], pure=False).result(timeout=120) == there
-        after = client.run(_ipc_stats, workers=[b])[b]
-        assert after["mappings-opened"] == 1 and after["mappings-opened-ahead"] >= 1, after
-        assert after["mappings-reused"] >= before["mappings-reused"] + 1, after
-        assert client.run(_lease_stats, workers=[a])[a]["chunks-offered"] >= live
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("sent", [False, True], ids=["kept-to-itself", "sent"])
 def test_a_sent_pool_outlives_its_worker(sent: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """The RMM plugin's teardown frees the pool's slabs, unless one of them went to

@@ -1,32 +1,27 @@
-"""The workers of one host map each other's RMM pool slabs when they start, and
-each other's leased chunks of CuPy's pool while they exchange data, not on the
-transfer that first needs them.
+"""The workers of one host map each other's RMM pool slabs when they start, not
+on their first transfer.
 
 Covers: `MapAhead`, a worker's side of the exchange. Once the worker has joined
 its scheduler, it advertises itself in the scheduler's metadata (under `KEY`:
 its address and `cudask.comm.ipc.identity`), reads the others' advertisements
 and the workers still there (`ncores`), and sends each advertised worker whose
 process it may map (`ipc.accepts`: same host, same pid namespace, another
-process) its offer (`ipc.offer`: the handles of its pool's slabs and of its
-leasing pool's chunks) through the `cudask_ipc_map_ahead` handler. The peer maps
-them in a thread of its own and answers with its offer, which this worker maps
-in turn. Of two workers, the one that reads the metadata last sees the other, so
-every pair of a host is covered. Workers that did not advertise (no DeviceIPC
-plugin, a second worker in one process, `cudask.comm.map-ahead: false`) are
-never asked, nor are advertisements whose process has ended (an address a later
-worker may reuse). Opening a mapping of a peer's allocation takes milliseconds
-(docs/design/comm.md): paid ahead, that cost leaves the transfers. Without an
-RMM pool the exchange goes on while the worker moves device data: its leasing
-pool's chunks (cudask.comm.leases) are offered again when new ones came and,
-to renew their leases, every eighth of the lease; each offer leases them for a
-lease from then, and peers keep their mappings for a quarter of it from its
-arrival. After a lease without device traffic the offers stop, and the leases
-and mappings run out. Everything here is an optimisation: a peer that does not
-answer, answers nothing or cannot be mapped is left to the first transfer,
-which maps it as before; the failure is logged at debug level.
+process) its offer (`ipc.offer`: the handles of its pool's slabs) through the
+`cudask_ipc_map_ahead` handler. The peer maps them in a thread of its own and
+answers with its offer, which this worker maps in turn. Of two workers, the one
+that reads the metadata last sees the other, so every pair of a host is
+covered. Workers that did not advertise (no DeviceIPC plugin, a second worker in
+one process, `cudask.comm.map-ahead: false`) are never asked, nor are advertisements
+whose process has ended (an address a later worker may reuse). Opening a mapping
+of a peer's slab takes milliseconds per GB of the slab (docs/design/comm.md):
+paid at start, that cost leaves the first exchange between the workers.
+Everything here is an optimisation: a peer that does not answer, answers
+nothing or cannot be mapped is left to the first transfer, which maps it as
+before; the failure is logged at debug level.
 
 Does not cover: what is mapped and for how long (cudask.comm.lifetimes), the
-offer itself (cudask.comm.ipc), the leases (cudask.comm.leases). An advertisement stays in the scheduler's metadata after
+offer itself (cudask.comm.ipc), CuPy's chunks without a pool (leased per message:
+cudask.comm.leases). An advertisement stays in the scheduler's metadata after
 its worker leaves (distributed has no call to remove one); the list of workers
 still there and the check that its process runs filter it out.
 
@@ -45,8 +40,7 @@ from typing import Any
 
 from distributed.core import Status
 
-from cudask.comm import ipc, leases, lifetimes
-from cudask.memory.host import traffic
+from cudask.comm import ipc
 
 logger = logging.getLogger("cudask.comm")
 
@@ -55,8 +49,6 @@ HANDLER = "cudask_ipc_map_ahead"
 KEY = "cudask-map-ahead"
 # Seconds to wait for the worker to join its scheduler before giving up.
 JOIN_WITHIN = 300.0
-# New chunks of the leasing pool are offered at most this often.
-NEW_CHUNKS_EVERY = 0.25
 _POLL = 0.05
 
 
@@ -99,8 +91,7 @@ class MapAhead:
         task.add_done_callback(self.tasks.discard)
 
     async def _introduce(self) -> None:
-        """Once joined: offer ours to each worker of this host, map what each answers;
-        then, with a leasing pool, keep offering its chunks (`_keep_offering`)."""
+        """Once joined: offer ours to each worker of this host, map what each answers."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + JOIN_WITHIN
         while self.worker.status not in (Status.running, Status.paused):
@@ -109,35 +100,8 @@ class MapAhead:
                 return
             await asyncio.sleep(_POLL)
         peers = await self._peers()
-        if peers:
-            await self._exchange(peers)
-        lease = leases.stats()["lease-seconds"]
-        if lease:
-            await self._keep_offering(lease, peers)
-
-    async def _keep_offering(self, lease: float, peers: list[str]) -> None:
-        """While this worker runs and has moved device data within the last `lease`
-        seconds: offer its leasing pool's chunks to the workers of this host again
-        when new chunks came (at most every NEW_CHUNKS_EVERY seconds) and every
-        eighth of the lease (which renews their leases and the peers' mappings).
-        Idle, the leases run out and the pool frees its chunks as before."""
-        loop = asyncio.get_running_loop()
-        renew_every = lease * lifetimes.KEEP_FRACTION / 2
-        offered, offered_at = leases.allocated(), loop.time()
-        while self.worker.status in (Status.running, Status.paused):
-            await asyncio.sleep(NEW_CHUNKS_EVERY)
-            count, now = leases.allocated(), loop.time()
-            renewal = now - offered_at >= renew_every
-            if not (renewal or count != offered) or traffic.quiet(lease):
-                continue
-            if renewal or not peers:  # peers that joined since
-                peers = await self._peers()
-            offered, offered_at = count, now
-            if peers:
-                await self._exchange(peers)
-
-    async def _exchange(self, peers: list[str]) -> None:
-        """Offer ours to each of `peers`, map what each answers."""
+        if not peers:
+            return
         me, mine = ipc.identity(), await _own_offer()
         for peer in peers:
             try:
@@ -192,4 +156,4 @@ async def _own_offer() -> dict[str, Any] | None:
         return None
 
 
-__all__ = ["HANDLER", "JOIN_WITHIN", "KEY", "NEW_CHUNKS_EVERY", "MapAhead"]
+__all__ = ["HANDLER", "JOIN_WITHIN", "KEY", "MapAhead"]

@@ -13,9 +13,9 @@ pool for a while: cudask.comm.lifetimes, cudask.comm.leases), and
 only then answers, so the sender's memory outlives every mapping of it.
 Anything else falls through to distributed's own serializers. Also the
 per-process switch (`enable`, `disable`), counters (`stats`, `declined`),
-`keep_alive`, and the offer of lasting allocations and leased chunks to map
-ahead (`offer`, `map_ahead`, and `identity`/`accepts`, which say which
-processes may exchange offers; exchanged by cudask.comm.ahead). Each send (`keep_alive`) and
+`keep_alive`, and the offer of lasting allocations to map ahead (`offer`,
+`map_ahead`, and `identity`/`accepts`, which say which processes may exchange
+offers; exchanged by cudask.comm.ahead). Each send (`keep_alive`) and
 receive is marked as device traffic (cudask.memory.host.traffic), during which
 pinning ahead of spills waits.
 Registers the family with distributed, and with the JIT-unspill layer
@@ -400,28 +400,13 @@ def _receive_array(backend: Backend, entry: dict[str, Any], mappings: ExitStack,
 
 def offer() -> dict[str, Any] | None:
     """What this worker offers the workers of its host to map ahead of any message
-    (`map_ahead`): the handles of its lasting allocations (RMM pool slabs) and of
-    its leasing pool's chunks, leased from now (cudask.comm.leases.offered), with
-    the lease; None when it does not send by IPC or has neither."""
+    (`map_ahead`): the handles of its lasting allocations (RMM pool slabs); None
+    when it does not send by IPC or has none."""
     backend = _state.backend
-    if backend is None:
+    bases = lifetimes.offered() if backend is not None else []
+    if backend is None or not bases:
         return None
-    bases = lifetimes.offered()
-    chunks, lease = leases.offered()
-    leased = [handle for handle in map(functools.partial(_handle, backend), chunks) if handle]
-    if not bases and not leased:
-        return None
-    return {**identity(), "handles": [backend.export(base)[0] for base in bases],
-            "leased": leased, "lease": lease}
-
-
-def _handle(backend: Backend, base: int) -> bytes | None:
-    """The handle of the allocation at `base`; None when it cannot be exported (a
-    chunk its pool freed since it was listed)."""
-    try:
-        return bytes(backend.export(base)[0])
-    except RuntimeError:
-        return None
+    return {**identity(), "handles": [backend.export(base)[0] for base in bases]}
 
 
 def identity() -> dict[str, Any]:
@@ -451,23 +436,18 @@ def _accepted(peer: dict[str, Any] | None) -> lifetimes.Process | None:
 
 
 def map_ahead(offered: dict[str, Any] | None) -> int:
-    """Map another worker's offered allocations (`offer`) here: leased ones mapped
-    already are renewed at once; the rest are opened once device traffic has been
-    quiet for a moment (within a bound: opening a mapping takes milliseconds per
-    GB and messages wait for it); how many were newly mapped. Blocks: call it from
-    a thread of its own."""
+    """Map another worker's offered allocations (`offer`) here now, once device
+    traffic has been quiet for a moment (within a bound: opening a mapping takes
+    milliseconds per GB and messages wait for it); how many were mapped. Blocks:
+    call it from a thread of its own."""
     sender = _accepted(offered)
     if offered is None or sender is None:
         return 0
-    mappings, backend = _state.mappings, Explained(_receiving_backend())
-    since, lease = mappings.now(), float(offered.get("lease") or 0.0)
-    leased = [bytes(h) for h in offered.get("leased") or () if lease]
-    new = [h for h in leased if not mappings.renew(h, sender, lease, since)]
+    backend = Explained(_receiving_backend())
     wake = threading.Condition()
     with wake:
         traffic.await_quiet(wake, lambda: False)
-    return (sum(mappings.map_ahead(backend, bytes(h), sender) for h in offered["handles"])
-            + sum(mappings.map_ahead(backend, h, sender, lease, since) for h in new))
+    return sum(_state.mappings.map_ahead(backend, bytes(h), sender) for h in offered["handles"])
 
 
 def _receiving_backend() -> Backend:

@@ -5,8 +5,7 @@ CuPy memory pool takes through `Chunks.malloc`; `install`, which makes such a
 pool (`LeasingPool`) CuPy's allocator in a worker whose CuPy still allocates
 from its default pool (no RMM resource set for it); `current_pool`, the pool
 CuPy allocates from; `sending` and `extend`, which cudask.comm.ipc calls for
-what it sends by handle; `offered`, the chunks offered to this host's workers
-to map ahead of any message (cudask.comm.ahead); `sweep`; `stats`.
+what it sends by handle; `sweep`; `stats`.
 
 A chunk sent by handle is leased for `lease` seconds from the moment its sender
 has the receiver's answer (`extend`). The pool may drop the chunk meanwhile
@@ -17,9 +16,7 @@ refused again after the pool gave its cached chunks back waits for a lease to en
 at most the lease, where the retired chunks could hold it). A receiver keeps its
 mapping of a leased chunk for a quarter of the lease after each use and closes it
 then (cudask.comm.lifetimes.Mappings), so no process frees memory another still
-maps, which CUDA leaves undefined. A chunk offered ahead (`offered`) is leased
-from the offer, and its receivers keep their mapping for a quarter of the lease
-from its arrival: the same rule, counted from before the receiver has it. A dropped chunk still leased counts in the
+maps, which CUDA leaves undefined. A dropped chunk still leased counts in the
 pool's `total_bytes` (so in the device limit). Reasons and costs:
 docs/design/comm.md.
 
@@ -30,8 +27,7 @@ Threading: `malloc` runs in any thread that allocates; the pool drops a chunk in
 any thread, holding its own lock, so what runs then (`_dropped`) calls nothing of
 the pool and changes the record one dictionary operation at a time (each atomic
 under the GIL); `sending` and `extend` run in serialization threads and the
-event loop, `sweep` in the event loop and allocating threads, `offer` in a
-thread of the worker's loop executor.
+event loop, `sweep` in the event loop and allocating threads.
 """
 
 from __future__ import annotations
@@ -78,8 +74,7 @@ class Chunks:
         self._sizes: dict[int, int] = {}
         self._until: dict[int, float] = {}  # base -> end of the lease of a sent live chunk
         self._retired: dict[int, float] = {}  # base -> end of its lease, dropped by the pool
-        self.counts = {"chunks-freed-late": 0, "chunks-offered": 0}
-        self.allocated = 0  # chunks taken from CUDA so far (tells an offer that new ones came)
+        self.counts = {"chunks-freed-late": 0}
         self._refused_at = -math.inf  # when CUDA last refused a chunk
 
     def malloc(self, nbytes: int) -> Any:
@@ -94,7 +89,6 @@ class Chunks:
         base = int(memory.ptr)
         self._sizes[base] = nbytes
         self._memory[base] = memory
-        self.allocated += 1
         owner = _Owner()
         weakref.finalize(owner, self._dropped, base).atexit = False
         return self._wrap(memory, nbytes, owner)
@@ -137,18 +131,6 @@ class Chunks:
         for base in bases:
             if self.sending(base):
                 self._until[base] = max(until, self._until.get(base, 0.0))
-
-    def offer(self) -> list[int]:
-        """The live chunks, each leased for `lease` seconds from now: offered to the
-        workers of this host to map before any message names them. A chunk the pool
-        drops while this runs may be listed (its address then fails to export, or
-        belongs to a new chunk, which the lease set here covers in turn)."""
-        until = self._clock() + self.lease
-        live = [base for base in list(self._memory) if base not in self._retired]
-        for base in live:
-            self._until[base] = max(until, self._until.get(base, 0.0))
-        self.counts["chunks-offered"] += len(live)
-        return live
 
     def sweep(self) -> int:
         """Free the dropped chunks whose lease has ended; how many."""
@@ -245,26 +227,12 @@ def extend(bases: Iterable[int]) -> None:
         _installed.extend(bases)
 
 
-def offered() -> tuple[list[int], float]:
-    """This process's live chunks, leased from now (`Chunks.offer`), and the lease in
-    seconds; nothing when the leasing pool is not installed."""
-    chunks = _installed
-    return (chunks.offer(), chunks.lease) if chunks is not None else ([], 0.0)
-
-
-def allocated() -> int:
-    """How many chunks the leasing pool has taken from CUDA (0: not installed)."""
-    return _installed.allocated if _installed is not None else 0
-
-
 def stats() -> dict[str, float]:
     """This process's leasing pool: its lease in seconds (0: not installed), the chunks it
-    holds, the bytes of dropped chunks still leased, the chunks freed at a lease's end,
-    and the chunks offered ahead (once per chunk and offer)."""
+    holds, the bytes of dropped chunks still leased, and the chunks freed at a lease's end."""
     chunks = _installed
     if chunks is None:
-        return {"lease-seconds": 0.0, "chunks-live": 0, "chunks-retired-bytes": 0, "chunks-freed-late": 0,
-                "chunks-offered": 0}
+        return {"lease-seconds": 0.0, "chunks-live": 0, "chunks-retired-bytes": 0, "chunks-freed-late": 0}
     return {"lease-seconds": chunks.lease, "chunks-live": chunks.live(),
             "chunks-retired-bytes": chunks.retired_bytes(), **chunks.counts}
 
@@ -274,5 +242,4 @@ def sweep() -> int:
     return _installed.sweep() if _installed is not None else 0
 
 
-__all__ = ["Chunks", "allocated", "current_pool", "extend", "install", "offered", "sending", "stats",
-           "sweep"]
+__all__ = ["Chunks", "current_pool", "extend", "install", "sending", "stats", "sweep"]

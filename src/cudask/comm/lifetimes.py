@@ -8,10 +8,8 @@ first use, shared by the arrays received together, closed after the message,
 except lasting ones, which stay open for the next messages until their sender's
 process ends, and leased ones (chunks of CuPy's pool that the sender keeps
 allocated for a lease after the message: cudask.comm.leases), which stay open
-for a quarter of the lease after their last use. Lasting allocations and leased
-chunks may also be mapped before any message names them (`offered`,
-`Mappings.map_ahead`; a leased one kept for a quarter of its lease from the
-offer's arrival, each later offer renewing it: `Mappings.renew`).
+for a quarter of the lease after their last use. Lasting allocations may also
+be mapped before any message names them (`offered`, `Mappings.map_ahead`).
 `sweep`, which the worker runs periodically and on each receive, closes what
 has ended; idle mappings past `limit` are closed, and all when the worker
 closes. Only lasting and leased
@@ -210,10 +208,6 @@ class Mappings:
         with self._lock:
             return len(self._open)
 
-    def now(self) -> float:
-        """The clock the mappings' lifetimes are counted on."""
-        return self._clock()
-
     def kept(self) -> int:
         """Lasting mappings open now."""
         with self._lock:
@@ -267,16 +261,11 @@ class Mappings:
             mapped.users += 1
             return mapped
 
-    def map_ahead(self, mapper: Mapper, handle: bytes, sender: Process, lease: float = 0.0,
-                  since: float | None = None) -> bool:
-        """Map an allocation of `sender` before any message names it: a lasting one,
-        kept while `sender` runs, as a lasting one `use` kept, or, with a `lease`
-        (seconds the sender keeps it from its offer, which arrived at `since`), a
-        leased one, kept for a quarter of the lease from `since`. False when it is
-        mapped already, or when `close_all` ran meanwhile (the new mapping is
-        closed). The opening runs outside the lock: only a `use` of this handle
-        waits for it."""
-        since = self._clock() if since is None else since
+    def map_ahead(self, mapper: Mapper, handle: bytes, sender: Process) -> bool:
+        """Map a lasting allocation of `sender` before any message names it, kept
+        while `sender` runs, as a lasting one `use` kept; False when it is mapped
+        already, or when `close_all` ran meanwhile (the new mapping is closed). The
+        opening runs outside the lock: only a `use` of this handle waits for it."""
         with self._lock:
             if handle in self._open or handle in self._opening:
                 return False
@@ -294,32 +283,12 @@ class Mappings:
             kept = closings == self._closings
             if kept:
                 self._open[handle] = _Mapped(base, 0, sender)
-                if lease:
-                    self._open[handle].expires = since + lease * KEEP_FRACTION
-                    self._open[handle].freed_from = since + lease
                 self.counts["mappings-opened-ahead"] += 1
                 self._trim(mapper)
             else:
                 mapper.close(base)
         done.set()
         return kept
-
-    def renew(self, handle: bytes, sender: Process, lease: float, since: float) -> bool:
-        """A leased allocation mapped here was offered again (its sender leased it
-        for `lease` seconds from the offer, which arrived at `since`): keep it for a
-        quarter of that lease from `since`, unless kept longer already. False when
-        it is not mapped (nor being mapped) here."""
-        with self._lock:
-            mapped = self._open.get(handle)
-            if mapped is None or mapped.expires <= self._clock():
-                return False  # not mapped, or ended: its sender may have freed it since
-            if mapped.sender is not None and mapped.expires == math.inf:
-                return True  # lasting already
-            if mapped.sender is None:  # mapped for one message only: kept from now on
-                mapped.sender, mapped.expires, mapped.freed_from = sender, 0.0, 0.0
-            mapped.expires = max(mapped.expires, since + lease * KEEP_FRACTION)
-            mapped.freed_from = max(mapped.freed_from, since + lease)
-            return True
 
     def _await_opening(self, handle: bytes) -> None:
         """Wait while `map_ahead` opens `handle` (without the lock)."""
