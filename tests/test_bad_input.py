@@ -265,6 +265,7 @@ CONFIG = [
     ({"cudask.comm.device-ipc-lease": "soon"}, "cudask.comm.device-ipc-lease='soon'", "'20s'"),
     ({"cudask.comm.device-ipc-lease": 1}, "cudask.comm.device-ipc-lease=1", "8 to 600 seconds"),
     ({"cudask.comm.device-ipc-lease": [1]}, "cudask.comm.device-ipc-lease=[1]", "'20s'"),
+    ({"cudask.comm.device-ipc-staging": "lots"}, "cudask.comm.device-ipc-staging='lots'", "'1GiB'"),
     ({"cudask.comm.map-ahead": "soon"}, "cudask.comm.map-ahead='soon'", "true or false"),
     ({"cudask.memory.spill-on-demand": "often"}, "cudask.memory.spill-on-demand='often'",
      "true or false"),

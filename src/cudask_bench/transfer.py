@@ -62,6 +62,7 @@ class Setting:
 
 
 HEADROOM_0 = (("DASK_CUDASK__MEMORY__PINNED_HEADROOM", "0"),)  # nothing pinned ahead of spills
+STAGING_1GIB = (("DASK_CUDASK__COMM__DEVICE_IPC_STAGING", "1GiB"),)  # cudask.comm.staging
 
 
 def settings(protocols: tuple[str, ...], dask_cuda: Setting | None) -> tuple[Setting, ...]:
@@ -72,6 +73,7 @@ def settings(protocols: tuple[str, ...], dask_cuda: Setting | None) -> tuple[Set
     if "tcp" in protocols:
         out += [Setting("cudask-ipc", "cudask", "tcp", device_ipc=True),
                 Setting("cudask-ipc-headroom0", "cudask", "tcp", device_ipc=True, env=HEADROOM_0),
+                Setting("cudask-ipc-staging", "cudask", "tcp", device_ipc=True, env=STAGING_1GIB),
                 Setting("cudask-tcp", "cudask", "tcp")]
     if "ucx" in protocols:
         out.append(Setting("cudask-ucx", "cudask", "ucx"))

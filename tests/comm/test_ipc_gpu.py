@@ -304,6 +304,43 @@ def test_leased_chunks_stay_mapped(placement: list[str]) -> None:
         assert client.run(_ipc_stats, workers=[b])[b]["mappings-closed-late"] == 0
 
 
+def _staging_stats() -> dict[str, float]:
+    from cudask.comm import staging
+
+    return staging.stats()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("placement", [["0", "0"], pytest.param(["0", "1"], marks=pytest.mark.multigpu)],
+                         ids=["one-gpu", "two-gpus"])
+def test_a_staging_area_is_mapped_once(placement: list[str]) -> None:
+    """With a staging area, each value that fits goes as a copy in it: the receiver
+    maps the sender's area once (at start or on the first value) whatever chunk of
+    CuPy's pool each value came from, every value identical; a value larger than
+    the area goes from its own allocation."""
+    pytest.importorskip("cupy")
+    env = {"DASK_CUDASK__COMM__DEVICE_IPC_STAGING": "512MiB"}
+    with worker_processes(placement, env=env, args=["--device-memory-limit", "16GB"]) as client:
+        a, b = sorted(workers_info(client))
+        assert client.run(_staging_stats, workers=[a])[a]["staging-bytes"] == 512 * MiB
+        kept = []
+        for i, (kind, nbytes) in enumerate((("f8", 64 * MiB), ("view", 96 * MiB), ("block", 128 * MiB),
+                                            ("reversed", 32 * MiB), ("f8", 768 * MiB))):
+            x = client.submit(make_value, 600 + i, nbytes, kind, workers=[a], pure=False)
+            kept.append(x)  # held: each later value lands in another chunk
+            there = client.submit(digest, x, workers=[a], pure=False).result(timeout=120)
+            assert client.submit(digest, x, workers=[b], pure=False).result(timeout=120) == there, kind
+        # every slot given back once its send ended (the sender's keep_alive may still be ending)
+        assert wait_for(lambda: client.run(_staging_stats, workers=[a])[a]["staging-in-use"] == 0,
+                        timeout=120)
+        staged = client.run(_staging_stats, workers=[a])[a]
+        assert staged["staged"] == 4 and staged["staging-failed"] == 0, staged  # the 768 MiB one: direct
+        stats = client.run(_ipc_stats, workers=[b])[b]
+        assert stats["received"] == 5, stats
+        # the area once (ahead, or by the first value) and the large value's own chunk
+        assert stats["mappings-opened"] + stats["mappings-opened-ahead"] == 2, stats
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("sent", [False, True], ids=["kept-to-itself", "sent"])
 def test_a_sent_pool_outlives_its_worker(sent: bool, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -50,7 +50,7 @@ from typing import Any
 
 from distributed.protocol.serialize import register_serialization_family
 
-from cudask.comm import ipc_cuda, ipc_layout, leases, lifetimes
+from cudask.comm import ipc_cuda, ipc_layout, leases, lifetimes, staging
 from cudask.comm.ipc_cuda import Backend, Explained
 from cudask.memory.host import traffic
 from cudask.memory.jit import wire
@@ -100,6 +100,8 @@ _held: ContextVar[list[Any] | None] = ContextVar("cudask_ipc_held", default=None
 # The chunks of the leasing pool (cudask.comm.leases) sent by handle inside `keep_alive`,
 # leased from the end of the block.
 _leased: ContextVar[list[int] | None] = ContextVar("cudask_ipc_leased", default=None)
+# The slots of the staging area (cudask.comm.staging) taken inside `keep_alive`, given back at its end.
+_staged: ContextVar[staging.Slots | None] = ContextVar("cudask_ipc_staged", default=None)
 
 
 @contextmanager
@@ -108,14 +110,19 @@ def keep_alive() -> Iterator[None]:
     send and the wait for the peer's answer (cudask.comm.worker.Worker.get_data,
     the explicit-comms shuffle). Objects whose device frames need it go by handle
     only inside such a block."""
-    token, leased = _held.set([]), _leased.set([])
+    slots = staging.Slots()
+    token, leased, staged = _held.set([]), _leased.set([]), _staged.set(slots)
     try:
         with traffic.moving():  # the peer maps and reads this process's memory meanwhile
             yield
     finally:
-        leases.extend(_leased.get() or ())  # the peer has answered (or failed): leases start now
-        _leased.reset(leased)
-        _held.reset(token)
+        slots.release()  # the peer has answered (or failed): it has copied what was staged
+        try:
+            leases.extend(_leased.get() or ())  # and leases start now
+        finally:
+            _staged.reset(staged)
+            _leased.reset(leased)
+            _held.reset(token)
 
 
 @functools.cache
@@ -288,25 +295,32 @@ def _export(backend: Backend, x: Any) -> dict[str, Any]:
     with _state.lock:
         _state.counts["send-export-seconds"] += exported - start
         _state.counts["send-wait-seconds"] += time.perf_counter() - exported
-    held, leased = _held.get(), _leased.get()
+    held, leased, staged = _held.get(), _leased.get(), _staged.get()
     if held is not None:  # alive until the peer answers, even if its owner lets go (a spilled proxy)
         held.append(x)
     base = layout.address - offset
     lasting = lifetimes.sending(base)  # an RMM pool slab
+    itemsize = int(layout.typestr[2:])
+    nbytes = itemsize * math.prod(layout.shape)
+    strides = layout.strides
+    slot = staging.stage(x, nbytes, layout.order) if staged is not None and not lasting else None
+    if slot is not None and staged is not None:  # a contiguous copy in the area peers keep mapped
+        staged.add(slot)
+        handle, offset = backend.export(slot)
+        lasting, strides = True, ipc_layout.contiguous_strides(layout.shape, itemsize, layout.order)
     lease = leases.sending(base) if leased is not None and not lasting else 0.0
     if lease and leased is not None:
         leased.append(base)
-    itemsize = int(layout.typestr[2:])
     return {
         "shape": list(layout.shape),
         "dtype": layout.typestr,
         "order": layout.order,
-        "strides": list(layout.strides),
+        "strides": list(strides),
         "handle": handle,
         "offset": offset,
         "lasting": lasting,
         "lease": lease,  # seconds the sender keeps the allocation after answered (leases)
-        "nbytes": itemsize * math.prod(layout.shape),
+        "nbytes": nbytes,
     }
 
 

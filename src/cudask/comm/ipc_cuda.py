@@ -2,6 +2,7 @@
 
 Covers: `Backend`, the calls cudask.comm.ipc makes (wait for queued work,
 export a handle, map and unmap another process's allocation, allocate, copy),
+and the two cudask.comm.staging makes (`CudaBackend.allocate_area`, `.stage`),
 `CudaBackend`, which makes them through CuPy's runtime bindings and the driver
 API of cuda-bindings, and `Explained`, a backend's map and unmap whose refusal
 says what to do. Tests give a fake backend (cudask.testing.fake_cuda.FakeIPCBackend).
@@ -84,6 +85,19 @@ class CudaBackend:
 
     def empty(self, shape: tuple[int, ...], dtype: str, order: str) -> Any:
         return self._cupy.empty(shape, dtype=dtype, order=order)
+
+    def allocate_area(self, nbytes: int) -> int:
+        """cudaMalloc'd memory this process never frees (cudask.comm.staging's area)."""
+        return int(self._cupy.cuda.runtime.malloc(nbytes))
+
+    def stage(self, x: Any, address: int, order: str) -> None:
+        """Copy the device array `x` to `address`, contiguous in `order`, and wait for it."""
+        cupy = self._cupy
+        src = cupy.asarray(x)  # a view, through __cuda_array_interface__
+        memory = cupy.cuda.UnownedMemory(address, int(src.nbytes), None, cupy.cuda.Device().id)
+        out = cupy.ndarray(src.shape, src.dtype, cupy.cuda.MemoryPointer(memory, 0), order=order)
+        out[...] = src
+        cupy.cuda.get_current_stream().synchronize()
 
     def copy(self, out: Any, src: int, strides: tuple[int, ...]) -> None:
         cupy = self._cupy

@@ -2,7 +2,7 @@
 
 Covers: `Layout` and `layout` (shape, type string, address of the first element,
 byte strides of any sign, and the order of the receiver's copy, read from
-`__cuda_array_interface__`), `extent` (the lowest address and byte span of a
+`__cuda_array_interface__`), `contiguous_strides`, `extent` (the lowest address and byte span of a
 strided array) and `device_serializable` (whether an object follows cuDF's
 device-serialization protocol).
 
@@ -43,6 +43,11 @@ def layout(x: Any) -> Layout | None:
     return Layout(shape, typestr, int(cai["data"][0]), strides, "F" if fortran else "C")
 
 
+def contiguous_strides(shape: tuple[int, ...], itemsize: int, order: str) -> tuple[int, ...]:
+    """The byte strides of a contiguous array of `order` ("C" or "F")."""
+    return _strides(shape, itemsize, order)
+
+
 def _strides(shape: tuple[int, ...], itemsize: int, order: str) -> tuple[int, ...]:
     out, step = [], itemsize
     for n in (reversed(shape) if order == "C" else shape):
@@ -68,4 +73,4 @@ def device_serializable(x: Any) -> bool:
         getattr(kind, "device_deserialize", None))
 
 
-__all__ = ["Layout", "device_serializable", "extent", "layout"]
+__all__ = ["Layout", "contiguous_strides", "device_serializable", "extent", "layout"]

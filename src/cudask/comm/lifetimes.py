@@ -1,15 +1,16 @@
 """How long device memory shared by CUDA IPC stays mapped in a receiving worker.
 
 Covers: the sender's record of the allocations that live as long as their
-process (the slabs an RMM pool takes from CUDA, recorded by the pool's upstream
-resource, `Slabs`), which the sender marks "lasting" in what it sends; and the
-receiver's mappings of other processes' allocations (`Mappings`): opened on
-first use, shared by the arrays received together, closed after the message,
-except lasting ones, which stay open for the next messages until their sender's
-process ends, and leased ones (chunks of CuPy's pool that the sender keeps
-allocated for a lease after the message: cudask.comm.leases), which stay open
-for a quarter of the lease after their last use. Lasting allocations may also
-be mapped before any message names them (`offered`, `Mappings.map_ahead`).
+process (the slabs an RMM pool takes from CUDA, recorded by the pool's
+upstream resource, `Slabs`; a staging area, `lasting`), which the sender marks
+"lasting" in what it sends; and the receiver's mappings of other processes'
+allocations (`Mappings`): opened on first use, shared by the arrays received
+together, closed after the message, except lasting ones, which stay open for
+the next messages until their sender's process ends, and leased ones (chunks
+of CuPy's pool that the sender keeps allocated for a lease after the message:
+cudask.comm.leases), which stay open for a quarter of the lease after their
+last use. Lasting allocations may also be mapped before any message names
+them (`offered`, `Mappings.map_ahead`).
 `sweep`, which the worker runs periodically and on each receive, closes what
 has ended; idle mappings past `limit` are closed, and all when the worker
 closes. Only lasting and leased
@@ -115,6 +116,7 @@ def keepable(header: dict[str, Any] | None) -> Process | None:
 _pools: list[Slabs] = []
 _pools_lock = threading.Lock()
 _kept: list[Any] = []
+_lasting: set[int] = set()  # allocations held until the process ends (cudask.comm.staging)
 
 
 class Slabs:
@@ -152,17 +154,23 @@ def sending(base: int) -> bool:
             if base in pool.bases:
                 pool.shared = True
                 return True
-    return False
+        return base in _lasting
+
+
+def lasting(base: int) -> None:
+    """Record the allocation at `base` as lasting: this process never frees it."""
+    with _pools_lock:
+        _lasting.add(base)
 
 
 def offered() -> list[int]:
-    """The lasting slabs of this process, offered to the workers of this host to map
-    ahead of any message (cudask.comm.ahead); their pools are noted as shared, to be
-    held past the worker (`keep_if_shared`)."""
+    """The lasting slabs of this process (and its other lasting allocations: `lasting`),
+    offered to the workers of this host to map ahead of any message (cudask.comm.ahead);
+    their pools are noted as shared, to be held past the worker (`keep_if_shared`)."""
     with _pools_lock:
         for pool in _pools:
             pool.shared = pool.shared or bool(pool.bases)
-        return sorted(base for pool in _pools for base in pool.bases)
+        return sorted({base for pool in _pools for base in pool.bases} | _lasting)
 
 
 def keep_if_shared(slabs: Slabs, resource: Any) -> bool:

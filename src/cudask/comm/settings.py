@@ -3,7 +3,9 @@
 Covers: `device_ipc_min_size()`, the smallest device array sent by CUDA IPC, or
 None when device IPC is off; `device_ipc_lease()`, how long a sent chunk of
 CuPy's pool stays mappable (cudask.comm.leases); `map_ahead()`, whether the
-workers of a host map each other's pool slabs at start (cudask.comm.ahead). A
+workers of a host map each other's pool slabs at start (cudask.comm.ahead);
+`device_ipc_staging()`, the size of each worker's staging area
+(cudask.comm.staging). A
 malformed value raises OptionError naming it.
 Does not cover: what the keys switch on (cudask.comm.ipc, cudask.worker.plugins).
 
@@ -29,16 +31,27 @@ def device_ipc_min_size() -> int | None:
     """The smallest device array sent to a worker of the same host by CUDA IPC
     (`cudask.comm.device-ipc-min-size`), or None when `cudask.comm.device-ipc`
     is off. Raises OptionError naming a malformed value."""
-    value = config.get("comm.device-ipc-min-size")
+    size = _size("device-ipc-min-size", "(1048576) or a string such as '1MiB'")
+    if not parse_flag(config.get("comm.device-ipc"), "cudask.comm.device-ipc"):
+        return None
+    return size
+
+
+def device_ipc_staging() -> int:
+    """Bytes of each worker's staging area (`cudask.comm.device-ipc-staging`:
+    cudask.comm.staging); 0: none. Raises OptionError naming a malformed value."""
+    return _size("device-ipc-staging", "(1073741824), a string such as '1GiB', or 0 for none")
+
+
+def _size(key: str, accepted: str) -> int:
+    """The size `cudask.comm.KEY` gives, in bytes; OptionError when it is not one."""
+    value = config.get(f"comm.{key}")
     try:
         size = parse_bytes(value) if isinstance(value, str) else int(value)
     except (TypeError, ValueError):
         size = -1
     if isinstance(value, bool) or size < 0:
-        raise OptionError(f"cudask.comm.device-ipc-min-size={value!r} is not a size; give bytes "
-                          "(1048576) or a string such as '1MiB'")
-    if not parse_flag(config.get("comm.device-ipc"), "cudask.comm.device-ipc"):
-        return None
+        raise OptionError(f"cudask.comm.{key}={value!r} is not a size; give bytes {accepted}")
     return size
 
 

@@ -28,7 +28,12 @@ from typing import Any
 from dask.utils import parse_timedelta
 
 from cudask import config
-from cudask.comm.settings import device_ipc_lease, device_ipc_min_size, map_ahead
+from cudask.comm.settings import (
+    device_ipc_lease,
+    device_ipc_min_size,
+    device_ipc_staging,
+    map_ahead,
+)
 from cudask.deploy import check_files as files
 from cudask.deploy import check_network as net
 from cudask.devices.discovery import check_visible_devices
@@ -226,6 +231,7 @@ def check_input(
     _config_origin(device_ipc_min_size)  # the cudask.comm keys
     _config_origin(device_ipc_lease)
     _config_origin(map_ahead)
+    _config_origin(device_ipc_staging)
     if libraries:
         check_libraries(options)
     return options

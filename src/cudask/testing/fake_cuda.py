@@ -415,6 +415,16 @@ class FakeIPCBackend:
     def empty(self, shape: tuple[int, ...], dtype: str, order: str) -> FakeDeviceArray:
         return FakeDeviceArray(numpy.empty(shape, dtype=numpy.dtype(dtype), order="F" if order == "F" else "C"))
 
+    def allocate_area(self, nbytes: int) -> int:
+        """A staging area (cudask.comm.staging), exported as handle b"staging"."""
+        self.allocations[b"staging"] = numpy.zeros(nbytes, dtype="u1")
+        return int(self.allocations[b"staging"].ctypes.data)
+
+    def stage(self, x: FakeDeviceArray, address: int, order: str) -> None:
+        source = x._array
+        memory = (ctypes.c_char * source.nbytes).from_address(address)
+        numpy.ndarray(source.shape, source.dtype, memoryview(memory), order="F" if order == "F" else "C")[...] = source
+
     def copy(self, out: FakeDeviceArray, src: int, strides: tuple[int, ...]) -> None:
         from cudask.comm.ipc_layout import extent
 

@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 
 from distributed import WorkerPlugin
 
-from cudask.comm import cudf_wire, ipc, ipc_cuda, leases
+from cudask.comm import cudf_wire, ipc, ipc_cuda, leases, staging
 from cudask.comm.ahead import MapAhead
 from cudask.devices.nvml import gpu_model, gpus_without_peer_access, transfer_counters
 from cudask.memory.store import worker_metrics
@@ -305,6 +305,15 @@ class StoreMetrics(WorkerPlugin):
         StoreCollector.workers.discard(worker)
 
 
+def _install_staging(backend: Any, nbytes: int) -> None:
+    """cudask.comm.staging's area of `nbytes`; without one (logged) when CUDA refuses it."""
+    try:
+        staging.install(backend, nbytes)
+    except Exception as exc:  # noqa: BLE001 - an optimisation: IPC works without it
+        logger.warning("cudask: no IPC staging area of %d bytes (%s): arrays go by their own "
+                       "allocations", nbytes, exc)
+
+
 def _sweep() -> None:
     ipc.sweep()
     leases.sweep()
@@ -318,18 +327,20 @@ class DeviceIPC(WorkerPlugin):
     the memory), or without CuPy or cuda-bindings. With a lease, CuPy's default
     pool gives way to cudask.comm.leases' pool, whose sent chunks receivers keep
     mapped. The workers of a host map each other's RMM pool slabs when they
-    start (cudask.comm.ahead), unless `map_ahead` (`cudask.comm.map-ahead`) is off."""
+    start (cudask.comm.ahead), unless `map_ahead` (`cudask.comm.map-ahead`) is off,
+    and with `staging` bytes, its staging area (cudask.comm.staging) among them."""
 
     name = "cudask-device-ipc"
     # seconds between checks for kept mappings that have ended and leased chunks to free
     sweep_interval = 2.0
 
     def __init__(self, device_uuid: str, min_size: int, lease: float = 0.0, *,
-                 map_ahead: bool) -> None:
+                 map_ahead: bool, staging: int = 0) -> None:
         self.device_uuid = device_uuid
         self.min_size = min_size
         self.lease = lease  # cudask.comm.device-ipc-lease: 0, no leasing pool
         self.map_ahead = map_ahead  # cudask.comm.map-ahead
+        self.staging = staging  # cudask.comm.device-ipc-staging: bytes, 0 for none
         self.off_because: str | None = None  # why it stayed off (`cudask config` shows it)
         self._sweep: Any = None
         self._ahead: MapAhead | None = None
@@ -353,6 +364,8 @@ class DeviceIPC(WorkerPlugin):
             except ImportError as exc:
                 reason = f"{exc.name or exc} is not installed"
             else:
+                if self.staging:  # before any offer: the area is offered with the pool's slabs
+                    _install_staging(backend, self.staging)
                 ipc.enable(backend, self.min_size)
                 if self.lease:  # CuPy's own pool: its sent chunks leased (cudask.comm.leases)
                     leases.install(self.lease)

@@ -197,7 +197,8 @@ def plugins(o: WorkerOptions, device: Device, sizes: DeviceSizes,
     min_size = device_ipc_min_size(o)
     if min_size is not None:
         out.append(DeviceIPC(device.uuid, min_size, comm_settings.device_ipc_lease(),
-                             map_ahead=comm_settings.map_ahead()))
+                             map_ahead=comm_settings.map_ahead(),
+                             staging=comm_settings.device_ipc_staging()))
     return out
 
 
