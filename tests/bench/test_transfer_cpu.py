@@ -170,7 +170,7 @@ def test_auto_protocols_add_ucx_where_it_is_installed(no_runs: list[TransferPlan
                                 prog_name="cudask bench")
     assert result.exit_code == 0, result.output
     assert [s.name for s in no_runs[0].settings] == ["cudask-ipc", "cudask-ipc-headroom0",
-                                                     "cudask-ipc-staging", "cudask-tcp", "cudask-ucx"]
+                                                     "cudask-ipc-no-staging", "cudask-tcp", "cudask-ucx"]
 
 
 def test_warmup_runs_first_and_stays_out_of_the_figures() -> None:

@@ -156,8 +156,22 @@ def _mapped() -> int:
     return ipc.mapped()
 
 
-def _none_mapped(client: Any, workers: list[str]) -> bool:
-    return all(n == 0 for n in client.run(_mapped, workers=workers).values())
+def _passing() -> int:
+    """Mappings open here that are not of a running worker's lasting allocation
+    (its pool slabs, its staging area): a message's, a leased chunk's, a dead process's."""
+    import math
+
+    from cudask.comm import ipc, lifetimes
+
+    mappings = ipc._state.mappings
+    with mappings._lock:
+        kept = [m.sender for m in mappings._open.values() if m.sender is not None and m.expires == math.inf]
+        passing = len(mappings._open) - len(kept)
+    return passing + sum(1 for sender in kept if not lifetimes.alive(sender))
+
+
+def _none_passing(client: Any, workers: list[str]) -> bool:
+    return all(n == 0 for n in client.run(_passing, workers=workers).values())
 
 
 def _mapped_from(pid: int) -> int:
@@ -219,8 +233,9 @@ def test_a_worker_killed_mid_transfer(victim: str, tmp_path: Path) -> None:
             by_name = {info["name"]: addr for addr, info in workers_info(client).items()}
             a, b = by_name[names[a]], by_name[names[b]]
             names = {a: "w0", b: "w1"}
-            # leased mappings close half a lease after their last use (cudask.comm.leases)
-            assert wait_for(functools.partial(_none_mapped, client, workers), timeout=120)
+            # leased mappings close a quarter of a lease after their last use (cudask.comm.leases),
+            # the killed worker's staging area at the receiver's next sweep
+            assert wait_for(functools.partial(_none_passing, client, workers), timeout=120)
 
 
 @pytest.mark.gpu
@@ -282,7 +297,8 @@ def test_leased_chunks_stay_mapped(placement: list[str]) -> None:
     one stays allocated until its lease ends; the receiver closes its mapping after
     a quarter of the lease, and the sender then frees the chunk, none closed late."""
     pytest.importorskip("cupy")
-    env = {"DASK_CUDASK__COMM__DEVICE_IPC_LEASE": "30s"}  # mappings kept 7.5 s after each use
+    # mappings kept 7.5 s after each use; no staging area, which would carry these values
+    env = {"DASK_CUDASK__COMM__DEVICE_IPC_LEASE": "30s", "DASK_CUDASK__COMM__DEVICE_IPC_STAGING": "0"}
     with worker_processes(placement, env=env, args=["--device-memory-limit", "16GB"]) as client:
         a, b = sorted(workers_info(client))
         assert client.run(_lease_stats, workers=[a])[a]["lease-seconds"] == 30.0

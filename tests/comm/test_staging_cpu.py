@@ -108,9 +108,9 @@ def test_an_array_in_a_lasting_allocation_is_not_staged(wired: FakeIPCBackend) -
 
 
 def test_the_option_is_a_size() -> None:
-    with dask.config.set({"cudask.comm.device-ipc-staging": "1GiB"}):
-        assert settings.device_ipc_staging() == 1 << 30
-    assert settings.device_ipc_staging() == 0  # the default: none
+    with dask.config.set({"cudask.comm.device-ipc-staging": "64MiB"}):
+        assert settings.device_ipc_staging() == 64 << 20
+    assert settings.device_ipc_staging() == 1 << 30  # the default
     with dask.config.set({"cudask.comm.device-ipc-staging": "lots"}), \
             pytest.raises(OptionError, match=r"cudask.comm.device-ipc-staging='lots' is not a size"):
         settings.device_ipc_staging()

@@ -88,6 +88,12 @@ def test_device_ipc_serializers_and_plugin(dgx, monkeypatch):
     with dask.config.set({"cudask.comm.map-ahead": False}):
         spec = nanny_options(resolve({}, "cluster"), devices, 0, n_workers=1, name=0)
     assert [p.map_ahead for p in spec["plugins"] if p.name == "cudask-device-ipc"] == [False]
+    assert ipc_plugin.staging == 1 << 30  # cudask.comm.device-ipc-staging's default, without a pool
+    with dask.config.set({"cudask.comm.device-ipc-staging": 0}):
+        spec = nanny_options(resolve({}, "cluster"), devices, 0, n_workers=1, name=0)
+    assert [p.staging for p in spec["plugins"] if p.name == "cudask-device-ipc"] == [0]
+    spec = nanny_options(resolve({"rmm_pool_size": "1GB"}, "cluster"), devices, 0, n_workers=1, name=0)
+    assert [p.staging for p in spec["plugins"] if p.name == "cudask-device-ipc"] == [0]  # slabs instead
     for bad in ("banana", -1, "1 parsec", True):
         with dask.config.set({"cudask.comm.device-ipc-min-size": bad}), \
                 pytest.raises(OptionError, match=r"cudask.comm.device-ipc-min-size=.*is not a size"):

@@ -198,8 +198,14 @@ def plugins(o: WorkerOptions, device: Device, sizes: DeviceSizes,
     if min_size is not None:
         out.append(DeviceIPC(device.uuid, min_size, comm_settings.device_ipc_lease(),
                              map_ahead=comm_settings.map_ahead(),
-                             staging=comm_settings.device_ipc_staging()))
+                             staging=staging_size(sizes)))
     return out
+
+
+def staging_size(sizes: DeviceSizes) -> int:
+    """Bytes of the worker's IPC staging area (`cudask.comm.device-ipc-staging`):
+    none with an RMM pool, whose slabs the host's workers map at start instead."""
+    return 0 if sizes.rmm_pool_size else comm_settings.device_ipc_staging()
 
 
 def device_ipc_min_size(o: WorkerOptions) -> int | None:
