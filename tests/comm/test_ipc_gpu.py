@@ -192,10 +192,10 @@ def _pid() -> int:
 @pytest.mark.gpu
 @pytest.mark.parametrize("victim", ["sender", "receiver"])
 def test_a_worker_killed_mid_transfer(victim: str, tmp_path: Path) -> None:
-    """SIGKILL the sending or the receiving worker while a 1 GiB array is on its way
-    by IPC, three rounds: every result still comes back right (lost values are
-    recomputed after the nanny restarts the worker) and no worker is left holding a
-    mapping. The kill lands in flight, for certain: the victim's next IPC call is
+    """SIGKILL the sending or the receiving worker while an array of just over 1 GiB
+    is on its way by IPC, three rounds: every result still comes back right (lost
+    values are recomputed after the nanny restarts the worker) and no worker is left
+    holding a mapping but those of a running peer's staging area. The kill lands in flight, for certain: the victim's next IPC call is
     held (ipc_hold) and the test kills it once the victim says it is there: the
     sender making the handle the receiver asked for, or the receiver holding a
     handle the sender counted as sent, nothing of it mapped yet."""
@@ -209,7 +209,9 @@ def test_a_worker_killed_mid_transfer(victim: str, tmp_path: Path) -> None:
         a, b = sorted(workers_info(client))
         names = {a: "w0", b: "w1"}
         for round_ in range(3):
-            xs = [client.submit(make_value, 100 + 10 * round_ + i, 1 << 30, "f8", workers=[a],
+            # each larger than the staging area (1 GiB): sent from its own allocation, which
+            # the receiver maps (the held "open")
+            xs = [client.submit(make_value, 100 + 10 * round_ + i, (1 << 30) + (1 << 20), "f8", workers=[a],
                                 allow_other_workers=True, pure=False) for i in range(3)]
             wait(xs)
             there = client.gather([client.submit(digest, x, workers=[a], allow_other_workers=True,
