@@ -6,11 +6,13 @@ worker answering another one's request for data tries it first: each CuPy
 array of at least ``cudask.comm.device-ipc-min-size`` bytes (strided views
 too), each cuDF object's device buffers (``device_serialize``), and each
 JIT-unspill proxy's object on the device, going to a worker on the same host,
-is sent as a CUDA IPC handle of its allocation plus offset and layout. The
-receiver maps the allocation, copies into memory of its own, waits for the
-copy, unmaps (or keeps mapped a lasting pool slab, or a leased chunk of CuPy's
-pool for a while: cudask.comm.lifetimes, cudask.comm.leases), and
-only then answers, so the sender's memory outlives every mapping of it.
+is sent as a CUDA IPC handle of its allocation plus offset and layout; one
+that fits the worker's staging area is first copied there and goes as the
+area's handle (cudask.comm.staging). The receiver maps the allocation, copies
+into memory of its own, waits for the copy, unmaps (or keeps mapped a lasting
+pool slab or staging area, or a leased chunk of CuPy's pool for a while:
+cudask.comm.lifetimes, cudask.comm.leases), and only then answers, so the
+sender's memory outlives every mapping of it.
 Anything else falls through to distributed's own serializers. Also the
 per-process switch (`enable`, `disable`), counters (`stats`, `declined`),
 `keep_alive`, and the offer of lasting allocations to map ahead (`offer`,
@@ -22,7 +24,7 @@ Registers the family with distributed, and with the JIT-unspill layer
 (cudask.memory.jit.wire) as a device family, when imported.
 
 Does not cover: the CUDA calls (cudask.comm.ipc_cuda), array layouts
-(cudask.comm.ipc_layout), deciding which workers use it (cudask.worker.spec:
+(cudask.comm.ipc_layout), the staging area's slots (cudask.comm.staging), deciding which workers use it (cudask.worker.spec:
 not with UCX) and the per-worker setup (`DeviceIPC` in cudask.worker.plugins).
 
 Threading: `dumps` runs in distributed's serialization threads, `loads` on the
