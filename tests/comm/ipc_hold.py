@@ -5,7 +5,9 @@ on the first call of one of its methods, writes this process's pid to a marker
 file and then waits (`seconds`, long enough for the test to kill the process),
 before doing the call: "export" holds a sender while it makes the handle its
 peer asked for (the peer is waiting for the answer), "open" holds a receiver
-once the handle has arrived and before anything of the sender's is mapped.
+once the handle has arrived and before anything of the sender's is mapped,
+"copy" holds a receiver before it copies from a mapping it has (a staging area
+mapped ahead).
 `hold_next(method, marker, seconds)`, run on a worker (`Client.run`), installs
 it through `cudask.comm.ipc.enable`, the entry point the worker itself uses.
 Does not cover: killing the process (the test) or which worker sends.
@@ -20,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-METHODS = ("export", "open")
+METHODS = ("export", "open", "copy")
 
 
 class HoldNext:
@@ -48,6 +50,10 @@ class HoldNext:
     def open(self, handle: bytes) -> int:
         self._hold("open")
         return self.inner.open(handle)  # type: ignore[no-any-return]
+
+    def copy(self, out: Any, src: int, strides: tuple[int, ...]) -> None:
+        self._hold("copy")
+        self.inner.copy(out, src, strides)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

@@ -189,29 +189,37 @@ def _pid() -> int:
     return os.getpid()
 
 
+# victim, the IPC call held, bytes per value: just over the staging area (1 GiB), so the
+# value goes from its own allocation, or a quarter of it, staged
+KILLS = {"sender": ("export", (1 << 30) + (1 << 20)), "receiver": ("open", (1 << 30) + (1 << 20)),
+         "receiver-staged": ("copy", 256 * MiB)}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("victim", ["sender", "receiver"])
+@pytest.mark.parametrize("victim", list(KILLS))
 def test_a_worker_killed_mid_transfer(victim: str, tmp_path: Path) -> None:
-    """SIGKILL the sending or the receiving worker while an array of just over 1 GiB
-    is on its way by IPC, three rounds: every result still comes back right (lost
-    values are recomputed after the nanny restarts the worker) and no worker is left
-    holding a mapping but those of a running peer's staging area. The kill lands in flight, for certain: the victim's next IPC call is
+    """SIGKILL the sending or the receiving worker while an array is on its way by
+    IPC, three rounds: every result still comes back right (lost values are
+    recomputed after the nanny restarts the worker) and no worker is left holding a
+    mapping but those of a running peer's staging area. The arrays are larger than
+    the staging area, or (receiver-staged) fit it, so the receiver copies from the
+    area it mapped ahead. The kill lands in flight, for certain: the victim's next IPC call is
     held (ipc_hold) and the test kills it once the victim says it is there: the
     sender making the handle the receiver asked for, or the receiver holding a
-    handle the sender counted as sent, nothing of it mapped yet."""
+    handle the sender counted as sent, nothing of it mapped yet (receiver-staged:
+    the area mapped, nothing copied yet)."""
     pytest.importorskip("cupy")
     import os
     import signal
 
     from distributed import wait
 
+    method, nbytes = KILLS[victim]
     with worker_processes(["0", "0"], args=["--device-memory-limit", "16GB"]) as client:
         a, b = sorted(workers_info(client))
         names = {a: "w0", b: "w1"}
         for round_ in range(3):
-            # each larger than the staging area (1 GiB): sent from its own allocation, which
-            # the receiver maps (the held "open")
-            xs = [client.submit(make_value, 100 + 10 * round_ + i, (1 << 30) + (1 << 20), "f8", workers=[a],
+            xs = [client.submit(make_value, 100 + 10 * round_ + i, nbytes, "f8", workers=[a],
                                 allow_other_workers=True, pure=False) for i in range(3)]
             wait(xs)
             there = client.gather([client.submit(digest, x, workers=[a], allow_other_workers=True,
@@ -220,13 +228,12 @@ def test_a_worker_killed_mid_transfer(victim: str, tmp_path: Path) -> None:
             pid = client.run(_pid, workers=[target])[target]
             sent = client.run(_ipc_stats, workers=[a])[a]["sent"]
             marker = tmp_path / f"holding-{round_}"
-            client.run(hold_next, "export" if victim == "sender" else "open", str(marker),
-                       workers=[target])
+            client.run(hold_next, method, str(marker), workers=[target])
             here = [client.submit(digest, x, workers=[b], allow_other_workers=True, pure=False)
                     for x in xs]
             assert wait_for(marker.exists, timeout=120), "no transfer by IPC began"
             assert marker.read_text() == str(pid)  # the victim is the one holding it
-            if victim == "receiver":  # the sender, not held, answers: it sent the handle
+            if victim != "sender":  # the sender, not held, answers: it sent the handle
                 assert client.run(_ipc_stats, workers=[a])[a]["sent"] > sent
             os.kill(pid, signal.SIGKILL)
             assert client.gather(here) == there
