@@ -233,7 +233,8 @@ def test_a_hold_catches_the_next_transfer_in_flight(backend: FakeIPCBackend, tmp
     """What tests/comm/test_ipc_gpu.py's worker killed mid-transfer relies on: the hold
     sits on the path an array by handle takes, once, where the transfer is under way:
     the sender making the handle (nothing counted yet), or the receiver holding it
-    before mapping it (the sender counted it, nothing received)."""
+    before mapping it or copying from the mapping (the sender counted it, nothing
+    received)."""
     seen: list[tuple[float, float]] = []
 
     class Recording(HoldNext):
