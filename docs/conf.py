@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "src"))  # document this checkout's cudask
 
 project = "cudask"
 author = "cudask contributors"
-copyright = "cudask contributors"  # noqa: A001 - Sphinx's name
+copyright = "cudask contributors"
 release = version = "0.1.0"
 
 extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.intersphinx"]
