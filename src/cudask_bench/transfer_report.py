@@ -2,7 +2,9 @@
 
 Covers: `aggregate`, a case's rounds folded into "cold" and "warm" figures (the median
 across rounds, and each round's value: the all-to-all's seconds, each size's
-point-to-point bandwidth, each shuffle method's seconds); `targets`, the comparisons the
+point-to-point bandwidth, each shuffle method's seconds) and the rounds in which a worker
+spilled device memory to host (`spilled_rounds`: near the device limit a round's figures
+include spilling); `targets`, the comparisons the
 transfer work is held to, per pool variant: cudask IPC's all-to-all no slower than
 dask-cuda over UCX, cold and warm; its largest point-to-point transfer no slower than
 dask-cuda over UCX, cold and warm; the default configuration within `TOLERANCE` of
@@ -34,6 +36,7 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                            "skipped": sum(1 for r in runs if "skipped" in r),
                            "sum_ok": all(r["all_to_all"]["sum_ok"] and r.get("all_to_all_warm", {}).get("sum_ok", True)
                                          for r in done)}
+    out["spilled_rounds"] = [r.get("round", i) for i, r in enumerate(runs) if _spilled(r)]
     sizes = sorted({size for r in done for size in r.get("point_to_point", {})}, key=int)
     methods = sorted({m for r in done for m in r.get("shuffle", {})})
     for mode in MODES:
@@ -49,6 +52,13 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                      "point_to_point_GBps_each": p2p,
                      "shuffle_s": {m: _median(v) for m, v in shuffle.items()}}
     return out
+
+
+def _spilled(run: Mapping[str, Any]) -> bool:
+    """Whether a worker of the run moved device memory to host (the store's figures,
+    any phase): near the device limit the figures include spilling."""
+    return any(figures.get("spill-device-to-host-bytes", 0) > 0
+               for figures in (run.get("store") or {}).values())
 
 
 def _p2p(entry: Mapping[str, Any] | None, mode: str) -> float | None:
@@ -122,6 +132,10 @@ def _case_lines(name: str, case: Mapping[str, Any], n_bytes: float | None) -> li
     for size_key, bw in cold["point_to_point_GBps"].items():
         lines.append(f"{name:34} {int(size_key) / 2**20:7.0f} MiB  cold {bw or 0:7.1f} GB/s  warm "
                      f"{warm['point_to_point_GBps'].get(size_key) or 0:7.1f} GB/s")
+    spilled = case.get("spilled_rounds") or []
+    if spilled:
+        lines.append(f"{name:34} spilled device memory to host in round(s) "
+                     f"{', '.join(map(str, spilled))} of {len(case['rounds'])}")
     for method, seconds in cold["shuffle_s"].items():
         lines.append(f"{name:34} shuffle {method:8} cold {_seconds(seconds, [])}, warm "
                      f"{_seconds(warm['shuffle_s'].get(method), [])}")

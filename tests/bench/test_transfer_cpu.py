@@ -189,3 +189,15 @@ def test_warmup_runs_first_and_stays_out_of_the_figures() -> None:
     first = report["settings"]["cudask-ipc"]
     assert len(first["rounds"]) == 2 and first["cold"]["all_to_all_s_each"] == [1.0, 1.0]
     assert summary(report)[0] == "warm-up (left out): cudask-ipc, all-to-all 9.00 s"
+
+
+def test_rounds_that_spilled_are_named() -> None:
+    """A round whose workers moved device memory to host is listed, and the summary says so."""
+    quiet = {**_result(0.2, 0.2, 300.0), "round": 0, "store": {"w1": {}, "w2": {}}}
+    spilled = {**_result(0.6, 0.2, 300.0), "round": 1,
+               "store": {"w1": {"spill-device-to-host-bytes": 1.6e9}, "w2": {}}}
+    case = {"rounds": [quiet, spilled], **aggregate([quiet, spilled])}
+    assert case["spilled_rounds"] == [1]
+    lines = summary({"settings": {"cudask-ipc": case}})
+    assert f"{'cudask-ipc':34} spilled device memory to host in round(s) 1 of 2" in lines
+    assert aggregate([quiet])["spilled_rounds"] == []
