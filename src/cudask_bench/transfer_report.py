@@ -36,7 +36,8 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                            "skipped": sum(1 for r in runs if "skipped" in r),
                            "sum_ok": all(r["all_to_all"]["sum_ok"] and r.get("all_to_all_warm", {}).get("sum_ok", True)
                                          for r in done)}
-    out["spilled_rounds"] = [r.get("round", i) for i, r in enumerate(runs) if _spilled(r)]
+    out["spilled_rounds"] = [r.get("round", i) for i, r in enumerate(runs)
+                             if "all_to_all" in r and _spilled(r)]
     sizes = sorted({size for r in done for size in r.get("point_to_point", {})}, key=int)
     methods = sorted({m for r in done for m in r.get("shuffle", {})})
     for mode in MODES:
@@ -134,8 +135,9 @@ def _case_lines(name: str, case: Mapping[str, Any], n_bytes: float | None) -> li
                      f"{warm['point_to_point_GBps'].get(size_key) or 0:7.1f} GB/s")
     spilled = case.get("spilled_rounds") or []
     if spilled:
-        lines.append(f"{name:34} spilled device memory to host in round(s) "
-                     f"{', '.join(map(str, spilled))} of {len(case['rounds'])}")
+        measured = sum(1 for r in case["rounds"] if "all_to_all" in r)
+        lines.append(f"{name:34} spilled device memory to host in {len(spilled)} of {measured} "
+                     f"measured rounds (round {', '.join(map(str, spilled))}; the first is 0)")
     for method, seconds in cold["shuffle_s"].items():
         lines.append(f"{name:34} shuffle {method:8} cold {_seconds(seconds, [])}, warm "
                      f"{_seconds(warm['shuffle_s'].get(method), [])}")

@@ -196,8 +196,12 @@ def test_rounds_that_spilled_are_named() -> None:
     quiet = {**_result(0.2, 0.2, 300.0), "round": 0, "store": {"w1": {}, "w2": {}}}
     spilled = {**_result(0.6, 0.2, 300.0), "round": 1,
                "store": {"w1": {"spill-device-to-host-bytes": 1.6e9}, "w2": {}}}
-    case = {"rounds": [quiet, spilled], **aggregate([quiet, spilled])}
+    failed = {"round": 2, "error": "boom", "store": {"w1": {"spill-device-to-host-bytes": 1.0}}}
+    rounds = [quiet, spilled, failed]
+    case = {"rounds": rounds, **aggregate(rounds)}
     assert case["spilled_rounds"] == [1]
     lines = summary({"settings": {"cudask-ipc": case}})
-    assert f"{'cudask-ipc':34} spilled device memory to host in round(s) 1 of 2" in lines
+    assert (f"{'cudask-ipc':34} spilled device memory to host in 1 of 2 measured rounds "
+            "(round 1; the first is 0)") in lines
     assert aggregate([quiet])["spilled_rounds"] == []
+    assert aggregate([{k: v for k, v in quiet.items() if k != "store"}])["spilled_rounds"] == []
