@@ -4,10 +4,14 @@ Covers: functions run on every worker with `client.run` (by reference, so cudask
 must be importable there): `worker_counters`, this worker's IPC counters
 (cudask.comm.ipc), what it fetched from other workers (distributed's transfer log:
 count, bytes, seconds) and its store's pinned-pool and spill figures; `store_figures`
-alone; `ipc_stats`, the IPC counters with the reasons a transfer declined IPC;
+alone; `watch_spills`, which has a store built on a zict Buffer over the device (dask-cuda's
+DeviceHostFile) count what it moves to host from then on, so `store_figures` gives its
+spills as cudask's store gives its own; `ipc_stats`, the IPC counters with the reasons a transfer declined IPC;
 `incoming`, the transfer log itself; `difference`, what changed between two readings
 (rates left out). Does not cover: when the benchmarks take readings. Threading: the
-worker functions run on the worker's event loop and only read; `difference` is pure.
+worker functions run on the worker's event loop and only read, but `watch_spills`, which
+adds a callback that runs in the thread that spills (one float addition per spill under
+the GIL); `difference` is pure.
 """
 
 from __future__ import annotations
@@ -32,14 +36,41 @@ def ipc_stats() -> dict[str, Any]:
     return {**ipc.stats(), "declined-because": ipc.declined()}
 
 
+# What each watched zict Buffer (by id) moved from device to host since `watch_spills`.
+_watched: dict[int, dict[str, float]] = {}
+
+
+def watch_spills(dask_worker: Any) -> bool:
+    """Count, from now on, what the worker's store moves from device to host when the
+    store keeps the device tier in a zict Buffer (`data.device_buffer`, as dask-cuda's
+    DeviceHostFile does); False for other stores (cudask's count their own) and when
+    already watched."""
+    from distributed.sizeof import safe_sizeof
+
+    buffer = getattr(dask_worker.data, "device_buffer", None)
+    callbacks = getattr(buffer, "fast_to_slow_callbacks", None)
+    if not isinstance(callbacks, list) or id(buffer) in _watched:
+        return False
+    counts = _watched[id(buffer)] = {"spill-device-to-host-count": 0.0,
+                                     "spill-device-to-host-bytes": 0.0}
+
+    def moved(key: Any, value: Any) -> None:
+        counts["spill-device-to-host-count"] += 1
+        counts["spill-device-to-host-bytes"] += float(safe_sizeof(value))
+
+    callbacks.append(moved)
+    return True
+
+
 def store_figures(dask_worker: Any) -> dict[str, float]:
-    """The cudask store's pinned-pool and spill figures (nothing for other stores):
-    pinning ahead of spills runs while the device tier is past
-    `memory.pinned-headroom-from` of its limit and can slow the worker's GPU work
-    (docs/design/device-transfers.md)."""
+    """The cudask store's pinned-pool and spill figures; for a store `watch_spills`
+    watches, what it moved from device to host; nothing for other stores. Pinning
+    ahead of spills runs while the device tier is past `memory.pinned-headroom-from`
+    of its limit and can slow the worker's GPU work (docs/design/device-transfers.md)."""
     metrics = getattr(dask_worker.data, "metrics", None)
     if not callable(metrics):
-        return {}
+        watched = _watched.get(id(getattr(dask_worker.data, "device_buffer", None)), {})
+        return {k: v for k, v in watched.items() if v}
     return {k: v for k, v in metrics().items()  # cumulative: a figure never falls to 0
             if v and ("provision" in k or "deferred" in k or k.startswith(("spill-", "unspill-")))}
 
@@ -55,4 +86,4 @@ def worker_counters(dask_worker: Any) -> dict[str, float]:
     return {**{f"ipc-{k}": float(v) for k, v in ipc.stats().items()}, **fetched, **store_figures(dask_worker)}
 
 
-__all__ = ["difference", "incoming", "ipc_stats", "store_figures", "worker_counters"]
+__all__ = ["difference", "incoming", "ipc_stats", "store_figures", "watch_spills", "worker_counters"]

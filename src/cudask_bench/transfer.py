@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cudask_bench.counters import incoming, ipc_stats, store_figures
+from cudask_bench.counters import incoming, ipc_stats, store_figures, watch_spills
 from cudask_bench.shuffle import frame_shuffle
 
 PROTOCOLS = ("tcp", "ucx")
@@ -234,6 +234,7 @@ def _measure(plan: TransferPlan, pool: str | None, log_dir: Path | None,
                                   if pool else [])]
                           ) as client:
         a, b = sorted(client.nthreads())[:2]
+        client.run(watch_spills)  # dask-cuda's store: its spills counted as cudask's count theirs
         out: dict[str, Any] = {"all_to_all": all_to_all(client, plan.n, plan.blocks)}
         out["all_to_all_warm"] = all_to_all(client, plan.n, plan.blocks)
         out["point_to_point"] = {str(size): _point_to_point(client, a, b, size, plan.repeat)

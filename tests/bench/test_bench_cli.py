@@ -535,3 +535,25 @@ def test_transfer_reports_the_store_figures() -> None:
     assert store_figures(SimpleNamespace(data=Store())) == {
         "pinned-provision-bytes": 8.0, "pinned-provision-seconds": 0.5, "unspill-host-to-device-count": 2.0}
     assert store_figures(SimpleNamespace(data={})) == {}  # dask-cuda's or a plain store
+
+
+def test_a_zict_device_buffer_s_spills_are_counted() -> None:
+    """dask-cuda's DeviceHostFile keeps the device tier in a zict Buffer
+    (`device_buffer`): once watched, what it moves to host shows in the store figures."""
+    from types import SimpleNamespace
+
+    import zict
+
+    from cudask_bench.counters import store_figures, watch_spills
+
+    buffer: zict.Buffer[str, bytes] = zict.Buffer({}, {}, n=10, weight=lambda k, v: len(v))
+    worker = SimpleNamespace(data=SimpleNamespace(device_buffer=buffer))
+    assert store_figures(worker) == {}
+    assert watch_spills(worker) and not watch_spills(worker)  # once per store
+    buffer["a"] = b"x" * 8
+    assert store_figures(worker) == {}  # nothing spilled yet
+    buffer["b"] = b"y" * 8  # past n: "a" goes to the slow mapping
+    figures = store_figures(worker)
+    assert figures["spill-device-to-host-count"] == 1.0
+    assert figures["spill-device-to-host-bytes"] > 0
+    assert not watch_spills(SimpleNamespace(data={}))  # a plain store: nothing to watch
