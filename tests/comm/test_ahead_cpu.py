@@ -12,6 +12,7 @@ import asyncio
 import logging
 import subprocess
 import sys
+import time
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -38,19 +39,28 @@ async def _record(**message: Any) -> None:
     _ASKED.append(message)
 
 
+_PREPARED: list[float] = []  # when a worker's exchange ran its `prepare`
+
+
+def _prepare() -> None:
+    _PREPARED.append(time.monotonic())
+
+
 class _StartMapAhead(WorkerPlugin):
     """Starts the exchange on every worker, or only on the worker named `only` (the
-    others then record what they are asked, as if they had the handler)."""
+    others then record what they are asked, as if they had the handler); with
+    `prepare`, each exchange records when it runs its `prepare`."""
 
     name = "test-map-ahead"
 
-    def __init__(self, only: str | None = None) -> None:
+    def __init__(self, only: str | None = None, prepare: bool = False) -> None:
         self.only = only
+        self.prepare = prepare
         self.exchange: ahead.MapAhead | None = None
 
     def setup(self, worker: Any) -> None:
         if self.only is None or worker.name == self.only:
-            self.exchange = ahead.MapAhead(worker)
+            self.exchange = ahead.MapAhead(worker, _prepare if self.prepare else None)
             self.exchange.start()
             _EXCHANGES.append(self.exchange)
         else:
@@ -206,3 +216,21 @@ def test_the_handler_answers_only_a_process_it_may_map(
 
     assert asyncio.run(answers()) == [{"handles": [b"mine"]}, None, None]
     assert mapped == [{"handles": [b"theirs"]}]  # only the accepted peer's offer
+
+
+def test_a_worker_prepares_its_offer_only_once_it_meets_a_peer(
+        monkeypatch: pytest.MonkeyPatch, as_child: dict[str, Any]) -> None:
+    """`prepare` (the staging area, cudask.worker.plugins.DeviceIPC) runs when a worker
+    first meets a peer of its host, before its offer: a worker alone on its host never
+    runs it; once a second joins, both do."""
+    monkeypatch.setattr(lifetimes, "_pools", [])
+    _PREPARED.clear()
+    with LocalCluster(n_workers=1, processes=False, protocol="tcp", dashboard_address=":0",
+                      threads_per_worker=1) as cluster, Client(cluster) as client:
+        client.register_plugin(_StartMapAhead(prepare=True))
+        # the lone worker's introduction has ended: it found no peer
+        assert wait_for(lambda: len(_EXCHANGES) == 1 and not _EXCHANGES[0].tasks, timeout=120)
+        assert _PREPARED == []
+        cluster.scale(2)
+        client.wait_for_workers(2, timeout=120)
+        assert wait_for(lambda: len(_PREPARED) >= 2, timeout=120), _PREPARED  # both sides

@@ -190,9 +190,10 @@ def _pid() -> int:
 
 
 # victim, the IPC call held, bytes per value: just over the staging area (1 GiB), so the
-# value goes from its own allocation, or a quarter of it, staged
+# value goes from its own allocation, or small enough to be staged every round while the
+# slots of the rounds before, whose sends failed, stay held (staging.FAILED_HOLD)
 KILLS = {"sender": ("export", (1 << 30) + (1 << 20)), "receiver": ("open", (1 << 30) + (1 << 20)),
-         "receiver-staged": ("copy", 256 * MiB)}
+         "receiver-staged": ("copy", 64 * MiB)}
 
 
 @pytest.mark.gpu
@@ -219,6 +220,11 @@ def test_a_worker_killed_mid_transfer(victim: str, tmp_path: Path) -> None:
         a, b = sorted(workers_info(client))
         names = {a: "w0", b: "w1"}
         for round_ in range(3):
+            # each worker (a restarted one too) has met the other: areas made and mapped ahead
+            assert wait_for(lambda: all(client.run(_introduced).values())
+                            and all(s["staging-bytes"] > 0 for s in client.run(_staging_stats).values()),
+                            timeout=120)
+            staged = client.run(_staging_stats, workers=[a])[a]["staged"]
             xs = [client.submit(make_value, 100 + 10 * round_ + i, nbytes, "f8", workers=[a],
                                 allow_other_workers=True, pure=False) for i in range(3)]
             wait(xs)
@@ -237,6 +243,8 @@ def test_a_worker_killed_mid_transfer(victim: str, tmp_path: Path) -> None:
                 assert client.run(_ipc_stats, workers=[a])[a]["sent"] > sent
             os.kill(pid, signal.SIGKILL)
             assert client.gather(here) == there
+            if victim == "receiver-staged":  # the sender lives on: its area took this round's values
+                assert client.run(_staging_stats, workers=[a])[a]["staged"] > staged
             client.wait_for_workers(2, timeout=180)
             workers = list(workers_info(client))
             by_name = {info["name"]: addr for addr, info in workers_info(client).items()}
@@ -347,7 +355,9 @@ def test_a_staging_area_is_mapped_once(placement: list[str]) -> None:
     env = {"DASK_CUDASK__COMM__DEVICE_IPC_STAGING": "512MiB"}
     with worker_processes(placement, env=env, args=["--device-memory-limit", "16GB"]) as client:
         a, b = sorted(workers_info(client))
-        assert client.run(_staging_stats, workers=[a])[a]["staging-bytes"] == 512 * MiB
+        # made once the workers have met (cudask.comm.ahead)
+        assert wait_for(lambda: client.run(_staging_stats, workers=[a])[a]["staging-bytes"]
+                        == 512 * MiB, timeout=120)
         kept = []
         for i, (kind, nbytes) in enumerate((("f8", 64 * MiB), ("view", 96 * MiB), ("block", 128 * MiB),
                                             ("reversed", 32 * MiB), ("f8", 768 * MiB))):
@@ -364,6 +374,50 @@ def test_a_staging_area_is_mapped_once(placement: list[str]) -> None:
         assert stats["received"] == 5, stats
         # the area once (ahead, or by the first value) and the large value's own chunk
         assert stats["mappings-opened"] + stats["mappings-opened-ahead"] == 2, stats
+
+
+def _introduced(dask_worker: Any) -> bool:
+    """Whether the worker's exchange with its host's peers has nothing under way."""
+    exchange = dask_worker.plugins["cudask-device-ipc"]._ahead
+    return exchange is not None and not exchange.tasks
+
+
+@pytest.mark.gpu
+def test_a_worker_alone_on_its_host_makes_no_staging_area() -> None:
+    """The area is made when a worker first meets a peer of its host: one alone holds none."""
+    pytest.importorskip("cupy")
+    with worker_processes(["0"], args=["--device-memory-limit", "16GB"]) as client:
+        (a,) = workers_info(client)
+        assert wait_for(lambda: client.run(_introduced, workers=[a])[a], timeout=120)
+        assert client.run(_staging_stats, workers=[a])[a]["staging-bytes"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rmm", [["--rmm-async"], ["--rmm-managed-memory"],
+                                 ["--rmm-async", "--rmm-pool-size", "2GB"]],
+                         ids=["async", "managed", "async-pool"])
+def test_memory_cuda_cannot_export_goes_through_the_area(rmm: list[str]) -> None:
+    """CuPy allocating from RMM's cudaMallocAsync or managed memory, which CUDA IPC
+    cannot export: a value that fits the staging area goes as a copy in it, one that
+    does not goes through host memory (declined), both identical on arrival."""
+    pytest.importorskip("cupy")
+    pytest.importorskip("rmm")
+    env = {"DASK_CUDASK__COMM__DEVICE_IPC_STAGING": "512MiB"}
+    args = ["--device-memory-limit", "16GB", *rmm, "--set-rmm-allocator-for-libs", "cupy"]
+    with worker_processes(["0", "0"], env=env, args=args) as client:
+        a, b = sorted(workers_info(client))
+        assert wait_for(lambda: client.run(_staging_stats, workers=[a])[a]["staging-bytes"]
+                        == 512 * MiB, timeout=120)
+        for i, nbytes in enumerate((64 * MiB, 768 * MiB)):
+            x = client.submit(make_value, 700 + i, nbytes, "f8", workers=[a], pure=False)
+            there = client.submit(digest, x, workers=[a], pure=False).result(timeout=120)
+            assert client.submit(digest, x, workers=[b], pure=False).result(timeout=120) == there
+        assert wait_for(lambda: client.run(_staging_stats, workers=[a])[a]["staging-in-use"] == 0,
+                        timeout=120)
+        assert client.run(_staging_stats, workers=[a])[a]["staged"] == 1
+        sender = client.run(_ipc_stats, workers=[a])[a]
+        assert sender["declined"] == 1 and sender["sent"] == 1, sender  # the 768 MiB value
+        assert client.run(_ipc_stats, workers=[b])[b]["received"] == 1
 
 
 @pytest.mark.gpu

@@ -39,7 +39,7 @@ def test_slots_are_taken_first_fit_aligned_and_merged_when_given_back() -> None:
     area.give(a)
     area.give(c)  # merged with both neighbours: the whole area again
     assert area.in_use() == 0 and area.take(4096) == 4096
-    assert area.counts["staged"] == 6 and area.counts["staged-bytes"] == 100 + 1000 + 256 + 1024 + 1280 + 4096
+    assert area.counts["staged"] == 0  # `stage` counts a slot once its copy is done
 
 
 @pytest.fixture
@@ -52,6 +52,7 @@ def wired(monkeypatch: pytest.MonkeyPatch) -> FakeIPCBackend:
     monkeypatch.setattr(leases, "_installed", None)
     monkeypatch.setattr(staging, "_area", None)
     monkeypatch.setattr(staging, "_copier", None)
+    monkeypatch.setattr(staging, "_pending", None)
     backend = FakeIPCBackend()
     staging.install(backend, 1 << 16)
     ipc.enable(backend, min_size=1024)
@@ -141,3 +142,81 @@ def test_a_slot_taken_after_its_send_ended_is_given_back_at_once(wired: FakeIPCB
     assert late is not None and staging.stats()["staging-in-use"] == 4096
     slots.add(late)  # a serialization thread that outlived the send
     assert staging.stats()["staging-in-use"] == 0
+
+
+def test_memory_that_cannot_be_exported_goes_through_the_area(wired: FakeIPCBackend) -> None:
+    """Memory CUDA will not export (RMM's cudaMallocAsync or managed memory: here one the
+    fake backend did not allocate) goes as a copy in the area when a slot takes it, and
+    is declined as before when none does or when no send holds the slot."""
+    values = np.arange(1024, dtype="f8")
+    foreign = FakeDeviceArray.from_numpy(values)  # not the backend's: export refuses it
+    header, out = _send(foreign)
+    assert header["handle"] == b"staging" and header["lasting"] and header["lease"] == 0.0
+    assert np.array_equal(out._array, values)
+    assert staging.stats()["staged"] == 1 and ipc.stats()["declined"] == 0
+    too_big = FakeDeviceArray.from_numpy(np.ones(1 << 14, dtype="f8"))  # more than the area
+    with ipc.keep_alive(), pytest.raises(NotImplementedError, match="cannot be exported"):
+        ipc.dumps(too_big, LOCAL)
+    with pytest.raises(NotImplementedError, match="cannot be exported"):
+        ipc.dumps(foreign, LOCAL)  # outside keep_alive: no send to hold a slot
+    assert ipc.stats()["declined"] == 2 and staging.stats()["staging-in-use"] == 0
+
+
+def test_a_failed_send_holds_its_slots_for_a_while(wired: FakeIPCBackend,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A send that fails (the connection closed before the peer answered) may leave a
+    receiver copying from its slots: they stay taken `FAILED_HOLD` seconds, then the
+    next slot taken frees them. A send that ends well gives its slots back at once."""
+    backend = wired
+    now = [0.0]
+    area = staging.Staging(staging._area.base, staging._area.nbytes, staging._area.handle,
+                           clock=lambda: now[0])
+    monkeypatch.setattr(staging, "_area", area)
+    x = backend.allocate(np.ones(1024, dtype="f8"))  # 8 KiB
+    with pytest.raises(OSError, match="closed"), ipc.keep_alive():
+        header, _ = serialize(x, serializers=REPLY, context=LOCAL)
+        assert header["handle"] == b"staging"
+        raise OSError("connection closed")
+    assert staging.stats()["staging-in-use"] == 8192  # held
+    now[0] = staging.FAILED_HOLD - 1
+    first = area.take(256)
+    assert first is not None and staging.stats()["staging-in-use"] == 8192 + 256
+    now[0] = staging.FAILED_HOLD
+    second = area.take(256)
+    assert second is not None and staging.stats()["staging-in-use"] == 512  # the held slot freed
+    area.give(first)
+    area.give(second)
+    header, out = _send(x)  # a send that ends well: back at once (checked in _send)
+    assert header["handle"] == b"staging" and np.array_equal(out._array, x._array)
+    assert staging.stats()["staged"] == 2 and staging.stats()["staged-bytes"] == 2 * 8192
+
+
+def test_a_deferred_area_is_made_when_first_needed_and_a_refusal_is_not_retried(
+        wired: FakeIPCBackend, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """`defer` makes nothing; the first `ensure` (a peer met) or first send makes the
+    area once; a refusal is logged once and not tried again."""
+    backend = wired
+    monkeypatch.setattr(staging, "_area", None)
+    monkeypatch.setattr(staging, "_copier", None)
+    staging.defer(backend, 1 << 16)
+    assert staging.stats()["staging-bytes"] == 0  # a worker that never meets a peer: none
+    x = backend.allocate(np.ones(1024, dtype="f8"))
+    header, out = _send(x)  # its first send makes it
+    assert header["handle"] == b"staging" and np.array_equal(out._array, x._array)
+    assert staging.stats()["staging-bytes"] == 1 << 16 and staging.ensure() is staging._area
+    monkeypatch.setattr(staging, "_area", None)
+    monkeypatch.setattr(staging, "_copier", None)
+    calls = []
+
+    def refuse(nbytes: int) -> int:
+        calls.append(nbytes)
+        raise RuntimeError("cudaErrorMemoryAllocation")
+
+    monkeypatch.setattr(backend, "allocate_area", refuse)
+    staging.defer(backend, 1 << 16)
+    with caplog.at_level("WARNING", logger="cudask.comm"):
+        assert staging.ensure() is None and staging.ensure() is None
+        header, _ = _send(x)  # goes from its own allocation
+    assert header["handle"] != b"staging" and calls == [1 << 16]
+    assert caplog.text.count("no IPC staging area") == 1

@@ -13,6 +13,7 @@ from cudask.testing import FakeBackend, fake_gpu
 from cudask.worker import plugins as P
 from cudask.worker.rmm import RMMSetup
 from cudask.worker.spec import (
+    check_devices,
     device_sizes,
     gpu_name,
     nanny_options,
@@ -94,6 +95,16 @@ def test_device_ipc_serializers_and_plugin(dgx, monkeypatch):
     assert [p.staging for p in spec["plugins"] if p.name == "cudask-device-ipc"] == [0]
     spec = nanny_options(resolve({"rmm_pool_size": "1GB"}, "cluster"), devices, 0, n_workers=1, name=0)
     assert [p.staging for p in spec["plugins"] if p.name == "cudask-device-ipc"] == [0]  # slabs instead
+    spec = nanny_options(resolve({"workers_per_gpu": 4}, "cluster"), devices, 0, n_workers=4, name=0)
+    assert {p.staging for p in spec["plugins"] if p.name == "cudask-device-ipc"} == {1 << 28}  # a share
+    with dask.config.set({"cudask.comm.device-ipc-staging": "100TiB"}), \
+            pytest.raises(OptionError, match=r"cudask.comm.device-ipc-staging='100TiB' \(.*\) is more "
+                                             r"than the memory of"):
+        check_devices(resolve({}, "cluster"), devices)
+    for unexportable in ({"rmm_async": True}, {"rmm_managed_memory": True}):  # a pool CUDA cannot export
+        spec = nanny_options(resolve({"rmm_pool_size": "1GB", **unexportable}, "cluster"), devices, 0,
+                             n_workers=1, name=0)
+        assert [p.staging for p in spec["plugins"] if p.name == "cudask-device-ipc"] == [1 << 30]
     for bad in ("banana", -1, "1 parsec", True):
         with dask.config.set({"cudask.comm.device-ipc-min-size": bad}), \
                 pytest.raises(OptionError, match=r"cudask.comm.device-ipc-min-size=.*is not a size"):

@@ -15,6 +15,8 @@ one process, `cudask.comm.map-ahead: false`) are never asked, nor are advertisem
 whose process has ended (an address a later worker may reuse). Opening a mapping
 of a peer's slab takes milliseconds per GB of the slab (docs/design/comm.md):
 paid at start, that cost leaves the first exchange between the workers.
+`prepare` (cudask.comm.staging.ensure: the staging area) runs when the worker
+first meets a peer, before its offer, so the area is offered with the slabs.
 Everything here is an optimisation: a peer that does not answer, answers
 nothing or cannot be mapped is left to the first transfer, which maps it as
 before; the failure is logged at debug level.
@@ -26,8 +28,8 @@ its worker leaves (distributed has no call to remove one); the list of workers
 still there and the check that its process runs filter it out.
 
 Threading: `start`, `stop` and the handler run on the worker's event loop (`start`
-must be called there, as distributed sets plugins up); the mappings are opened
-in threads of the loop's default executor. An opening still running when the
+must be called there, as distributed sets plugins up); the mappings are opened,
+and `prepare` and the offer run, in threads of the loop's default executor. An opening still running when the
 worker closes is closed once open (`Mappings.close_all`).
 """
 
@@ -35,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from distributed.core import Status
@@ -55,8 +57,9 @@ _POLL = 0.05
 class MapAhead:
     """One worker's exchange of pool slabs with the other workers of its host."""
 
-    def __init__(self, worker: Any) -> None:
+    def __init__(self, worker: Any, prepare: Callable[[], object] | None = None) -> None:
         self.worker = worker
+        self.prepare = prepare  # run once a peer is met, before this worker's offer
         self.tasks: set[asyncio.Task[Any]] = set()
 
     def start(self) -> None:
@@ -82,7 +85,7 @@ class MapAhead:
             return None
         if offer is not None:
             self._spawn(self._map(offer, "its offer"))
-        return await _own_offer()
+        return await _own_offer(self.prepare)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -102,7 +105,7 @@ class MapAhead:
         peers = await self._peers()
         if not peers:
             return
-        me, mine = ipc.identity(), await _own_offer()
+        me, mine = ipc.identity(), await _own_offer(self.prepare)
         for peer in peers:
             try:
                 theirs = await self.worker.rpc(peer).cudask_ipc_map_ahead(peer=me, offer=mine)
@@ -146,11 +149,18 @@ def _ended(task: asyncio.Task[Any]) -> None:
         logger.debug("cudask: mapping pool slabs ahead failed", exc_info=task.exception())
 
 
-async def _own_offer() -> dict[str, Any] | None:
-    """This worker's offer (`ipc.offer`, in a thread: it exports handles); None when
-    that fails (logged at debug level: peers map its slabs on their first message)."""
+async def _own_offer(prepare: Callable[[], object] | None = None) -> dict[str, Any] | None:
+    """This worker's offer (`ipc.offer`, in a thread: it exports handles), after
+    `prepare`; None when that fails (logged at debug level: peers map its slabs on
+    their first message)."""
+
+    def offer() -> dict[str, Any] | None:
+        if prepare is not None:
+            prepare()
+        return ipc.offer()
+
     try:
-        return await asyncio.to_thread(ipc.offer)
+        return await asyncio.to_thread(offer)
     except Exception:
         logger.debug("cudask: could not offer this worker's pool slabs", exc_info=True)
         return None

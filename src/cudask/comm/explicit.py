@@ -126,9 +126,9 @@ async def _send(shuffle_id: str, holders: dict[str, dict[Any, int]], on: list[st
             shuffle_id=shuffle_id, pieces=to_serialize(pieces),
             serializers=by_ipc if address in ipc_peers else None) for address, pieces in outgoing.items()),
             return_exceptions=True)
-    errors = [r for r in results if isinstance(r, BaseException)]
-    if errors:
-        raise errors[0]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:  # inside the block: a failed send's staging slots are held (cudask.comm.staging)
+            raise errors[0]
     return sum(len(p) for p in outgoing.values())
 
 

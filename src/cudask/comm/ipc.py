@@ -8,7 +8,8 @@ too), each cuDF object's device buffers (``device_serialize``), and each
 JIT-unspill proxy's object on the device, going to a worker on the same host,
 is sent as a CUDA IPC handle of its allocation plus offset and layout; one
 that fits the worker's staging area is first copied there and goes as the
-area's handle (cudask.comm.staging). The receiver maps the allocation, copies
+area's handle (cudask.comm.staging), as must one in memory CUDA does not
+export. The receiver maps the allocation, copies
 into memory of its own, waits for the copy, unmaps (or keeps mapped a lasting
 pool slab or staging area, or a leased chunk of CuPy's pool for a while:
 cudask.comm.lifetimes, cudask.comm.leases), and only then answers, so the
@@ -114,11 +115,13 @@ def keep_alive() -> Iterator[None]:
     only inside such a block."""
     slots = staging.Slots()
     token, leased, staged = _held.set([]), _leased.set([]), _staged.set(slots)
+    failed = True
     try:
         with traffic.moving():  # the peer maps and reads this process's memory meanwhile
             yield
+        failed = False
     finally:
-        slots.release()  # the peer has answered (or failed): it has copied what was staged
+        slots.release(failed)  # answered: copied; failed: the peer may still be copying
         try:
             leases.extend(_leased.get() or ())  # and leases start now
         finally:
@@ -283,15 +286,18 @@ def dumps(x: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, Any]
 
 def _export(backend: Backend, x: Any) -> dict[str, Any]:
     """The handle, offset and layout of a device array (waiting first for the
-    work queued to write it); NotImplementedError when it cannot go by handle."""
+    work queued to write it); NotImplementedError when it cannot go by handle.
+    An array whose own memory cannot be exported (RMM's cudaMallocAsync or managed
+    memory) goes only through the staging area."""
     layout = ipc_layout.layout(x)
     if layout is None:
         raise NotImplementedError(FAMILY)  # distributed's serializer copies it
-    start = time.perf_counter()
+    start, refused = time.perf_counter(), None
     try:
         handle, offset = backend.export(layout.address)
+        base: int | None = layout.address - offset
     except RuntimeError as exc:  # CUDA errors, e.g. stream-ordered (cudaMallocAsync) memory
-        _decline(f"its memory cannot be exported for IPC ({exc})")
+        refused, base = exc, None
     exported = time.perf_counter()
     backend.ready()
     with _state.lock:
@@ -300,19 +306,22 @@ def _export(backend: Backend, x: Any) -> dict[str, Any]:
     held, leased, staged = _held.get(), _leased.get(), _staged.get()
     if held is not None:  # alive until the peer answers, even if its owner lets go (a spilled proxy)
         held.append(x)
-    base = layout.address - offset
-    lasting = lifetimes.sending(base)  # an RMM pool slab
+    lasting = base is not None and lifetimes.sending(base)  # an RMM pool slab
     itemsize = int(layout.typestr[2:])
     nbytes = itemsize * math.prod(layout.shape)
     strides = layout.strides
     slot = staging.stage(x, nbytes, layout.order) if staged is not None and not lasting else None
     if slot is not None and staged is not None:  # a contiguous copy in the area peers keep mapped
         staged.add(slot)
-        handle, offset = backend.export(slot)
+        handle, offset = staging.handle(slot)  # the area's, exported once
         lasting, strides = True, ipc_layout.contiguous_strides(layout.shape, itemsize, layout.order)
-    lease = leases.sending(base) if leased is not None and not lasting else 0.0
-    if lease and leased is not None:
-        leased.append(base)
+    elif base is None:
+        _decline(f"its memory cannot be exported for IPC ({refused})")
+    lease = 0.0
+    if leased is not None and base is not None and not lasting:
+        lease = leases.sending(base)
+        if lease:
+            leased.append(base)
     return {
         "shape": list(layout.shape),
         "dtype": layout.typestr,

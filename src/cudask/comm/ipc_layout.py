@@ -38,17 +38,13 @@ def layout(x: Any) -> Layout | None:
         return None
     itemsize = int(typestr[2:])
     given = cai.get("strides")
-    strides = _strides(shape, itemsize, "C") if given is None else tuple(int(s) for s in given)
-    fortran = strides != _strides(shape, itemsize, "C") and strides == _strides(shape, itemsize, "F")
+    strides = contiguous_strides(shape, itemsize, "C") if given is None else tuple(int(s) for s in given)
+    fortran = strides != contiguous_strides(shape, itemsize, "C") and strides == contiguous_strides(shape, itemsize, "F")
     return Layout(shape, typestr, int(cai["data"][0]), strides, "F" if fortran else "C")
 
 
 def contiguous_strides(shape: tuple[int, ...], itemsize: int, order: str) -> tuple[int, ...]:
     """The byte strides of a contiguous array of `order` ("C" or "F")."""
-    return _strides(shape, itemsize, order)
-
-
-def _strides(shape: tuple[int, ...], itemsize: int, order: str) -> tuple[int, ...]:
     out, step = [], itemsize
     for n in (reversed(shape) if order == "C" else shape):
         out.append(step)

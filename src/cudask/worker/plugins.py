@@ -305,15 +305,6 @@ class StoreMetrics(WorkerPlugin):
         StoreCollector.workers.discard(worker)
 
 
-def _install_staging(backend: Any, nbytes: int) -> None:
-    """cudask.comm.staging's area of `nbytes`; without one (logged) when CUDA refuses it."""
-    try:
-        staging.install(backend, nbytes)
-    except Exception as exc:  # noqa: BLE001 - an optimisation: IPC works without it
-        logger.warning("cudask: no IPC staging area of %d bytes (%s): arrays go by their own "
-                       "allocations", nbytes, exc)
-
-
 def _sweep() -> None:
     ipc.sweep()
     leases.sweep()
@@ -328,7 +319,8 @@ class DeviceIPC(WorkerPlugin):
     pool gives way to cudask.comm.leases' pool, whose sent chunks receivers keep
     mapped. The workers of a host map each other's RMM pool slabs when they
     start (cudask.comm.ahead), unless `map_ahead` (`cudask.comm.map-ahead`) is off,
-    and with `staging` bytes, its staging area (cudask.comm.staging) among them."""
+    and with `staging` bytes, its staging area (cudask.comm.staging) among them,
+    made when the worker first meets a peer of its host or first sends by IPC."""
 
     name = "cudask-device-ipc"
     # seconds between checks for kept mappings that have ended and leased chunks to free
@@ -354,22 +346,23 @@ class DeviceIPC(WorkerPlugin):
         # where this worker does not send by IPC, since its peers may still send to it.
         self._sweep = PeriodicCallback(_sweep, self.sweep_interval * 1000)
         self._sweep.start()
-        if self.map_ahead:  # this host's workers' pool slabs mapped at start (cudask.comm.ahead)
-            self._ahead = MapAhead(worker)
-            self._ahead.start()
         reason = self.unavailable()
+        backend = None
         if reason is None:
             try:
                 backend = ipc_cuda.CudaBackend()
             except ImportError as exc:
                 reason = f"{exc.name or exc} is not installed"
-            else:
-                if self.staging:  # before any offer: the area is offered with the pool's slabs
-                    _install_staging(backend, self.staging)
-                ipc.enable(backend, self.min_size)
-                if self.lease:  # CuPy's own pool: its sent chunks leased (cudask.comm.leases)
-                    leases.install(self.lease)
-                return
+        if backend is not None and self.staging:  # made when first needed (cudask.comm.staging)
+            staging.defer(backend, self.staging)
+        if self.map_ahead:  # this host's workers' pool slabs mapped at start (cudask.comm.ahead)
+            self._ahead = MapAhead(worker, staging.ensure)  # the area too, once a peer is met
+            self._ahead.start()
+        if backend is not None:
+            ipc.enable(backend, self.min_size)
+            if self.lease:  # CuPy's own pool: its sent chunks leased (cudask.comm.leases)
+                leases.install(self.lease)
+            return
         self.off_because = reason
         logger.info("cudask: device data between this host's workers go through host memory, "
                     "not CUDA IPC: %s", reason)

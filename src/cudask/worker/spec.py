@@ -92,6 +92,9 @@ def check_devices(o: WorkerOptions, devices: Sequence[Device]) -> list[DeviceSiz
     """Every per-device size, parsed before any process starts; and CuPy, which the
     store copies device data with, when any worker will spill or hand out proxies."""
     sizes = [device_sizes(o, d) for d in devices]
+    if device_ipc_min_size(o) is not None:
+        for device, size in zip(devices, sizes, strict=True):
+            staging_size(o, size, device)  # an area larger than the GPU: said now
     warn_pool_past_limit(o, sizes)
     if o.jit_unspill or any(s.device_memory_limit is not None for s in sizes):
         what = "jit_unspill=True" if o.jit_unspill else (
@@ -198,14 +201,27 @@ def plugins(o: WorkerOptions, device: Device, sizes: DeviceSizes,
     if min_size is not None:
         out.append(DeviceIPC(device.uuid, min_size, comm_settings.device_ipc_lease(),
                              map_ahead=comm_settings.map_ahead(),
-                             staging=staging_size(sizes)))
+                             staging=staging_size(o, sizes, device)))
     return out
 
 
-def staging_size(sizes: DeviceSizes) -> int:
-    """Bytes of the worker's IPC staging area (`cudask.comm.device-ipc-staging`):
-    none with an RMM pool, whose slabs the host's workers map at start instead."""
-    return 0 if sizes.rmm_pool_size else comm_settings.device_ipc_staging()
+def staging_size(o: WorkerOptions, sizes: DeviceSizes, device: Device) -> int:
+    """Bytes of the worker's IPC staging area (`cudask.comm.device-ipc-staging`, per
+    GPU: with workers_per_gpu N each worker's share): none with an RMM pool whose
+    slabs the host's workers map at start instead; an area with RMM memory CUDA cannot
+    export (cudaMallocAsync, managed), pool or not. OptionError when it is more than
+    the GPU's memory."""
+    exportable_pool = sizes.rmm_pool_size and not (o.rmm_async or o.rmm_managed_memory)
+    if exportable_pool:
+        return 0
+    area, total = comm_settings.device_ipc_staging(), device.memory_total
+    if total is not None and area > total:
+        raise OptionError(
+            f"cudask.comm.device-ipc-staging={dask.config.get('cudask.comm.device-ipc-staging')!r} "
+            f"({format_bytes(area)}) is more than the memory of "
+            f"{device.label} ({device.gpu.name}, {format_bytes(total)}): give a "
+            "few percent of it, or 0 for no staging area")
+    return share(area, workers_per_gpu(o), 256) or 0
 
 
 def device_ipc_min_size(o: WorkerOptions) -> int | None:
