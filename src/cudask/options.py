@@ -62,6 +62,10 @@ OPTIONS: tuple[Option, ...] = (
            config="log-spilling", flag="--log-spilling", secondary="--no-log-spilling"),
     _bool("jit_unspill", "Hand tasks proxies that stay spilled until the task touches them "
           "(JIT-unspill).", "jit-unspill", on="--enable-jit-unspill", off="--disable-jit-unspill"),
+    _bool("gc_freeze", "Once the worker has started and imported CuPy, move the objects it "
+          "has so far out of the garbage collector's scans (gc.freeze), so that Python's "
+          "full collections, which pause every task, scan only what came later.",
+          "gc-freeze"),
     # --- communication
     Option("protocol", "str", "Protocol: 'tcp', 'tls', 'ucx', ... (default: dask's, tcp).",
            config="protocol", group="comm"),

@@ -40,11 +40,17 @@ def _cupy_view() -> dict:
     if ctx.importer is not None:
         ctx.importer.join(timeout=60)
     was_imported = "cupy" in sys.modules
+    freeze = get_worker().plugins["cudask-gc-freeze"]
+    if freeze.thread is not None:
+        freeze.thread.join(timeout=60)
+    import gc
+
     import cupy
 
     return {"imported": was_imported, "device": cupy.cuda.runtime.getDevice(),
             "bus": normalize_bus_id(cupy.cuda.Device().pci_bus_id),
-            "sum": float(cupy.arange(10).sum()), "context_s": ctx.seconds}
+            "sum": float(cupy.arange(10).sum()), "context_s": ctx.seconds,
+            "frozen": freeze.frozen, "freeze_count": gc.get_freeze_count()}
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +73,8 @@ def test_each_worker_device0_is_its_gpu_and_pinned(machine):
             view = client.submit(_cupy_view, workers=[addr], pure=False).result()
             assert view["imported"] and view["device"] == 0 and view["sum"] == 45.0
             assert view["bus"] == gpu.pci_bus_id and 0 < view["context_s"] < 60
+            # Start-up objects, CuPy's among them, were frozen once the import was done.
+            assert view["frozen"] and view["freeze_count"] >= view["frozen"]
         assert client.submit(lambda: 21 * 2).result() == 42
 
 

@@ -279,3 +279,53 @@ def test_device_ipc_starts_the_exchange_of_pool_slabs_only_when_asked(monkeypatc
 
     assert asyncio.run(set_up_and_down(True)) == (True, True, None)  # declined after teardown
     assert asyncio.run(set_up_and_down(False)) == (False, False, None)  # never registered
+
+
+def test_gc_freeze_waits_for_the_cupy_import_then_freezes_and_unfreezes_at_teardown():
+    """The freeze comes after the background import (its objects are frozen too), in
+    a thread of its own; teardown joins it and gives the objects back to the collector."""
+    import gc
+    import threading
+    import types
+
+    from cudask.worker import plugins as P
+
+    release = threading.Event()
+    importer = threading.Thread(target=release.wait, args=(30,))
+    importer.start()
+    context = types.SimpleNamespace(importer=importer)
+    worker = types.SimpleNamespace(name="w", plugins={P.CUDAContext.name: context})
+    plugin = P.GCFreeze()
+    assert gc.get_freeze_count() == 0
+    try:
+        plugin.setup(worker)
+        thread = plugin.thread
+        assert thread is not None and thread.is_alive() and plugin.frozen is None
+        plugin.setup(worker)  # idempotent
+        assert plugin.thread is thread
+        release.set()
+        thread.join(30)
+        assert plugin.frozen is not None and plugin.frozen > 0
+        assert gc.get_freeze_count() >= plugin.frozen
+    finally:
+        release.set()
+        plugin.teardown(worker)
+    assert plugin.thread is None and gc.get_freeze_count() == 0
+
+
+def test_gc_freeze_without_the_cuda_context_plugin_freezes_at_once():
+    import gc
+    import types
+
+    from cudask.worker import plugins as P
+
+    plugin = P.GCFreeze()
+    worker = types.SimpleNamespace(name="w", plugins={})
+    try:
+        plugin.setup(worker)
+        assert plugin.thread is not None
+        plugin.thread.join(30)
+        assert plugin.frozen is not None and plugin.frozen > 0
+    finally:
+        plugin.teardown(worker)
+    assert gc.get_freeze_count() == 0

@@ -56,7 +56,10 @@ def test_plugin_order_and_names(dgx, monkeypatch):
     names = [p.name for p in nanny_options(o, devices, 0, n_workers=1, name=0)["plugins"]]
     assert names == ["cudask-cpu-affinity", "cudask-cuda-context", "cudask-rmm",
                      "cudask-pre-import", "cudask-cudf-spill", "cudask-metrics",
-                     "cudask-device-ipc"]
+                     "cudask-device-ipc", "cudask-gc-freeze"]
+    o = resolve({"gc_freeze": False}, "cluster")
+    names = [p.name for p in nanny_options(o, devices, 0, n_workers=1, name=0)["plugins"]]
+    assert "cudask-gc-freeze" not in names
 
 
 def test_device_ipc_serializers_and_plugin(dgx, monkeypatch):

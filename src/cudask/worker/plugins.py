@@ -15,19 +15,25 @@
    metrics (heartbeats, so the scheduler, dashboard and Prometheus see them).
 7. ``cudask-device-ipc``: sends device arrays to workers on the same host by
    CUDA IPC (cudask.comm.ipc), where this GPU can read the others' memory.
+8. ``cudask-gc-freeze`` (``gc_freeze``): once the CuPy import of 2 is done,
+   collects garbage once and freezes the objects the worker has (gc.freeze), so
+   the full collections Python runs later, each a pause of the whole worker, scan
+   only objects made after start (docs/design/worker-start.md).
 
 Each has a stable name, is idempotent (a second setup on the same worker does
 nothing) and undoes what it did on teardown where that is possible.
 Does not cover: deciding which ones a worker gets (cudask.worker.spec).
 
 Threading: distributed runs setup and teardown on the worker's event loop. The
-one thread started here imports CuPy and is joined at teardown; the metrics run
+two threads started here (importing CuPy; collecting and freezing once it is
+done) are joined at teardown; the metrics run
 where distributed and prometheus_client read them (a lock guards registration).
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import importlib
 import importlib.util
 import logging
@@ -136,6 +142,44 @@ class CUDAContext(WorkerPlugin):
         if self.importer is not None:
             self.importer.join(timeout=60)
             self.importer = None
+
+
+class GCFreeze(WorkerPlugin):
+    """Collect garbage once the worker's start-up imports are done (CuPy's by
+    `cudask-cuda-context` included), then freeze every object left (gc.freeze), so
+    later full collections skip them. In a thread: the collection holds the GIL for
+    as long as one full collection does, once, while the worker starts. Teardown
+    waits for it and unfreezes."""
+
+    name = "cudask-gc-freeze"
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.frozen: int | None = None  # objects frozen, once done
+
+    def setup(self, worker: Any) -> None:
+        if self.thread is not None:
+            return
+        context = worker.plugins.get(CUDAContext.name)
+        importer = getattr(context, "importer", None)
+        self.thread = threading.Thread(target=self._freeze, args=(importer,),
+                                       name="cudask-gc-freeze", daemon=True)
+        self.thread.start()
+
+    def _freeze(self, importer: threading.Thread | None) -> None:
+        if importer is not None:
+            importer.join()
+        start = time.perf_counter()
+        gc.collect()
+        gc.freeze()
+        self.frozen = gc.get_freeze_count()
+        logger.debug("froze %d objects in %.3f s", self.frozen, time.perf_counter() - start)
+
+    def teardown(self, worker: Any) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout=60)
+            self.thread = None
+            gc.unfreeze()
 
 
 def _import_all(modules: Sequence[str]) -> None:

@@ -39,6 +39,7 @@ from cudask.worker.plugins import (
     CUDAContext,
     CudfSpill,
     DeviceIPC,
+    GCFreeze,
     PreImport,
     StoreMetrics,
 )
@@ -202,6 +203,8 @@ def plugins(o: WorkerOptions, device: Device, sizes: DeviceSizes,
         out.append(DeviceIPC(device.uuid, min_size, comm_settings.device_ipc_lease(),
                              map_ahead=comm_settings.map_ahead(),
                              staging=staging_size(o, sizes, device)))
+    if o.gc_freeze:
+        out.append(GCFreeze())
     return out
 
 
