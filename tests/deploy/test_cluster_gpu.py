@@ -74,7 +74,7 @@ def test_each_worker_device0_is_its_gpu_and_pinned(machine):
             assert view["imported"] and view["device"] == 0 and view["sum"] == 45.0
             assert view["bus"] == gpu.pci_bus_id and 0 < view["context_s"] < 60
             # Start-up objects, CuPy's among them, were frozen once the import was done.
-            assert view["frozen"] and view["freeze_count"] >= view["frozen"]
+            assert view["frozen"] and view["freeze_count"] > 0  # freed ones leave the count
         assert client.submit(lambda: 21 * 2).result() == 42
 
 

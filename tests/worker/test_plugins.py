@@ -306,7 +306,7 @@ def test_gc_freeze_waits_for_the_cupy_import_then_freezes_and_unfreezes_at_teard
         release.set()
         thread.join(30)
         assert plugin.frozen is not None and plugin.frozen > 0
-        assert gc.get_freeze_count() >= plugin.frozen
+        assert gc.get_freeze_count() > 0  # frozen objects freed since leave the count
     finally:
         release.set()
         plugin.teardown(worker)
