@@ -60,8 +60,8 @@ def machine():
 
 def test_each_worker_device0_is_its_gpu_and_pinned(machine):
     pytest.importorskip("cupy")
-    with LocalCUDACluster(dashboard_address=":0", device_memory_limit="1GB") as cluster, \
-            Client(cluster) as client:
+    with LocalCUDACluster(dashboard_address=":0", device_memory_limit="1GB",
+                          gc_freeze=True) as cluster, Client(cluster) as client:
         assert len(workers_info(client)) == len(machine.gpus)
         uuids = client.run(_uuid_of_device0)
         affinity = client.run(_affinity)

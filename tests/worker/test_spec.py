@@ -51,13 +51,14 @@ def test_plugin_order_and_names(dgx, monkeypatch):
     from cudask import options
 
     monkeypatch.setattr(options, "_library", lambda m: True)
-    o = resolve({"rmm_pool_size": "1GB", "pre_import": "json", "enable_cudf_spill": True}, "cluster")
+    o = resolve({"rmm_pool_size": "1GB", "pre_import": "json", "enable_cudf_spill": True,
+                 "gc_freeze": True}, "cluster")
     devices = select_devices(dgx, "0", None)
     names = [p.name for p in nanny_options(o, devices, 0, n_workers=1, name=0)["plugins"]]
     assert names == ["cudask-cpu-affinity", "cudask-cuda-context", "cudask-rmm",
                      "cudask-pre-import", "cudask-cudf-spill", "cudask-metrics",
                      "cudask-device-ipc", "cudask-gc-freeze"]
-    o = resolve({"gc_freeze": False}, "cluster")
+    o = resolve({}, "cluster")  # gc_freeze is off by default
     names = [p.name for p in nanny_options(o, devices, 0, n_workers=1, name=0)["plugins"]]
     assert "cudask-gc-freeze" not in names
 

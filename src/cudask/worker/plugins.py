@@ -15,7 +15,7 @@
    metrics (heartbeats, so the scheduler, dashboard and Prometheus see them).
 7. ``cudask-device-ipc``: sends device arrays to workers on the same host by
    CUDA IPC (cudask.comm.ipc), where this GPU can read the others' memory.
-8. ``cudask-gc-freeze`` (``gc_freeze``): once the CuPy import of 2 is done,
+8. ``cudask-gc-freeze`` (``gc_freeze``, off by default): once the CuPy import of 2 is done,
    collects garbage once and freezes the objects the worker has (gc.freeze), so
    the full collections Python runs later, each a pause of the whole worker, scan
    only objects made after start (docs/design/worker-start.md).
