@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import types
+from typing import Any
 
 import pytest
 
+from cudask.testing import wait_for
 from cudask.worker.plugins import CPUAffinity, PreImport, StoreMetrics
 
 
@@ -281,6 +283,11 @@ def test_device_ipc_starts_the_exchange_of_pool_slabs_only_when_asked(monkeypatc
     assert asyncio.run(set_up_and_down(False)) == (False, False, None)  # never registered
 
 
+def _gc_worker(plugins: dict | None = None, tasks: dict | None = None) -> Any:
+    return types.SimpleNamespace(name="w", plugins=plugins or {},
+                                 state=types.SimpleNamespace(tasks=tasks or {}))
+
+
 def test_gc_freeze_waits_for_the_cupy_import_then_freezes_and_unfreezes_at_teardown():
     """The freeze comes after the background import (its objects are frozen too), in
     a thread of its own; teardown joins it and gives the objects back to the collector."""
@@ -293,10 +300,9 @@ def test_gc_freeze_waits_for_the_cupy_import_then_freezes_and_unfreezes_at_teard
     release = threading.Event()
     importer = threading.Thread(target=release.wait, args=(30,))
     importer.start()
-    context = types.SimpleNamespace(importer=importer)
-    worker = types.SimpleNamespace(name="w", plugins={P.CUDAContext.name: context})
+    worker = _gc_worker({P.CUDAContext.name: types.SimpleNamespace(importer=importer)})
     plugin = P.GCFreeze()
-    assert gc.get_freeze_count() == 0
+    gc.unfreeze()  # a clean start, whatever ran before in this process
     try:
         plugin.setup(worker)
         thread = plugin.thread
@@ -313,19 +319,64 @@ def test_gc_freeze_waits_for_the_cupy_import_then_freezes_and_unfreezes_at_teard
     assert plugin.thread is None and gc.get_freeze_count() == 0
 
 
-def test_gc_freeze_without_the_cuda_context_plugin_freezes_at_once():
+def test_gc_freeze_torn_down_before_the_import_ends_freezes_nothing():
     import gc
+    import threading
     import types
 
     from cudask.worker import plugins as P
 
+    release = threading.Event()
+    importer = threading.Thread(target=release.wait, args=(30,))
+    importer.start()
+    worker = _gc_worker({P.CUDAContext.name: types.SimpleNamespace(importer=importer)})
     plugin = P.GCFreeze()
-    worker = types.SimpleNamespace(name="w", plugins={})
+    gc.unfreeze()
+    plugin.setup(worker)
+    thread = plugin.thread
+    assert thread is not None
+    closer = threading.Thread(target=plugin.teardown, args=(worker,))
+    closer.start()  # waits for the freeze thread, which waits for the import
+    assert wait_for(lambda: plugin.cancelled, 30)
+    release.set()
+    closer.join(60)
+    assert not thread.is_alive() and plugin.frozen is None and gc.get_freeze_count() == 0
+
+
+def test_gc_freeze_leaves_a_worker_that_already_has_tasks_unfrozen():
+    import gc
+
+    from cudask.worker import plugins as P
+
+    worker = _gc_worker(tasks={"x": object()})
+    plugin = P.GCFreeze()
+    gc.unfreeze()
     try:
         plugin.setup(worker)
         assert plugin.thread is not None
         plugin.thread.join(30)
-        assert plugin.frozen is not None and plugin.frozen > 0
+        assert plugin.frozen is None and gc.get_freeze_count() == 0
     finally:
         plugin.teardown(worker)
+
+
+def test_gc_freeze_of_two_workers_in_one_process_stands_until_the_last_teardown():
+    import gc
+
+    from cudask.worker import plugins as P
+
+    first, second = P.GCFreeze(), P.GCFreeze()
+    worker_a, worker_b = _gc_worker(), _gc_worker()
+    gc.unfreeze()
+    try:
+        for plugin, worker in ((first, worker_a), (second, worker_b)):
+            plugin.setup(worker)
+            assert plugin.thread is not None
+            plugin.thread.join(30)
+            assert plugin.frozen
+        first.teardown(worker_a)
+        assert gc.get_freeze_count() > 0  # the other worker's freeze stands
+    finally:
+        first.teardown(worker_a)
+        second.teardown(worker_b)
     assert gc.get_freeze_count() == 0

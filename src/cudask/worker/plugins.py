@@ -148,38 +148,60 @@ class GCFreeze(WorkerPlugin):
     """Collect garbage once the worker's start-up imports are done (CuPy's by
     `cudask-cuda-context` included), then freeze every object left (gc.freeze), so
     later full collections skip them. In a thread: the collection holds the GIL for
-    as long as one full collection does, once, while the worker starts. Teardown
-    waits for it and unfreezes."""
+    as long as one full collection does, once, while the worker starts. A worker
+    that already holds tasks by then freezes nothing (their data must stay
+    collectable). gc.freeze acts on the whole process: workers sharing one count
+    their freezes, and the last teardown unfreezes."""
 
     name = "cudask-gc-freeze"
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _freezes: ClassVar[int] = 0  # plugins of this process whose freeze stands
 
     def __init__(self) -> None:
         self.thread: threading.Thread | None = None
         self.frozen: int | None = None  # objects frozen, once done
+        self.cancelled = False
 
     def setup(self, worker: Any) -> None:
         if self.thread is not None:
             return
+        self.cancelled = False
         context = worker.plugins.get(CUDAContext.name)
         importer = getattr(context, "importer", None)
-        self.thread = threading.Thread(target=self._freeze, args=(importer,),
+        self.thread = threading.Thread(target=self._freeze, args=(worker, importer),
                                        name="cudask-gc-freeze", daemon=True)
         self.thread.start()
 
-    def _freeze(self, importer: threading.Thread | None) -> None:
+    def _freeze(self, worker: Any, importer: threading.Thread | None) -> None:
         if importer is not None:
             importer.join()
         start = time.perf_counter()
-        gc.collect()
-        gc.freeze()
-        self.frozen = gc.get_freeze_count()
+        with GCFreeze._lock:
+            if self.cancelled:
+                return
+            state = getattr(worker, "state", None)
+            if state is not None and state.tasks:
+                logger.info("gc_freeze: worker %s had tasks before its start-up imports "
+                            "were done; nothing frozen", worker.name)
+                return
+            gc.collect()
+            gc.freeze()
+            GCFreeze._freezes += 1
+            self.frozen = gc.get_freeze_count()
         logger.debug("froze %d objects in %.3f s", self.frozen, time.perf_counter() - start)
 
     def teardown(self, worker: Any) -> None:
+        with GCFreeze._lock:
+            self.cancelled = True  # a freeze not yet made is not made
         if self.thread is not None:
             self.thread.join(timeout=60)
             self.thread = None
-            gc.unfreeze()
+        with GCFreeze._lock:
+            if self.frozen is not None:
+                self.frozen = None
+                GCFreeze._freezes -= 1
+                if GCFreeze._freezes == 0:
+                    gc.unfreeze()
 
 
 def _import_all(modules: Sequence[str]) -> None:
