@@ -4,12 +4,15 @@ Covers: `aggregate`, a case's rounds folded into "cold" and "warm" figures (the 
 across rounds, and each round's value: the all-to-all's seconds, each size's
 point-to-point bandwidth, each shuffle method's seconds) and the rounds in which a worker
 spilled device memory to host (`spilled_rounds`: near the device limit a round's figures
-include spilling); `targets`, the comparisons the
+include spilling) and those in which one pinned host memory ahead of spills
+(`pinned_ahead_rounds`); `targets`, the comparisons the
 transfer work is held to, per pool variant: cudask IPC's all-to-all no slower than
 dask-cuda over UCX, cold and warm; its largest point-to-point transfer no slower than
 dask-cuda over UCX, cold and warm; the default configuration within `TOLERANCE` of
-`cudask.memory.pinned-headroom: 0` on the all-to-all, cold and warm. A target whose
-settings did not both run says so (met: None). `summary`, the lines the command prints.
+`cudask.memory.pinned-headroom: 0` on the all-to-all, cold and warm (`same_code`: no
+round of either spilled and none of the default pinned ahead, so the two ran the same
+code and their difference is the runs' spread). A target whose settings did not both
+run says so (met: None). `summary`, the lines the command prints.
 
 Does not cover: measuring (cudask_bench.transfer).
 Threading: pure functions of their arguments.
@@ -37,7 +40,9 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                            "sum_ok": all(r["all_to_all"]["sum_ok"] and r.get("all_to_all_warm", {}).get("sum_ok", True)
                                          for r in done)}
     out["spilled_rounds"] = [r.get("round", i) for i, r in enumerate(runs)
-                             if "all_to_all" in r and _spilled(r)]
+                             if "all_to_all" in r and _store_moved(r, "spill-device-to-host-bytes")]
+    out["pinned_ahead_rounds"] = [r.get("round", i) for i, r in enumerate(runs)
+                                  if "all_to_all" in r and _store_moved(r, "pinned-provision-bytes")]
     sizes = sorted({size for r in done for size in r.get("point_to_point", {})}, key=int)
     methods = sorted({m for r in done for m in r.get("shuffle", {})})
     for mode in MODES:
@@ -55,11 +60,19 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _spilled(run: Mapping[str, Any]) -> bool:
-    """Whether a worker of the run moved device memory to host (the store's figures,
-    any phase): near the device limit the figures include spilling."""
-    return any(figures.get("spill-device-to-host-bytes", 0) > 0
-               for figures in (run.get("store") or {}).values())
+def _store_moved(run: Mapping[str, Any], figure: str) -> bool:
+    """Whether a worker of the run counts any bytes of the store's `figure` (any phase):
+    spill-device-to-host-bytes (near the device limit the figures include spilling),
+    pinned-provision-bytes (host memory pinned ahead of spills)."""
+    return any(figures.get(figure, 0) > 0 for figures in (run.get("store") or {}).values())
+
+
+def _same_code(default: Mapping[str, Any], headroom0: Mapping[str, Any]) -> bool:
+    """Whether the default and `pinned-headroom: 0` ran the same code: each measured a
+    round, neither spilled, and the default never pinned ahead."""
+    measured = all(any("all_to_all" in r for r in c.get("rounds", [])) for c in (default, headroom0))
+    return measured and not (default.get("spilled_rounds") or headroom0.get("spilled_rounds")
+                             or default.get("pinned_ahead_rounds"))
 
 
 def _p2p(entry: Mapping[str, Any] | None, mode: str) -> float | None:
@@ -108,6 +121,8 @@ def targets(settings: Mapping[str, Mapping[str, Any]], pools: Sequence[str | Non
                                    _value(ipc, mode, "all_to_all_s", None),
                                    _value(other, mode, "all_to_all_s", None), lower=True,
                                    tolerance=tolerance))
+                if name == "cudask-ipc-headroom0":
+                    out[-1]["same_code"] = _same_code(ipc, other)
             sizes = list(ipc.get("cold", {}).get("point_to_point_GBps", {}))
             if name == "dask-cuda-ucx" and sizes:
                 largest = max(sizes, key=int)
@@ -167,7 +182,8 @@ def summary(report: Mapping[str, Any]) -> list[str]:
     for t in report.get("targets", []):
         verdict = {True: "met", False: "NOT MET", None: "not measured"}[t["met"]]
         figures = f": {t['mine']:.3g} against {t['theirs']:.3g} ({t['ratio']:.2f}x)" if t["ratio"] else ""
-        lines.append(f"target {verdict}: {t['target']}{figures}")
+        same = " (nothing spilled or pinned ahead: both ran the same code)" if t.get("same_code") else ""
+        lines.append(f"target {verdict}: {t['target']}{figures}{same}")
     if report.get("targets"):
         lines.append(f"targets met: {len(met)} of {len(report['targets'])}")
     return lines

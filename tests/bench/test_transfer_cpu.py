@@ -206,3 +206,24 @@ def test_rounds_that_spilled_are_named() -> None:
             "(round 1; the first is 0)") in lines
     assert aggregate([quiet])["spilled_rounds"] == []
     assert aggregate([{k: v for k, v in quiet.items() if k != "store"}])["spilled_rounds"] == []
+
+
+def test_the_headroom_target_says_when_both_settings_ran_the_same_code() -> None:
+    """No spill on either side and no pinning ahead in the default: the within-5% target
+    compares two runs of the same code; a round that pinned ahead takes that away."""
+    def case(*rounds: dict[str, Any]) -> dict[str, Any]:
+        return {"rounds": list(rounds), **aggregate(list(rounds))}
+
+    quiet = {**_result(0.11, 0.13, 300.0), "round": 0, "store": {"w1": {}, "w2": {}}}
+    pinned = {**_result(0.12, 0.13, 300.0), "round": 1,
+              "store": {"w1": {"pinned-provision-bytes": 2e9}, "w2": {}}}
+    settings = {"cudask-ipc": case(quiet), "cudask-ipc-headroom0": case({**quiet, "round": 0})}
+    found = [t for t in targets(settings, (None,)) if "headroom0" in t["target"]]
+    assert len(found) == 2 and all(t["same_code"] for t in found)
+    assert all(line.endswith("(nothing spilled or pinned ahead: both ran the same code)")
+               for line in summary({"settings": settings, "targets": found}) if "headroom0" in line
+               and line.startswith("target"))
+    settings["cudask-ipc"] = case(quiet, pinned)
+    assert settings["cudask-ipc"]["pinned_ahead_rounds"] == [1]
+    assert not any(t["same_code"] for t in targets(settings, (None,)) if "headroom0" in t["target"])
+    assert all("same_code" not in t for t in targets(settings, (None,)) if "ucx" in t["target"])
