@@ -179,8 +179,7 @@ class GCFreeze(WorkerPlugin):
         with GCFreeze._lock:
             if self.cancelled:
                 return
-            state = getattr(worker, "state", None)
-            if state is not None and state.tasks:
+            if worker.state.tasks:
                 logger.info("gc_freeze: worker %s had tasks before its start-up imports "
                             "were done; nothing frozen", worker.name)
                 return
