@@ -450,3 +450,35 @@ def test_a_sent_pool_outlives_its_worker(sent: bool, monkeypatch: pytest.MonkeyP
     gc.collect()
     assert (slab in recorded.bases) == sent  # freed by the pool's end unless kept
     assert len(lifetimes._kept) == int(sent) and not lifetimes.sending(slab)
+
+
+class _ExportRefused:
+    """CudaBackend whose export fails, as when the driver refuses a handle."""
+
+    def __init__(self) -> None:
+        from cudask.comm.ipc_cuda import CudaBackend
+
+        self.backend = CudaBackend()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    def export(self, ptr: int) -> tuple[bytes, int]:
+        raise RuntimeError("cudaErrorMapBufferObjectFailed")
+
+
+@pytest.mark.gpu
+def test_an_area_that_cannot_be_exported_is_freed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An area whose handle cannot be exported goes back to the GPU; no area is made."""
+    cupy = pytest.importorskip("cupy")
+    from cudask.comm import staging
+
+    monkeypatch.setattr(staging, "_area", None)
+    monkeypatch.setattr(staging, "_copier", None)
+    monkeypatch.setattr(staging, "_pending", None)
+    runtime = cupy.cuda.runtime
+    runtime.free(0)  # the primary context, before the first reading
+    before = runtime.memGetInfo()[0]
+    staging.defer(_ExportRefused(), 1 << 30)
+    assert staging.ensure() is None and staging.stats()["staging-bytes"] == 0
+    assert runtime.memGetInfo()[0] > before - 64 * MiB  # the 1 GiB came back

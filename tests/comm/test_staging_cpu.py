@@ -220,3 +220,19 @@ def test_a_deferred_area_is_made_when_first_needed_and_a_refusal_is_not_retried(
         header, _ = _send(x)  # goes from its own allocation
     assert header["handle"] != b"staging" and calls == [1 << 16]
     assert caplog.text.count("no IPC staging area") == 1
+
+
+def test_an_area_that_cannot_be_exported_is_freed(
+        wired: FakeIPCBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Allocated but refused a handle: the area is freed, none is made, nothing is retried."""
+    backend = wired
+    monkeypatch.setattr(staging, "_area", None)
+    monkeypatch.setattr(staging, "_copier", None)
+
+    def refuse(ptr: int) -> tuple[bytes, int]:
+        raise RuntimeError("cudaErrorMapBufferObjectFailed")
+
+    monkeypatch.setattr(backend, "export", refuse)
+    staging.defer(backend, 1 << 16)
+    assert staging.ensure() is None and staging.ensure() is None
+    assert b"staging" not in backend.allocations and staging.stats()["staging-bytes"] == 0

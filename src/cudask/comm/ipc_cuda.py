@@ -2,7 +2,8 @@
 
 Covers: `Backend`, the calls cudask.comm.ipc makes (wait for queued work,
 export a handle, map and unmap another process's allocation, allocate, copy),
-and the two cudask.comm.staging makes (`CudaBackend.allocate_area`, `.stage`),
+and the three cudask.comm.staging makes (`CudaBackend.allocate_area`, `.free_area`,
+`.stage`),
 `CudaBackend`, which makes them through CuPy's runtime bindings and the driver
 API of cuda-bindings, and `Explained`, a backend's map and unmap whose refusal
 says what to do. Tests give a fake backend (cudask.testing.fake_cuda.FakeIPCBackend).
@@ -89,6 +90,10 @@ class CudaBackend:
     def allocate_area(self, nbytes: int) -> int:
         """cudaMalloc'd memory this process never frees (cudask.comm.staging's area)."""
         return int(self._cupy.cuda.runtime.malloc(nbytes))
+
+    def free_area(self, base: int) -> None:
+        """Free what `allocate_area` gave (an area that could not be exported)."""
+        self._cupy.cuda.runtime.free(base)
 
     def stage(self, x: Any, address: int, order: str) -> None:
         """Copy the device array `x` to `address`, contiguous in `order`, and wait for it."""

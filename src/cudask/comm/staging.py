@@ -55,6 +55,8 @@ class Copier(Protocol):
 
     def allocate_area(self, nbytes: int) -> int: ...
 
+    def free_area(self, base: int) -> None: ...
+
     def export(self, ptr: int) -> tuple[bytes, int]: ...
 
     def stage(self, x: Any, address: int, order: str) -> None: ...
@@ -133,9 +135,9 @@ class Staging:
 
     def figures(self) -> dict[str, float]:
         """The bytes of the slots taken now (`staging-in-use`) and the counts."""
+        in_use = self.in_use()
         with self._lock:
-            self._release_held()
-            return {"staging-in-use": sum(self._taken.values()), **self.counts}
+            return {"staging-in-use": in_use, **self.counts}
 
 
 _area: Staging | None = None
@@ -158,7 +160,11 @@ def _make(copier: Copier, nbytes: int) -> Staging:
 
     if _area is None:
         base = copier.allocate_area(nbytes)
-        handle, _ = copier.export(base)
+        try:
+            handle, _ = copier.export(base)
+        except BaseException:
+            copier.free_area(base)  # no area: the memory goes back to the GPU
+            raise
         lifetimes.lasting(base)
         _area, _copier = Staging(base, nbytes, handle), copier
     return _area
@@ -174,8 +180,9 @@ def defer(copier: Copier, nbytes: int) -> None:
 
 def ensure() -> Staging | None:
     """The area, made now if `defer` asked for one and it is not made yet; None
-    without one. A refusal (CUDA out of memory) is logged and not tried again: arrays
-    then go from their own allocations."""
+    without one. A refusal (CUDA out of memory; an area whose handle cannot be exported
+    is freed first) is logged and not tried again: arrays then go from their own
+    allocations."""
     global _pending
     if _area is not None or _pending is None:
         return _area

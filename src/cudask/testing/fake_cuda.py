@@ -420,6 +420,13 @@ class FakeIPCBackend:
         self.allocations[b"staging"] = numpy.zeros(nbytes, dtype="u1")
         return int(self.allocations[b"staging"].ctypes.data)
 
+    def free_area(self, base: int) -> None:
+        """Free the staging area at `base`."""
+        area = self.allocations.get(b"staging")
+        if area is None or area.ctypes.data != base:
+            raise RuntimeError("cudaErrorInvalidValue: not an area")
+        del self.allocations[b"staging"]
+
     def stage(self, x: FakeDeviceArray, address: int, order: str) -> None:
         source = x._array
         memory = (ctypes.c_char * source.nbytes).from_address(address)
