@@ -1,7 +1,8 @@
 """cudask.comm.explicit on host frames (pandas), two worker processes over TCP:
 every row kept, each key in one output partition, same rows as dask's task
 shuffle, nothing left in the workers' buffers; bad input named before any work;
-a failing split raises ShuffleError and leaves no buffer behind."""
+a failing split raises ShuffleError and leaves no buffer behind; a failed send holds
+only its own staging slots."""
 
 from __future__ import annotations
 
@@ -192,3 +193,40 @@ def test_merge_bad_input_is_named(client: Any) -> None:
     as_float = customers.astype({"key": "f8"})
     with pytest.raises(ValueError, match=r"on='key': dtypes differ \(left int64, right float64\)"):
         merge(orders, as_float, "key", client=client)
+
+
+class _Peer:
+    """A peer's `cudask_shuffle_receive`: the send takes a staging slot, as serializing a
+    device frame into the area does, and fails when the peer is `lost`."""
+
+    def __init__(self, area: Any, lost: bool) -> None:
+        self.area, self.lost = area, lost
+
+    async def cudask_shuffle_receive(self, shuffle_id: str, pieces: Any, serializers: Any) -> None:
+        import asyncio
+
+        from cudask.comm import ipc
+
+        ipc._staged.get().add(self.area.take(1024))
+        await asyncio.sleep(0)  # the other send is under way meanwhile
+        if self.lost:
+            raise OSError("connection to the peer lost")
+
+
+def test_a_failed_send_holds_only_its_own_staging_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two peers: the send to the lost one holds its slot (staging.FAILED_HOLD); the
+    other's slot is free once its peer has answered."""
+    import asyncio
+    import types
+
+    from cudask.comm import explicit, staging
+
+    area = staging.Staging(4096, 1 << 16)
+    monkeypatch.setattr(staging, "_area", area)
+    peers = {"tcp://b": _Peer(area, lost=False), "tcp://c": _Peer(area, lost=True)}
+    worker = types.SimpleNamespace(address="tcp://a", data={"x": _partition(0, 100, "pandas")},
+                                   rpc=peers.__getitem__, plugins={NAME: ExplicitComms()})
+    with pytest.raises(OSError, match="lost"):
+        asyncio.run(explicit._send("s", {"tcp://a": {"x": 0}}, ["key"], 3, ["tcp://a", *peers],
+                                   set(), worker))
+    assert area.in_use() == 1024

@@ -121,15 +121,26 @@ async def _send(shuffle_id: str, holders: dict[str, dict[Any, int]], on: list[st
     mine = outgoing.pop(dask_worker.address, {})
     _plugin(dask_worker).put(shuffle_id, mine)
     by_ipc = [ipc.FAMILY, "dask", "pickle", "error"] if ipc.enabled() else None
-    with ipc.keep_alive():  # device frames exported by handle live until each peer has answered
-        results = await asyncio.gather(*(dask_worker.rpc(address).cudask_shuffle_receive(
-            shuffle_id=shuffle_id, pieces=to_serialize(pieces),
-            serializers=by_ipc if address in ipc_peers else None) for address, pieces in outgoing.items()),
-            return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:  # inside the block: a failed send's staging slots are held (cudask.comm.staging)
-            raise errors[0]
+    results = await asyncio.gather(*(_deliver(dask_worker, address, shuffle_id, pieces,
+                                              by_ipc if address in ipc_peers else None)
+                                     for address, pieces in outgoing.items()), return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
     return sum(len(p) for p in outgoing.values())
+
+
+async def _deliver(dask_worker: Any, address: str, shuffle_id: str, pieces: dict[tuple[int, int], Any],
+                   serializers: list[str] | None) -> Any:
+    """Send `pieces` to the worker at `address`. Its device frames exported by handle live
+    until that peer has answered; a failed send holds only its own staging slots
+    (cudask.comm.staging). Each call runs as a task of its own, so its `keep_alive`
+    (context variables) is its own."""
+    from cudask.comm import ipc
+
+    with ipc.keep_alive():
+        return await dask_worker.rpc(address).cudask_shuffle_receive(
+            shuffle_id=shuffle_id, pieces=to_serialize(pieces), serializers=serializers)
 
 
 def _split(data: Any, key: Any, on: list[str], npartitions: int) -> dict[int, Any]:
