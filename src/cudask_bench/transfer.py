@@ -9,7 +9,8 @@ plan (a `Case`); `--rounds` rounds, each running every case once in a fresh clus
 the order rotated by one case each round (`rotations`: no case always pays the
 machine's first-use costs), after `warmup` runs of round 0's first case that the
 figures leave out (the report's "warmup": they take the machine's first-use costs).
-Per case and round, a fresh scheduler in this process and one worker process per
+Per case and round, a fresh scheduler (`run_setting`; the command runs each case in a
+process of its own, cudask_bench.transfer_case) and one worker process per
 placement entry (its CUDA_VISIBLE_DEVICES, a worker per GPU in
 it: ("0", "0") two workers on GPU 0, ("0", "1") one on each of two GPUs seeing its own
 alone, ("0,1",) one process over both), then

@@ -18,6 +18,7 @@ from cudask_bench import environment, provenance
 from cudask_bench import transfer as transfer_run
 from cudask_bench.cli import bench
 from cudask_bench.transfer import Case, Setting, TransferPlan, rotations
+from cudask_bench.transfer_case import run_case
 from cudask_bench.transfer_report import aggregate, summary, targets
 
 MiB = 1 << 20
@@ -139,6 +140,7 @@ def no_runs(monkeypatch: pytest.MonkeyPatch) -> list[TransferPlan]:
     real = transfer_run.run_transfer
 
     def run_transfer(plan: TransferPlan, **kwargs: Any) -> dict[str, Any]:
+        assert kwargs.pop("run") is run_case  # the command runs each case in a process of its own
         plans.append(plan)
         return real(plan, run=lambda *args: _result(1.0, 0.5, 10.0), **kwargs)
 

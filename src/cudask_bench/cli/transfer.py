@@ -23,6 +23,7 @@ from cudask_bench.cli.options import TRANSFER, with_options
 from cudask_bench.cli.plan import command, size
 from cudask_bench.report import write_json
 from cudask_bench.shuffle import METHODS as SHUFFLE_METHODS
+from cudask_bench.transfer_case import run_case
 from cudask_bench.transfer_report import summary
 
 
@@ -182,7 +183,7 @@ def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
             write_json({"workload": "transfer", "report": report, "machine": machine,
                         "versions": versions}, kw["output"])
 
-    report = transfer_run.run_transfer(plan, progress=write)
+    report = transfer_run.run_transfer(plan, run=run_case, progress=write)  # each case a process of its own
     write(report)
     for line in summary(report):
         click.echo(line)
