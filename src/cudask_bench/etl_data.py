@@ -26,7 +26,6 @@ import math
 import os
 import sys
 import time
-import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -378,20 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     stopping.runner_lifeline()
     plan = EtlPlan.from_json(args.plan)
-    result: dict[str, Any] = {"status": "ok", "error": None}
-    code = 0
-    try:
-        result.update(prepare(plan, args.root, Progress(plan.files + len(plan.formats))))
-    except stopping.Interrupted as exc:
-        result.update(status="failed", error=f"stopped by {exc.name}")
-        code = exc.exit_code
-    except Exception as exc:  # noqa: BLE001 - the parent needs the reason, not a crash
-        result.update(status="failed", error=f"{type(exc).__name__}: {exc}",
-                      traceback=traceback.format_exc())
-        code = 1
-    with open(args.json, "w") as fh:
-        json.dump(result, fh)
-    return code
+    return stopping.record_run(lambda: prepare(plan, args.root, Progress(plan.files + len(plan.formats))),
+                               args.json)
 
 
 if __name__ == "__main__":

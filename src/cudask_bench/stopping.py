@@ -10,7 +10,8 @@ remove its files, then sends SIGKILL to its process group (the runner and its wo
 For a runner (cudask_bench.run): `runner_lifeline()`, after which SIGTERM raises
 `Interrupted` there too (and `check_stop` again, at each step), and the runner sends
 itself SIGTERM once its parent is gone (a harness killed with SIGKILL leaves no runner
-running), then SIGKILL if that did not end it.
+running), then SIGKILL if that did not end it; `record_run(work, path)`, a runner's
+work with its outcome (figures, or the interrupt or error that ended it) written as JSON.
 
 Does not cover: what is stopped (cudask_bench.harness) or the temporary directories
 (their owners remove them). Threading: the handlers run on the main thread, and
@@ -22,13 +23,16 @@ the standard library only: the runner loads it next to dask-cuda.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Any
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -180,11 +184,31 @@ def runner_lifeline(grace: float = 30.0) -> None:
                      name="cudask-bench-parent-watch").start()
 
 
+def record_run(work: Callable[[], dict[str, Any]], path: str) -> int:
+    """Run a runner's `work` and write {"status": "ok", "error": None, **its result} to
+    `path` as JSON; an interrupt or an exception is recorded instead (status "failed",
+    the error, and for an exception its traceback). Return the runner's exit code."""
+    result: dict[str, Any] = {"status": "ok", "error": None}
+    code = 0
+    try:
+        result.update(work())
+    except Interrupted as exc:
+        result.update(status="failed", error=f"stopped by {exc.name}")
+        code = exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - the parent needs the reason, not a crash
+        result.update(status="failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        code = 1
+    with open(path, "w") as fh:
+        json.dump(result, fh, default=str)
+    return code
+
+
 __all__ = [
     "Interrupted",
     "check_stop",
     "deferred",
     "interrupts",
+    "record_run",
     "runner_lifeline",
     "stop_group",
     "wait_exited",

@@ -6,7 +6,8 @@ cudask_bench.transfer_case`) started through cudask_bench.harness.spawn_runner (
 process group and a temporary directory of its own; the runner and its workers stopped
 past `CASE_TIMEOUT_S` or when the command is interrupted), its figures, or its error;
 `main`, the runner: the plan, the setting and the pool from its arguments, the case
-measured (cudask_bench.transfer.run_setting), the result written as JSON.
+measured (cudask_bench.transfer.run_setting), the result written as JSON
+(cudask_bench.stopping.record_run).
 
 Why a process per case: the case's scheduler and client live in the runner, so nothing
 an earlier case left in a process (dask-cuda's UCX context and its threads, garbage,
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -72,20 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", required=True, help="where to write the result")
     args = p.parse_args(argv)
     stopping.runner_lifeline()
-    result: dict[str, Any] = {"status": "ok", "error": None, "pid": os.getpid()}
-    code = 0
-    try:
-        result["figures"] = run_setting(setting_from(json.loads(args.setting)), plan_from(json.loads(args.plan)),
-                                        json.loads(args.pool), args.tag)
-    except stopping.Interrupted as exc:
-        result.update(status="failed", error=f"stopped by {exc.name}")
-        code = exc.exit_code
-    except Exception as exc:  # noqa: BLE001 - a failed case is the case's result
-        result.update(status="failed", error=f"{type(exc).__name__}: {exc}"[:2000])
-        code = 1
-    with open(args.json, "w") as fh:
-        json.dump(result, fh, default=str)
-    return code
+    setting, plan = setting_from(json.loads(args.setting)), plan_from(json.loads(args.plan))
+    return stopping.record_run(lambda: {"figures": run_setting(setting, plan, json.loads(args.pool), args.tag)},
+                               args.json)
 
 
 if __name__ == "__main__":

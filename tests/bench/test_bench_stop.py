@@ -197,3 +197,28 @@ def test_an_ignored_sigint_stays_ignored() -> None:
             assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_a_runner_s_outcome_is_recorded_whatever_ends_it(tmp_path: Path) -> None:
+    """record_run writes the work's result, or the error or interrupt that ended it, and
+    returns the exit code a shell would report."""
+    import json
+
+    from cudask_bench import stopping
+
+    path = str(tmp_path / "result.json")
+    assert stopping.record_run(lambda: {"figures": {"s": 1.0}}, path) == 0
+    assert json.loads(Path(path).read_text()) == {"status": "ok", "error": None, "figures": {"s": 1.0}}
+
+    def fail() -> dict:
+        raise RuntimeError("no GPU")
+
+    assert stopping.record_run(fail, path) == 1
+    failed = json.loads(Path(path).read_text())
+    assert failed["status"] == "failed" and failed["error"] == "RuntimeError: no GPU" and "fail" in failed["traceback"]
+
+    def interrupted() -> dict:
+        raise stopping.Interrupted(signal.SIGTERM)
+
+    assert stopping.record_run(interrupted, path) == 143
+    assert json.loads(Path(path).read_text())["error"] == "stopped by SIGTERM"
