@@ -3,7 +3,7 @@
 Covers: spawning `python -m cudask_bench.run` per variant (per repetition for `startup`
 and cold-mode `spill`/`cupy`, whose every measurement is a fresh process; the variants
 take turns either way, `plan_rounds`), or of another runner module (`spawn_runner`'s
-`module`: `cudask bench etl`'s), each in a temporary directory of its own, removed after it; stopping a runner with its workers past its timeout or when the
+`module`: `cudask bench etl`'s; cudask_bench.transfer_case, one per transfer case), each in a temporary directory of its own, removed after it; stopping a runner with its workers past its timeout or when the
 command is interrupted (cudask_bench.stopping); a progress line on stderr; and
 `execute(plan)`, which returns the result document (cudask_bench.report) with machine
 facts and versions. Does not cover: where

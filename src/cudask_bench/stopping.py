@@ -198,7 +198,7 @@ def record_run(work: Callable[[], dict[str, Any]], path: str) -> int:
     except Exception as exc:  # noqa: BLE001 - the parent needs the reason, not a crash
         result.update(status="failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
         code = 1
-    with open(path, "w") as fh:
+    with deferred(), open(path, "w") as fh:  # written whole: a signal now waits for it
         json.dump(result, fh, default=str)
     return code
 

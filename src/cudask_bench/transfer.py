@@ -27,7 +27,7 @@ fails is recorded with its error and the run goes on; past `budget_s` no new cas
 starts. Cold and warm per case across rounds, and the targets: cudask_bench.transfer_report.
 
 Does not cover: the CLI's checks of the plan (cudask_bench.cli.transfer).
-Threading: the command's thread; the functions named `_fill`, `_last`, `_cells` run on
+Threading: the command's thread (`run_setting`: the case runner's main thread); the functions named `_fill`, `_last`, `_cells` run on
 workers.
 """
 

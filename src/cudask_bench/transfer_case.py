@@ -4,7 +4,7 @@ in a process of its own.
 Covers: `run_case`, the command's side: the case's runner (`python -m
 cudask_bench.transfer_case`) started through cudask_bench.harness.spawn_runner (a
 process group and a temporary directory of its own; the runner and its workers stopped
-past `CASE_TIMEOUT_S` or when the command is interrupted), its figures, or its error;
+past `CASE_TIMEOUT_S` (600 s) or when the command is interrupted), its figures, or its error with the runner's last lines of output;
 `main`, the runner: the plan, the setting and the pool from its arguments, the case
 measured (cudask_bench.transfer.run_setting), the result written as JSON
 (cudask_bench.stopping.record_run).
@@ -57,7 +57,12 @@ def run_case(setting: Setting, plan: TransferPlan, pool: str | None = None, tag:
                                   on_progress=lambda done, total, label: None,
                                   module="cudask_bench.transfer_case")
     if result.get("status") != "ok" or not isinstance(result.get("figures"), dict):
-        return {"error": str(result.get("error") or "the case's runner gave no figures")[:2000]}
+        failed: dict[str, Any] = {"error": str(result.get("error") or "the case's runner gave no figures")[:2000]}
+        if result.get("log_tail"):  # the runner's last lines: its scheduler, client and traceback
+            failed["log_tail"] = list(result["log_tail"])[-20:]
+        if result.get("traceback"):
+            failed["traceback"] = str(result["traceback"])[-4000:]
+        return failed
     return dict(result["figures"])
 
 

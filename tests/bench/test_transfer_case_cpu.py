@@ -10,7 +10,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 import psutil
+import pytest
 
+from cudask_bench import environment
 from cudask_bench import transfer as transfer_run
 from cudask_bench.transfer import Setting, TransferPlan
 from cudask_bench.transfer_case import plan_from, run_case, setting_from
@@ -37,11 +39,14 @@ def _runner_dirs() -> set[Path]:
     return set(Path(tempfile.gettempdir()).glob("cudask-bench-run-*"))
 
 
+@pytest.mark.skipif(environment.gpus().get("available", False), reason="a GPU is present: the case runs")
 def test_a_case_that_cannot_start_its_workers_is_its_error_and_leaves_nothing() -> None:
     """No GPU here: the case's `cudask worker` processes exit, and the runner says so."""
     before, running = _runner_dirs(), {p.pid for p in psutil.Process().children(recursive=True)}
     plan = _plan()
     figures = run_case(plan.settings[0], plan, None, "-r0")
-    assert list(figures) == ["error"] and figures["error"].startswith("RuntimeError: cudask worker processes"), figures
+    assert set(figures) <= {"error", "log_tail", "traceback"}, figures  # no figures
+    assert figures["error"].startswith("RuntimeError: cudask worker processes"), figures
+    assert "run_setting" in figures["traceback"]  # where the runner failed comes back with it
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= running
     assert _runner_dirs() <= before

@@ -88,7 +88,8 @@ class CudaBackend:
         return self._cupy.empty(shape, dtype=dtype, order=order)
 
     def allocate_area(self, nbytes: int) -> int:
-        """cudaMalloc'd memory this process never frees (cudask.comm.staging's area)."""
+        """cudaMalloc'd memory for cudask.comm.staging's area, kept for the process's life
+        unless its handle cannot be exported (`free_area`)."""
         return int(self._cupy.cuda.runtime.malloc(nbytes))
 
     def free_area(self, base: int) -> None:
