@@ -236,3 +236,27 @@ def test_an_area_that_cannot_be_exported_is_freed(
     staging.defer(backend, 1 << 16)
     assert staging.ensure() is None and staging.ensure() is None
     assert b"staging" not in backend.allocations and staging.stats()["staging-bytes"] == 0
+
+
+def test_a_failed_free_of_an_unexported_area_keeps_the_export_error(
+        wired: FakeIPCBackend, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Freeing the refused area fails too: that is logged, and the export's error is the
+    one `ensure` reports."""
+    backend = wired
+    monkeypatch.setattr(staging, "_area", None)
+    monkeypatch.setattr(staging, "_copier", None)
+
+    def refuse(ptr: int) -> tuple[bytes, int]:
+        raise RuntimeError("cudaErrorMapBufferObjectFailed")
+
+    def fail_free(base: int) -> None:
+        raise RuntimeError("cudaErrorIllegalAddress")
+
+    monkeypatch.setattr(backend, "export", refuse)
+    monkeypatch.setattr(backend, "free_area", fail_free)
+    staging.defer(backend, 1 << 16)
+    with caplog.at_level("WARNING", logger="cudask.comm"):
+        assert staging.ensure() is None
+    assert "freeing an IPC staging area" in caplog.text and "cudaErrorIllegalAddress" in caplog.text
+    assert "no IPC staging area of 65536 bytes (cudaErrorMapBufferObjectFailed)" in caplog.text

@@ -130,14 +130,17 @@ class Staging:
     def in_use(self) -> int:
         """Bytes of the slots taken now (held ones whose time has come freed first)."""
         with self._lock:
-            self._release_held()
-            return sum(self._taken.values())
+            return self._in_use_locked()
 
     def figures(self) -> dict[str, float]:
-        """The bytes of the slots taken now (`staging-in-use`) and the counts."""
-        in_use = self.in_use()
+        """The bytes of the slots taken now (`staging-in-use`) and the counts, read together."""
         with self._lock:
-            return {"staging-in-use": in_use, **self.counts}
+            return {"staging-in-use": self._in_use_locked(), **self.counts}
+
+    def _in_use_locked(self) -> int:
+        """`in_use`'s work (the caller holds `_lock`)."""
+        self._release_held()
+        return sum(self._taken.values())
 
 
 _area: Staging | None = None
@@ -163,11 +166,21 @@ def _make(copier: Copier, nbytes: int) -> Staging:
         try:
             handle, _ = copier.export(base)
         except BaseException:
-            copier.free_area(base)  # no area: the memory goes back to the GPU
+            _free_unexported(copier, base)
             raise
         lifetimes.lasting(base)
         _area, _copier = Staging(base, nbytes, handle), copier
     return _area
+
+
+def _free_unexported(copier: Copier, base: int) -> None:
+    """Give the area at `base`, whose handle could not be exported, back to the GPU; a
+    failure to free it is logged, so the export's error is the one that propagates."""
+    try:
+        copier.free_area(base)
+    except Exception:  # the export's error is the one to report
+        logger.warning("cudask: freeing an IPC staging area whose handle could not be exported "
+                       "failed; its memory stays allocated", exc_info=True)
 
 
 def defer(copier: Copier, nbytes: int) -> None:
