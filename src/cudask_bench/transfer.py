@@ -16,7 +16,8 @@ it: ("0", "0") two workers on GPU 0, ("0", "1") one on each of two GPUs seeing i
 alone, ("0,1",) one process over both), then
 - all-to-all: an N x N float64 CuPy array in row blocks rechunked to column blocks
   (task-based, cudask.comm.rechunk), checked by its sum: cold (the first work of the
-  fresh cluster, timed from the rechunk's submit), then warm (`all_to_all_warm`);
+  fresh cluster, timed from the rechunk's submit), then `warm_runs` more, of which the
+  run of the median time is the warm figure (`all_to_all_warm`, `warm_all_to_all`);
 - point to point: an array made on worker A is used by a task on worker B; the first
   transfer of each size is the cold figure, the median of the repeats the warm one;
   bandwidth is what distributed's transfer log on B records;
@@ -98,6 +99,7 @@ class TransferPlan:
     pools: tuple[str | None, ...] = (None,)  # each worker's RMM pool (None: none), CuPy allocating from it
     rounds: int = 1
     warmup: int = 0  # runs of the first case before the rounds, left out of the figures
+    warm_runs: int = 1  # all-to-all runs after the cold one in the same cluster
     budget_s: float = 0.0  # no case starts after this many seconds (0: no limit)
     log_dir: str | None = None
     shuffle_rows: int = 0  # 0: no shuffle
@@ -187,6 +189,16 @@ def all_to_all(client: Any, n: int, blocks: int) -> dict[str, Any]:
             "GBps": n * n * 8 / seconds / 1e9, "sum_ok": abs(total - expected) <= 1e-9 * expected}
 
 
+def warm_all_to_all(client: Any, plan: TransferPlan) -> dict[str, Any]:
+    """`plan.warm_runs` all-to-all runs after the cold one: the run of the median time (the
+    lower of the two middle ones for an even count, so the figure is a run that happened),
+    its `seconds_each` every run's time and `sum_ok` whether every run's sum was right."""
+    runs = [all_to_all(client, plan.n, plan.blocks) for _ in range(plan.warm_runs)]
+    middle = sorted(runs, key=lambda r: r["seconds"])[(len(runs) - 1) // 2]
+    return {**middle, "seconds_each": [r["seconds"] for r in runs],
+            "sum_ok": all(r["sum_ok"] for r in runs)}
+
+
 @dataclass(frozen=True)
 class Case:
     """A setting with or without an RMM pool."""
@@ -239,7 +251,7 @@ def _measure(plan: TransferPlan, pool: str | None, log_dir: Path | None,
         a, b = sorted(client.nthreads())[:2]
         client.run(watch_spills)  # dask-cuda's store: its spills counted as cudask's count theirs
         out: dict[str, Any] = {"all_to_all": all_to_all(client, plan.n, plan.blocks)}
-        out["all_to_all_warm"] = all_to_all(client, plan.n, plan.blocks)
+        out["all_to_all_warm"] = warm_all_to_all(client, plan)
         out["point_to_point"] = {str(size): _point_to_point(client, a, b, size, plan.repeat)
                                  for size in plan.sizes}
         if plan.shuffle_rows:

@@ -166,8 +166,9 @@ def test_against_dask_cuda_tiny(tmp_path: Path) -> None:
 
 
 def test_transfer_tiny(tmp_path: Path) -> None:
-    """Two workers (on GPU 0, or one per GPU), two rounds whose order rotates: IPC
-    moves the arrays in the cudask-ipc setting and nothing in cudask-tcp; every value
+    """Two workers (on GPU 0, or one per GPU), two rounds whose order rotates, two warm
+    all-to-all runs per cluster: IPC moves the arrays in the cudask-ipc setting and
+    nothing in cudask-tcp; every value
     and the rechunk check out in each round; with dask-cuda in this environment, its
     workers too; the report ends with the targets."""
     out = tmp_path / "transfer.json"
@@ -176,8 +177,8 @@ def test_transfer_tiny(tmp_path: Path) -> None:
     shuffle_rows = "100000" if HAS_DASK_CUDF else "0"
     result = CliRunner().invoke(bench, ["transfer", "--sizes", "8MiB", "--repeat", "1", "--n", "2048",
                                         "--blocks", "4", "--shuffle-rows", shuffle_rows, "--protocols", "tcp",
-                                        "--settings", ",".join(names), "--rounds", "2", *against,
-                                        "--output", str(out)],
+                                        "--settings", ",".join(names), "--rounds", "2", "--warm-runs", "2",
+                                        *against, "--output", str(out)],
                                 prog_name="cudask bench")
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())["report"]
@@ -187,6 +188,7 @@ def test_transfer_tiny(tmp_path: Path) -> None:
         assert case["failed"] == 0 and len(case["rounds"]) == 2 and case["sum_ok"], case
         for r in case["rounds"]:
             assert r["all_to_all"]["sum_ok"] and r["all_to_all_warm"]["sum_ok"], r
+            assert len(r["all_to_all_warm"]["seconds_each"]) == 2, r["all_to_all_warm"]
             if HAS_DASK_CUDF:  # dask-cuDF frames shuffled by tasks, P2P and explicit comms, cold and warm
                 runs = [run for method in r["shuffle"].values() for run in method.values()]
                 assert len(runs) == 6 and all(run.get("rows_ok") and run.get("keys_ok") for run in runs), runs

@@ -23,7 +23,7 @@ DASK_CUDA = Setting("dask-cuda", "dask-cuda", "ucx", python="/opt/dc/bin/python"
 def _plan() -> TransferPlan:
     return TransferPlan(placement=("0", "0"), sizes=(1 << 20,), repeat=1, n=64, blocks=4,
                         device_memory_limit="1GB", settings=transfer_run.settings(("tcp",), DASK_CUDA),
-                        pools=(None, "2GB"), rounds=2, shuffle_methods=("tasks",))
+                        pools=(None, "2GB"), rounds=2, warm_runs=3, shuffle_methods=("tasks",))
 
 
 def test_a_plan_and_its_settings_go_through_json_unchanged() -> None:

@@ -152,10 +152,12 @@ def test_the_command_s_plan_and_its_json(no_runs: list[TransferPlan], tmp_path: 
     out = tmp_path / "transfer.json"
     result = CliRunner().invoke(bench, ["transfer", "--shuffle-rows", "0", "--rmm-pool-size", "none, 40GB",
                                         "--settings", "cudask-ipc,cudask-tcp", "--rounds", "3",
-                                        "--budget", "500", "--output", str(out)], prog_name="cudask bench")
+                                        "--budget", "500", "--warm-runs", "3", "--output", str(out)],
+                                prog_name="cudask bench")
     assert result.exit_code == 0, result.output
     (plan,) = no_runs
     assert plan.pools == (None, "40GB") and plan.rounds == 3 and plan.budget_s == 500
+    assert plan.warm_runs == 3
     assert [s.name for s in plan.settings] == ["cudask-ipc", "cudask-tcp"]  # auto: no UCX here
     document = json.loads(out.read_text())
     assert document["provenance"]["source"] and document["machine"]
@@ -229,3 +231,24 @@ def test_the_headroom_target_says_when_both_settings_ran_the_same_code() -> None
     assert settings["cudask-ipc"]["pinned_ahead_rounds"] == [1]
     assert not any(t["same_code"] for t in targets(settings, (None,)) if "headroom0" in t["target"])
     assert all("same_code" not in t for t in targets(settings, (None,)) if "ucx" in t["target"])
+
+
+def test_the_warm_figure_is_the_run_of_the_median_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four warm runs: the figure is the lower middle one, a run that happened; every
+    run's time is kept, and one wrong sum marks the figure wrong."""
+    times = iter([0.30, 0.10, 0.20, 0.40])
+    sums = iter([True, True, True, False])
+
+    def one_run(client: Any, n: int, blocks: int) -> dict[str, Any]:
+        return {"n": n, "blocks": blocks, "seconds": next(times), "sum_ok": next(sums)}
+
+    monkeypatch.setattr(transfer_run, "all_to_all", one_run)
+    warm = transfer_run.warm_all_to_all(None, _plan(settings=SETTINGS[:1], warm_runs=4))
+    assert warm["seconds"] == 0.20 and warm["seconds_each"] == [0.30, 0.10, 0.20, 0.40]
+    assert warm["sum_ok"] is False
+    assert aggregate([{**_result(1.0, 0.5, 10.0), "all_to_all_warm": warm}])["sum_ok"] is False
+
+
+def test_warm_runs_below_one_are_refused() -> None:
+    result = CliRunner().invoke(bench, ["transfer", "--warm-runs", "0"], prog_name="cudask bench")
+    assert result.exit_code == 2 and "--warm-runs" in result.output and "Traceback" not in result.output

@@ -174,7 +174,8 @@ def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
     plan = transfer_run.TransferPlan(
         placement=placement, sizes=sizes, repeat=kw["repeat"], n=kw["side"],
         blocks=kw["blocks"], device_memory_limit=kw["device_memory_limit"], pools=pools,
-        rounds=kw["rounds"], warmup=kw["warmup"], budget_s=kw["budget"], settings=chosen, log_dir=log_dir,
+        rounds=kw["rounds"], warmup=kw["warmup"], warm_runs=kw["warm_runs"], budget_s=kw["budget"],
+        settings=chosen, log_dir=log_dir,
         shuffle_rows=shuffle_rows, shuffle_methods=methods if shuffle_rows else ())
     machine, versions = environment.machine(), environment.versions()
 
