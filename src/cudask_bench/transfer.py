@@ -106,6 +106,10 @@ class TransferPlan:
     shuffle_methods: tuple[str, ...] = ()
     shuffle_module: str = "cudf"
 
+    def __post_init__(self) -> None:
+        if self.warm_runs < 1:
+            raise ValueError(f"warm_runs={self.warm_runs}: a case needs at least one warm run")
+
 
 @contextmanager
 def worker_launch(setting: Setting) -> Iterator[tuple[list[str] | None, dict[str, str]]]:

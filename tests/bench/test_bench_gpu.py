@@ -168,9 +168,8 @@ def test_against_dask_cuda_tiny(tmp_path: Path) -> None:
 def test_transfer_tiny(tmp_path: Path) -> None:
     """Two workers (on GPU 0, or one per GPU), two rounds whose order rotates, two warm
     all-to-all runs per cluster: IPC moves the arrays in the cudask-ipc setting and
-    nothing in cudask-tcp; every value
-    and the rechunk check out in each round; with dask-cuda in this environment, its
-    workers too; the report ends with the targets."""
+    nothing in cudask-tcp; every value and the rechunk check out in each round; with
+    dask-cuda in this environment, its workers too; the report ends with the targets."""
     out = tmp_path / "transfer.json"
     names = ["cudask-ipc", "cudask-tcp"] + (["dask-cuda-tcp"] if HAS_DASK_CUDA else [])
     against = ["--against", "dask-cuda"] if HAS_DASK_CUDA else []

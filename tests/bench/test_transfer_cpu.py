@@ -250,5 +250,8 @@ def test_the_warm_figure_is_the_run_of_the_median_time(monkeypatch: pytest.Monke
 
 
 def test_warm_runs_below_one_are_refused() -> None:
+    """The option and the plan both refuse fewer than one warm run."""
     result = CliRunner().invoke(bench, ["transfer", "--warm-runs", "0"], prog_name="cudask bench")
     assert result.exit_code == 2 and "--warm-runs" in result.output and "Traceback" not in result.output
+    with pytest.raises(ValueError, match="warm_runs=0"):
+        _plan(settings=SETTINGS[:1], warm_runs=0)

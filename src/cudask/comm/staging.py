@@ -5,7 +5,8 @@ Covers: `Staging`, the area's slots (first fit, 256-byte aligned, each taken for
 one send and given back when its receiver has answered, or `FAILED_HOLD` seconds
 after its send failed: its receiver may still be copying from it); `install`,
 which allocates the area once per process (cudaMalloc, never freed: receivers
-keep it mapped while this process runs; one whose handle cannot be exported is freed at once) and records it as lasting
+keep it mapped while this process runs; one whose handle cannot be exported is freed at once,
+a failure to free it logged) and records it as lasting
 (cudask.comm.lifetimes.lasting), so the workers of the host map it when they
 meet (cudask.comm.ahead) and keep it mapped; `defer` and `ensure`, which make it
 only when first needed (cudask.worker.plugins.DeviceIPC defers it; the worker's

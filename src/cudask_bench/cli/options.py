@@ -242,8 +242,8 @@ TRANSFER: tuple[Option, ...] = (
            help="Rounds: each runs every setting once, each in a fresh cluster (cold, then "
            "warm), the order rotated by one setting each round."),
     option("--warm-runs", default=1, show_default=True, type=click.IntRange(min=1),
-           help="All-to-all runs after the cold one in each fresh cluster; a round's warm "
-           "figure is the run of their median time."),
+           help="All-to-all runs after the cold one in each fresh cluster, measured (unlike "
+           "--warmup's); a round's warm figure is the run of their median time."),
     option("--warmup", default=1, show_default=True, type=click.IntRange(min=0),
            help="Runs of the first round's first setting before the rounds, in fresh "
            "clusters, left out of the figures: the machine's first-use costs (driver, page "
