@@ -8,14 +8,16 @@ alone; `watch_spills`, which has a store built on a zict Buffer over the device 
 DeviceHostFile) count what it moves to host from then on, so `store_figures` gives its
 spills as cudask's store gives its own; `ipc_stats`, the IPC counters with the reasons a transfer declined IPC;
 `incoming`, the transfer log itself; `difference`, what changed between two readings
-(rates left out). Does not cover: when the benchmarks take readings. Threading: the
+(rates left out); `stream_figures`, what the workers did in a window of the scheduler's
+task stream. Does not cover: when the benchmarks take readings. Threading: the
 worker functions run on the worker's event loop and only read, but `watch_spills`, which
 adds a callback that runs in the thread that spills (one float addition per spill under
-the GIL); `difference` is pure.
+the GIL); `difference` and `stream_figures` are pure.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -24,6 +26,28 @@ def difference(before: dict[str, float], after: dict[str, float]) -> dict[str, f
     rates ("-gbps") are left out: their difference means nothing."""
     return {k: v - before.get(k, 0.0) for k, v in after.items()
             if v != before.get(k, 0.0) and not k.endswith("gbps")}
+
+
+def stream_figures(records: Iterable[Mapping[str, Any]] | None, began: float,
+                   ended: float) -> dict[str, float]:
+    """What the workers did between `began` and `ended` (epoch seconds) by the scheduler's
+    task stream (`client.get_task_stream`): the tasks, the seconds of each action summed
+    over workers (`compute_s`, `transfer_s`, ...), and the wait before the first span
+    started (`before_first_s`), from the first start to the last stop (`busy_s`) and
+    after it (`after_last_s`): how much of a run was the workers' work."""
+    out: dict[str, float] = {"tasks": 0.0}
+    first, last = ended, began
+    for record in records or ():
+        out["tasks"] += 1
+        for span in record.get("startstops", ()):
+            start, stop = max(began, float(span["start"])), min(ended, float(span["stop"]))
+            if stop > start:
+                key = f"{span.get('action')}_s"
+                out[key] = out.get(key, 0.0) + stop - start
+                first, last = min(first, start), max(last, stop)
+    busy = max(0.0, last - first)
+    return {**out, "before_first_s": (first - began) if busy else 0.0, "busy_s": busy,
+            "after_last_s": (ended - last) if busy else 0.0}
 
 
 def incoming(dask_worker: Any) -> list[dict[str, float]]:
@@ -86,4 +110,5 @@ def worker_counters(dask_worker: Any) -> dict[str, float]:
     return {**{f"ipc-{k}": float(v) for k, v in ipc.stats().items()}, **fetched, **store_figures(dask_worker)}
 
 
-__all__ = ["difference", "incoming", "ipc_stats", "store_figures", "watch_spills", "worker_counters"]
+__all__ = ["difference", "incoming", "ipc_stats", "store_figures", "stream_figures", "watch_spills",
+           "worker_counters"]

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cudask_bench.counters import incoming, ipc_stats, store_figures, watch_spills
+from cudask_bench.counters import incoming, ipc_stats, store_figures, stream_figures, watch_spills
 from cudask_bench.shuffle import frame_shuffle
 
 PROTOCOLS = ("tcp", "ucx")
@@ -174,7 +174,9 @@ def _point_to_point(client: Any, a: str, b: str, size: int, repeat: int) -> dict
 
 def all_to_all(client: Any, n: int, blocks: int) -> dict[str, Any]:
     """Rechunk an n x n float64 CuPy array from `blocks` row blocks to as many column
-    blocks on `client`'s workers; seconds from the first submit, sum checked."""
+    blocks on `client`'s workers; seconds from the first submit, sum checked, and what the
+    workers did meanwhile (`workers`: counters.stream_figures; the scheduler records its
+    task stream from the cluster's start, `_measure`)."""
     import cupy
     import dask.array as da
     from distributed import wait
@@ -183,14 +185,16 @@ def all_to_all(client: Any, n: int, blocks: int) -> dict[str, Any]:
     x = client.persist(da.map_blocks(_cells, n=n, dtype="f8", chunks=(side, (n,)),
                                      meta=cupy.empty((0, 0))))
     wait(x)
-    start = time.perf_counter()
+    began, start = time.time(), time.perf_counter()
     y = client.persist(x.rechunk(((n,), side), method="tasks"))
     wait(y)
     seconds = time.perf_counter() - start
+    ended = time.time()
     total = float(y.sum().compute())
     expected = n * n * (n * n - 1) / 2
     return {"n": n, "blocks": blocks, "bytes": n * n * 8, "seconds": seconds,
-            "GBps": n * n * 8 / seconds / 1e9, "sum_ok": abs(total - expected) <= 1e-9 * expected}
+            "GBps": n * n * 8 / seconds / 1e9, "sum_ok": abs(total - expected) <= 1e-9 * expected,
+            "workers": stream_figures(client.get_task_stream(start=began, stop=ended), began, ended)}
 
 
 def warm_all_to_all(client: Any, plan: TransferPlan) -> dict[str, Any]:
@@ -254,6 +258,7 @@ def _measure(plan: TransferPlan, pool: str | None, log_dir: Path | None,
                           ) as client:
         a, b = sorted(client.nthreads())[:2]
         client.run(watch_spills)  # dask-cuda's store: its spills counted as cudask's count theirs
+        client.get_task_stream(count=1)  # the scheduler records its task stream from now on
         out: dict[str, Any] = {"all_to_all": all_to_all(client, plan.n, plan.blocks)}
         out["all_to_all_warm"] = warm_all_to_all(client, plan)
         out["point_to_point"] = {str(size): _point_to_point(client, a, b, size, plan.repeat)

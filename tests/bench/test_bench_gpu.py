@@ -188,6 +188,8 @@ def test_transfer_tiny(tmp_path: Path) -> None:
         for r in case["rounds"]:
             assert r["all_to_all"]["sum_ok"] and r["all_to_all_warm"]["sum_ok"], r
             assert len(r["all_to_all_warm"]["seconds_each"]) == 2, r["all_to_all_warm"]
+            stream = r["all_to_all"]["workers"]  # the scheduler's task stream of the cold run
+            assert stream["tasks"] > 0 and stream["compute_s"] > 0 and stream["busy_s"] > 0, stream
             if HAS_DASK_CUDF:  # dask-cuDF frames shuffled by tasks, P2P and explicit comms, cold and warm
                 runs = [run for method in r["shuffle"].values() for run in method.values()]
                 assert len(runs) == 6 and all(run.get("rows_ok") and run.get("keys_ok") for run in runs), runs

@@ -255,3 +255,21 @@ def test_warm_runs_below_one_are_refused() -> None:
     assert result.exit_code == 2 and "--warm-runs" in result.output and "Traceback" not in result.output
     with pytest.raises(ValueError, match="warm_runs=0"):
         _plan(settings=SETTINGS[:1], warm_runs=0)
+
+
+def test_what_the_workers_did_in_a_run_comes_from_the_task_stream() -> None:
+    """Spans clipped to the run's window, summed per action; the waits before the first
+    span and after the last, and the span between them; a run with no span has none."""
+    from cudask_bench.counters import stream_figures
+
+    records = [
+        {"key": "a", "startstops": [{"action": "transfer", "start": 99.0, "stop": 100.5},
+                                    {"action": "compute", "start": 100.5, "stop": 101.0}]},
+        {"key": "b", "startstops": [{"action": "compute", "start": 101.0, "stop": 102.0},
+                                    {"action": "compute", "start": 104.0, "stop": 105.0}]},
+    ]
+    figures = stream_figures(records, 100.0, 103.0)
+    assert figures == {"tasks": 2.0, "transfer_s": 0.5, "compute_s": 1.5, "before_first_s": 0.0,
+                       "busy_s": 2.0, "after_last_s": 1.0}
+    assert stream_figures([], 100.0, 103.0) == {"tasks": 0.0, "before_first_s": 0.0, "busy_s": 0.0,
+                                                "after_last_s": 0.0}
