@@ -2,7 +2,8 @@
 
 Covers: `aggregate`, a case's rounds folded into "cold" and "warm" figures (the median
 across rounds, and each round's value: the all-to-all's seconds, each size's
-point-to-point bandwidth, each shuffle method's seconds) and the rounds in which a worker
+point-to-point bandwidth, each shuffle method's seconds; the medians of the all-to-all's
+workers' span and of the waits around it, from the task stream) and the rounds in which a worker
 spilled device memory to host (`spilled_rounds`: near the device limit a round's figures
 include spilling) and those in which one pinned host memory ahead of spills
 (`pinned_ahead_rounds`); `targets`, the comparisons the
@@ -53,7 +54,10 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                for size in sizes}
         shuffle = {m: [r["shuffle"][m][mode]["seconds"] for r in done
                        if "seconds" in r.get("shuffle", {}).get(m, {}).get(mode, {})] for m in methods}
+        streams = [r[key]["workers"] for r in done if "workers" in r.get(key, {})]
         out[mode] = {"all_to_all_s": _median(a2a), "all_to_all_s_each": a2a,
+                     "all_to_all_busy_s": _median([w["busy_s"] for w in streams]),
+                     "all_to_all_wait_s": _median([w["before_first_s"] + w["after_last_s"] for w in streams]),
                      "point_to_point_GBps": {size: _median(v) for size, v in p2p.items()},
                      "point_to_point_GBps_each": p2p,
                      "shuffle_s": {m: _median(v) for m, v in shuffle.items()}}
@@ -145,6 +149,10 @@ def _case_lines(name: str, case: Mapping[str, Any], n_bytes: float | None) -> li
     size = f" {n_bytes / 1e9:.1f} GB" if n_bytes else ""
     lines = [(f"{name:34} all-to-all{size}: cold {_seconds(cold['all_to_all_s'], cold['all_to_all_s_each'])}, "
              f"warm {_seconds(warm['all_to_all_s'], warm['all_to_all_s_each'])}, sum ok: {case['sum_ok']}")]
+    if cold.get("all_to_all_busy_s") is not None:
+        lines.append(f"{name:34} all-to-all workers' span: cold {_seconds(cold['all_to_all_busy_s'], [])}, "
+                     f"warm {_seconds(warm.get('all_to_all_busy_s'), [])}; waiting before and after it: "
+                     f"cold {_seconds(cold['all_to_all_wait_s'], [])}, warm {_seconds(warm.get('all_to_all_wait_s'), [])}")
     for size_key, bw in cold["point_to_point_GBps"].items():
         lines.append(f"{name:34} {int(size_key) / 2**20:7.0f} MiB  cold {bw or 0:7.1f} GB/s  warm "
                      f"{warm['point_to_point_GBps'].get(size_key) or 0:7.1f} GB/s")

@@ -273,3 +273,21 @@ def test_what_the_workers_did_in_a_run_comes_from_the_task_stream() -> None:
                        "busy_s": 2.0, "after_last_s": 1.0}
     assert stream_figures([], 100.0, 103.0) == {"tasks": 0.0, "before_first_s": 0.0, "busy_s": 0.0,
                                                 "after_last_s": 0.0}
+
+
+def test_the_workers_span_and_the_waits_are_folded_and_shown() -> None:
+    """Each run's task-stream figures: medians per case and mode, and one summary line;
+    results without them (older files) fold and print as before."""
+    def with_stream(busy: float, wait: float) -> dict[str, Any]:
+        r = _result(1.0, 0.5, 10.0)
+        for key in ("all_to_all", "all_to_all_warm"):
+            r[key] = {**r[key], "workers": {"tasks": 16.0, "before_first_s": wait, "busy_s": busy,
+                                            "after_last_s": 0.0}}
+        return r
+
+    case = aggregate([with_stream(0.08, 0.02), with_stream(0.10, 0.04), with_stream(0.09, 0.03)])
+    assert case["cold"]["all_to_all_busy_s"] == 0.09 and case["warm"]["all_to_all_wait_s"] == 0.03
+    assert aggregate([_result(1.0, 0.5, 10.0)])["cold"]["all_to_all_busy_s"] is None
+    lines = summary({"settings": {"cudask-ipc": {**case, "rounds": []}}})
+    assert any("workers' span: cold 0.09 s, warm 0.09 s; waiting before and after it: cold 0.03 s" in line
+               for line in lines), lines
