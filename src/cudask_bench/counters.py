@@ -4,7 +4,7 @@ Covers: functions run on every worker with `client.run` (by reference, so cudask
 must be importable there): `worker_counters`, this worker's IPC counters
 (cudask.comm.ipc), what it fetched from other workers (distributed's transfer log:
 count, bytes, seconds) and its store's pinned-pool and spill figures; `store_figures`
-alone; `watch_spills`, which has a store built on a zict Buffer over the device (dask-cuda's
+alone; `held_figures`, the bytes its store holds on device and host now, with them; `watch_spills`, which has a store built on a zict Buffer over the device (dask-cuda's
 DeviceHostFile) count what it moves to host from then on, so `store_figures` gives its
 spills as cudask's store gives its own; `ipc_stats`, the IPC counters with the reasons a transfer declined IPC;
 `incoming`, the transfer log itself; `difference`, what changed between two readings
@@ -99,6 +99,27 @@ def store_figures(dask_worker: Any) -> dict[str, float]:
             if v and ("provision" in k or "deferred" in k or k.startswith(("spill-", "unspill-")))}
 
 
+def held_figures(dask_worker: Any) -> dict[str, float]:
+    """What the worker's store holds now and has spilled so far: `device-bytes` (cudask's
+    store: the union of its device keys' allocations; a store built on a zict Buffer over
+    the device, as dask-cuda's: the sum of its device keys' sizes), `host-bytes` and the
+    spill figures of `store_figures`; nothing for other stores."""
+    data = dask_worker.data
+    metrics = getattr(data, "metrics", None)
+    if callable(metrics):
+        now = metrics()
+        held = {k: float(now.get(k, 0.0)) for k in ("device-bytes", "host-bytes")}
+    else:
+        buffer = getattr(data, "device_buffer", None)
+        fast, slow = getattr(buffer, "fast", None), getattr(data, "host_buffer", None)
+        if fast is None or not hasattr(fast, "total_weight"):
+            return {}
+        host = getattr(getattr(slow, "fast", None), "total_weight", None)
+        held = {"device-bytes": float(fast.total_weight),
+                **({"host-bytes": float(host)} if host is not None else {})}
+    return {**held, **store_figures(dask_worker)}
+
+
 def worker_counters(dask_worker: Any) -> dict[str, float]:
     """This worker's IPC counters (`ipc-*`), what it fetched from other workers
     (distributed's transfer log: count, bytes, seconds) and its store's figures."""
@@ -110,5 +131,5 @@ def worker_counters(dask_worker: Any) -> dict[str, float]:
     return {**{f"ipc-{k}": float(v) for k, v in ipc.stats().items()}, **fetched, **store_figures(dask_worker)}
 
 
-__all__ = ["difference", "incoming", "ipc_stats", "store_figures", "stream_figures", "watch_spills",
+__all__ = ["difference", "held_figures", "incoming", "ipc_stats", "store_figures", "stream_figures", "watch_spills",
            "worker_counters"]

@@ -43,7 +43,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cudask_bench.counters import incoming, ipc_stats, store_figures, stream_figures, watch_spills
+from cudask_bench.counters import (
+    held_figures,
+    incoming,
+    ipc_stats,
+    store_figures,
+    stream_figures,
+    watch_spills,
+)
 from cudask_bench.shuffle import frame_shuffle
 
 PROTOCOLS = ("tcp", "ucx")
@@ -174,9 +181,12 @@ def _point_to_point(client: Any, a: str, b: str, size: int, repeat: int) -> dict
 
 def all_to_all(client: Any, n: int, blocks: int) -> dict[str, Any]:
     """Rechunk an n x n float64 CuPy array from `blocks` row blocks to as many column
-    blocks on `client`'s workers; seconds from the first submit, sum checked, and what the
+    blocks on `client`'s workers; seconds from the first submit, sum checked, what the
     workers did meanwhile (`workers`: counters.stream_figures; the scheduler records its
-    task stream from the cluster's start, `_measure`)."""
+    task stream from the cluster's start, `_measure`) and, per worker once the rechunk is
+    done, what its store holds and has spilled so far and how many blocks of each
+    layout it holds (`held`: counters.held_figures; uneven blocks can take one worker
+    past its device limit)."""
     import cupy
     import dask.array as da
     from distributed import wait
@@ -190,11 +200,16 @@ def all_to_all(client: Any, n: int, blocks: int) -> dict[str, Any]:
     wait(y)
     seconds = time.perf_counter() - start
     ended = time.time()
+    layouts = {"row-blocks": client.who_has(x), "column-blocks": client.who_has(y)}
+    held = {w: {**figures, **{name: float(sum(w in where for where in who.values()))
+                              for name, who in layouts.items()}}
+            for w, figures in client.run(held_figures).items()}
     total = float(y.sum().compute())
     expected = n * n * (n * n - 1) / 2
     return {"n": n, "blocks": blocks, "bytes": n * n * 8, "seconds": seconds,
             "GBps": n * n * 8 / seconds / 1e9, "sum_ok": abs(total - expected) <= 1e-9 * expected,
-            "workers": stream_figures(client.get_task_stream(start=began, stop=ended), began, ended)}
+            "workers": stream_figures(client.get_task_stream(start=began, stop=ended), began, ended),
+            "held": held}
 
 
 def warm_all_to_all(client: Any, plan: TransferPlan) -> dict[str, Any]:

@@ -13,7 +13,9 @@ dask-cuda over UCX, cold and warm; the default configuration within `TOLERANCE` 
 `cudask.memory.pinned-headroom: 0` on the all-to-all, cold and warm (`same_code`: no
 round of either spilled and none of the default pinned ahead, so the two ran the same
 code and their difference is the runs' spread). A target whose settings did not both
-run says so (met: None). `summary`, the lines the command prints.
+run says so (met: None). `summary`, the lines the command prints, with, per case and
+round, the blocks each worker held after the cold all-to-all and the most device
+memory one held then.
 
 Does not cover: measuring (cudask_bench.transfer).
 Threading: pure functions of their arguments.
@@ -144,6 +146,23 @@ def _seconds(median: float | None, each: Sequence[float]) -> str:
     return f"{median:.2f} s" + (f" ({', '.join(f'{v:.2f}' for v in each)})" if len(each) > 1 else "")
 
 
+def _held_line(rounds: Sequence[Mapping[str, Any]]) -> str:
+    """Per round, the blocks of each layout each worker held after the cold all-to-all,
+    the most device memory one held, and whether one had spilled by then."""
+    items = []
+    for r in rounds:
+        held = r.get("all_to_all", {}).get("held") or {}
+        if not held:
+            continue
+        blocks = ["+".join(str(int(f.get(layout, 0))) for f in held.values())
+                  for layout in ("row-blocks", "column-blocks")]
+        most = max(f.get("device-bytes", 0.0) for f in held.values()) / 1e9
+        spilled = any(f.get("spill-device-to-host-bytes", 0.0) > 0 for f in held.values())
+        items.append(f"round {r.get('round')} {blocks[0]} and {blocks[1]}, {most:.1f} GB"
+                     + (", spilled" if spilled else ""))
+    return "; ".join(items)
+
+
 def _case_lines(name: str, case: Mapping[str, Any], n_bytes: float | None) -> list[str]:
     cold, warm = case["cold"], case["warm"]
     size = f" {n_bytes / 1e9:.1f} GB" if n_bytes else ""
@@ -156,6 +175,10 @@ def _case_lines(name: str, case: Mapping[str, Any], n_bytes: float | None) -> li
     for size_key, bw in cold["point_to_point_GBps"].items():
         lines.append(f"{name:34} {int(size_key) / 2**20:7.0f} MiB  cold {bw or 0:7.1f} GB/s  warm "
                      f"{warm['point_to_point_GBps'].get(size_key) or 0:7.1f} GB/s")
+    held = _held_line(case["rounds"])
+    if held:
+        lines.append(f"{name:34} after the cold all-to-all, per round: row+column blocks per "
+                     f"worker, the most device memory a worker held: {held}")
     spilled = case.get("spilled_rounds") or []
     if spilled:
         measured = sum(1 for r in case["rounds"] if "all_to_all" in r)

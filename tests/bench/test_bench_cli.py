@@ -561,3 +561,31 @@ def test_a_zict_device_buffer_s_spills_are_counted() -> None:
     assert figures["spill-device-to-host-count"] == 1.0
     assert figures["spill-device-to-host-bytes"] > 0
     assert not watch_spills(SimpleNamespace(data={}))  # a plain store: nothing to watch
+
+
+def test_what_a_store_holds_is_read_from_cudask_s_metrics_or_dask_cuda_s_buffers() -> None:
+    """`held_figures`: device and host bytes from cudask's store metrics, or from the
+    weights of a zict Buffer over the device (dask-cuda's DeviceHostFile), with the spill
+    figures; nothing for a plain store."""
+    from types import SimpleNamespace
+
+    import zict
+
+    from cudask_bench.counters import held_figures, watch_spills
+
+    metrics = {"device-bytes": 3e9, "host-bytes": 1.6e9, "device-keys": 2.0,
+               "spill-device-to-host-bytes": 1.6e9}
+    cudask_like = SimpleNamespace(data=SimpleNamespace(metrics=lambda: metrics))
+    assert held_figures(cudask_like) == {"device-bytes": 3e9, "host-bytes": 1.6e9,
+                                         "spill-device-to-host-bytes": 1.6e9}
+    host: zict.Buffer[str, bytes] = zict.Buffer({}, {}, n=100, weight=lambda k, v: len(v))
+    device: zict.Buffer[str, bytes] = zict.Buffer({}, host, n=10, weight=lambda k, v: len(v))
+    dask_cuda_like = SimpleNamespace(data=SimpleNamespace(device_buffer=device, host_buffer=host))
+    assert watch_spills(dask_cuda_like)
+    device["a"] = b"x" * 8
+    assert held_figures(dask_cuda_like) == {"device-bytes": 8.0, "host-bytes": 0.0}
+    device["b"] = b"y" * 8  # past n: "a" goes to the host buffer
+    figures = held_figures(dask_cuda_like)
+    assert figures["device-bytes"] == 8.0 and figures["host-bytes"] == 8.0
+    assert figures["spill-device-to-host-count"] == 1.0
+    assert held_figures(SimpleNamespace(data={})) == {}

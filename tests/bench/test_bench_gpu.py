@@ -168,7 +168,8 @@ def test_against_dask_cuda_tiny(tmp_path: Path) -> None:
 def test_transfer_tiny(tmp_path: Path) -> None:
     """Two workers (on GPU 0, or one per GPU), two rounds whose order rotates, two warm
     all-to-all runs per cluster: IPC moves the arrays in the cudask-ipc setting and
-    nothing in cudask-tcp; every value and the rechunk check out in each round; with
+    nothing in cudask-tcp; every value and the rechunk check out in each round; after the
+    cold run the workers hold both layouts' blocks, on the device; with
     dask-cuda in this environment, its workers too; the report ends with the targets."""
     out = tmp_path / "transfer.json"
     names = ["cudask-ipc", "cudask-tcp"] + (["dask-cuda-tcp"] if HAS_DASK_CUDA else [])
@@ -190,6 +191,10 @@ def test_transfer_tiny(tmp_path: Path) -> None:
             assert len(r["all_to_all_warm"]["seconds_each"]) == 2, r["all_to_all_warm"]
             stream = r["all_to_all"]["workers"]  # the scheduler's task stream of the cold run
             assert stream["tasks"] > 0 and stream["compute_s"] > 0 and stream["busy_s"] > 0, stream
+            held = r["all_to_all"]["held"]  # each worker's blocks and device bytes after the cold run
+            assert len(held) == 2 and sum(w["row-blocks"] for w in held.values()) == 4, held
+            assert sum(w["column-blocks"] for w in held.values()) == 4, held
+            assert sum(w["device-bytes"] for w in held.values()) >= 2 * 2048 * 2048 * 8, held
             if HAS_DASK_CUDF:  # dask-cuDF frames shuffled by tasks, P2P and explicit comms, cold and warm
                 runs = [run for method in r["shuffle"].values() for run in method.values()]
                 assert len(runs) == 6 and all(run.get("rows_ok") and run.get("keys_ok") for run in runs), runs

@@ -291,3 +291,24 @@ def test_the_workers_span_and_the_waits_are_folded_and_shown() -> None:
     lines = summary({"settings": {"cudask-ipc": {**case, "rounds": []}}})
     assert any("workers' span: cold 0.09 s, warm 0.09 s; waiting before and after it: cold 0.03 s" in line
                for line in lines), lines
+
+
+def test_the_blocks_and_memory_held_after_the_cold_run_are_shown_per_round() -> None:
+    """Per round, the summary gives each worker's row and column blocks after the cold
+    all-to-all, the most device memory one held and whether one had spilled by then."""
+    def held(rows: tuple[int, int], cols: tuple[int, int], most: float, spilled: float) -> dict[str, Any]:
+        return {"w1": {"row-blocks": rows[0], "column-blocks": cols[0], "device-bytes": most,
+                       "spill-device-to-host-bytes": spilled},
+                "w2": {"row-blocks": rows[1], "column-blocks": cols[1], "device-bytes": 12.8e9}}
+
+    even, uneven = _result(0.12, 0.12, 300.0), _result(0.5, 0.12, 300.0)
+    even["all_to_all"] = {**even["all_to_all"], "held": held((4, 4), (4, 4), 12.8e9, 0.0)}
+    uneven["all_to_all"] = {**uneven["all_to_all"], "held": held((6, 2), (5, 3), 24.1e9, 1.6e9)}
+    rounds = [{**even, "round": 0}, {**uneven, "round": 1}, {**_result(0.1, 0.1, 1.0), "round": 2}]
+    lines = summary({"settings": {"cudask-ipc": {"rounds": rounds, **aggregate(rounds)}}})
+    assert (f"{'cudask-ipc':34} after the cold all-to-all, per round: row+column blocks per worker, "
+            "the most device memory a worker held: round 0 4+4 and 4+4, 12.8 GB; "
+            "round 1 6+2 and 5+3, 24.1 GB, spilled") in lines, lines
+    plain = [{**_result(0.1, 0.1, 1.0), "round": 0}]
+    assert not any("after the cold all-to-all" in line
+                   for line in summary({"settings": {"c": {"rounds": plain, **aggregate(plain)}}}))
