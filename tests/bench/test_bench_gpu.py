@@ -192,8 +192,8 @@ def test_transfer_tiny(tmp_path: Path) -> None:
             stream = r["all_to_all"]["workers"]  # the scheduler's task stream of the cold run
             assert stream["tasks"] > 0 and stream["compute_s"] > 0 and stream["busy_s"] > 0, stream
             held = r["all_to_all"]["held"]  # each worker's blocks and device bytes after the cold run
-            assert len(held) == 2 and sum(w["row-blocks"] for w in held.values()) == 4, held
-            assert sum(w["column-blocks"] for w in held.values()) == 4, held
+            for layout in ("row-blocks", "column-blocks"):  # every block somewhere (some on both)
+                assert 4 <= sum(w[layout] for w in held.values()) <= 8, held
             assert sum(w["device-bytes"] for w in held.values()) >= 2 * 2048 * 2048 * 8, held
             if HAS_DASK_CUDF:  # dask-cuDF frames shuffled by tasks, P2P and explicit comms, cold and warm
                 runs = [run for method in r["shuffle"].values() for run in method.values()]
