@@ -73,11 +73,14 @@ class Setting:
 HEADROOM_0 = (("DASK_CUDASK__MEMORY__PINNED_HEADROOM", "0"),)  # nothing pinned ahead of spills
 NO_STAGING = (("DASK_CUDASK__COMM__DEVICE_IPC_STAGING", "0"),)  # no cudask.comm.staging area
 GC_FREEZE = (("DASK_CUDASK__WORKER__GC_FREEZE", "True"),)  # start-up objects frozen (gc_freeze)
+# background spilling only past the limit: spilled, as dask-cuda spills, when a write passes it
+SPILL_TARGET_1 = (("DASK_CUDASK__MEMORY__SPILL_TARGET", "1.0"),)
 
 
 def settings(protocols: tuple[str, ...], dask_cuda: Setting | None) -> tuple[Setting, ...]:
     """cudask over TCP with IPC on (the default configuration, then without pinning
-    ahead of spills, without a staging area, with gc_freeze) and off, then cudask over
+    ahead of spills, without a staging area, with gc_freeze, spilling only past the device
+    limit) and off, then cudask over
     UCX, and dask-cuda (`dask_cuda` carries its interpreter and path) over each protocol."""
     out = []
     if "tcp" in protocols:
@@ -85,6 +88,7 @@ def settings(protocols: tuple[str, ...], dask_cuda: Setting | None) -> tuple[Set
                 Setting("cudask-ipc-headroom0", "cudask", "tcp", device_ipc=True, env=HEADROOM_0),
                 Setting("cudask-ipc-no-staging", "cudask", "tcp", device_ipc=True, env=NO_STAGING),
                 Setting("cudask-ipc-gc-freeze", "cudask", "tcp", device_ipc=True, env=GC_FREEZE),
+                Setting("cudask-ipc-spill-target1", "cudask", "tcp", device_ipc=True, env=SPILL_TARGET_1),
                 Setting("cudask-tcp", "cudask", "tcp")]
     if "ucx" in protocols:
         out.append(Setting("cudask-ucx", "cudask", "ucx"))

@@ -426,7 +426,8 @@ def test_soak_bad_input(args: list[str], named: str) -> None:
     (["--rmm-pool-size", "40GB,none,40GB"], "'40GB,none,40GB' names a pool twice; accepted"),
     (["--rounds", "0"], "0 is not in the range"),
     (["--protocols", "tcp", "--settings", "cudask-ipc,bogus"],
-     "'cudask-ipc,bogus'; accepted: cudask-ipc, cudask-ipc-headroom0, cudask-ipc-no-staging, cudask-ipc-gc-freeze, cudask-tcp (with these"),
+     ("'cudask-ipc,bogus'; accepted: cudask-ipc, cudask-ipc-headroom0, cudask-ipc-no-staging, "
+      "cudask-ipc-gc-freeze, cudask-ipc-spill-target1, cudask-tcp (with these")),
 ])
 def test_transfer_bad_input(args: list[str], named: str) -> None:
     code, out = invoke("transfer", *args)
@@ -497,11 +498,11 @@ def test_transfer_settings_and_dask_cuda_workers(tmp_path: Path) -> None:
     dc = Setting("dask-cuda", "dask-cuda", "tcp", pythonpath=(str(tmp_path),))
     names = [s.name for s in settings(("tcp", "ucx"), dc)]
     assert names == ["cudask-ipc", "cudask-ipc-headroom0", "cudask-ipc-no-staging", "cudask-ipc-gc-freeze",
-                     "cudask-tcp", "cudask-ucx", "dask-cuda-tcp", "dask-cuda-ucx"]
+                     "cudask-ipc-spill-target1", "cudask-tcp", "cudask-ucx", "dask-cuda-tcp", "dask-cuda-ucx"]
     assert [s.name for s in settings(("tcp",), None)] == ["cudask-ipc", "cudask-ipc-headroom0",
                                                           "cudask-ipc-no-staging", "cudask-ipc-gc-freeze",
-                                                          "cudask-tcp"]
-    ipc, headroom0, unstaged, frozen, tcp = settings(("tcp",), None)
+                                                          "cudask-ipc-spill-target1", "cudask-tcp"]
+    ipc, headroom0, unstaged, frozen, target1, tcp = settings(("tcp",), None)
     with worker_launch(ipc) as launch:
         assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True"})
     with worker_launch(headroom0) as launch:
@@ -513,6 +514,9 @@ def test_transfer_settings_and_dask_cuda_workers(tmp_path: Path) -> None:
     with worker_launch(frozen) as launch:
         assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True",
                                  "DASK_CUDASK__WORKER__GC_FREEZE": "True"})
+    with worker_launch(target1) as launch:
+        assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True",
+                                 "DASK_CUDASK__MEMORY__SPILL_TARGET": "1.0"})
     with worker_launch(tcp) as launch:
         assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "False"})
     with worker_launch(settings(("tcp",), dc)[-1]) as (command, env):

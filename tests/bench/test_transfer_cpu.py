@@ -77,7 +77,8 @@ def test_cases_past_the_budget_are_skipped() -> None:
         time.sleep(0.3)
         return _result(1.0, 1.0, 1.0)
 
-    plan = _plan(settings=(*SETTINGS[:2], SETTINGS[4]), rounds=1, budget_s=0.2)
+    tcp = next(s for s in SETTINGS if s.name == "cudask-tcp")
+    plan = _plan(settings=(*SETTINGS[:2], tcp), rounds=1, budget_s=0.2)
     report = transfer_run.run_transfer(plan, run=slow)
     runs = [case["rounds"][0] for case in report["settings"].values()]
     assert "all_to_all" in runs[0] and all("past the budget" in r["skipped"] for r in runs[1:])
@@ -175,7 +176,7 @@ def test_auto_protocols_add_ucx_where_it_is_installed(no_runs: list[TransferPlan
     assert result.exit_code == 0, result.output
     assert [s.name for s in no_runs[0].settings] == ["cudask-ipc", "cudask-ipc-headroom0",
                                                      "cudask-ipc-no-staging", "cudask-ipc-gc-freeze",
-                                                     "cudask-tcp", "cudask-ucx"]
+                                                     "cudask-ipc-spill-target1", "cudask-tcp", "cudask-ucx"]
 
 
 def test_warmup_runs_first_and_stays_out_of_the_figures() -> None:
