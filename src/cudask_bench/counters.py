@@ -4,19 +4,24 @@ Covers: functions run on every worker with `client.run` (by reference, so cudask
 must be importable there): `worker_counters`, this worker's IPC counters
 (cudask.comm.ipc), what it fetched from other workers (distributed's transfer log:
 count, bytes, seconds) and its store's pinned-pool and spill figures; `store_figures`
-alone; `held_figures`, the bytes its store holds on device and host now, with them; `watch_spills`, which has a store built on a zict Buffer over the device (dask-cuda's
-DeviceHostFile) count what it moves to host from then on, so `store_figures` gives its
-spills as cudask's store gives its own; `ipc_stats`, the IPC counters with the reasons a transfer declined IPC;
-`incoming`, the transfer log itself; `difference`, what changed between two readings
-(rates left out); `stream_figures`, what the workers did in a window of the scheduler's
-task stream. Does not cover: when the benchmarks take readings. Threading: the
-worker functions run on the worker's event loop and only read, but `watch_spills`, which
-adds a callback that runs in the thread that spills (one float addition per spill under
-the GIL); `difference` and `stream_figures` are pure.
+alone; `held_figures`, the bytes its store holds on device and host now, with the spill
+figures; `watch_spills`, which has a store built on a zict Buffer over the device
+(dask-cuda's DeviceHostFile) count what it moves to host from then on, so
+`store_figures` gives its spills as cudask's store gives its own; `ipc_stats`, the IPC
+counters with the reasons a transfer declined IPC; `incoming`, the transfer log itself;
+`difference`, what changed between two readings (rates left out); `stream_figures`,
+what the workers did in a window of the scheduler's task stream.
+
+Does not cover: when the benchmarks take readings.
+
+Threading: the worker functions run on the worker's event loop and only read, but
+`watch_spills`, which adds a callback that runs in the thread that spills (one float
+addition per spill under the GIL); `difference` and `stream_figures` are pure.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -60,8 +65,15 @@ def ipc_stats() -> dict[str, Any]:
     return {**ipc.stats(), "declined-because": ipc.declined()}
 
 
-# What each watched zict Buffer (by id) moved from device to host since `watch_spills`.
-_watched: dict[int, dict[str, float]] = {}
+# What each watched zict Buffer (by id, with a weak reference telling a reused id from
+# the buffer itself) moved from device to host since `watch_spills`.
+_watched: dict[int, tuple[weakref.ref[Any], dict[str, float]]] = {}
+
+
+def _counts(buffer: Any) -> dict[str, float] | None:
+    """What `watch_spills` counts for `buffer`; None when it is not watched."""
+    entry = _watched.get(id(buffer))
+    return entry[1] if entry is not None and entry[0]() is buffer else None
 
 
 def watch_spills(dask_worker: Any) -> bool:
@@ -73,10 +85,10 @@ def watch_spills(dask_worker: Any) -> bool:
 
     buffer = getattr(dask_worker.data, "device_buffer", None)
     callbacks = getattr(buffer, "fast_to_slow_callbacks", None)
-    if not isinstance(callbacks, list) or id(buffer) in _watched:
+    if not isinstance(callbacks, list) or _counts(buffer) is not None:
         return False
-    counts = _watched[id(buffer)] = {"spill-device-to-host-count": 0.0,
-                                     "spill-device-to-host-bytes": 0.0}
+    counts = {"spill-device-to-host-count": 0.0, "spill-device-to-host-bytes": 0.0}
+    _watched[id(buffer)] = (weakref.ref(buffer), counts)
 
     def moved(key: Any, value: Any) -> None:
         counts["spill-device-to-host-count"] += 1
@@ -93,7 +105,7 @@ def store_figures(dask_worker: Any) -> dict[str, float]:
     of its limit and can slow the worker's GPU work (docs/design/device-transfers.md)."""
     metrics = getattr(dask_worker.data, "metrics", None)
     if not callable(metrics):
-        watched = _watched.get(id(getattr(dask_worker.data, "device_buffer", None)), {})
+        watched = _counts(getattr(dask_worker.data, "device_buffer", None)) or {}
         return {k: v for k, v in watched.items() if v}
     return {k: v for k, v in metrics().items()  # cumulative: a figure never falls to 0
             if v and ("provision" in k or "deferred" in k or k.startswith(("spill-", "unspill-")))}

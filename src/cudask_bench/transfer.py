@@ -3,7 +3,8 @@
 order of the settings rotated between rounds.
 
 Covers: the settings (`settings`: cudask over TCP with `cudask.comm.device-ipc` on,
-also with `cudask.memory.pinned-headroom: 0`, and off, cudask over UCX, and dask-cuda's
+also with `cudask.memory.pinned-headroom: 0`, without a staging area, with gc_freeze and
+with `cudask.memory.spill-target: 1`, and off, cudask over UCX, and dask-cuda's
 workers over TCP and UCX when asked), each run without and with each RMM pool of the
 plan (a `Case`); `--rounds` rounds, each running every case once in a fresh cluster,
 the order rotated by one case each round (`rotations`: no case always pays the

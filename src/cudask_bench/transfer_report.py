@@ -14,8 +14,8 @@ dask-cuda over UCX, cold and warm; the default configuration within `TOLERANCE` 
 round of either spilled and none of the default pinned ahead, so the two ran the same
 code and their difference is the runs' spread). A target whose settings did not both
 run says so (met: None). `summary`, the lines the command prints, with, per case and
-round, the blocks each worker held after the cold all-to-all and the most device
-memory one held then.
+round, the blocks each worker held after the cold all-to-all, the most device memory
+one held then and whether one had spilled by then (", spilled").
 
 Does not cover: measuring (cudask_bench.transfer).
 Threading: pure functions of their arguments.
@@ -177,8 +177,8 @@ def _case_lines(name: str, case: Mapping[str, Any], n_bytes: float | None) -> li
                      f"{warm['point_to_point_GBps'].get(size_key) or 0:7.1f} GB/s")
     held = _held_line(case["rounds"])
     if held:
-        lines.append(f"{name:34} after the cold all-to-all, per round: row+column blocks per "
-                     f"worker, the most device memory a worker held: {held}")
+        lines.append(f"{name:34} after the cold all-to-all, per round: row blocks per worker, "
+                     f"column blocks per worker, the most device memory a worker held: {held}")
     spilled = case.get("spilled_rounds") or []
     if spilled:
         measured = sum(1 for r in case["rounds"] if "all_to_all" in r)

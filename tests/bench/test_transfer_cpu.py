@@ -307,8 +307,8 @@ def test_the_blocks_and_memory_held_after_the_cold_run_are_shown_per_round() -> 
     uneven["all_to_all"] = {**uneven["all_to_all"], "held": held((6, 2), (5, 3), 24.1e9, 1.6e9)}
     rounds = [{**even, "round": 0}, {**uneven, "round": 1}, {**_result(0.1, 0.1, 1.0), "round": 2}]
     lines = summary({"settings": {"cudask-ipc": {"rounds": rounds, **aggregate(rounds)}}})
-    assert (f"{'cudask-ipc':34} after the cold all-to-all, per round: row+column blocks per worker, "
-            "the most device memory a worker held: round 0 4+4 and 4+4, 12.8 GB; "
+    assert (f"{'cudask-ipc':34} after the cold all-to-all, per round: row blocks per worker, "
+            "column blocks per worker, the most device memory a worker held: round 0 4+4 and 4+4, 12.8 GB; "
             "round 1 6+2 and 5+3, 24.1 GB, spilled") in lines, lines
     plain = [{**_result(0.1, 0.1, 1.0), "round": 0}]
     assert not any("after the cold all-to-all" in line
