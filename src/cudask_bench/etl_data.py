@@ -373,12 +373,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "reference answers. Normally started by `cudask bench etl`.")
     p.add_argument("--plan", required=True, help="the EtlPlan as JSON")
     p.add_argument("--root", required=True, help="the directory to write under")
-    p.add_argument("--json", required=True, help="where to write the result")
-    args = p.parse_args(argv)
-    stopping.runner_lifeline()
-    plan = EtlPlan.from_json(args.plan)
-    return stopping.record_run(lambda: prepare(plan, args.root, Progress(plan.files + len(plan.formats))),
-                               args.json)
+
+    def work(args: argparse.Namespace) -> dict[str, Any]:
+        plan = EtlPlan.from_json(args.plan)
+        return prepare(plan, args.root, Progress(plan.files + len(plan.formats)))
+    return stopping.runner_main(p, work, argv)
 
 
 if __name__ == "__main__":

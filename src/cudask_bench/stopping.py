@@ -11,7 +11,8 @@ For a runner (cudask_bench.run): `runner_lifeline()`, after which SIGTERM raises
 `Interrupted` there too (and `check_stop` again, at each step), and the runner sends
 itself SIGTERM once its parent is gone (a harness killed with SIGKILL leaves no runner
 running), then SIGKILL if that did not end it; `record_run(work, path)`, a runner's
-work with its outcome (figures, or the interrupt or error that ended it) written as JSON.
+work with its outcome (figures, or the interrupt or error that ended it) written as JSON;
+`runner_main`, a runner's whole main: its arguments parsed, then both.
 
 Does not cover: what is stopped (cudask_bench.harness) or the temporary directories
 (their owners remove them). Threading: the handlers run on the main thread, and
@@ -22,6 +23,7 @@ the standard library only: the runner loads it next to dask-cuda.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -30,7 +32,7 @@ import subprocess
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import Any
 
@@ -203,6 +205,16 @@ def record_run(work: Callable[[], dict[str, Any]], path: str) -> int:
     return code
 
 
+def runner_main(parser: argparse.ArgumentParser, work: Callable[[argparse.Namespace], dict[str, Any]],
+                argv: Sequence[str] | None = None) -> int:
+    """A runner's whole `main`: `parser`, with `--json` (where the result goes) added here,
+    parses `argv`; then `runner_lifeline` and `record_run` of `work(args)`."""
+    parser.add_argument("--json", required=True, help="where to write the result")
+    args = parser.parse_args(argv)
+    runner_lifeline()
+    return record_run(lambda: work(args), args.json)
+
+
 __all__ = [
     "Interrupted",
     "check_stop",
@@ -210,6 +222,7 @@ __all__ = [
     "interrupts",
     "record_run",
     "runner_lifeline",
+    "runner_main",
     "stop_group",
     "wait_exited",
 ]

@@ -74,12 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--setting", required=True, help="the Setting as JSON")
     p.add_argument("--pool", required=True, help="the RMM pool as JSON (null: none)")
     p.add_argument("--tag", default="", help="added to the case's log directory name")
-    p.add_argument("--json", required=True, help="where to write the result")
-    args = p.parse_args(argv)
-    stopping.runner_lifeline()
-    setting, plan = setting_from(json.loads(args.setting)), plan_from(json.loads(args.plan))
-    return stopping.record_run(lambda: {"figures": run_setting(setting, plan, json.loads(args.pool), args.tag)},
-                               args.json)
+
+    def work(args: argparse.Namespace) -> dict[str, Any]:
+        setting, plan = setting_from(json.loads(args.setting)), plan_from(json.loads(args.plan))
+        return {"figures": run_setting(setting, plan, json.loads(args.pool), args.tag)}
+    return stopping.runner_main(p, work, argv)
 
 
 if __name__ == "__main__":
