@@ -107,7 +107,13 @@ def store_figures(dask_worker: Any) -> dict[str, float]:
     if not callable(metrics):
         watched = _counts(getattr(dask_worker.data, "device_buffer", None)) or {}
         return {k: v for k, v in watched.items() if v}
-    return {k: v for k, v in metrics().items()  # cumulative: a figure never falls to 0
+    return _moves_and_pinning(metrics())
+
+
+def _moves_and_pinning(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The spill and pinned-pool figures of a cudask store's `metrics()` that are not 0
+    (cumulative: a figure never falls back to 0)."""
+    return {k: v for k, v in metrics.items()
             if v and ("provision" in k or "deferred" in k or k.startswith(("spill-", "unspill-")))}
 
 
@@ -120,16 +126,15 @@ def held_figures(dask_worker: Any) -> dict[str, float]:
     metrics = getattr(data, "metrics", None)
     if callable(metrics):
         now = metrics()
-        held = {k: float(now.get(k, 0.0)) for k in ("device-bytes", "host-bytes")}
-    else:
-        buffer = getattr(data, "device_buffer", None)
-        fast, slow = getattr(buffer, "fast", None), getattr(data, "host_buffer", None)
-        if fast is None or not hasattr(fast, "total_weight"):
-            return {}
-        host = getattr(getattr(slow, "fast", None), "total_weight", None)
-        held = {"device-bytes": float(fast.total_weight),
-                **({"host-bytes": float(host)} if host is not None else {})}
-    return {**held, **store_figures(dask_worker)}
+        return {**{k: float(now.get(k, 0.0)) for k in ("device-bytes", "host-bytes")},
+                **_moves_and_pinning(now)}
+    buffer = getattr(data, "device_buffer", None)
+    fast, slow = getattr(buffer, "fast", None), getattr(data, "host_buffer", None)
+    if fast is None or not hasattr(fast, "total_weight"):
+        return {}
+    host = getattr(getattr(slow, "fast", None), "total_weight", None)
+    return {"device-bytes": float(fast.total_weight),
+            **({"host-bytes": float(host)} if host is not None else {}), **store_figures(dask_worker)}
 
 
 def worker_counters(dask_worker: Any) -> dict[str, float]:

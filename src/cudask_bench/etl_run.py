@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cudask_bench import environment, stopping, working_set
-from cudask_bench.counters import difference
+from cudask_bench.counters import difference, stream_figures
 from cudask_bench.etl_data import (
     DIM_DTYPES,
     FACT_DTYPES,
@@ -301,15 +301,11 @@ SPANS = {"compute": "compute_s", "disk-read": "store_read_s", "disk-write": "sto
 
 
 def _task_seconds(records: Any, windows: dict[str, tuple[float, float]]) -> dict[str, dict[str, float]]:
-    """Per phase window (epoch seconds), the seconds of each of SPANS."""
-    out = {name: dict.fromkeys(SPANS.values(), 0.0) for name in windows}
-    for record in records or ():
-        for span in record.get("startstops", ()):
-            field = SPANS.get(span.get("action"))
-            if field is None:
-                continue
-            for name, (a, b) in windows.items():
-                out[name][field] += max(0.0, min(b, span["stop"]) - max(a, span["start"]))
+    """Per phase window (epoch seconds), the seconds of each of SPANS (counters.stream_figures)."""
+    out = {}
+    for name, (a, b) in windows.items():
+        figures = stream_figures(records, a, b)
+        out[name] = {field: figures.get(f"{action}_s", 0.0) for action, field in SPANS.items()}
     return out
 
 
