@@ -4,7 +4,7 @@ Covers: the source of the cudask that ran (git commit and whether the checkout w
 read from the checkout the importable `cudask` lives in, else from the stamp that
 scripts/wheelhouse writes into the wheels it builds), the effective `cudask.*`
 configuration with every key set away from its default (and where) and the DASK_CUDASK__ /
-DASK_DISTRIBUTED__ environment variables, the versions of the libraries results depend
+DASK_DISTRIBUTED__ / DASK_ARRAY__ environment variables, the versions of the libraries results depend
 on (also in other environments a document names, such as dask-cuda's `--target` folder),
 whether each figure of a document is cold or warm, and the machine
 (cudask_bench.environment: GPUs, driver, CUDA, CPU, kernel). `stamp(document)` adds all
@@ -57,7 +57,7 @@ LIBRARIES: dict[str, tuple[str, ...]] = {
 }
 
 #: Environment variables a result records (dask's config overrides).
-ENV_PREFIXES: tuple[str, ...] = ("DASK_CUDASK__", "DASK_DISTRIBUTED__")
+ENV_PREFIXES: tuple[str, ...] = ("DASK_CUDASK__", "DASK_DISTRIBUTED__", "DASK_ARRAY__")
 ENV_NAMES: tuple[str, ...] = ("DASK_CONFIG", "CUDA_VISIBLE_DEVICES")
 
 

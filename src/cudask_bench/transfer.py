@@ -191,9 +191,12 @@ def all_to_all(client: Any, n: int, blocks: int) -> dict[str, Any]:
     task stream from the cluster's start, `_measure`) and, per worker once the rechunk is
     done, what its store holds and has spilled so far and how many blocks of each
     layout it holds (`held`: counters.held_figures; uneven blocks can take one worker
-    past its device limit)."""
+    past its device limit). `rechunk`: dask's `array.rechunk.threshold` in this process
+    and the rechunk's task count (the threshold decides whether dask plans it in one
+    stage or through intermediate chunks)."""
     import cupy
     import dask.array as da
+    import dask.config
     from distributed import wait
 
     side = (n // blocks,) * blocks
@@ -201,10 +204,13 @@ def all_to_all(client: Any, n: int, blocks: int) -> dict[str, Any]:
                                      meta=cupy.empty((0, 0))))
     wait(x)
     began, start = time.time(), time.perf_counter()
-    y = client.persist(x.rechunk(((n,), side), method="tasks"))
+    rechunked = x.rechunk(((n,), side), method="tasks")
+    y = client.persist(rechunked)
     wait(y)
     seconds = time.perf_counter() - start
     ended = time.time()
+    plan = {"threshold": dask.config.get("array.rechunk.threshold"),
+            "tasks": len(rechunked.__dask_graph__()) - blocks}  # the rechunk's tasks, x's own left out
     layouts = {"row-blocks": client.who_has(x), "column-blocks": client.who_has(y)}
     held = {w: {**figures, **{name: float(sum(w in where for where in who.values()))
                               for name, who in layouts.items()}}
@@ -214,7 +220,7 @@ def all_to_all(client: Any, n: int, blocks: int) -> dict[str, Any]:
     return {"n": n, "blocks": blocks, "bytes": n * n * 8, "seconds": seconds,
             "GBps": n * n * 8 / seconds / 1e9, "sum_ok": abs(total - expected) <= 1e-9 * expected,
             "workers": stream_figures(client.get_task_stream(start=began, stop=ended), began, ended),
-            "held": held}
+            "held": held, "rechunk": plan}
 
 
 def warm_all_to_all(client: Any, plan: TransferPlan) -> dict[str, Any]:

@@ -206,6 +206,9 @@ def summary(report: Mapping[str, Any]) -> list[str]:
     lines = [f"warm-up (left out): {w['case']}, all-to-all " + _warmup_figure(w)
              for w in report.get("warmup", [])]
     lines += [f"round {r}: {', '.join(names)}" for r, names in enumerate(report.get("order", []))]
+    plans = {(p["threshold"], p["tasks"]) for case in report["settings"].values()
+             for r in case["rounds"] if (p := r.get("all_to_all", {}).get("rechunk"))}
+    lines += [f"all-to-all rechunk: array.rechunk.threshold {t}, {k} tasks" for t, k in sorted(plans)]
     n = (report.get("plan") or {}).get("n")
     for name, case in report["settings"].items():
         lines += _case_lines(name, case, n * n * 8 if n else None)

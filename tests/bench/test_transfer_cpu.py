@@ -313,3 +313,22 @@ def test_the_blocks_and_memory_held_after_the_cold_run_are_shown_per_round() -> 
     plain = [{**_result(0.1, 0.1, 1.0), "round": 0}]
     assert not any("after the cold all-to-all" in line
                    for line in summary({"settings": {"c": {"rounds": plain, **aggregate(plain)}}}))
+
+
+def test_the_rechunk_plan_each_run_used_is_shown_once_per_kind() -> None:
+    """The summary names dask's rechunk threshold and the rechunk's task count, once for
+    each different plan the runs used; files without them print no such line."""
+    def planned(threshold: int, tasks: int) -> dict[str, Any]:
+        r = _result(0.1, 0.1, 1.0)
+        r["all_to_all"] = {**r["all_to_all"], "rechunk": {"threshold": threshold, "tasks": tasks}}
+        return r
+
+    rounds = [{**planned(4, 48), "round": 0}, {**planned(4, 48), "round": 1},
+              {**planned(8, 64), "round": 2}]
+    lines = summary({"settings": {"cudask-ipc": {"rounds": rounds, **aggregate(rounds)}}})
+    assert [line for line in lines if line.startswith("all-to-all rechunk")] == [
+        "all-to-all rechunk: array.rechunk.threshold 4, 48 tasks",
+        "all-to-all rechunk: array.rechunk.threshold 8, 64 tasks"]
+    plain = [{**_result(0.1, 0.1, 1.0), "round": 0}]
+    assert not any(line.startswith("all-to-all rechunk")
+                   for line in summary({"settings": {"c": {"rounds": plain, **aggregate(plain)}}}))
