@@ -46,6 +46,7 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                              if "all_to_all" in r and _store_moved(r, "spill-device-to-host-bytes")]
     out["pinned_ahead_rounds"] = [r.get("round", i) for i, r in enumerate(runs)
                                   if "all_to_all" in r and _store_moved(r, "pinned-provision-bytes")]
+    out["receive_copy_GBps_each"] = [v for r in done if (v := _receive_copy_GBps(r)) is not None]
     sizes = sorted({size for r in done for size in r.get("point_to_point", {})}, key=int)
     methods = sorted({m for r in done for m in r.get("shuffle", {})})
     for mode in MODES:
@@ -64,6 +65,14 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                      "point_to_point_GBps_each": p2p,
                      "shuffle_s": {m: _median(v) for m, v in shuffle.items()}}
     return out
+
+
+def _receive_copy_GBps(run: Mapping[str, Any]) -> float | None:
+    """Bytes the run's workers received by CUDA IPC over the seconds their copies took
+    (cudask.comm.ipc's counters, over the whole case); None without such receives."""
+    ipc = (run.get("ipc") or {}).values()
+    seconds = sum(w.get("receive-copy-seconds", 0.0) for w in ipc)
+    return sum(w.get("received-bytes", 0.0) for w in ipc) / seconds / 1e9 if seconds else None
 
 
 def _store_moved(run: Mapping[str, Any], figure: str) -> bool:
@@ -175,6 +184,10 @@ def _case_lines(name: str, case: Mapping[str, Any], n_bytes: float | None) -> li
     for size_key, bw in cold["point_to_point_GBps"].items():
         lines.append(f"{name:34} {int(size_key) / 2**20:7.0f} MiB  cold {bw or 0:7.1f} GB/s  warm "
                      f"{warm['point_to_point_GBps'].get(size_key) or 0:7.1f} GB/s")
+    copies = case.get("receive_copy_GBps_each") or []
+    if copies:
+        lines.append(f"{name:34} received by CUDA IPC, per round, bytes over the receivers' copy seconds: "
+                     + ", ".join(f"{v:.0f}" for v in copies) + " GB/s")
     held = _held_line(case["rounds"])
     if held:
         lines.append(f"{name:34} after the cold all-to-all, per round: row blocks per worker, "

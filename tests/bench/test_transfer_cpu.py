@@ -332,3 +332,25 @@ def test_the_rechunk_plan_each_run_used_is_shown_once_per_kind() -> None:
     plain = [{**_result(0.1, 0.1, 1.0), "round": 0}]
     assert not any(line.startswith("all-to-all rechunk")
                    for line in summary({"settings": {"c": {"rounds": plain, **aggregate(plain)}}}))
+
+
+def test_the_receivers_copy_rate_is_given_per_round() -> None:
+    """Per round, the bytes every worker received by CUDA IPC over the seconds their
+    copies took; rounds without IPC receives (dask-cuda, TCP) give none."""
+    def received(*workers: tuple[float, float]) -> dict[str, Any]:
+        r = _result(0.1, 0.1, 1.0)
+        r["ipc"] = {f"w{i}": {"received-bytes": b, "receive-copy-seconds": s}
+                    for i, (b, s) in enumerate(workers)}
+        return r
+
+    rounds = [{**received((30e9, 0.1), (20e9, 0.1)), "round": 0},
+              {**received((30e9, 0.1), (0.0, 0.0)), "round": 1},
+              {**_result(0.1, 0.1, 1.0), "round": 2}]
+    case = aggregate(rounds)
+    assert case["receive_copy_GBps_each"] == [250.0, 300.0]
+    lines = summary({"settings": {"cudask-ipc": {"rounds": rounds, **case}}})
+    assert (f"{'cudask-ipc':34} received by CUDA IPC, per round, bytes over the receivers' copy "
+            "seconds: 250, 300 GB/s") in lines, lines
+    plain = [{**_result(0.1, 0.1, 1.0), "round": 0}]
+    assert not any("received by CUDA IPC" in line
+                   for line in summary({"settings": {"c": {"rounds": plain, **aggregate(plain)}}}))
