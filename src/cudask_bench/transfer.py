@@ -191,9 +191,9 @@ def all_to_all(client: Any, n: int, blocks: int) -> dict[str, Any]:
     task stream from the cluster's start, `_measure`) and, per worker once the rechunk is
     done, what its store holds and has spilled so far and how many blocks of each
     layout it holds (`held`: counters.held_figures; uneven blocks can take one worker
-    past its device limit). `rechunk`: dask's `array.rechunk.threshold` in this process
-    and the rechunk's task count (the threshold decides whether dask plans it in one
-    stage or through intermediate chunks)."""
+    past its device limit). `rechunk`: dask's `array.rechunk.threshold` and
+    `array.chunk-size` in this process, which decide whether dask plans the rechunk in
+    one stage or through intermediate chunks, and the rechunk's task count."""
     import cupy
     import dask.array as da
     import dask.config
@@ -210,7 +210,8 @@ def all_to_all(client: Any, n: int, blocks: int) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     ended = time.time()
     plan = {"threshold": dask.config.get("array.rechunk.threshold"),
-            "tasks": len(rechunked.__dask_graph__()) - blocks}  # the rechunk's tasks, x's own left out
+            "chunk_size": dask.config.get("array.chunk-size"),
+            "tasks": len(rechunked.__dask_graph__()) - len(x.__dask_graph__())}  # x's keys left out
     layouts = {"row-blocks": client.who_has(x), "column-blocks": client.who_has(y)}
     held = {w: {**figures, **{name: float(sum(w in where for where in who.values()))
                               for name, who in layouts.items()}}

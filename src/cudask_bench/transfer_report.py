@@ -46,7 +46,8 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                              if "all_to_all" in r and _store_moved(r, "spill-device-to-host-bytes")]
     out["pinned_ahead_rounds"] = [r.get("round", i) for i, r in enumerate(runs)
                                   if "all_to_all" in r and _store_moved(r, "pinned-provision-bytes")]
-    out["receive_copy_GBps_each"] = [v for r in done if (v := _receive_copy_GBps(r)) is not None]
+    out["receive_copy_GBps"] = [{"round": r.get("round", i), "GBps": v} for i, r in enumerate(runs)
+                                if "all_to_all" in r and (v := _receive_copy_GBps(r)) is not None]
     sizes = sorted({size for r in done for size in r.get("point_to_point", {})}, key=int)
     methods = sorted({m for r in done for m in r.get("shuffle", {})})
     for mode in MODES:
@@ -68,8 +69,10 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _receive_copy_GBps(run: Mapping[str, Any]) -> float | None:
-    """Bytes the run's workers received by CUDA IPC over the seconds their copies took
-    (cudask.comm.ipc's counters, over the whole case); None without such receives."""
+    """Bytes the run's workers received by CUDA IPC over the seconds their copies took,
+    summed over the workers (copies that overlap count each), from cudask.comm.ipc's
+    counters over the whole case: every all-to-all and point-to-point receive. None
+    without such receives."""
     ipc = (run.get("ipc") or {}).values()
     seconds = sum(w.get("receive-copy-seconds", 0.0) for w in ipc)
     return sum(w.get("received-bytes", 0.0) for w in ipc) / seconds / 1e9 if seconds else None
@@ -184,10 +187,10 @@ def _case_lines(name: str, case: Mapping[str, Any], n_bytes: float | None) -> li
     for size_key, bw in cold["point_to_point_GBps"].items():
         lines.append(f"{name:34} {int(size_key) / 2**20:7.0f} MiB  cold {bw or 0:7.1f} GB/s  warm "
                      f"{warm['point_to_point_GBps'].get(size_key) or 0:7.1f} GB/s")
-    copies = case.get("receive_copy_GBps_each") or []
+    copies = case.get("receive_copy_GBps") or []
     if copies:
-        lines.append(f"{name:34} received by CUDA IPC, per round, bytes over the receivers' copy seconds: "
-                     + ", ".join(f"{v:.0f}" for v in copies) + " GB/s")
+        lines.append(f"{name:34} received by CUDA IPC in the case, bytes over the receivers' summed copy "
+                     "seconds: " + ", ".join(f"round {c['round']} {c['GBps']:.0f}" for c in copies) + " GB/s")
     held = _held_line(case["rounds"])
     if held:
         lines.append(f"{name:34} after the cold all-to-all, per round: row blocks per worker, "
@@ -219,9 +222,10 @@ def summary(report: Mapping[str, Any]) -> list[str]:
     lines = [f"warm-up (left out): {w['case']}, all-to-all " + _warmup_figure(w)
              for w in report.get("warmup", [])]
     lines += [f"round {r}: {', '.join(names)}" for r, names in enumerate(report.get("order", []))]
-    plans = {(p["threshold"], p["tasks"]) for case in report["settings"].values()
+    plans = {(p["threshold"], p.get("chunk_size") or "", p["tasks"]) for case in report["settings"].values()
              for r in case["rounds"] if (p := r.get("all_to_all", {}).get("rechunk"))}
-    lines += [f"all-to-all rechunk: array.rechunk.threshold {t}, {k} tasks" for t, k in sorted(plans)]
+    lines += [f"all-to-all rechunk: array.rechunk.threshold {t}, " + (f"array.chunk-size {c}, " if c else "")
+              + f"{k} tasks" for t, c, k in sorted(plans)]
     n = (report.get("plan") or {}).get("n")
     for name, case in report["settings"].items():
         lines += _case_lines(name, case, n * n * 8 if n else None)

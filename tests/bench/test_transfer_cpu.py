@@ -316,27 +316,29 @@ def test_the_blocks_and_memory_held_after_the_cold_run_are_shown_per_round() -> 
 
 
 def test_the_rechunk_plan_each_run_used_is_shown_once_per_kind() -> None:
-    """The summary names dask's rechunk threshold and the rechunk's task count, once for
-    each different plan the runs used; files without them print no such line."""
+    """The summary names dask's rechunk threshold and chunk size and the rechunk's task
+    count, once for each different plan the runs used; files without them print no such
+    line."""
     def planned(threshold: int, tasks: int) -> dict[str, Any]:
         r = _result(0.1, 0.1, 1.0)
-        r["all_to_all"] = {**r["all_to_all"], "rechunk": {"threshold": threshold, "tasks": tasks}}
+        r["all_to_all"] = {**r["all_to_all"], "rechunk": {"threshold": threshold, "tasks": tasks,
+                                                          "chunk_size": "128MiB"}}
         return r
 
     rounds = [{**planned(4, 48), "round": 0}, {**planned(4, 48), "round": 1},
               {**planned(8, 64), "round": 2}]
     lines = summary({"settings": {"cudask-ipc": {"rounds": rounds, **aggregate(rounds)}}})
     assert [line for line in lines if line.startswith("all-to-all rechunk")] == [
-        "all-to-all rechunk: array.rechunk.threshold 4, 48 tasks",
-        "all-to-all rechunk: array.rechunk.threshold 8, 64 tasks"]
+        "all-to-all rechunk: array.rechunk.threshold 4, array.chunk-size 128MiB, 48 tasks",
+        "all-to-all rechunk: array.rechunk.threshold 8, array.chunk-size 128MiB, 64 tasks"]
     plain = [{**_result(0.1, 0.1, 1.0), "round": 0}]
     assert not any(line.startswith("all-to-all rechunk")
                    for line in summary({"settings": {"c": {"rounds": plain, **aggregate(plain)}}}))
 
 
 def test_the_receivers_copy_rate_is_given_per_round() -> None:
-    """Per round, the bytes every worker received by CUDA IPC over the seconds their
-    copies took; rounds without IPC receives (dask-cuda, TCP) give none."""
+    """Per round, by its number, the bytes every worker received by CUDA IPC over the
+    seconds their copies took; rounds without IPC receives (dask-cuda, TCP) give none."""
     def received(*workers: tuple[float, float]) -> dict[str, Any]:
         r = _result(0.1, 0.1, 1.0)
         r["ipc"] = {f"w{i}": {"received-bytes": b, "receive-copy-seconds": s}
@@ -346,11 +348,12 @@ def test_the_receivers_copy_rate_is_given_per_round() -> None:
     rounds = [{**received((30e9, 0.1), (20e9, 0.1)), "round": 0},
               {**received((30e9, 0.1), (0.0, 0.0)), "round": 1},
               {**_result(0.1, 0.1, 1.0), "round": 2}]
+    rounds = [rounds[2] | {"round": 0}, rounds[0] | {"round": 1}, rounds[1] | {"round": 2}]
     case = aggregate(rounds)
-    assert case["receive_copy_GBps_each"] == [250.0, 300.0]
+    assert case["receive_copy_GBps"] == [{"round": 1, "GBps": 250.0}, {"round": 2, "GBps": 300.0}]
     lines = summary({"settings": {"cudask-ipc": {"rounds": rounds, **case}}})
-    assert (f"{'cudask-ipc':34} received by CUDA IPC, per round, bytes over the receivers' copy "
-            "seconds: 250, 300 GB/s") in lines, lines
+    assert (f"{'cudask-ipc':34} received by CUDA IPC in the case, bytes over the receivers' summed copy "
+            "seconds: round 1 250, round 2 300 GB/s") in lines, lines
     plain = [{**_result(0.1, 0.1, 1.0), "round": 0}]
     assert not any("received by CUDA IPC" in line
                    for line in summary({"settings": {"c": {"rounds": plain, **aggregate(plain)}}}))
