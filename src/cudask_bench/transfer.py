@@ -4,7 +4,7 @@ order of the settings rotated between rounds.
 
 Covers: the settings (`settings`: cudask over TCP with `cudask.comm.device-ipc` on,
 also with `cudask.memory.pinned-headroom: 0`, without a staging area, with gc_freeze and
-with `cudask.memory.spill-target: 1`, and off, cudask over UCX, and dask-cuda's
+with `cudask.memory.spill-target: 0.9`, and off, cudask over UCX, and dask-cuda's
 workers over TCP and UCX when asked), each run without and with each RMM pool of the
 plan (a `Case`); `--rounds` rounds, each running every case once in a fresh cluster,
 the order rotated by one case each round (`rotations`: no case always pays the
@@ -74,13 +74,13 @@ class Setting:
 HEADROOM_0 = (("DASK_CUDASK__MEMORY__PINNED_HEADROOM", "0"),)  # nothing pinned ahead of spills
 NO_STAGING = (("DASK_CUDASK__COMM__DEVICE_IPC_STAGING", "0"),)  # no cudask.comm.staging area
 GC_FREEZE = (("DASK_CUDASK__WORKER__GC_FREEZE", "True"),)  # start-up objects frozen (gc_freeze)
-# background spilling only past the limit: spilled, as dask-cuda spills, when a write passes it
-SPILL_TARGET_1 = (("DASK_CUDASK__MEMORY__SPILL_TARGET", "1.0"),)
+# background spilling from 0.9 of the device limit, keeping room ahead (the default spills at the limit)
+SPILL_AHEAD = (("DASK_CUDASK__MEMORY__SPILL_TARGET", "0.9"),)
 
 
 def settings(protocols: tuple[str, ...], dask_cuda: Setting | None) -> tuple[Setting, ...]:
     """cudask over TCP with IPC on (the default configuration, then without pinning
-    ahead of spills, without a staging area, with gc_freeze, spilling only past the device
+    ahead of spills, without a staging area, with gc_freeze, spilling from 0.9 of the device
     limit) and off, then cudask over
     UCX, and dask-cuda (`dask_cuda` carries its interpreter and path) over each protocol."""
     out = []
@@ -89,7 +89,7 @@ def settings(protocols: tuple[str, ...], dask_cuda: Setting | None) -> tuple[Set
                 Setting("cudask-ipc-headroom0", "cudask", "tcp", device_ipc=True, env=HEADROOM_0),
                 Setting("cudask-ipc-no-staging", "cudask", "tcp", device_ipc=True, env=NO_STAGING),
                 Setting("cudask-ipc-gc-freeze", "cudask", "tcp", device_ipc=True, env=GC_FREEZE),
-                Setting("cudask-ipc-spill-target1", "cudask", "tcp", device_ipc=True, env=SPILL_TARGET_1),
+                Setting("cudask-ipc-spill-ahead", "cudask", "tcp", device_ipc=True, env=SPILL_AHEAD),
                 Setting("cudask-tcp", "cudask", "tcp")]
     if "ucx" in protocols:
         out.append(Setting("cudask-ucx", "cudask", "ucx"))

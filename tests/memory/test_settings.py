@@ -33,7 +33,7 @@ def test_defaults_come_from_the_config():
     s = store_settings(1 << 30, 10 << 30)
     assert s.pinned_release_after == 60.0  # cudask.yaml
     assert s.pinned_pool_size == 5 << 30 and s.pinned_slab_size == 256 << 20
-    assert s.spill_target == 0.9 and s.background and s.pinned_preallocate == 0
+    assert s.spill_target == 1.0 and s.background and s.pinned_preallocate == 0
     with dask.config.set({"cudask.memory.pinned-release-after": False}):
         assert store_settings(1 << 30, 10 << 30).pinned_release_after is None
     assert store_settings(None, 10 << 30).pinned_pool_size == 0  # "auto" without a device limit
