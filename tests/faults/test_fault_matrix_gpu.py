@@ -135,8 +135,8 @@ def _worker_logs(client: Any) -> str:
 # ---------------------------------------------------------------- device memory
 def _exhaust(client: Any, fits: int, too_big: int,
              match: str) -> tuple[float | None, float, str, dict]:
-    """A task allocating `fits` bytes (room only once the store has spilled on
-    demand) must run, one allocating `too_big` must end in one error matching
+    """A task allocating `fits` bytes (room only once the store has spilled, at
+    the device limit or on demand) must run, one allocating `too_big` must end in one error matching
     `match`. Return the first task's seconds when it ran out of memory and got
     it back by spilling on demand (else None), the spills on demand it took, the
     error's first line and the worker's store metrics at the end."""
@@ -164,11 +164,12 @@ def _spilled_bytes(m: dict[str, float]) -> float:
 
 
 def _scale() -> int:
-    """The GPU's memory, at most 60% of the host's: what the device-exhaustion case
-    spills must fit the host (an H200's 141 GB against a 128 GiB host would not)."""
-    import psutil
+    """The GPU's memory, at most 60% of the host memory distributed sees: what the
+    device-exhaustion case spills must fit the host (an H200's 141 GB against a
+    128 GiB host would not)."""
+    from cudask.memory.settings import system_memory
 
-    return min(_gpu_total(), int(psutil.virtual_memory().total * 0.6))
+    return min(_gpu_total(), int(system_memory() * 0.6))
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["plain", "jit"])
@@ -188,7 +189,7 @@ def test_task_exhausts_cupy_device_memory(jit: bool, fault_row: Row) -> None:
                                             "(?i)out of memory")
         check = check_keys(client, held)
         fault_row(case=f"task exhausts device memory: CuPy, {'JIT' if jit else 'plain'}",
-                  outcome=f"60% of the GPU: ran after {spills:.0f} spill(s) at the limit or on "
+                  outcome=f"{scale * 0.6 / GiB:.0f} GiB: ran after {spills:.0f} spill(s) at the limit or on "
                           f"demand; 2x the GPU: {_error_type(error)}; {_spills(m):.0f} spill(s) "
                           f"in all ({_spilled_bytes(m) / GiB:.1f} GiB)",
                   check=check, recover_s=fits_s, error=error)

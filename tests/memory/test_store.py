@@ -65,7 +65,7 @@ def test_overwrite_and_delete_in_every_tier(make_store: MakeStore) -> None:
 
 
 def test_concurrent_access(make_store: MakeStore, in_threads: InThreads) -> None:
-    store = make_store(device_memory_limit=2000, memory_limit=4000,
+    store = make_store(device_memory_limit=2000, memory_limit=4000, spill_target=0.9,
                        backend=FakeCopyBackend(lag=3), background=True)
 
     def work(t: int) -> None:
