@@ -216,24 +216,31 @@ class SpillOnDemand:
                        oom: tuple[type[BaseException], ...], first: BaseException) -> Any:
         """Spill and retry a refused allocation; a named MemoryError when it fails."""
         want = self.shortfall(nbytes)
+        spilled = 0
         for _ in range(self.attempts):
-            if self.spill(want) <= 0:
+            step = self.spill(want)
+            if step <= 0:
                 break
+            spilled += step
             try:
                 return malloc(nbytes)
             except oom:
                 want *= 2
-        raise MemoryError(self.refusal(nbytes, first)) from first
+        raise MemoryError(self.refusal(nbytes, first, spilled)) from first
 
-    def refusal(self, nbytes: int, error: BaseException) -> str:
-        """The message of a MemoryError for an allocation spilling could not serve."""
+    def refusal(self, nbytes: int, error: BaseException, spilled: int = 0) -> str:
+        """The message of a MemoryError for an allocation spilling could not serve;
+        `spilled`: the bytes spilled for it."""
         task = current_task()
         who = "an allocation outside any task" if task is None else f"task {task!r}"
         limit = "None" if self.limit is None else f"{format_bytes(self.limit)} ({self.limit} bytes)"
+        free = self._free_memory() if self._free_memory is not None else None
+        seen = f"{format_bytes(spilled)} spilled for it" + (
+            "" if free is None else f", {format_bytes(free)} free on the GPU after that")
         return (
             f"cudask: {who} asked for {format_bytes(nbytes)} ({nbytes} bytes) of device "
             f"memory and the GPU is out of memory after spilling what could be spilled "
-            f"(device_memory_limit={limit}): it needs more than the GPU has free. "
+            f"({seen}; device_memory_limit={limit}): it needs more than the GPU has free. "
             f"Split the work into smaller chunks. ({type(error).__name__}: {error})"
         )
 
