@@ -3,8 +3,9 @@
 order of the settings rotated between rounds.
 
 Covers: the settings (`settings`: cudask over TCP with `cudask.comm.device-ipc` on,
-also with `cudask.memory.pinned-headroom: 0`, without a staging area, with gc_freeze and
-with `cudask.memory.spill-target: 0.9`, and off, cudask over UCX, and dask-cuda's
+also with `cudask.memory.pinned-headroom: 0`, without a staging area, with gc_freeze,
+with `cudask.memory.spill-target: 0.9` and without spilling on demand (no allocator
+hooks), and off, cudask over UCX, and dask-cuda's
 workers over TCP and UCX when asked), each run without and with each RMM pool of the
 plan (a `Case`); `--rounds` rounds, each running every case once in a fresh cluster,
 the order rotated by one case each round (`rotations`: no case always pays the
@@ -76,12 +77,14 @@ NO_STAGING = (("DASK_CUDASK__COMM__DEVICE_IPC_STAGING", "0"),)  # no cudask.comm
 GC_FREEZE = (("DASK_CUDASK__WORKER__GC_FREEZE", "True"),)  # start-up objects frozen (gc_freeze)
 # background spilling from 0.9 of the device limit, keeping room ahead (the default spills at the limit)
 SPILL_AHEAD = (("DASK_CUDASK__MEMORY__SPILL_TARGET", "0.9"),)
+# no spilling on demand: CuPy's allocator and the RMM resource not hooked (no gate, no counter)
+NO_ON_DEMAND = (("DASK_CUDASK__MEMORY__SPILL_ON_DEMAND", "False"),)
 
 
 def settings(protocols: tuple[str, ...], dask_cuda: Setting | None) -> tuple[Setting, ...]:
     """cudask over TCP with IPC on (the default configuration, then without pinning
     ahead of spills, without a staging area, with gc_freeze, spilling from 0.9 of the device
-    limit) and off, then cudask over
+    limit, without spilling on demand) and off, then cudask over
     UCX, and dask-cuda (`dask_cuda` carries its interpreter and path) over each protocol."""
     out = []
     if "tcp" in protocols:
@@ -90,6 +93,7 @@ def settings(protocols: tuple[str, ...], dask_cuda: Setting | None) -> tuple[Set
                 Setting("cudask-ipc-no-staging", "cudask", "tcp", device_ipc=True, env=NO_STAGING),
                 Setting("cudask-ipc-gc-freeze", "cudask", "tcp", device_ipc=True, env=GC_FREEZE),
                 Setting("cudask-ipc-spill-ahead", "cudask", "tcp", device_ipc=True, env=SPILL_AHEAD),
+                Setting("cudask-ipc-no-on-demand", "cudask", "tcp", device_ipc=True, env=NO_ON_DEMAND),
                 Setting("cudask-tcp", "cudask", "tcp")]
     if "ucx" in protocols:
         out.append(Setting("cudask-ucx", "cudask", "ucx"))

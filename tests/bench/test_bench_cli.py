@@ -427,7 +427,7 @@ def test_soak_bad_input(args: list[str], named: str) -> None:
     (["--rounds", "0"], "0 is not in the range"),
     (["--protocols", "tcp", "--settings", "cudask-ipc,bogus"],
      ("'cudask-ipc,bogus'; accepted: cudask-ipc, cudask-ipc-headroom0, cudask-ipc-no-staging, "
-      "cudask-ipc-gc-freeze, cudask-ipc-spill-ahead, cudask-tcp (with these")),
+      "cudask-ipc-gc-freeze, cudask-ipc-spill-ahead, cudask-ipc-no-on-demand, cudask-tcp (with these")),
 ])
 def test_transfer_bad_input(args: list[str], named: str) -> None:
     code, out = invoke("transfer", *args)
@@ -498,11 +498,13 @@ def test_transfer_settings_and_dask_cuda_workers(tmp_path: Path) -> None:
     dc = Setting("dask-cuda", "dask-cuda", "tcp", pythonpath=(str(tmp_path),))
     names = [s.name for s in settings(("tcp", "ucx"), dc)]
     assert names == ["cudask-ipc", "cudask-ipc-headroom0", "cudask-ipc-no-staging", "cudask-ipc-gc-freeze",
-                     "cudask-ipc-spill-ahead", "cudask-tcp", "cudask-ucx", "dask-cuda-tcp", "dask-cuda-ucx"]
+                     "cudask-ipc-spill-ahead", "cudask-ipc-no-on-demand", "cudask-tcp", "cudask-ucx",
+                     "dask-cuda-tcp", "dask-cuda-ucx"]
     assert [s.name for s in settings(("tcp",), None)] == ["cudask-ipc", "cudask-ipc-headroom0",
                                                           "cudask-ipc-no-staging", "cudask-ipc-gc-freeze",
-                                                          "cudask-ipc-spill-ahead", "cudask-tcp"]
-    ipc, headroom0, unstaged, frozen, ahead, tcp = settings(("tcp",), None)
+                                                          "cudask-ipc-spill-ahead",
+                                                          "cudask-ipc-no-on-demand", "cudask-tcp"]
+    ipc, headroom0, unstaged, frozen, ahead, unhooked, tcp = settings(("tcp",), None)
     with worker_launch(ipc) as launch:
         assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True"})
     with worker_launch(headroom0) as launch:
@@ -517,6 +519,9 @@ def test_transfer_settings_and_dask_cuda_workers(tmp_path: Path) -> None:
     with worker_launch(ahead) as launch:
         assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True",
                                  "DASK_CUDASK__MEMORY__SPILL_TARGET": "0.9"})
+    with worker_launch(unhooked) as launch:
+        assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True",
+                                 "DASK_CUDASK__MEMORY__SPILL_ON_DEMAND": "False"})
     with worker_launch(tcp) as launch:
         assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "False"})
     with worker_launch(settings(("tcp",), dc)[-1]) as (command, env):

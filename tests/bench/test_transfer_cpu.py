@@ -176,7 +176,8 @@ def test_auto_protocols_add_ucx_where_it_is_installed(no_runs: list[TransferPlan
     assert result.exit_code == 0, result.output
     assert [s.name for s in no_runs[0].settings] == ["cudask-ipc", "cudask-ipc-headroom0",
                                                      "cudask-ipc-no-staging", "cudask-ipc-gc-freeze",
-                                                     "cudask-ipc-spill-ahead", "cudask-tcp", "cudask-ucx"]
+                                                     "cudask-ipc-spill-ahead", "cudask-ipc-no-on-demand",
+                                                     "cudask-tcp", "cudask-ucx"]
 
 
 def test_warmup_runs_first_and_stays_out_of_the_figures() -> None:
