@@ -164,6 +164,16 @@ def test_a_marked_figure_must_equal_its_file(tmp_path: Path) -> None:
     assert "cannot read the value" in ri.check(root)[0]
 
 
+def test_a_marker_the_pattern_cannot_read_fails(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    key = "variants[backend=dask-cuda].measurements.read_verify.median"
+    page = root / "docs" / "figure-check.md"
+    page.write_text(f"Read back in\n1.5<!-- figure\nspill-cold-h100.json#{key} --> s, and in "
+                    f"about a second<!-- figure spill-cold-h100.json#{key} -->.\n")
+    said = "a figure marker with no number right before it, or split over lines: it is not checked"
+    assert ri.check(root) == [f"docs/figure-check.md:{line}: {said}" for line in (2, 3)]
+
+
 def test_catalogue_commits_are_what_git_history_gives() -> None:
     catalogue = ri.catalogue(ROOT)["files"]
     _needs_history(next(e["commit"] for e in catalogue.values() if e.get("commit")))
