@@ -14,8 +14,8 @@ import re
 from typing import Any
 
 FIGURE = re.compile(r"(?P<number>\d+(?:\.\d+)?)(?P<space>\s?)(?P<unit>ms|s|GB/s|×)?(?:\*\*)?"
-                    r"<!-- figure (?P<file>[^#\s]+)#(?P<key>.+?) -->")
-MARKER = re.compile(r"<!--\s*figure\b")
+                    r"(?P<marker><!-- figure )(?P<file>[^#\s]+)#(?P<key>.+?) -->")
+MARKER = re.compile(r"<!--\s*figure\s")
 TOKEN = re.compile(r"\[([^\]]+)\]|([^.\[\]]+)")
 
 
@@ -40,7 +40,7 @@ def lookup(document: Any, key: str) -> Any:
 
 def unread(text: str) -> list[int]:
     """The line numbers (from 1) of figure markers in `text` that `FIGURE` does not read."""
-    read = {m.start("file") - len("<!-- figure ") for m in FIGURE.finditer(text)}
+    read = {m.start("marker") for m in FIGURE.finditer(text)}
     return [text.count("\n", 0, m.start()) + 1 for m in MARKER.finditer(text)
             if m.start() not in read]
 

@@ -45,11 +45,15 @@ def code_paths(cat: dict[str, Any], benchmark: str) -> tuple[list[str], list[str
     return include, [p for p in exclude if p not in include]
 
 
-def explained(root: Path, cat: dict[str, Any], benchmark: str) -> dict[str, str]:
-    """Commit (full hash) -> why it leaves `benchmark`'s figures as they were."""
+def explained(root: Path, cat: dict[str, Any], benchmark: str,
+              name: str | None = None) -> dict[str, str]:
+    """Commit (full hash) -> why it leaves `benchmark`'s figures as they were (for the
+    result file `name`: an entry with `files` explains only the files it lists)."""
     out: dict[str, str] = {}
     for entry in cat.get("unaffected", []):
         if benchmark not in entry.get("benchmarks", []):
+            continue
+        if "files" in entry and name not in entry["files"]:
             continue
         hashes = list(entry.get("commits", []))
         if entry.get("range"):
@@ -72,15 +76,17 @@ def content_commit(root: Path, name: str, results: str) -> str | None:
     return log.split()[0] if log and log.split() else None
 
 
-def unexplained(root: Path, cat: dict[str, Any], benchmark: str, since: str) -> list[str] | None:
+def unexplained(root: Path, cat: dict[str, Any], benchmark: str, since: str,
+                name: str | None = None) -> list[str] | None:
     """"HASH subject" of the commits after `since` that touch `benchmark`'s code and that
-    catalogue.toml does not explain; None when git cannot list them."""
+    catalogue.toml does not explain (for the result file `name`); None when git cannot
+    list them."""
     include, exclude = code_paths(cat, benchmark)
     log = git(root, "log", "--no-merges", "--format=%H %h %s", f"{since}..HEAD",
               "--", *include, *(f":(exclude){p}" for p in exclude))
     if log is None:
         return None
-    reasons = explained(root, cat, benchmark)
+    reasons = explained(root, cat, benchmark, name)
     return [f"{line.split(' ', 2)[1]} {line.split(' ', 2)[2][:90]}"
             for line in log.splitlines() if line.split(" ", 1)[0] not in reasons]
 

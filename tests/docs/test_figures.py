@@ -19,6 +19,7 @@ import importlib.util
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -206,6 +207,17 @@ def test_an_unexplained_change_makes_a_quoted_file_stale() -> None:
     # and the pinning-ahead ramp changes the transfer runs' 30 GB limit (headroom 8 GiB)
     assert any(line.startswith("72b591f") for line in ri.stale(ROOT, "transfer-h200x2.json"))
     assert ri.stale(ROOT, "spill-cold-h100.json") == []
+
+
+def test_an_entry_that_lists_files_explains_only_them() -> None:
+    _needs_history("2a3925e")
+    history = sys.modules["results_history"]
+    cat = {"unaffected": [{"commits": ["2a3925e"], "benchmarks": ["spill"], "reason": "named",
+                           "files": ["a.json"]}]}
+    assert list(history.explained(ROOT, cat, "spill", "a.json").values()) == ["named"]
+    assert history.explained(ROOT, cat, "spill", "b.json") == {}
+    del cat["unaffected"][0]["files"]  # no list: every file of its benchmarks
+    assert list(history.explained(ROOT, cat, "spill", "b.json").values()) == ["named"]
 
 
 def test_a_bracketed_key_picks_a_mapping_entry_with_dots_in_its_name() -> None:
