@@ -11,7 +11,7 @@ ahead. An allocation that
 fails for want of device memory has the store spill what the driver reports
 missing and is tried again (doubling the amount each time); when that fails
 too, CuPy's allocations raise a `MemoryError` naming the task, the bytes asked
-for and the limit. Both stores use it: the tiered store
+for, what was spilled for it, what the GPU had free after and the limit. Both stores use it: the tiered store
 (`cudask.memory.store`) and the JIT-unspill store
 (`cudask.memory.jit.proxy_store`), when `cudask.memory.spill-on-demand` is on.
 
@@ -234,8 +234,12 @@ class SpillOnDemand:
         task = current_task()
         who = "an allocation outside any task" if task is None else f"task {task!r}"
         limit = "None" if self.limit is None else f"{format_bytes(self.limit)} ({self.limit} bytes)"
-        free = self._free_memory() if self._free_memory is not None else None
+        try:
+            free = self._free_memory() if self._free_memory is not None else None
+        except Exception:  # noqa: BLE001 - the message must not fail for want of a figure
+            free = None
         seen = f"{format_bytes(spilled)} spilled for it" + (
+            ": every device key in use, or the store busy" if not spilled else "") + (
             "" if free is None else f", {format_bytes(free)} free on the GPU after that")
         return (
             f"cudask: {who} asked for {format_bytes(nbytes)} ({nbytes} bytes) of device "

@@ -426,8 +426,8 @@ class TieredStore(MutableMapping[Key, object]):
         if nbytes <= 0:
             return 0
         if not self.lock.acquire(timeout=-1 if lock_wait is None else lock_wait):
-            logger.warning("cudask: spilling %s on demand skipped: the store stayed busy for "
-                           "%.1f s", format_bytes(nbytes), lock_wait)
+            logger.debug("cudask: spilling %s on demand skipped: the store stayed busy for "
+                         "%.1f s", format_bytes(nbytes), lock_wait)
             return 0
         try:
             self._leave_fast_path()
