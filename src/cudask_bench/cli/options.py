@@ -233,7 +233,8 @@ TRANSFER: tuple[Option, ...] = (
            "worker keeps a peer's pool slab mapped between transfers (cudask.comm.lifetimes)."),
     option("--protocols", default="auto", show_default=True,
            help="Comma-separated: tcp (cudask with CUDA IPC on, also without pinning ahead of "
-           "spills, and off), ucx (cudask over UCX; needs distributed-ucxx); auto: tcp, and "
+           "spills, without a staging area, with gc_freeze, with spill-target 0.9 and without "
+           "spilling on demand, and off), ucx (cudask over UCX; needs distributed-ucxx); auto: tcp, and "
            "ucx where distributed-ucxx is installed. dask-cuda runs over each with --against."),
     option("--settings", "only", default=None,
            help="Run only these settings, comma-separated (e.g. 'cudask-ipc,dask-cuda-ucx'); "
