@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import random
 import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import pytest
 
 from cudask.memory.handlers import register_handler
 from cudask.memory.jit.proxy import ProxyObject, asproxy, location, unproxy
+from cudask.memory.jit import proxy_store
 from cudask.memory.jit.proxy_store import ProxyStore
 from cudask.memory.ondemand import SpillOnDemand
 from cudask.memory.settings import store_settings
@@ -248,6 +250,44 @@ def test_spill_on_demand_raises_when_nothing_can_be_freed(make: Any) -> None:
         allocate(50)
     assert isinstance(info.value.__cause__, FakeOOM)
     assert (held.get() == 1).all() and store.where("x") == "host"
+
+
+def test_spilling_on_demand_waits_for_a_busy_store_only_a_bounded_time(
+        make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # as with the tiered store: a thread holding the store's lock may wait for a lock the
+    # allocating thread holds (cuDF's buffer lock), so spilling on demand waits a bounded time
+    monkeypatch.setattr(proxy_store, "STORE_LOCK_WAIT", 0.2)
+    store = make(device_memory_limit=None)
+    for i in range(8):
+        store[i] = dev(100, i)
+    device = FakeAllocator(store, capacity=1000)
+    busy = threading.Event()
+
+    def malloc(nbytes: int) -> str:  # reads the store's bytes only when its lock is free
+        if busy.is_set():
+            raise FakeOOM(f"out of memory allocating {nbytes}")
+        return device(nbytes)
+
+    allocate = store.on_demand.wrap_allocator(malloc, (FakeOOM,))
+    buffer_lock, store_held = threading.Lock(), threading.Event()
+
+    def spilling_that_buffer() -> None:
+        with store.lock:
+            store_held.set()
+            with buffer_lock:
+                pass
+
+    with buffer_lock:  # the allocating thread holds the buffer's lock
+        spiller = threading.Thread(target=spilling_that_buffer, daemon=True)
+        spiller.start()
+        assert store_held.wait(30)
+        busy.set()
+        with pytest.raises(MemoryError, match="0 B spilled for it"):
+            allocate(450)  # the store busy: nothing spilled, the refusal named
+        busy.clear()
+    spiller.join(30)
+    assert not spiller.is_alive() and store.device_bytes == 800
+    assert allocate(450) == "ptr-450" and store.device_bytes <= 550  # the store free again
 
 
 def test_rmm_callback_and_reentrancy() -> None:

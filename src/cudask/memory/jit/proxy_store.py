@@ -51,7 +51,7 @@ from cudask.memory.jit.cell import (
     new_cell,
 )
 from cudask.memory.jit.proxy import ProxyObject, register_dask_dispatch
-from cudask.memory.ondemand import SpillOnDemand
+from cudask.memory.ondemand import STORE_LOCK_WAIT, SpillOnDemand
 from cudask.memory.settings import spill_on_demand_setting, store_settings
 from cudask.memory.store import TieredStore
 
@@ -107,7 +107,8 @@ class ProxyStore(MutableMapping[Key, object]):
         self._closed = False
         limit = self.device_memory_limit if settings.spill_at_limit else None
         self.on_demand = SpillOnDemand(
-            self.spill_device, limit=limit, free_memory=self._inner.free_device_memory,
+            lambda nbytes: self.spill_device(nbytes, STORE_LOCK_WAIT), limit=limit,
+            free_memory=self._inner.free_device_memory,
         ) if spill_on_demand else None
         self._hooked = False
         self._metrics: defaultdict[tuple[str, str], float] = defaultdict(float)
@@ -351,12 +352,19 @@ class ProxyStore(MutableMapping[Key, object]):
                     self.on_demand.install()
 
     # ------------------------------------------------------------------ spilling
-    def spill_device(self, nbytes: int) -> int:
+    def spill_device(self, nbytes: int, lock_wait: float | None = None) -> int:
         """Spill least recently used proxies' objects to the host until `nbytes`
         of device memory are released; return the bytes released (objects still
-        used by a running task are not released)."""
-        self._reap()
-        return self._inner.spill_device(nbytes)
+        used by a running task are not released). `lock_wait`: at most this many
+        seconds waiting for the store's lock, then nothing is spilled (0), as the
+        tiered store does for spilling on demand (cudask.memory.ondemand)."""
+        if not self.lock.acquire(timeout=-1 if lock_wait is None else lock_wait):
+            return 0
+        try:
+            self._reap()
+            return self._inner.spill_device(nbytes)
+        finally:
+            self.lock.release()
 
     def prefetch(self, keys: Collection[Key]) -> int:
         """Start bringing the spilled proxies of `keys` back to the device, as far
