@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from cudask.memory.handlers import register_handler
-from cudask.memory.jit.proxy import ProxyObject, asproxy, location, unproxy
 from cudask.memory.jit import proxy_store
+from cudask.memory.jit.proxy import ProxyObject, asproxy, location, unproxy
 from cudask.memory.jit.proxy_store import ProxyStore
 from cudask.memory.ondemand import SpillOnDemand
 from cudask.memory.settings import store_settings
