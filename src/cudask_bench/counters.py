@@ -22,7 +22,7 @@ addition per spill under the GIL); `difference` and `stream_figures` are pure.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 
@@ -33,16 +33,24 @@ def difference(before: dict[str, float], after: dict[str, float]) -> dict[str, f
             if v != before.get(k, 0.0) and not k.endswith("gbps")}
 
 
+def _key(key: Any) -> Any:
+    """A task key as the graph has it (a tuple key may arrive as a list)."""
+    return tuple(_key(k) for k in key) if isinstance(key, (list, tuple)) else key
+
+
 def stream_figures(records: Iterable[Mapping[str, Any]] | None, began: float,
-                   ended: float) -> dict[str, float]:
+                   ended: float, keys: Collection[Any] | None = None) -> dict[str, float]:
     """What the workers did between `began` and `ended` (epoch seconds) by the scheduler's
-    task stream (`client.get_task_stream`): the tasks, the seconds of each action summed
-    over workers (`compute_s`, `transfer_s`, ...), and the wait before the first span
-    started (`before_first_s`), from the first start to the last stop (`busy_s`) and
-    after it (`after_last_s`): how much of a run was the workers' work."""
+    task stream (`client.get_task_stream`): the tasks (of `keys` only, when given), the
+    seconds of each action summed over workers (`compute_s`, `transfer_s`, ...), and the
+    wait before the first span started (`before_first_s`), from the first start to the
+    last stop (`busy_s`) and after it (`after_last_s`): how much of a run was the
+    workers' work."""
     out: dict[str, float] = {"tasks": 0.0}
     first, last = ended, began
     for record in records or ():
+        if keys is not None and _key(record.get("key")) not in keys:
+            continue
         out["tasks"] += 1
         for span in record.get("startstops", ()):
             start, stop = max(began, float(span["start"])), min(ended, float(span["stop"]))

@@ -191,8 +191,9 @@ def _point_to_point(client: Any, a: str, b: str, size: int, repeat: int) -> dict
 def all_to_all(client: Any, n: int, blocks: int) -> dict[str, Any]:
     """Rechunk an n x n float64 CuPy array from `blocks` row blocks to as many column
     blocks on `client`'s workers; seconds from the first submit, sum checked, what the
-    workers did meanwhile (`workers`: counters.stream_figures; the scheduler records its
-    task stream from the cluster's start, `_measure`) and, per worker once the rechunk is
+    workers did meanwhile (`workers`: counters.stream_figures over the rechunk's own tasks,
+    the scheduler's records taken by its record count, `distributed.get_task_stream`; it
+    records its task stream from the cluster's start, `_measure`) and, per worker once the rechunk is
     done, what its store holds and has spilled so far and how many blocks of each
     layout it holds (`held`: counters.held_figures; uneven blocks can take one worker
     past its device limit). `rechunk`: dask's `array.rechunk.threshold` and
@@ -201,30 +202,33 @@ def all_to_all(client: Any, n: int, blocks: int) -> dict[str, Any]:
     import cupy
     import dask.array as da
     import dask.config
-    from distributed import wait
+    from distributed import get_task_stream, wait
 
     side = (n // blocks,) * blocks
     x = client.persist(da.map_blocks(_cells, n=n, dtype="f8", chunks=(side, (n,)),
                                      meta=cupy.empty((0, 0))))
     wait(x)
-    began, start = time.time(), time.perf_counter()
-    rechunked = x.rechunk(((n,), side), method="tasks")
-    y = client.persist(rechunked)
-    wait(y)
-    seconds = time.perf_counter() - start
-    ended = time.time()
+    # the scheduler's records from here on, by its record count (a window of wall-clock
+    # times can miss records of a short run), taken once the sum below has run
+    with get_task_stream(client) as stream:
+        began, start = time.time(), time.perf_counter()
+        rechunked = x.rechunk(((n,), side), method="tasks")
+        y = client.persist(rechunked)
+        wait(y)
+        seconds = time.perf_counter() - start
+        ended = time.time()
+        layouts = {"row-blocks": client.who_has(x), "column-blocks": client.who_has(y)}
+        held = {w: {**figures, **{name: float(sum(w in where for where in who.values()))
+                                  for name, who in layouts.items()}}
+                for w, figures in client.run(held_figures).items()}
+        total = float(y.sum().compute())
+    own = set(rechunked.__dask_graph__()) - set(x.__dask_graph__())  # the rechunk's tasks
     plan = {"threshold": dask.config.get("array.rechunk.threshold"),
-            "chunk_size": dask.config.get("array.chunk-size"),
-            "tasks": len(rechunked.__dask_graph__()) - len(x.__dask_graph__())}  # x's keys left out
-    layouts = {"row-blocks": client.who_has(x), "column-blocks": client.who_has(y)}
-    held = {w: {**figures, **{name: float(sum(w in where for where in who.values()))
-                              for name, who in layouts.items()}}
-            for w, figures in client.run(held_figures).items()}
-    total = float(y.sum().compute())
+            "chunk_size": dask.config.get("array.chunk-size"), "tasks": len(own)}
     expected = n * n * (n * n - 1) / 2
     return {"n": n, "blocks": blocks, "bytes": n * n * 8, "seconds": seconds,
             "GBps": n * n * 8 / seconds / 1e9, "sum_ok": abs(total - expected) <= 1e-9 * expected,
-            "workers": stream_figures(client.get_task_stream(start=began, stop=ended), began, ended),
+            "workers": stream_figures(stream.data, began, ended, own),
             "held": held, "rechunk": plan}
 
 

@@ -275,6 +275,11 @@ def test_what_the_workers_did_in_a_run_comes_from_the_task_stream() -> None:
                        "busy_s": 2.0, "after_last_s": 1.0}
     assert stream_figures([], 100.0, 103.0) == {"tasks": 0.0, "before_first_s": 0.0, "busy_s": 0.0,
                                                 "after_last_s": 0.0}
+    records.append({"key": ["rechunk-merge", 0, 1],  # a tuple key as it may arrive: a list
+                    "startstops": [{"action": "compute", "start": 102.0, "stop": 102.5}]})
+    own = stream_figures(records, 100.0, 103.0, {"b", ("rechunk-merge", 0, 1)})
+    assert own == {"tasks": 2.0, "compute_s": 1.5, "before_first_s": 1.0, "busy_s": 1.5,
+                   "after_last_s": 0.5}  # "a" is not the run's: left out
 
 
 def test_the_workers_span_and_the_waits_are_folded_and_shown() -> None:
