@@ -10,6 +10,7 @@ docs (scripts/results-index). Threading: none; stdlib only.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -59,10 +60,16 @@ def explained(root: Path, cat: dict[str, Any], benchmark: str,
         if entry.get("range"):
             hashes += (git(root, "rev-list", entry["range"]) or "").split()
         for short in hashes:
-            full = (git(root, "rev-parse", f"{short}^{{commit}}") or "").strip()
-            if full:
+            if full := _full_hash(root, short):
                 out[full] = entry["reason"]
     return out
+
+
+@functools.cache
+def _full_hash(root: Path, short: str) -> str:
+    """The full hash of commit `short` ("" when git does not know it); asked once per run,
+    though every result file's check reads the catalogue's entries again."""
+    return (git(root, "rev-parse", f"{short}^{{commit}}") or "").strip()
 
 
 def content_commit(root: Path, name: str, results: str) -> str | None:
