@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cudask.memory import ondemand
 from cudask.memory.handlers import register_handler
-from cudask.memory.jit import proxy_store
 from cudask.memory.jit.proxy import ProxyObject, asproxy, location, unproxy
 from cudask.memory.jit.proxy_store import ProxyStore
 from cudask.memory.ondemand import SpillOnDemand
@@ -256,7 +256,7 @@ def test_spilling_on_demand_waits_for_a_busy_store_only_a_bounded_time(
         make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # as with the tiered store: a thread holding the store's lock may wait for a lock the
     # allocating thread holds (cuDF's buffer lock), so spilling on demand waits a bounded time
-    monkeypatch.setattr(proxy_store, "STORE_LOCK_WAIT", 0.2)
+    monkeypatch.setattr(ondemand, "STORE_LOCK_WAIT", 0.2)
     store = make(device_memory_limit=None)
     for i in range(8):
         store[i] = dev(100, i)

@@ -51,7 +51,7 @@ from cudask.memory.jit.cell import (
     new_cell,
 )
 from cudask.memory.jit.proxy import ProxyObject, register_dask_dispatch
-from cudask.memory.ondemand import STORE_LOCK_WAIT, SpillOnDemand
+from cudask.memory.ondemand import SpillOnDemand
 from cudask.memory.settings import spill_on_demand_setting, store_settings
 from cudask.memory.store import TieredStore
 
@@ -106,10 +106,7 @@ class ProxyStore(MutableMapping[Key, object]):
         self._counter = itertools.count()
         self._closed = False
         limit = self.device_memory_limit if settings.spill_at_limit else None
-        self.on_demand = SpillOnDemand(
-            lambda nbytes: self.spill_device(nbytes, STORE_LOCK_WAIT), limit=limit,
-            free_memory=self._inner.free_device_memory,
-        ) if spill_on_demand else None
+        self.on_demand = SpillOnDemand.for_store(self, limit) if spill_on_demand else None
         self._hooked = False
         self._metrics: defaultdict[tuple[str, str], float] = defaultdict(float)
         register_dask_dispatch()
@@ -357,7 +354,7 @@ class ProxyStore(MutableMapping[Key, object]):
         of device memory are released; return the bytes released (objects still
         used by a running task are not released). `lock_wait`: at most this many
         seconds waiting for the store's lock, then nothing is spilled (0), as the
-        tiered store does for spilling on demand (cudask.memory.ondemand)."""
+        tiered store does for spilling on demand (SpillOnDemand.for_store)."""
         if not self.lock.acquire(timeout=-1 if lock_wait is None else lock_wait):
             return 0
         try:
@@ -415,7 +412,15 @@ class ProxyStore(MutableMapping[Key, object]):
             out["spill-at-limit-bytes"] = float(hook.limit_freed)
         return out
 
+    def free_device_memory(self) -> int | None:
+        """Device memory the driver reports free; None when it cannot tell."""
+        return self._inner.free_device_memory()
+
     # ------------------------------------------------------------------ lifecycle
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         """Remove the allocator hooks and close the inner store; proxies still
         alive raise ProxyError when used."""
