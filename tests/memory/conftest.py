@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 from collections.abc import Callable, Iterator
@@ -93,3 +94,31 @@ def wait_for() -> Callable[..., bool]:
     """`wait_for(condition, timeout=60)`: poll until condition() holds or the time is up;
     returns its last value (for work a background thread finishes)."""
     return partial(poll_until, timeout=60.0, interval=0.01)
+
+
+@contextlib.contextmanager
+def _store_busy(store: Any) -> Iterator[None]:
+    """Inside: a thread holds `store.lock` and waits for a lock this thread holds (as a
+    thread spilling a cuDF buffer waits for the buffer's lock while the allocating thread,
+    unspilling it, holds it). On exit that lock is let go and the thread has finished."""
+    other, held = threading.Lock(), threading.Event()
+
+    def holding() -> None:
+        with store.lock:
+            held.set()
+            with other:
+                pass
+
+    with other:
+        thread = threading.Thread(target=holding, daemon=True)
+        thread.start()
+        assert held.wait(30)
+        yield
+    thread.join(30)
+    assert not thread.is_alive()
+
+
+@pytest.fixture
+def store_busy() -> Callable[[Any], contextlib.AbstractContextManager[None]]:
+    """`with store_busy(store):` the store's lock held by a thread waiting for this one."""
+    return _store_busy

@@ -9,7 +9,6 @@ ones gated, small ones not; the hooks go away on close."""
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -281,7 +280,7 @@ def test_rmm_refusal_of_a_gated_allocation_reaches_the_failure_callback(
 
 
 def test_an_allocation_waits_for_a_busy_store_only_a_bounded_time(
-        make_store: MakeStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        make_store: MakeStore, monkeypatch: pytest.MonkeyPatch, store_busy: Any) -> None:
     # cuDF holds a buffer's lock while it unspills the buffer (an allocation), and a thread
     # spilling that buffer holds the store's lock and waits for the buffer's: spilling on
     # demand waits for the store's lock a bounded time, then lets the allocation go ahead
@@ -294,22 +293,8 @@ def test_an_allocation_waits_for_a_busy_store_only_a_bounded_time(
         store[i] = filled(100, i)
     held[0] = store.device_bytes
     allocate = cupy.cuda.get_allocator()
-    buffer_lock = threading.Lock()
-    store_held = threading.Event()
-
-    def spilling_that_buffer() -> None:
-        with store.lock:
-            store_held.set()
-            with buffer_lock:
-                pass
-
-    with buffer_lock:  # the allocating thread holds the buffer's lock
-        spiller = threading.Thread(target=spilling_that_buffer, daemon=True)
-        spiller.start()
-        assert store_held.wait(30)
+    with store_busy(store):
         assert allocate(300) == 300  # past the limit, the store busy: it goes ahead
-    spiller.join(30)
-    assert not spiller.is_alive()
     assert store.keys_on("device") == set(range(8))  # nothing spilled for it
     assert allocate(300) == 300 and store.keys_on("host")  # the store free again: spilled
     held[0] = 0

@@ -253,7 +253,7 @@ def test_spill_on_demand_raises_when_nothing_can_be_freed(make: Any) -> None:
 
 
 def test_spilling_on_demand_waits_for_a_busy_store_only_a_bounded_time(
-        make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        make: Any, monkeypatch: pytest.MonkeyPatch, store_busy: Any) -> None:
     # as with the tiered store: a thread holding the store's lock may wait for a lock the
     # allocating thread holds (cuDF's buffer lock), so spilling on demand waits a bounded time
     monkeypatch.setattr(ondemand, "STORE_LOCK_WAIT", 0.2)
@@ -269,24 +269,12 @@ def test_spilling_on_demand_waits_for_a_busy_store_only_a_bounded_time(
         return device(nbytes)
 
     allocate = store.on_demand.wrap_allocator(malloc, (FakeOOM,))
-    buffer_lock, store_held = threading.Lock(), threading.Event()
-
-    def spilling_that_buffer() -> None:
-        with store.lock:
-            store_held.set()
-            with buffer_lock:
-                pass
-
-    with buffer_lock:  # the allocating thread holds the buffer's lock
-        spiller = threading.Thread(target=spilling_that_buffer, daemon=True)
-        spiller.start()
-        assert store_held.wait(30)
+    with store_busy(store):
         busy.set()
         with pytest.raises(MemoryError, match="0 B spilled for it"):
             allocate(450)  # the store busy: nothing spilled, the refusal named
         busy.clear()
-    spiller.join(30)
-    assert not spiller.is_alive() and store.device_bytes == 800
+    assert store.device_bytes == 800
     assert allocate(450) == "ptr-450" and store.device_bytes <= 550  # the store free again
 
 
