@@ -92,12 +92,12 @@ def _copy(tmp_path: Path) -> Path:
 def test_a_value_changed_by_hand_fails(tmp_path: Path) -> None:
     root = _copy(tmp_path)
     assert ri.check(root) == []
-    path = root / "bench/results/spill-cold-h100.json"
+    path = root / "bench/results/spill-cold-h200.json"
     document = json.loads(path.read_text())
     ri.lookup(document, "variants[cudask 3.73 GiB].measurements")["create"]["median"] = 1.25
     path.write_text(json.dumps(document, indent=1) + "\n")
     problems = ri.check(root)
-    chart = ("bench/results/spill-cold-h100.png: bench/results/spill-cold-h100.json changed "
+    chart = ("bench/results/spill-cold-h200.png: bench/results/spill-cold-h200.json changed "
              "since this picture was drawn from it: redraw it")
     assert problems == [
         "README.md: a generated block differs from the files: run scripts/results-index", chart]
@@ -118,7 +118,7 @@ def test_every_picture_names_its_source_file() -> None:
 
 def test_a_picture_without_its_source_fails(tmp_path: Path) -> None:
     root = _copy(tmp_path)
-    chart = root / "bench/results/spill-cold-h100.png"
+    chart = root / "bench/results/spill-cold-h200.png"
     data = chart.read_bytes()
     (root / "bench/results/spill-jit-h100.png").write_bytes(data)  # another file's chart
     plain = data[:8] + b"".join(  # the same pixels without text chunks
@@ -128,7 +128,7 @@ def test_a_picture_without_its_source_fails(tmp_path: Path) -> None:
     (root / "docs/replayed.png").write_bytes(ri.pngtext.add(plain, {
         ri.SOURCE: "bench/results/logs/nothing.json", ri.SHA256: "0" * 64}))
     assert ri.check(root) == [
-        ("bench/results/spill-jit-h100.png: names 'bench/results/spill-cold-h100.json' as its "
+        ("bench/results/spill-jit-h100.png: names 'bench/results/spill-cold-h200.json' as its "
          "source, not bench/results/spill-jit-h100.json: redraw it "
          "(scripts/results-index --charts)"),
         ("docs/picture.png: names no source result file and does not say it is simulated "
@@ -152,16 +152,16 @@ def test_a_marked_figure_must_equal_its_file(tmp_path: Path) -> None:
     root = _copy(tmp_path)
     key = "variants[backend=dask-cuda].measurements.read_verify.median"
     page = root / "docs" / "figure-check.md"
-    value = ri.lookup(ri.load(root, "spill-cold-h100.json"), key)
-    page.write_text(f"Read back in **{value:.2f} s**<!-- figure spill-cold-h100.json#{key} -->, "
-                    f"{value * 1000:.1f} ms<!-- figure spill-cold-h100.json#{key} -->.\n")
+    value = ri.lookup(ri.load(root, "spill-cold-h200.json"), key)
+    page.write_text(f"Read back in **{value:.2f} s**<!-- figure spill-cold-h200.json#{key} -->, "
+                    f"{value * 1000:.1f} ms<!-- figure spill-cold-h200.json#{key} -->.\n")
     assert ri.check(root) == []
     wrong = f"{value + 0.15:.1f}"
-    page.write_text(f"Read back in {wrong} s<!-- figure spill-cold-h100.json#{key} -->.\n")
+    page.write_text(f"Read back in {wrong} s<!-- figure spill-cold-h200.json#{key} -->.\n")
     [said] = ri.check(root)
-    assert said.startswith(f"docs/figure-check.md: {wrong} s (spill-cold-h100.json#{key}): "
+    assert said.startswith(f"docs/figure-check.md: {wrong} s (spill-cold-h200.json#{key}): "
                            "the file says ")
-    page.write_text("In 1 s<!-- figure spill-cold-h100.json#variants[backend=none].x -->.\n")
+    page.write_text("In 1 s<!-- figure spill-cold-h200.json#variants[backend=none].x -->.\n")
     assert "cannot read the value" in ri.check(root)[0]
 
 
@@ -169,8 +169,8 @@ def test_a_marker_the_pattern_cannot_read_fails(tmp_path: Path) -> None:
     root = _copy(tmp_path)
     key = "variants[backend=dask-cuda].measurements.read_verify.median"
     page = root / "docs" / "figure-check.md"
-    page.write_text(f"Read back in\n1.5<!-- figure\nspill-cold-h100.json#{key} --> s, and in "
-                    f"about a second<!-- figure spill-cold-h100.json#{key} -->.\n")
+    page.write_text(f"Read back in\n1.5<!-- figure\nspill-cold-h200.json#{key} --> s, and in "
+                    f"about a second<!-- figure spill-cold-h200.json#{key} -->.\n")
     said = "a figure marker with no number right before it, or split over lines: it is not checked"
     assert ri.check(root) == [f"docs/figure-check.md:{line}: {said}" for line in (2, 3)]
 
@@ -190,7 +190,7 @@ def test_catalogue_commits_are_what_git_history_gives() -> None:
 
 def test_quoted_results_are_newer_than_the_code_they_measure() -> None:
     quoted = ri.quoted(ROOT)
-    assert "spill-cold-h100.json" in quoted  # the README's headline table
+    assert "spill-cold-h200.json" in quoted  # the README's headline table
     catalogue = ri.catalogue(ROOT)["files"]
     for name in quoted:
         commit, _ = ri.commit_of(ROOT, name, catalogue.get(name, {}))
@@ -206,7 +206,7 @@ def test_an_unexplained_change_makes_a_quoted_file_stale() -> None:
     assert any(line.startswith("bf8c4b5") for line in ri.stale(ROOT, "cupy-cold-h100.json"))
     # and the pinning-ahead ramp changes the transfer runs' 30 GB limit (headroom 8 GiB)
     assert any(line.startswith("72b591f") for line in ri.stale(ROOT, "transfer-h200x2.json"))
-    assert ri.stale(ROOT, "spill-cold-h100.json") == []
+    assert ri.stale(ROOT, "spill-cold-h200.json") == []
 
 
 def test_an_entry_that_lists_files_explains_only_them() -> None:
