@@ -1,54 +1,29 @@
 """PinnedPool with a fake backend: growth in the background only, registration of
-faulted-in memory, fallbacks, footprint limits, deferred and idle release."""
+faulted-in memory, fallbacks, footprint limits, deferred release after a copy in flight.
+Idle release and rests: test_pinned_pool_idle.py; wider slabs: test_pinned_pool_widening.py."""
 
 from __future__ import annotations
 
 import ctypes
-import sys
 import threading
-import time
 import warnings
-from collections.abc import Callable
 
 import pytest
+from pinned_pool_helpers import (
+    InThreads,
+    KiB,
+    MiB,
+    WaitFor,
+    needs_mappings,
+    ready_pool,
+    waits_until_woken,
+)
 
-from cudask.memory.host import faulting, slabs
 from cudask.memory.host.blocks import HostBlock
 from cudask.memory.host.fallback import PinnedMemoryWarning
 from cudask.memory.host.pool import PinnedPool
 from cudask.memory.host.transfer import TransferEngine
 from cudask.testing.fake_cuda import FakeCopyBackend
-
-WaitFor = Callable[..., bool]
-
-InThreads = Callable[[Callable[[int], None], int], list[BaseException]]
-
-KiB = 1024
-MiB = 1 << 20
-needs_mappings = pytest.mark.skipif(not faulting.available(), reason="needs Linux mappings")
-
-
-def waits_until_woken(pool: PinnedPool) -> bool:
-    """Whether the pool's thread waits, with no timer, for a caller to wake it: it
-    found nothing to pin, register or give back, now or later. Read under the
-    pool's lock: a notify takes the thread off the condition's waiters at once,
-    so such a wait seen after an action is one that took the action into account."""
-    thread = pool._thread
-    if thread is None:
-        return False
-    with pool._lock:
-        if not pool._wake._waiters:  # type: ignore[attr-defined]
-            return False
-        frame = sys._current_frames().get(thread.ident or 0)
-        while frame is not None and frame.f_code is not threading.Condition.wait.__code__:
-            frame = frame.f_back
-        return frame is not None and frame.f_locals["timeout"] is None
-
-
-def ready_pool(backend: FakeCopyBackend, capacity: int, slab: int, **kwargs: object) -> PinnedPool:
-    pool = PinnedPool(backend, capacity, slab, **kwargs)  # type: ignore[arg-type]
-    pool.preallocate()
-    return pool
 
 
 @needs_mappings
@@ -318,239 +293,3 @@ def test_rejects_bad_arguments() -> None:
         PinnedPool(FakeCopyBackend(), 10, 10, method="mlock")
     with pytest.raises(ValueError, match="available_fraction"):
         PinnedPool(FakeCopyBackend(), 10, 10, available_fraction=0)
-
-
-def test_start_goal_is_reserved_and_kept_while_idle(wait_for: WaitFor) -> None:
-    backend = FakeCopyBackend()
-    pool = PinnedPool(backend, 256 * KiB, 16 * KiB, release_after=0.05)
-    pool.start_background(16 * KiB, headroom=16 * KiB)
-    assert pool.wait_ready(timeout=30)
-    held = []
-    while len(held) < 6:  # grows ahead of use, up to 6 slabs in use
-        block = pool.allocate(16 * KiB)
-        if block.pinned:
-            held.append(block)
-        else:
-            assert pool.wait_ready(timeout=30)
-    assert pool.reserved >= 7 * 16 * KiB
-    for b in held:
-        b.release()
-    # idle slabs go back; the start goal (one slab) stays, and it does not grow back
-    assert wait_for(lambda: pool.reserved == 16 * KiB)
-    assert wait_for(lambda: waits_until_woken(pool))  # no timer left for the one kept
-    assert pool.reserved == 16 * KiB and pool.goal == 16 * KiB
-    assert pool.stats()["pinned-released-bytes"] >= 6 * 16 * KiB
-    assert pool.allocate(16 * KiB).pinned
-    pool.close()
-    assert backend.pinned == {} and backend.registered == {}
-
-
-def test_slabs_stay_pinned_without_release_after(wait_for: WaitFor) -> None:
-    backend = FakeCopyBackend()
-    pool = ready_pool(backend, 256 * KiB, 16 * KiB)
-    pool.allocate(16 * KiB).release()  # starts the pool's thread; every slab idle
-    assert wait_for(lambda: waits_until_woken(pool))  # no timer to give them back
-    assert pool.reserved == 256 * KiB
-    pool.close()
-
-
-def test_trim_gives_free_slabs_back_at_once(wait_for: WaitFor) -> None:
-    backend = FakeCopyBackend()
-    pool = ready_pool(backend, 128 * KiB, 16 * KiB)  # no release_after: kept while idle
-    pool.keep = 16 * KiB
-    held = pool.allocate(16 * KiB)
-    assert held.pinned
-    pool.allocate(16 * KiB).release()
-    pool.trim()
-    # every wholly free slab goes, beyond the start goal; the one in use stays
-    assert wait_for(lambda: pool.reserved == 16 * KiB)
-    assert pool.stats()["pinned-released-bytes"] == 112 * KiB
-    held.release()
-    pool.close()
-    assert backend.pinned == {} and backend.registered == {}
-
-
-def test_limit_idle_gives_free_slabs_back_now_and_caps_what_is_made_ready(wait_for: WaitFor) -> None:
-    backend = FakeCopyBackend()
-    pool = ready_pool(backend, 128 * KiB, 16 * KiB)
-    held = [pool.allocate(16 * KiB) for _ in range(2)]
-    pool.limit_idle(32 * KiB)  # 96 KiB free: 64 go back in this call
-    assert pool.reserved == 64 * KiB and pool.stats()["pinned-released-bytes"] == 64 * KiB
-    pool.ensure_free(96 * KiB)  # asks for more ahead than the cap allows
-    assert pool.wait_ready(timeout=30) and pool.reserved == 64 * KiB
-    assert wait_for(lambda: waits_until_woken(pool))  # held back by the cap, asleep
-    pool.limit_idle(48 * KiB)  # room again (the thread is woken): made ready up to in use + 48 KiB
-    pool.ensure_free(96 * KiB)
-    assert pool.wait_ready(timeout=30) and pool.reserved == 80 * KiB
-    pool.limit_idle(0)
-    assert pool.reserved == 32 * KiB and all(b.pinned for b in held)
-    for b in held:
-        b.release()
-    pool.close()
-
-
-class _SlowPin(FakeCopyBackend):
-    """Registration takes `seconds`; the start of each call is recorded."""
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__()
-        self.seconds = seconds
-        self.starts: list[float] = []
-
-    def register_host(self, ptr: int, nbytes: int) -> None:
-        self.starts.append(time.monotonic())
-        time.sleep(self.seconds)
-        super().register_host(ptr, nbytes)
-
-    def alloc_pinned(self, nbytes: int) -> int:
-        self.starts.append(time.monotonic())
-        time.sleep(self.seconds)
-        return super().alloc_pinned(nbytes)
-
-
-def test_pinning_ahead_rests_as_long_as_it_worked_at_duty_cycle_one_half(wait_for: WaitFor) -> None:
-    backend = _SlowPin(0.05)
-    pool = PinnedPool(backend, 256 * KiB, 16 * KiB, duty_cycle=0.5)
-    pool.ensure_free(64 * KiB)
-    assert pool.wait_ready(timeout=60) and len(backend.starts) == 4
-    # after each slab (at least 0.05 s of pinning) the thread rested at least as long
-    gaps = [b - a for a, b in zip(backend.starts, backend.starts[1:], strict=False)]
-    assert all(gap >= 0.1 for gap in gaps), gaps
-    assert wait_for(lambda: pool.stats()["pinned-rest-seconds"] >= 4 * 0.05)
-    assert pool._pinner._mapper is None  # no slab faulted in during another's registration
-    pool.close()
-
-
-def test_without_rests_at_duty_cycle_one() -> None:
-    pool = PinnedPool(_SlowPin(0.01), 256 * KiB, 16 * KiB)
-    pool.ensure_free(64 * KiB)
-    assert pool.wait_ready(timeout=60)
-    assert pool.stats()["pinned-rest-seconds"] == 0
-    pool.close()
-
-
-def test_close_ends_a_rest_at_once(wait_for: WaitFor) -> None:
-    pool = PinnedPool(_SlowPin(0.05), 256 * KiB, 16 * KiB, duty_cycle=0.001)  # rests ~50 s
-    pool.ensure_free(64 * KiB)
-    assert wait_for(lambda: pool.slabs == 1)
-    started = time.monotonic()
-    pool.close()
-    assert time.monotonic() - started < 30  # not the 50 s rest
-    assert pool._thread is not None and not pool._thread.is_alive()
-
-
-def test_rejects_a_duty_cycle_outside_zero_one() -> None:
-    for bad in (0, -0.5, 1.5):
-        with pytest.raises(ValueError, match="duty_cycle"):
-            PinnedPool(FakeCopyBackend(), 10, 10, duty_cycle=bad)
-
-
-def test_a_fallback_the_free_bytes_would_have_held_is_counted_as_fragmented() -> None:
-    pool = PinnedPool(FakeCopyBackend(), 64 * KiB, 16 * KiB)
-    assert pool.preallocate(32 * KiB) == 32 * KiB  # two 16 KiB slabs, all free
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        block = pool.allocate(24 * KiB)  # 32 KiB free, no 24 KiB range in one slab
-    assert not block.pinned
-    stats = pool.stats()
-    assert stats["pageable-fallback-fragmented-bytes"] == 24 * KiB
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pool.allocate(80 * KiB)  # more than the pool can ever hold free: not fragmentation
-    assert pool.stats()["pageable-fallback-fragmented-bytes"] == 24 * KiB
-    pool.close()
-
-
-def test_a_block_larger_than_a_slab_widens_later_slabs_to_hold_two(wait_for: WaitFor) -> None:
-    pool = PinnedPool(FakeCopyBackend(), MiB, 16 * KiB)
-    assert pool.preallocate(64 * KiB) == 64 * KiB  # four 16 KiB slabs, all free
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        first = pool.allocate(24 * KiB)  # no 24 KiB range in any slab: a fallback
-    assert not first.pinned and pool.slab_size == 48 * KiB
-    assert wait_for(lambda: pool.slabs == 5, timeout=30)  # the thread adds one wide slab
-    blocks = [pool.allocate(24 * KiB) for _ in range(2)]
-    assert all(b.pinned for b in blocks) and blocks[0]._slab is blocks[1]._slab
-    stats = pool.stats()
-    assert stats["pageable-fallback-fragmented-bytes"] == 24 * KiB  # the first one only
-    assert stats["pinned-reserved-bytes"] == 64 * KiB + 48 * KiB
-    pool.close()
-
-
-def test_slabs_widen_no_further_than_the_capacity() -> None:
-    pool = PinnedPool(FakeCopyBackend(), 40 * KiB, 16 * KiB)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pool.allocate(24 * KiB)
-    assert pool.slab_size == 40 * KiB and pool.wait_ready(timeout=30)
-    assert pool.allocate(24 * KiB).pinned
-    pool.close()
-
-
-def test_a_block_past_the_widest_slab_gets_a_slab_of_its_own(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(slabs, "WIDEST", 32 * KiB)  # 1 GiB, scaled down
-    pool = PinnedPool(FakeCopyBackend(), MiB, 16 * KiB)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert not pool.allocate(40 * KiB).pinned
-    assert pool.slab_size == 16 * KiB and pool.wait_ready(timeout=30)
-    assert pool.allocate(40 * KiB).pinned  # its own 48 KiB slab
-    pool.close()
-
-
-def test_free_pieces_too_small_for_a_block_make_the_pool_grow(wait_for: WaitFor) -> None:
-    pool = PinnedPool(FakeCopyBackend(), 256 * KiB, 8 * KiB)
-    assert pool.preallocate(32 * KiB) == 32 * KiB
-    held = [pool.allocate(3 * KiB) for _ in range(8)]  # two per slab, a 2 KiB piece left in each
-    assert all(b.pinned for b in held) and pool.slabs == 4
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert not pool.allocate(3 * KiB).pinned  # 8 KiB free, in 2 KiB pieces
-    assert pool.stats()["pageable-fallback-fragmented-bytes"] == 3 * KiB
-    assert wait_for(lambda: pool.slabs == 5, timeout=30)  # the pieces did not count as free
-    assert pool.allocate(3 * KiB).pinned
-    pool.close()
-
-
-def test_a_block_wider_than_two_of_the_slabs_made_for_another_widens_them_again(
-        wait_for: WaitFor) -> None:
-    pool = PinnedPool(FakeCopyBackend(), MiB, 16 * KiB)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert not pool.allocate(20 * KiB).pinned  # slabs for two: 48 KiB
-        assert pool.slab_size == 48 * KiB and wait_for(lambda: pool.slabs == 1, timeout=30)
-        assert pool.allocate(20 * KiB).pinned  # 28 KiB left in the slab
-        assert not pool.allocate(30 * KiB).pinned  # smaller than a slab, larger than any range
-    assert pool.slab_size == 64 * KiB
-    pool.close()
-
-
-def test_a_slab_too_large_for_the_memory_available_gives_way_to_what_is_missing() -> None:
-    calls = []
-
-    def available() -> int:
-        calls.append(1)
-        return 30 * KiB  # with the whole of it allowed: any 30 KiB more fits
-
-    pool = PinnedPool(FakeCopyBackend(), MiB, 16 * KiB, available=available, available_fraction=1.0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert not pool.allocate(24 * KiB).pinned  # slabs widen to 48 KiB: more than available
-    assert pool.slab_size == 48 * KiB
-    assert pool.wait_ready(timeout=30) and pool.reserved == 24 * KiB  # what was asked
-    deadline = time.monotonic() + 60
-    while not waits_until_woken(pool):  # the thread settles: it does not retry in a loop
-        assert time.monotonic() < deadline, f"the pool's thread never settled ({len(calls)} checks)"
-        time.sleep(0.01)
-    pool.close()
-
-
-def test_no_slab_is_made_ready_that_the_idle_cap_would_give_back(wait_for: WaitFor) -> None:
-    backend = FakeCopyBackend()
-    pool = PinnedPool(backend, MiB, 16 * KiB)
-    pool.limit_idle(10 * KiB)  # less free pinned memory than one slab
-    pool.ensure_free(5 * KiB)
-    assert wait_for(lambda: waits_until_woken(pool), timeout=60)
-    assert pool.reserved == 0 and pool.stats()["pinned-released-bytes"] == 0
-    pool.close()
