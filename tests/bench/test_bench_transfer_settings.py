@@ -27,21 +27,14 @@ def test_transfer_settings_and_dask_cuda_workers(tmp_path: Path) -> None:
     ipc, headroom0, unstaged, frozen, ahead, unhooked, tcp = settings(("tcp",), None)
     with worker_launch(ipc) as launch:
         assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True"})
-    with worker_launch(headroom0) as launch:
-        assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True",
-                                 "DASK_CUDASK__MEMORY__PINNED_HEADROOM": "0"})
-    with worker_launch(unstaged) as launch:
-        assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True",
-                                 "DASK_CUDASK__COMM__DEVICE_IPC_STAGING": "0"})
-    with worker_launch(frozen) as launch:
-        assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True",
-                                 "DASK_CUDASK__WORKER__GC_FREEZE": "True"})
-    with worker_launch(ahead) as launch:
-        assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True",
-                                 "DASK_CUDASK__MEMORY__SPILL_TARGET": "0.9"})
-    with worker_launch(unhooked) as launch:
-        assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True",
-                                 "DASK_CUDASK__MEMORY__SPILL_ON_DEMAND": "False"})
+    for setting, (variable, value) in (
+            (headroom0, ("DASK_CUDASK__MEMORY__PINNED_HEADROOM", "0")),
+            (unstaged, ("DASK_CUDASK__COMM__DEVICE_IPC_STAGING", "0")),
+            (frozen, ("DASK_CUDASK__WORKER__GC_FREEZE", "True")),
+            (ahead, ("DASK_CUDASK__MEMORY__SPILL_TARGET", "0.9")),
+            (unhooked, ("DASK_CUDASK__MEMORY__SPILL_ON_DEMAND", "False"))):
+        with worker_launch(setting) as launch:
+            assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True", variable: value}), setting
     with worker_launch(tcp) as launch:
         assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "False"})
     with worker_launch(settings(("tcp",), dc)[-1]) as (command, env):
