@@ -111,10 +111,11 @@ class CudaBackend:
         dst, shape, itemsize = int(out.data.ptr), tuple(out.shape), int(out.itemsize)
         if strides == tuple(out.strides):  # same layout: one block of bytes
             runtime.memcpy(dst, src, int(out.nbytes), runtime.memcpyDefault)
-        else:
-            # Any other layout, rows of a wider array included: a copy kernel reading the
-            # mapping in place (from a mapping, faster than cudaMemcpy2D for those rows:
-            # docs/design/device-transfers.md).
+        elif (len(shape) == 2 and strides[1] == itemsize and strides[0] >= shape[1] * itemsize
+              and out.flags.c_contiguous):
+            width = shape[1] * itemsize  # rows of a wider array: a pitched copy
+            runtime.memcpy2D(dst, width, src, strides[0], width, shape[0], runtime.memcpyDefault)
+        else:  # any other layout: a copy kernel reading the mapping in place
             low, span = extent(src, shape, strides, itemsize)
             memory = cupy.cuda.UnownedMemory(low, span, None, cupy.cuda.Device().id)
             view = cupy.ndarray(shape, out.dtype, cupy.cuda.MemoryPointer(memory, src - low), strides)
