@@ -14,13 +14,14 @@ Does not cover: when to send by handle, headers, mapping lifetimes
 Importing this module imports no CUDA library; constructing `CudaBackend`
 imports CuPy and cuda-bindings (ImportError when either is missing).
 
-Threading: a backend keeps no state of its own; its calls come from
-distributed's serialization threads and the event loop, and `copy` returns only
-once its copy has finished.
+Threading: its calls come from distributed's serialization threads and the
+event loop; the only state a backend keeps is one copy stream per calling
+thread, and `copy` returns only once its copy has finished.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Protocol
 
 from cudask.comm.ipc_layout import extent
@@ -62,6 +63,7 @@ class CudaBackend:
 
         self._cupy = cupy
         self._driver = driver
+        self._streams = threading.local()  # each thread's copy stream (`_copy_stream`)
 
     def ready(self) -> None:
         self._cupy.cuda.runtime.streamSynchronize(0)
@@ -109,21 +111,37 @@ class CudaBackend:
         cupy = self._cupy
         runtime = cupy.cuda.runtime
         dst, shape, itemsize = int(out.data.ptr), tuple(out.shape), int(out.itemsize)
+        # `out` comes from a stream-ordered pool on the current stream: the copy waits for
+        # the work queued there now (a reused block may still be read), and kernels queued
+        # there later run beside the copy, as they do beside UCX's copies.
+        allocated = cupy.cuda.Event(disable_timing=True, block=False)
+        allocated.record(cupy.cuda.get_current_stream())
+        stream = self._copy_stream()
+        stream.wait_event(allocated)
         if strides == tuple(out.strides):  # same layout: one block of bytes
-            runtime.memcpy(dst, src, int(out.nbytes), runtime.memcpyDefault)
+            runtime.memcpyAsync(dst, src, int(out.nbytes), runtime.memcpyDefault, stream.ptr)
         elif (len(shape) == 2 and strides[1] == itemsize and strides[0] >= shape[1] * itemsize
               and out.flags.c_contiguous):
             width = shape[1] * itemsize  # rows of a wider array: a pitched copy
-            runtime.memcpy2D(dst, width, src, strides[0], width, shape[0], runtime.memcpyDefault)
+            runtime.memcpy2DAsync(dst, width, src, strides[0], width, shape[0],
+                                  runtime.memcpyDefault, stream.ptr)
         else:  # any other layout: a copy kernel reading the mapping in place
             low, span = extent(src, shape, strides, itemsize)
             memory = cupy.cuda.UnownedMemory(low, span, None, cupy.cuda.Device().id)
             view = cupy.ndarray(shape, out.dtype, cupy.cuda.MemoryPointer(memory, src - low), strides)
-            out[...] = view
-            cupy.cuda.get_current_stream().synchronize()
-        # A copy between device addresses returns before it has finished; the sender
-        # may reuse its memory once this worker replies, so wait here.
-        runtime.streamSynchronize(0)
+            with stream:
+                out[...] = view
+        # The sender may reuse its memory once this worker replies, and the caller's
+        # stream reads `out` next: wait here for the copy to finish.
+        stream.synchronize()
+
+    def _copy_stream(self) -> Any:
+        """This thread's stream for receive copies, one that does not wait for the
+        legacy default stream (the worker's kernels)."""
+        stream = getattr(self._streams, "copy", None)
+        if stream is None:
+            stream = self._streams.copy = self._cupy.cuda.Stream(non_blocking=True)
+        return stream
 
 
 class MappingRefused(RuntimeError):
