@@ -16,7 +16,7 @@ imports CuPy and cuda-bindings (ImportError when either is missing).
 
 Threading: its calls come from distributed's serialization threads and the
 event loop; the only state a backend keeps is one copy stream per calling
-thread, and `copy` returns only once its copy has finished.
+thread and device, and `copy` returns only once its copy has finished.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class CudaBackend:
 
         self._cupy = cupy
         self._driver = driver
-        self._streams = threading.local()  # each thread's copy stream (`_copy_stream`)
+        self._streams = threading.local()  # each thread's copy streams by device (`_copy_stream`)
 
     def ready(self) -> None:
         self._cupy.cuda.runtime.streamSynchronize(0)
@@ -136,11 +136,15 @@ class CudaBackend:
         stream.synchronize()
 
     def _copy_stream(self) -> Any:
-        """This thread's stream for receive copies, one that does not wait for the
-        legacy default stream (the worker's kernels)."""
-        stream = getattr(self._streams, "copy", None)
+        """This thread's stream for receive copies on the current device, one that does
+        not wait for the legacy default stream (the worker's kernels)."""
+        streams = getattr(self._streams, "copy", None)
+        if streams is None:
+            streams = self._streams.copy = {}
+        device = self._cupy.cuda.Device().id
+        stream = streams.get(device)
         if stream is None:
-            stream = self._streams.copy = self._cupy.cuda.Stream(non_blocking=True)
+            stream = streams[device] = self._cupy.cuda.Stream(non_blocking=True)
         return stream
 
 
