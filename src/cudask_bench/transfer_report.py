@@ -15,7 +15,9 @@ round of either spilled and none of the default pinned ahead, so the two ran the
 code and their difference is the runs' spread). A target whose settings did not both
 run says so (met: None). `summary`, the lines the command prints, with, per case and
 round, the blocks each worker held after the cold all-to-all, the most device memory
-one held then and whether one had spilled by then (", spilled").
+one held then and whether one had spilled by then (", spilled"). Beside each
+point-to-point bandwidth (bytes over the seconds of the receiving worker's transfer
+log), the seconds from submitting the reading task to its result (`point_to_point_task_s`).
 
 Does not cover: measuring (cudask_bench.transfer).
 Threading: pure functions of their arguments.
@@ -56,6 +58,9 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         p2p = {size: [v for r in done
                       if (v := _p2p(r.get("point_to_point", {}).get(size), mode)) is not None]
                for size in sizes}
+        ends = {size: [v for r in done
+                       if (v := _end_to_end(r.get("point_to_point", {}).get(size), mode)) is not None]
+                for size in sizes}
         shuffle = {m: [r["shuffle"][m][mode]["seconds"] for r in done
                        if "seconds" in r.get("shuffle", {}).get(m, {}).get(mode, {})] for m in methods}
         streams = [r[key]["workers"] for r in done if "workers" in r.get(key, {})]
@@ -64,6 +69,8 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                      "all_to_all_wait_s": _median([w["before_first_s"] + w["after_last_s"] for w in streams]),
                      "point_to_point_GBps": {size: _median(v) for size, v in p2p.items()},
                      "point_to_point_GBps_each": p2p,
+                     "point_to_point_task_s": {size: _median(v) for size, v in ends.items()},
+                     "point_to_point_task_s_each": ends,
                      "shuffle_s": {m: _median(v) for m, v in shuffle.items()}}
     return out
 
@@ -98,6 +105,17 @@ def _p2p(entry: Mapping[str, Any] | None, mode: str) -> float | None:
         return None
     value = entry["cold"].get("GBps") if mode == "cold" else entry.get("warm_median_GBps")
     return float(value) if value else None
+
+
+def _end_to_end(entry: Mapping[str, Any] | None, mode: str) -> float | None:
+    """Seconds from submitting the reading task to its result, the transfer included:
+    the cold run's, or the median of the warm runs'."""
+    if not entry:
+        return None
+    runs = [r["task_s"] for r in entry.get("runs", []) if r.get("task_s")]
+    if not runs:
+        return None
+    return float(runs[0]) if mode == "cold" else _median(runs[1:])
 
 
 def _suffix(pool: str | None) -> str:
@@ -185,8 +203,11 @@ def _case_lines(name: str, case: Mapping[str, Any], n_bytes: float | None) -> li
                      f"warm {_seconds(warm.get('all_to_all_busy_s'), [])}; waiting before and after it: "
                      f"cold {_seconds(cold['all_to_all_wait_s'], [])}, warm {_seconds(warm.get('all_to_all_wait_s'), [])}")
     for size_key, bw in cold["point_to_point_GBps"].items():
+        ends = [(m.get("point_to_point_task_s") or {}).get(size_key) for m in (cold, warm)]
+        end_to_end = ("; submit to result: cold " + ", warm ".join(f"{v * 1e3:.1f} ms" for v in ends)
+                      if None not in ends else "")
         lines.append(f"{name:34} {int(size_key) / 2**20:7.0f} MiB  cold {bw or 0:7.1f} GB/s  warm "
-                     f"{warm['point_to_point_GBps'].get(size_key) or 0:7.1f} GB/s")
+                     f"{warm['point_to_point_GBps'].get(size_key) or 0:7.1f} GB/s{end_to_end}")
     copies = case.get("receive_copy_GBps") or []
     if copies:
         lines.append(f"{name:34} received by CUDA IPC in the case, bytes over the receivers' summed copy "

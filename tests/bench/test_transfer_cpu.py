@@ -363,3 +363,28 @@ def test_the_receivers_copy_rate_is_given_per_round() -> None:
     plain = [{**_result(0.1, 0.1, 1.0), "round": 0}]
     assert not any("received by CUDA IPC" in line
                    for line in summary({"settings": {"c": {"rounds": plain, **aggregate(plain)}}}))
+
+
+def test_point_to_point_submit_to_result_is_folded_and_shown() -> None:
+    """Beside each point-to-point bandwidth, the seconds from submitting the reading task
+    to its result: the cold run's, and the median of the warm runs', per round, then the
+    median across rounds."""
+    def timed(task_s: list[float]) -> dict[str, Any]:
+        r = _result(0.1, 0.1, 100.0)
+        p2p = {"cold": {"GBps": 100.0, "task_s": task_s[0], "bytes": 1}, "warm_median_GBps": 200.0,
+               "runs": [{"GBps": 100.0, "task_s": t, "bytes": 1} for t in task_s]}
+        r["point_to_point"] = {str(2048 * MiB): p2p}
+        return r
+
+    rounds = [{**timed([0.020, 0.012, 0.016, 0.013]), "round": 0},
+              {**timed([0.030, 0.011, 0.010, 0.019]), "round": 1},
+              {**timed([0.025, 0.014, 0.014, 0.014]), "round": 2}]
+    case = aggregate(rounds)
+    key = str(2048 * MiB)
+    assert case["cold"]["point_to_point_task_s_each"] == {key: [0.020, 0.030, 0.025]}
+    assert case["warm"]["point_to_point_task_s_each"] == {key: [0.013, 0.011, 0.014]}
+    assert case["cold"]["point_to_point_task_s"] == {key: 0.025}
+    assert case["warm"]["point_to_point_task_s"] == {key: 0.013}
+    lines = summary({"settings": {"cudask-ipc": {"rounds": rounds, **case}}})
+    assert (f"{'cudask-ipc':34}    2048 MiB  cold   100.0 GB/s  warm   200.0 GB/s; submit to result: "
+            "cold 25.0 ms, warm 13.0 ms") in lines, lines
