@@ -293,3 +293,18 @@ def test_rejects_bad_arguments() -> None:
         PinnedPool(FakeCopyBackend(), 10, 10, method="mlock")
     with pytest.raises(ValueError, match="available_fraction"):
         PinnedPool(FakeCopyBackend(), 10, 10, available_fraction=0)
+
+
+def test_a_failure_while_the_interpreter_exits_is_not_warned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the main thread has ended, pinning fails because the interpreter is shutting
+    down (executors refuse new work): the pool stops without a warning blaming the driver."""
+    backend = FakeCopyBackend(pin_limit=16 * KiB)
+    pool = PinnedPool(backend, 1 << 20, 16 * KiB)
+    ended = threading.Thread(target=lambda: None)  # never started: not alive
+    monkeypatch.setattr(threading, "main_thread", lambda: ended)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pool.preallocate(64 * KiB)
+    assert backend.pin_refusals == 1 and pool.reserved == 16 * KiB
+    monkeypatch.undo()
+    pool.close()

@@ -165,7 +165,11 @@ class Fallbacks:
             self.registered -= nbytes
 
     def warn_once(self, reason: str, message: str) -> None:
-        """Warn with `message` unless `reason` was warned about already."""
+        """Warn with `message` unless `reason` was warned about already or the
+        interpreter is exiting (its main thread has ended: a failure then comes from
+        the shutdown, such as executors refusing new work, not from the driver)."""
+        if not threading.main_thread().is_alive():
+            return
         with self._wake:
             if reason in self._warned:
                 return
