@@ -203,9 +203,9 @@ def _case_lines(name: str, case: Mapping[str, Any], n_bytes: float | None) -> li
                      f"warm {_seconds(warm.get('all_to_all_busy_s'), [])}; waiting before and after it: "
                      f"cold {_seconds(cold['all_to_all_wait_s'], [])}, warm {_seconds(warm.get('all_to_all_wait_s'), [])}")
     for size_key, bw in cold["point_to_point_GBps"].items():
-        ends = [(m.get("point_to_point_task_s") or {}).get(size_key) for m in (cold, warm)]
-        end_to_end = ("; submit to result: cold " + ", warm ".join(f"{v * 1e3:.1f} ms" for v in ends)
-                      if None not in ends else "")
+        end_cold, end_warm = ((m.get("point_to_point_task_s") or {}).get(size_key) for m in (cold, warm))
+        end_to_end = (f"; submit to result: cold {end_cold * 1e3:.1f} ms, warm {end_warm * 1e3:.1f} ms"
+                      if end_cold is not None and end_warm is not None else "")
         lines.append(f"{name:34} {int(size_key) / 2**20:7.0f} MiB  cold {bw or 0:7.1f} GB/s  warm "
                      f"{warm['point_to_point_GBps'].get(size_key) or 0:7.1f} GB/s{end_to_end}")
     copies = case.get("receive_copy_GBps") or []
