@@ -3,14 +3,8 @@ device data spill (distributed's pause and terminate thresholds), pinning refuse
 by the driver and the pinned pool exhausted mid-spill. Each case ends with the
 right result or one clear error, and every key the client still holds is then
 checked where it lives against a fresh computation (`cudask.testing.integrity`).
-The device side is in test_fault_matrix_gpu.py.
-
-Each case records a row (case, outcome, keys checked, keys lost, time to recover)
-for `--fault-table PATH` (tests/faults/conftest.py); the helpers the cases share
-are in tests/faults/fault_cases.py.
-
-Run on a GPU machine:
-  python -m pytest tests/faults -m gpu -v --fault-table faults.json
+Rows for the fault table, helpers and how to run: as in test_fault_matrix_gpu.py,
+the device side.
 """
 
 from __future__ import annotations
