@@ -112,10 +112,10 @@ def _end_to_end(entry: Mapping[str, Any] | None, mode: str) -> float | None:
     the cold run's, or the median of the warm runs'."""
     if not entry:
         return None
-    runs = [r["task_s"] for r in entry.get("runs", []) if r.get("task_s")]
-    if not runs:
-        return None
-    return float(runs[0]) if mode == "cold" else _median(runs[1:])
+    if mode == "cold":
+        value = entry["cold"].get("task_s")
+        return float(value) if value else None
+    return _median([float(r["task_s"]) for r in entry.get("runs", [])[1:] if r.get("task_s")])
 
 
 def _suffix(pool: str | None) -> str:

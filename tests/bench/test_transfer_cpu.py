@@ -388,3 +388,10 @@ def test_point_to_point_submit_to_result_is_folded_and_shown() -> None:
     lines = summary({"settings": {"cudask-ipc": {"rounds": rounds, **case}}})
     assert (f"{'cudask-ipc':34}    2048 MiB  cold   100.0 GB/s  warm   200.0 GB/s; submit to result: "
             "cold 25.0 ms, warm 13.0 ms") in lines, lines
+    # a run without its time counts as no figure: the cold one stays the cold one
+    gap = timed([0.020, 0.012, 0.016, 0.013])
+    gap["point_to_point"][key]["cold"].pop("task_s")
+    gap["point_to_point"][key]["runs"][0].pop("task_s")
+    case = aggregate([{**gap, "round": 0}])
+    assert case["cold"]["point_to_point_task_s_each"] == {key: []}
+    assert case["warm"]["point_to_point_task_s_each"] == {key: [0.013]}

@@ -5,8 +5,8 @@ Covers: `row(...)`, one case's row from what it measured: a `Check` of the keys
 (None: the case did not run, so no keys were checked), the seconds it took to
 recover (None: nothing failed, or the case did not time it); `markdown(rows)`,
 where an absent figure shows as "—", never as 0; `write(path, rows)`.
-Does not cover: running the cases (test_fault_matrix_gpu.py) or checking keys
-(cudask.testing.integrity). Threading: none.
+Does not cover: running the cases (test_fault_matrix_gpu.py, test_fault_host_gpu.py)
+or checking keys (cudask.testing.integrity). Threading: none.
 """
 
 from __future__ import annotations
