@@ -13,18 +13,12 @@ import pytest
 from distributed import Client
 
 from cudask import LocalCUDACluster
-from cudask.devices import discover
 from cudask.testing import workers_info
 
 pytestmark = pytest.mark.gpu
 
 # Functions defined here run on LocalCUDACluster workers: send them by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-@pytest.fixture(scope="module")
-def machine():
-    return discover()
 
 
 def _resource_stack() -> str:
@@ -145,7 +139,7 @@ def _spilled(dask_worker) -> float:
 
 @pytest.mark.multigpu
 @pytest.mark.parametrize("jit", [False, True])
-def test_spilling_on_two_gpus_with_transfers_between_them(machine, jit):
+def test_spilling_on_two_gpus_with_transfers_between_them(jit):
     """Every worker past its limit; each chunk is read back on the other GPU too."""
     pytest.importorskip("cupy")
     elements = 32 << 20  # 256 MiB of uint64
