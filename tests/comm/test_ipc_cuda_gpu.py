@@ -81,6 +81,9 @@ def test_copy_follows_kernels_queued_before_it(layout: str) -> None:
     spin = cupy.RawKernel(SPIN_THEN_FILL, "spin_then_fill")
     backend = _backend()
     whole = cupy.zeros((3000, 4000))
+    # once before: loading a kernel's module can wait for the GPU's queued work, which
+    # would order the copy after the spinning kernel even without the event
+    _copied(backend, _source(whole, layout))
     caller = cupy.cuda.get_current_stream()
     caller.synchronize()
     spin((1,), (256,), (whole, cupy.int64(whole.size), cupy.float64(7.0), cupy.int64(SPIN_CYCLES)))
