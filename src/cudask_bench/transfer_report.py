@@ -13,7 +13,11 @@ dask-cuda over UCX, cold and warm; the default configuration within `TOLERANCE` 
 `cudask.memory.pinned-headroom: 0` on the all-to-all, cold and warm (`same_code`: no
 round of either spilled and none of the default pinned ahead, so the two ran the same
 code and their difference is the runs' spread). A target whose settings did not both
-run says so (met: None). `summary`, the lines the command prints, with, per case and
+run says so (met: None). Beside each target's ratio, its spread across rounds
+(`ratio_spread`: the middle `SPREAD` of the ratio of medians with each side's rounds drawn
+again with replacement) and whether that spread lies wholly on the verdict's side of the
+threshold (`clear`): a verdict whose spread crosses the threshold is within the runs'
+run-to-run variation. `summary`, the lines the command prints, with, per case and
 round, the blocks each worker held after the cold all-to-all, the most device memory
 one held then and whether one had spilled by then (", spilled"). Beside each
 point-to-point bandwidth (bytes over the seconds of the receiving worker's transfer
@@ -25,12 +29,15 @@ Threading: pure functions of their arguments.
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 TOLERANCE = 1.05  # the default configuration within 5% of not pinning ahead
 MODES = ("cold", "warm")
+SPREAD = 0.9  # the middle share of resampled ratios a target reports
+RESAMPLES = 2000  # draws of each side's rounds behind a target's spread
 
 
 def _median(values: Sequence[float]) -> float | None:
@@ -129,13 +136,46 @@ def _value(case: Mapping[str, Any] | None, mode: str, metric: str, size: str | N
     return figure.get(size) if size is not None else figure
 
 
+def _each(case: Mapping[str, Any] | None, mode: str, metric: str, size: str | None) -> list[float]:
+    """Each round's value behind `_value`'s median."""
+    if not case or mode not in case:
+        return []
+    each = case[mode].get(metric + "_each")
+    if size is not None:
+        each = (each or {}).get(size)
+    return [float(v) for v in each or []]
+
+
+def ratio_spread(mine: Sequence[float], theirs: Sequence[float]) -> list[float] | None:
+    """The middle SPREAD of median(mine) / median(theirs) with each side's rounds drawn
+    again with replacement, RESAMPLES times from a fixed seed (a report gives the same
+    spread each time it is made); None with fewer than two positive rounds on a side."""
+    if len(mine) < 2 or len(theirs) < 2 or min(*mine, *theirs) <= 0:
+        return None
+    draw = random.Random(0)
+    ratios = sorted(statistics.median(draw.choices(mine, k=len(mine)))
+                    / statistics.median(draw.choices(theirs, k=len(theirs))) for _ in range(RESAMPLES))
+    cut = int(RESAMPLES * (1 - SPREAD) / 2)
+    return [ratios[cut], ratios[-1 - cut]]
+
+
 def _target(text: str, mine: float | None, theirs: float | None, *, lower: bool,
-            tolerance: float = 1.0) -> dict[str, Any]:
+            tolerance: float = 1.0, each: tuple[Sequence[float], Sequence[float]] = ((), ())) -> dict[str, Any]:
+    """One comparison: met (None: a side not measured), the ratio of `mine` to `theirs`,
+    its spread across the rounds in `each` (mine's, theirs') and whether that spread lies
+    wholly on the verdict's side of the threshold (`clear`; None without a spread)."""
     met = None
     if mine is not None and theirs is not None:
         met = mine <= theirs * tolerance if lower else mine * tolerance >= theirs
+    spread = ratio_spread(*each) if met is not None else None
+    clear = None
+    if spread is not None:
+        low, high = spread
+        clear = (high <= tolerance if met else low > tolerance) if lower else \
+            (low * tolerance >= 1 if met else high * tolerance < 1)
     return {"target": text, "mine": mine, "theirs": theirs, "met": met,
-            "ratio": mine / theirs if mine is not None and theirs else None}
+            "ratio": mine / theirs if mine is not None and theirs else None,
+            "ratio_spread": spread, "clear": clear}
 
 
 def targets(settings: Mapping[str, Mapping[str, Any]], pools: Sequence[str | None]) -> list[dict[str, Any]]:
@@ -156,7 +196,9 @@ def targets(settings: Mapping[str, Mapping[str, Any]], pools: Sequence[str | Non
                 out.append(_target(f"all-to-all {mode}, {label}: cudask-ipc s <={within} {name}",
                                    _value(ipc, mode, "all_to_all_s", None),
                                    _value(other, mode, "all_to_all_s", None), lower=True,
-                                   tolerance=tolerance))
+                                   tolerance=tolerance,
+                                   each=(_each(ipc, mode, "all_to_all_s", None),
+                                         _each(other, mode, "all_to_all_s", None))))
                 if name == "cudask-ipc-headroom0":
                     out[-1]["same_code"] = _same_code(ipc, other)
             sizes = list(ipc.get("cold", {}).get("point_to_point_GBps", {}))
@@ -166,7 +208,9 @@ def targets(settings: Mapping[str, Mapping[str, Any]], pools: Sequence[str | Non
                     out.append(_target(
                         f"point to point {int(largest) / 2**20:.0f} MiB {mode}, {label}: cudask-ipc GB/s "
                         f">= {name}", _value(ipc, mode, "point_to_point_GBps", largest),
-                        _value(other, mode, "point_to_point_GBps", largest), lower=False))
+                        _value(other, mode, "point_to_point_GBps", largest), lower=False,
+                        each=(_each(ipc, mode, "point_to_point_GBps", largest),
+                              _each(other, mode, "point_to_point_GBps", largest))))
     return out
 
 
@@ -250,15 +294,26 @@ def summary(report: Mapping[str, Any]) -> list[str]:
     n = (report.get("plan") or {}).get("n")
     for name, case in report["settings"].items():
         lines += _case_lines(name, case, n * n * 8 if n else None)
-    met = [t for t in report.get("targets", []) if t["met"]]
-    for t in report.get("targets", []):
+    found = report.get("targets", [])
+    for t in found:
         verdict = {True: "met", False: "NOT MET", None: "not measured"}[t["met"]]
-        figures = f": {t['mine']:.3g} against {t['theirs']:.3g} ({t['ratio']:.2f}x)" if t["ratio"] else ""
+        figures = f": {t['mine']:.3g} against {t['theirs']:.3g} ({t['ratio']:.2f}x{_spread(t)})" if t["ratio"] else ""
         same = " (nothing spilled or pinned ahead: both ran the same code)" if t.get("same_code") else ""
         lines.append(f"target {verdict}: {t['target']}{figures}{same}")
-    if report.get("targets"):
-        lines.append(f"targets met: {len(met)} of {len(report['targets'])}")
+    if found:
+        within = [t for t in found if t.get("clear") is False]
+        lines.append(f"targets met: {sum(1 for t in found if t['met'])} of {len(found)}"
+                     + (f"; {len(within)} of the {len(found)} verdicts within the rounds' spread" if within else ""))
     return lines
 
 
-__all__ = ["MODES", "TOLERANCE", "aggregate", "summary", "targets"]
+def _spread(target: Mapping[str, Any]) -> str:
+    """The ratio's spread across rounds, as the summary shows it after the ratio."""
+    spread = target.get("ratio_spread")
+    if not spread:
+        return ""
+    side = "within the rounds' spread" if target.get("clear") is False else "clear of the threshold"
+    return f"; {SPREAD:.0%} of resampled rounds {spread[0]:.2f}-{spread[1]:.2f}x: {side}"
+
+
+__all__ = ["MODES", "RESAMPLES", "SPREAD", "TOLERANCE", "aggregate", "ratio_spread", "summary", "targets"]

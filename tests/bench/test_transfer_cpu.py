@@ -19,7 +19,7 @@ from cudask_bench import transfer as transfer_run
 from cudask_bench.cli import bench
 from cudask_bench.transfer import Case, Setting, TransferPlan, rotations
 from cudask_bench.transfer_case import run_case
-from cudask_bench.transfer_report import aggregate, summary, targets
+from cudask_bench.transfer_report import aggregate, ratio_spread, summary, targets
 
 MiB = 1 << 20
 SETTINGS = transfer_run.settings(("tcp", "ucx"), Setting("dask-cuda", "dask-cuda", "tcp"))
@@ -118,11 +118,46 @@ def test_summary_shows_cold_and_warm_per_case_and_each_target() -> None:
     assert (f"{'cudask-ipc':34} all-to-all 0.0 GB: cold 0.40 s (0.50, 0.30), warm 0.20 s (0.20, 0.20), "
             "sum ok: True") in lines
     assert f"{'cudask-ipc':34}    2048 MiB  cold   300.0 GB/s  warm   600.0 GB/s" in lines
-    assert ("target NOT MET: all-to-all cold, no pool: cudask-ipc s <= dask-cuda-ucx: 0.4 against 0.35 "
-            "(1.14x)") in lines
+    cold = next(line for line in lines if line.startswith("target NOT MET: all-to-all cold"))
+    assert cold.startswith("target NOT MET: all-to-all cold, no pool: cudask-ipc s <= dask-cuda-ucx: 0.4 "
+                           "against 0.35 (1.14x; 90% of resampled rounds ")
+    assert cold.endswith(": within the rounds' spread)")  # 0.5 and 0.3 against 0.3 and 0.4
     assert ("target met: all-to-all warm, no pool: cudask-ipc s <= dask-cuda-ucx: 0.2 against 0.25 "
-            "(0.80x)") in lines
-    assert lines[-1] == "targets met: 3 of 4"
+            "(0.80x; 90% of resampled rounds 0.80-0.80x: clear of the threshold)") in lines
+    assert lines[-1] == "targets met: 3 of 4; 1 of the 4 verdicts within the rounds' spread"
+
+
+def test_a_ratio_s_spread_across_rounds() -> None:
+    """The middle 90% of the ratio of medians with each side's rounds drawn again: the
+    same for the same rounds, none without two positive rounds a side, narrow for rounds
+    that agree, and around the ratio of medians."""
+    assert ratio_spread([1.0], [1.0, 2.0]) is None and ratio_spread([1.0, 2.0], [0.0, 1.0]) is None
+    assert ratio_spread([0.2, 0.2, 0.2], [0.25, 0.25]) == [pytest.approx(0.8), pytest.approx(0.8)]
+    mine, theirs = [0.10, 0.12, 0.11, 0.13, 0.09], [0.11, 0.10, 0.12, 0.12, 0.11]
+    spread = ratio_spread(mine, theirs)
+    assert spread == ratio_spread(mine, theirs)  # a fixed seed: the same report each time
+    assert spread is not None and spread[0] < 0.11 / 0.11 < spread[1]
+    assert 0.09 / 0.12 <= spread[0] and spread[1] <= 0.13 / 0.10
+
+
+def test_a_verdict_within_the_rounds_spread_is_marked() -> None:
+    """Met or missed, a target whose resampled ratios cross its threshold is marked
+    not clear; one whose ratios all lie on its verdict's side is clear."""
+    def case(cold: list[float], warm: list[float], gbps: list[float]) -> dict[str, Any]:
+        rounds = [{"round": i, **_result(c, w, g)} for i, (c, w, g) in enumerate(zip(cold, warm, gbps))]
+        return {"rounds": rounds, **aggregate(rounds)}
+
+    settings = {"cudask-ipc": case([0.10, 0.12, 0.11, 0.13, 0.09], [0.1, 0.1, 0.1, 0.1, 0.1],
+                                   [300.0, 310.0, 290.0, 305.0, 295.0]),
+                "dask-cuda-ucx": case([0.11, 0.10, 0.12, 0.12, 0.11], [0.5, 0.6, 0.55, 0.5, 0.6],
+                                      [600.0, 610.0, 590.0, 605.0, 595.0])}
+    found = {t["target"].split(",")[0]: t for t in targets(settings, (None,))}
+    assert found["all-to-all cold"]["met"] is True and found["all-to-all cold"]["clear"] is False
+    assert found["all-to-all warm"]["met"] is True and found["all-to-all warm"]["clear"] is True
+    p2p = found["point to point 2048 MiB cold"]  # about half of UCX's GB/s: clearly missed
+    assert p2p["met"] is False and p2p["clear"] is True and p2p["ratio_spread"][1] < 1
+    settings["dask-cuda-ucx"] = case([0.2], [0.2], [1.0])  # one round: no spread
+    assert all(t["ratio_spread"] is None and t["clear"] is None for t in targets(settings, (None,)))
 
 
 def test_provenance_marks_the_cold_and_warm_figures() -> None:
