@@ -149,13 +149,15 @@ def _each(case: Mapping[str, Any] | None, mode: str, metric: str, size: str | No
 def ratio_spread(mine: Sequence[float], theirs: Sequence[float]) -> list[float] | None:
     """The middle SPREAD of median(mine) / median(theirs) with each side's rounds drawn
     again with replacement, RESAMPLES times from a fixed seed (a report gives the same
-    spread each time it is made); None with fewer than two positive rounds on a side."""
+    spread each time it is made); None with fewer than two rounds on a side or a round that
+    is not positive. Over a handful of rounds this percentile spread is coarse and tends
+    to be narrower than the run-to-run variation it estimates."""
     if len(mine) < 2 or len(theirs) < 2 or min(*mine, *theirs) <= 0:
         return None
     draw = random.Random(0)
     ratios = sorted(statistics.median(draw.choices(mine, k=len(mine)))
                     / statistics.median(draw.choices(theirs, k=len(theirs))) for _ in range(RESAMPLES))
-    cut = int(RESAMPLES * (1 - SPREAD) / 2)
+    cut = round(RESAMPLES * (1 - SPREAD) / 2)  # draws left out at each end
     return [ratios[cut], ratios[-1 - cut]]
 
 

@@ -32,15 +32,19 @@ SPIN_CYCLES = 1 << 30  # about half a second at 2 GHz
 
 @pytest.fixture(autouse=True)
 def _free_cupy_blocks() -> Iterator[None]:
-    """CuPy's pool gives its cached blocks back after each test, so later tests of the
-    process (clusters on the same GPU) do not see this process holding memory."""
+    """CuPy's pool gives its cached blocks back on every GPU after each test, so later
+    tests of the process (clusters on the same GPUs) do not see this process holding
+    memory."""
     yield
     cupy = sys.modules.get("cupy")
     if cupy is not None:
-        cupy.get_default_memory_pool().free_all_blocks()
+        for device in range(cupy.cuda.runtime.getDeviceCount()):
+            with cupy.cuda.Device(device):  # the pool frees the current device's blocks
+                cupy.get_default_memory_pool().free_all_blocks()
 
 
 def _source(whole: Any, layout: str) -> Any:
+    """The view of `whole` that takes the copy's way named by `layout`."""
     return {"contiguous": whole, "rows-of-wider": whole[:, 1000:2500], "transposed": whole.T}[layout]
 
 
@@ -132,4 +136,3 @@ def test_the_copy_stream_belongs_to_the_current_device(layout: str) -> None:
             stream = backend._copy_stream()
             assert stream.device_id == device
             assert streams.setdefault(device, stream) is stream
-    assert streams[0] is not streams[1]
