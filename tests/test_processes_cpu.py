@@ -3,6 +3,8 @@ and the helper says so with their own words, without waiting out its timeout."""
 
 from __future__ import annotations
 
+import logging
+import operator
 import sys
 import time
 
@@ -31,3 +33,25 @@ def test_a_failure_in_the_block_carries_the_workers_logs(tmp_path) -> None:
     assert "worker process 0 (running)" in notes and "worker process 1 (running)" in notes
     # logged before the worker registers (its "Registered to" line may come after the join)
     assert notes.count("Start worker at") == 2, notes
+
+
+def test_stopping_loses_no_key_and_logs_no_error(tmp_path) -> None:
+    """The workers stop after the client has gone: the scheduler reports no key of the
+    block lost, and no worker logs an error on its way out."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    scheduler_log = logging.getLogger("distributed.scheduler")
+    scheduler_log.addHandler(handler)
+    command = [sys.executable, "-m", "distributed.cli.dask_worker"]
+    try:
+        with worker_processes(["", ""], command=command, args=["--nthreads", "1"],
+                              log_dir=tmp_path) as client:
+            held = [client.submit(operator.add, i, 1) for i in range(4)]
+            assert client.gather(held) == [1, 2, 3, 4]
+    finally:
+        scheduler_log.removeHandler(handler)
+    assert not [r.getMessage() for r in records if "lose" in r.getMessage()]
+    for i in (0, 1):
+        log = (tmp_path / f"worker-{i}.log").read_text()
+        assert " - ERROR - " not in log, log

@@ -6,8 +6,10 @@ process over two GPUs, which starts a worker per GPU with the others visible
 (["0,1"]: as `dask cuda worker` on a node and LocalCUDACluster do).
 
 Covers: `worker_processes(placement, ...)`, the scheduler, the worker processes and
-their logs, stopped on exit. Does not cover: what runs on them. Threading: the caller's
-thread; the scheduler runs on the cluster's event-loop thread."""
+their logs, stopped on exit (the client closed first, so the scheduler forgets its keys
+rather than reports them lost; then each process sent SIGTERM). Does not cover: what runs
+on them. Threading: the caller's thread; the scheduler runs on the cluster's event-loop
+thread, and the caller's thread only tests whether a client id is among its clients."""
 
 from __future__ import annotations
 
@@ -63,7 +65,10 @@ def worker_processes(placement: Sequence[str], *, env: Mapping[str, str] | None 
                     exc.add_note(f"worker process {i} ({state}), end of its log:\n{_tail(log, 4000)}")
                 raise
         finally:
-            client.retire_workers()
+            # The client first, so that the scheduler forgets its keys rather than reports
+            # them lost; then SIGTERM: each nanny closes its worker. (No retire_workers: it
+            # would move data between the workers, and its close raced the nanny's.)
+            _close_client(client, cluster.scheduler)
             for p in procs:
                 p.terminate()
             for p in procs:
@@ -71,6 +76,16 @@ def worker_processes(placement: Sequence[str], *, env: Mapping[str, str] | None 
                     p.wait(60)
                 except subprocess.TimeoutExpired:
                     p.kill()
+
+
+def _close_client(client: Any, scheduler: Any, seconds: float = 30) -> None:
+    """Close `client` and wait, at most `seconds`, until the scheduler has removed it,
+    which releases its keys (Client.close waits for that only a fixed 2 s)."""
+    client_id = client.id
+    client.close()
+    deadline = time.monotonic() + seconds
+    while client_id in scheduler.clients and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _wait_for_join(client: Any, procs: list[subprocess.Popen], workers: int,
