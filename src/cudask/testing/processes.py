@@ -68,19 +68,21 @@ def worker_processes(placement: Sequence[str], *, env: Mapping[str, str] | None 
             # The client first, so that the scheduler forgets its keys rather than reports
             # them lost; then SIGTERM: each nanny closes its worker. (No retire_workers: it
             # would move data between the workers, and its close raced the nanny's.)
-            _close_client(client, cluster.scheduler)
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(60)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            try:
+                _close_client(client, cluster.scheduler)
+            finally:  # the processes stop even when closing the client fails
+                for p in procs:
+                    p.terminate()
+                for p in procs:
+                    try:
+                        p.wait(60)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
 
 
 def _close_client(client: Any, scheduler: Any, seconds: float = 30) -> None:
     """Close `client` and wait, at most `seconds`, until the scheduler has removed it,
-    which releases its keys (Client.close waits for that only a fixed 2 s)."""
+    which releases its keys (a synchronous Client.close waits at most 0.1 s for that)."""
     client_id = client.id
     client.close()
     deadline = time.monotonic() + seconds
