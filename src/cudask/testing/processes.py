@@ -23,6 +23,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from cudask.testing import wait_for
+
 
 @contextmanager
 def worker_processes(placement: Sequence[str], *, env: Mapping[str, str] | None = None,
@@ -85,9 +87,7 @@ def _close_client(client: Any, scheduler: Any, seconds: float = 30) -> None:
     which releases its keys (a synchronous Client.close waits at most 0.1 s for that)."""
     client_id = client.id
     client.close()
-    deadline = time.monotonic() + seconds
-    while client_id in scheduler.clients and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: client_id not in scheduler.clients, timeout=seconds)
 
 
 def _wait_for_join(client: Any, procs: list[subprocess.Popen], workers: int,
