@@ -1,5 +1,4 @@
-"""The GPU runners' verdict (scripts/ran-tests, used by scripts/gpu-tests and
-scripts/gpu-proof): a run whose GPU tests all skipped proved nothing and fails,
+"""The GPU runners' verdict (scripts/ran-tests, used by scripts/gpu-tests): a run whose GPU tests all skipped proved nothing and fails,
 with the reason; a run where tests passed succeeds; a failure fails. And their
 check that the installed wheel holds the tree's sources (scripts/wheel-matches-tree)."""
 

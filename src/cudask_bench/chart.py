@@ -7,7 +7,7 @@ labels when there are many or long metric names, and a log axis when the values 
 more than 30x; each metric's label says whether it is cold or warm. Below the chart a
 caption names the result file the bars come from, the machine, the date and the cudask
 commit, and the PNG's text chunks carry the same with the file's SHA-256 (`Origin`), so a
-reader and scripts/results-index can trace a picture to its JSON. matplotlib is imported
+reader can trace a picture to its JSON. matplotlib is imported
 lazily (`cudask[bench]`) and drawn with the Agg backend, so no display is needed.
 
 Does not cover: running benchmarks or computing ratios (cudask_bench.report).

@@ -2,8 +2,7 @@
 
 Covers: `read(data)`, every tEXt, zTXt and iTXt chunk of a PNG as {keyword: text}, and
 `add(data, items)`, the same PNG with uncompressed iTXt chunks (UTF-8) added before its
-end. Charts (cudask_bench.chart) and dashboard pictures (scripts/dashboard-shot) name
-their source there; scripts/results-index checks it. Stdlib only.
+end. Charts (cudask_bench.chart) name their source there. Stdlib only.
 
 Does not cover: pixels, or any other image format. Threading: pure functions.
 """

@@ -1,6 +1,5 @@
 """cuDF frames between two workers of one GPU by CUDA IPC, and the explicit-comms
-shuffle and merge of dask-cuDF frames, on a real GPU with cuDF installed (scripts/gpu-proof's
-`cudf` step runs this file with the cuDF bundle importable)."""
+shuffle and merge of dask-cuDF frames, on a real GPU with cuDF installed (skipped without it)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The cudask dashboard page (cudask.monitor.page) on a real scheduler whose workers'
 stores hold fake device objects: the numbers it serves, and the page as headless
-Chromium renders it (its screenshots go to the test's tmp_path; the pictures in docs/
-come from scripts/dashboard-shot). Browser tests are skipped, saying why, where no
+Chromium renders it (its screenshots go to the test's tmp_path). Browser tests are skipped, saying why, where no
 Chromium binary exists."""
 
 from __future__ import annotations
