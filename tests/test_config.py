@@ -66,3 +66,50 @@ def test_environment_variables_override(monkeypatch):
 def test_schema_rejects_unknown_and_mistyped(bad):
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, config.load_schema())
+
+
+_RESET_FIRST = """
+import distributed.utils_test as utils_test  # its config snapshot holds no cudask keys
+import dask.config
+from cudask import config
+
+for reset in (utils_test.reset_config, dask.config.config.clear, dask.config.refresh):
+    reset()
+    assert config.get("worker.threads-per-worker") == 1, reset
+    assert config.get("memory.spill-on-demand") is True, reset
+    assert config.get("worker") == config.defaults["cudask"]["worker"], reset
+    with dask.config.set({"cudask.worker.threads-per-worker": 3}):
+        assert config.get("worker.threads-per-worker") == 3, reset
+        assert config.get("worker.rmm-async") is False, reset
+print("kept")
+"""
+
+
+def test_settings_fall_back_to_packaged_defaults_after_a_reset():
+    """distributed.utils_test imported before cudask: its reset_config (what gen_test
+    and gen_cluster do), dask.config's clear() and refresh() leave cudask's settings."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _RESET_FIRST], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "kept"
+
+
+def test_options_resolve_with_dask_config_emptied():
+    """The options' defaults read through the fallback: resolving a cluster's options
+    works with dask.config emptied."""
+    import copy
+
+    from cudask.options import resolve
+
+    saved = copy.deepcopy(dask.config.config)
+    try:
+        dask.config.config.clear()
+        options = resolve({}, "cluster", libraries=False)
+    finally:
+        dask.config.config.clear()
+        dask.config.config.update(saved)
+    assert options.nthreads == 1
+    assert options.device_memory_limit == "default"

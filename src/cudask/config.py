@@ -12,8 +12,9 @@ defaults, as everywhere in dask.
 Does not cover: what the keys mean (cudask.options and cudask.memory do), nor
 raising errors (this module sits below cudask.errors; callers raise).
 
-Threading: the defaults are registered once, at import; the functions read
-dask.config, the environment and the config files, safe from any thread.
+Threading: the defaults are registered once, at import, and `get` falls back
+to them when dask.config has lost them; the functions read dask.config, the
+environment and the config files, safe from any thread.
 """
 
 from __future__ import annotations
@@ -48,7 +49,14 @@ dask.config.update_defaults(defaults)
 
 
 def get(key: str, default: Any = dask.config.no_default) -> Any:
-    """Read `cudask.<key>` from dask.config (e.g. get("worker.rmm-pool-size"))."""
+    """Read `cudask.<key>` from dask.config (e.g. get("worker.rmm-pool-size")).
+
+    A key that dask.config no longer holds (its config was reset, as
+    distributed.utils_test's `gen_test` does, or cleared) reads as cudask.yaml's
+    default; `default` applies only to keys cudask.yaml does not know."""
+    packaged = _lookup(defaults, f"cudask.{key}")
+    if packaged is not dask.config.no_default:
+        default = packaged
     return dask.config.get(f"cudask.{key}", default=default)
 
 
