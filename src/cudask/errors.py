@@ -34,6 +34,11 @@ class OptionError(CudaskError, ValueError):
         self.origin = origin
 
 
+class ProtocolMismatchError(OptionError, TypeError):
+    """A UCX transport asked for with a protocol that is not UCX; a TypeError too, as
+    dask-cuda raises there."""
+
+
 class DeviceError(CudaskError, ValueError):
     """A device id, UUID or CUDA_VISIBLE_DEVICES entry that names no visible GPU."""
 
@@ -60,8 +65,9 @@ class UnknownModuleError(MissingDependencyError, OptionError):
     missing dependency, or a misspelt name; an OptionError as well."""
 
     def __init__(self, module: str, option: str, accepted: str) -> None:
-        CudaskError.__init__(self, f"{option}={module!r}: no module {module!r} is found here "
-                                   f"(not installed, or misspelt?); accepted: {accepted}")
+        CudaskError.__init__(self, f"{option}={module!r}: ModuleNotFoundError: No module named "
+                                   f"{module!r} here (not installed, or misspelt?); accepted: "
+                                   f"{accepted}")
         self.library = module
         self.needed_for = f"{option}={module!r}"
         self.install = f"install {module} where the workers run"

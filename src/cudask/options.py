@@ -24,7 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cudask import config
-from cudask.errors import MissingDependencyError, OptionError, UnknownModuleError
+from cudask.errors import (
+    MissingDependencyError,
+    OptionError,
+    ProtocolMismatchError,
+    UnknownModuleError,
+)
 from cudask.option_value import ALL, UCX_PROTOCOLS, Option, Surface, coerce
 
 NODE: frozenset[Surface] = frozenset({"worker", "cli"})  # one node's workers, not LocalCUDACluster
@@ -305,19 +310,43 @@ def check_rules(o: WorkerOptions) -> None:
             v["protocol"] = "ucx"
             o.implied["protocol"] = ucx_asked[0]
         elif v["protocol"] not in UCX_PROTOCOLS:
-            raise OptionError(f"{ucx_asked[0]}=True needs protocol='ucx', not "
-                              f"protocol={v['protocol']!r}")
+            raise ProtocolMismatchError(f"{ucx_asked[0]}=True needs protocol='ucx', not "
+                                        f"protocol={v['protocol']!r}")
     _check_workers_per_gpu(v)
-    if v.get("contact_address") and not v.get("listen_address"):
-        raise OptionError(f"contact_address={v['contact_address']!r} needs listen_address, the "
-                          "address the worker binds to (e.g. --listen-address tcp://0.0.0.0:9000 "
-                          "--contact-address tcp://node1:9000)")
-    if v.get("listen_address") and (v.get("host") or v.get("worker_port")):
-        raise OptionError(f"listen_address={v['listen_address']!r} cannot be combined with host "
-                          "or worker_port: it names both")
+    _check_addresses(v)
     tls = [v.get(k) for k in ("tls_ca_file", "tls_cert", "tls_key")]
     if any(tls) and not all(tls):
         raise OptionError("TLS needs all of tls_ca_file, tls_cert and tls_key")
+
+
+def _check_addresses(v: Mapping[str, Any]) -> None:
+    """listen_address names the address and port a worker binds to: host, interface
+    and worker_port name them too. The first words of each message are dask-cuda's."""
+    listen = v.get("listen_address")
+    if v.get("contact_address") and not listen:
+        raise OptionError(f"Must specify listen_address when contact_address is provided: "
+                          f"contact_address={v['contact_address']!r} is what the worker "
+                          "advertises, listen_address what it binds to (e.g. --listen-address "
+                          "tcp://0.0.0.0:9000 --contact-address tcp://node1:9000)")
+    if listen and (v.get("host") or v.get("interface")):
+        given = "host" if v.get("host") else "interface"
+        raise OptionError(f"Cannot specify listen_address when host or interface is given: "
+                          f"listen_address={listen!r} and {given}={v[given]!r} both name the "
+                          "address to bind to; give one of them")
+    if listen and v.get("worker_port") not in (None, "", 0, "0"):
+        raise OptionError(f"Cannot specify worker_port when listen_address is given: "
+                          f"listen_address={listen!r} names the port too; give one of them")
+
+
+def check_one_worker_options(v: Mapping[str, Any], workers: int) -> None:
+    """Options that bind one worker, and worker_port's range, against how many workers
+    a node starts (its visible GPUs times workers_per_gpu), before any GPU is looked for."""
+    if workers > 1 and (v.get("listen_address") or v.get("contact_address")):
+        given = "listen_address" if v.get("listen_address") else "contact_address"
+        raise OptionError(f"Cannot specify listen_address or contact_address when using "
+                          f"multiple GPUs: {given}={v[given]!r} names one worker's address, and "
+                          f"this node starts {workers}; give --host with a --worker-port range "
+                          "instead, or one GPU per process (CUDA_VISIBLE_DEVICES)")
 
 
 def _check_workers_per_gpu(v: Mapping[str, Any]) -> None:

@@ -32,9 +32,13 @@ def test_dask_cuda_group_has_the_same_commands():
         (["--enable-infiniband", "--protocol", "tcp"], "needs protocol='ucx'"),
         (["--nthreads", "0"], "at least 1"),
         (["--tls-ca-file", "ca.pem"], "TLS needs all"),
-        (["--contact-address", "tcp://node1:9000"], "needs listen_address"),
+        (["--contact-address", "tcp://node1:9000"], "Must specify listen_address"),
         (["--listen-address", "tcp://0.0.0.0:9000", "--worker-port", "9000"],
-         "cannot be combined with host or worker_port"),
+         "Cannot specify worker_port when listen_address is given"),
+        (["--listen-address", "tcp://0.0.0.0:9000", "--host", "127.0.0.1"],
+         "Cannot specify listen_address when host or interface is given"),
+        (["--listen-address", "tcp://0.0.0.0:9000", "--interface", "lo"],
+         "Cannot specify listen_address when host or interface is given"),
     ],
 )
 def test_bad_flags_give_one_line_no_traceback(args, message):
@@ -88,7 +92,7 @@ def test_dask_jobqueue_worker_command_line_is_accepted():
     "args, message",
     [
         (["--no-nanny"], "needs exactly one GPU"),
-        (["--listen-address", "tcp://0.0.0.0:9000"], "binds one worker, but 2 GPUs"),
+        (["--listen-address", "tcp://0.0.0.0:9000"], "when using multiple GPUs"),
     ],
 )
 def test_one_worker_options_with_two_gpus(monkeypatch, args, message):

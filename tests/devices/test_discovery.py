@@ -3,11 +3,11 @@ from __future__ import annotations
 import pytest
 
 from cudask.devices import (
-    cuda_visible_devices,
     discover,
     parse_visible_devices,
     require_gpus,
     rotate,
+    worker_visible_devices,
 )
 from cudask.errors import DeviceError, NoGPUError
 from cudask.testing import FakeBackend, fake_gpu
@@ -95,7 +95,7 @@ def test_mig_instances():
     assert [d.label for d in devices] == ["GPU 0 MIG 0", "GPU 0 MIG 1", "GPU 1"]
     assert devices[0].memory_total == 40 * 2**30
     assert parse_visible_devices(devices[1].uuid, m) == [devices[1]]
-    assert cuda_visible_devices(devices, 1).split(",")[0] == devices[1].uuid
+    assert worker_visible_devices(devices, 1).split(",")[0] == devices[1].uuid
 
 
 def test_rotate():

@@ -139,6 +139,14 @@ class _FakeDriver:
     def cuGetErrorName(self, err: int) -> tuple:
         return (0, b"CUDA_ERROR_NO_DEVICE")
 
+    def cuDeviceGetCount(self) -> tuple:
+        return self._ok("cuDeviceGetCount", 1)
+
+    def cuDevicePrimaryCtxGetState(self, device: int) -> tuple:
+        return self._ok("cuDevicePrimaryCtxGetState", 0, self.active)
+
+    active = 0  # whether the primary context was active before the worker made one
+
 
 def _use_driver(monkeypatch, driver: _FakeDriver) -> None:
     import sys
@@ -205,13 +213,35 @@ def test_cuda_context_plugin_imports_cupy_in_the_background(monkeypatch):
     worker = types.SimpleNamespace(name="w")
     plugin.setup(worker)
     assert plugin.uuid == plugin.expected_uuid and plugin.seconds is not None
-    assert seen_by_cuinit == [True]  # the import was under way when the driver started
+    assert seen_by_cuinit and all(seen_by_cuinit)  # the import was under way when the driver started
     assert imported == []  # setup did not wait for the import
     release.set()
     plugin.teardown(worker)
     assert imported == ["cupy"] and plugin.importer is None
     plugin.setup(worker)  # idempotent: no second context, no second import
     assert imported == ["cupy"]
+
+
+def test_cuda_context_plugin_names_a_context_made_before_it(monkeypatch, caplog):
+    """A library that used CUDA at import (a spawned worker re-imports the script) left a
+    context: the worker's log says so, in the words dask-cuda's users filter on."""
+    import logging
+    import types
+
+    from cudask.worker import plugins as P
+
+    driver = _FakeDriver(bytes(range(1, 17)))
+    driver.active = 1
+    _use_driver(monkeypatch, driver)
+    monkeypatch.setattr(P.CUDAContext, "background_imports", ())
+    with caplog.at_level(logging.WARNING, logger="cudask.worker"):
+        P.CUDAContext(None).setup(types.SimpleNamespace(name="w"))
+    (record,) = [r for r in caplog.records if "already exists" in r.getMessage()]
+    message = record.getMessage()
+    assert message.startswith("A CUDA context for device 0 (GPU-01020304-0506-0708-090a-"
+                              "0b0c0d0e0f10) already exists on process ID ")
+    assert ("This is often the result of a CUDA-enabled library calling a CUDA runtime "
+            "function before Dask-CUDA") in message
 
 
 def test_device_ipc_stays_off_where_it_cannot_work(monkeypatch, caplog):

@@ -196,7 +196,7 @@ def test_ports_resources_names():
     assert parse_ports("9000:9003", 4) == [9000, 9001, 9002, 9003]
     assert parse_ports(None, 2) == [None, None]
     assert parse_ports("9000", 1) == [9000]
-    with pytest.raises(OptionError, match="1 port"):
+    with pytest.raises(OptionError, match="Not enough ports .* for 2 GPUs: .* gives 1"):
         parse_ports("9000", 2)
     with pytest.raises(OptionError, match="not accepted"):
         parse_ports("nine", 1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import click
 
+from cudask.cli.alias import alias
 from cudask.cli.config import config
 from cudask.cli.demo import demo
 from cudask.cli.errors import UserErrorGroup
@@ -54,6 +55,7 @@ def dask_cudask() -> None:
 
 cli.add_command(info)
 cli.add_command(demo)
+cli.add_command(alias)
 
 
 @cli.command("options")

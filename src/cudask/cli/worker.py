@@ -5,6 +5,7 @@ Covers: the click command, whose flags are generated from cudask.options
 Errors in flags, the scheduler's address, config, devices or optional libraries
 are reported before any process starts, on one line with exit status 2; one from
 an environment variable or a config file names it, without click's usage block.
+Workers that cannot reach the scheduler within --death-timeout exit with status 1.
 An address on the command line and --scheduler-file conflict; a file given beats
 DASK_SCHEDULER_ADDRESS. Does not cover: the workers (cudask.deploy.node). Threading: the
 command's thread runs the workers' event loop until they finish.
@@ -13,6 +14,7 @@ command's thread runs the workers' event loop until they finish.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from collections.abc import Callable
@@ -25,6 +27,8 @@ from click.core import ParameterSource
 from cudask import config
 from cudask.cli.errors import ConfigError
 from cudask.options import BY_NAME, Option, WorkerOptions, options_for
+
+logger = logging.getLogger("distributed.cli.cudask_worker")
 
 SCHEDULER_HELP = (
     "Address of the scheduler, e.g. tcp://10.0.0.1:8786; or use --scheduler-file or "
@@ -56,7 +60,9 @@ def worker_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-async def _run(scheduler: str | None, options: WorkerOptions) -> None:
+async def _run(scheduler: str | None, options: WorkerOptions) -> int:
+    """Run the node's workers until they finish or a signal stops them; the exit status:
+    1 when they could not reach the scheduler within --death-timeout, as `dask worker`."""
     from cudask.deploy.node import CUDAWorker
 
     worker = CUDAWorker.from_options(scheduler, options)  # checked already: check_flags
@@ -64,7 +70,11 @@ async def _run(scheduler: str | None, options: WorkerOptions) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await worker
+    try:
+        await worker
+    except TimeoutError:  # the nannies logged why and closed
+        logger.info("Timed out starting the workers (death timeout %s)", options.death_timeout)
+        return 1
     done = asyncio.ensure_future(worker.finished())
     stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait([done, stopped], return_when=asyncio.FIRST_COMPLETED)
@@ -72,6 +82,7 @@ async def _run(scheduler: str | None, options: WorkerOptions) -> None:
         await worker.close()
     for task in (done, stopped):
         task.cancel()
+    return 0
 
 
 @click.command("worker", context_settings={"help_option_names": ["-h", "--help"]})
@@ -99,7 +110,7 @@ def worker(ctx: click.Context, scheduler: str | None, **values: Any) -> None:
         raise click.UsageError("no scheduler: give its address (e.g. tcp://10.0.0.1:8786), "
                                "--scheduler-file FILE, or set DASK_SCHEDULER_ADDRESS")
     # CUDAWorker validates the rest (devices, sizes per GPU) before any process starts.
-    asyncio.run(_run(scheduler, options))
+    ctx.exit(asyncio.run(_run(scheduler, options)))
 
 
 def check_flags(given: dict[str, Any], scheduler: str | None = None,
@@ -113,6 +124,7 @@ def check_flags(given: dict[str, Any], scheduler: str | None = None,
 
     try:
         return check_input(given, "cli", visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                           visible_origin="environment variable CUDA_VISIBLE_DEVICES",
                            scheduler=scheduler, scheduler_origin=origin)
     except OptionError as exc:
         if exc.origin is not None:

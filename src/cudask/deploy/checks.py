@@ -39,7 +39,14 @@ from cudask.deploy import check_network as net
 from cudask.devices.discovery import check_visible_devices
 from cudask.errors import OptionError
 from cudask.memory.settings import check_memory_config
-from cudask.options import Surface, WorkerOptions, check_libraries, from_config, resolve
+from cudask.options import (
+    Surface,
+    WorkerOptions,
+    check_libraries,
+    check_one_worker_options,
+    from_config,
+    resolve,
+)
 from cudask.worker.spec import parse_ports, parse_resources, worker_class
 
 
@@ -187,11 +194,25 @@ def _check_options(options: WorkerOptions, checks: Mapping[str, Callable[[Any], 
             raise from_config(exc, options.origins, name) from None
 
 
+def _check_node_workers(options: WorkerOptions, visible_devices: Any) -> None:
+    """A node's options against the workers its CUDA_VISIBLE_DEVICES will start, when it
+    is set (unset: every GPU, counted once they are found)."""
+    entries = (visible_devices.split(",") if isinstance(visible_devices, str)
+               else [visible_devices] if isinstance(visible_devices, int) else visible_devices)
+    workers = len(entries) * (options.workers_per_gpu or 1)
+    check_one_worker_options(options.settings, workers)
+    try:
+        parse_ports(options.worker_port, workers)
+    except OptionError as exc:
+        raise from_config(exc, options.origins, "worker_port") from None
+
+
 def check_input(
     values: Mapping[str, Any],
     surface: Surface,
     *,
     visible_devices: Any = None,
+    visible_origin: str | None = None,
     n_workers: Any = None,
     libraries: bool = True,
     scheduler: Any = None,
@@ -203,7 +224,7 @@ def check_input(
 
     `values` are the surface's keywords (LocalCUDACluster's, CUDAWorker's or the
     CLI's); `visible_devices` is CUDA_VISIBLE_DEVICES (the keyword, or the
-    environment variable for a node); `scheduler` the scheduler's address and
+    environment variable: `visible_origin` then says so); `scheduler` the scheduler's address and
     `scheduler_origin` where it came from when not an argument (e.g. "environment
     variable DASK_SCHEDULER_ADDRESS"); `security` a distributed.Security given
     beside the options; `cluster` LocalCluster's own keywords. Raises OptionError
@@ -225,7 +246,15 @@ def check_input(
         host = (cluster or {}).get("host", options.get("host"))
         files.check_tls_needs(_tls_asked(options, scheduler, scheme, host), options.settings,
                               (cluster or {}).get("security", security), cluster=cluster is not None)
-    check_visible_devices(visible_devices)
+    try:
+        check_visible_devices(visible_devices)
+    except OptionError as exc:
+        if visible_origin is None:
+            raise
+        raise OptionError(f"{visible_origin}: {exc}", option=exc.option,
+                          origin=visible_origin) from None
+    if surface != "cluster" and visible_devices is not None:
+        _check_node_workers(options, visible_devices)
     check_n_workers(n_workers)
     _config_origin(check_memory_config)
     _config_origin(device_ipc_min_size)  # the cudask.comm keys

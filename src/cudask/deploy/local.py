@@ -1,7 +1,8 @@
 """LocalCUDACluster: one worker per visible GPU of this machine (or N per GPU).
 
 Covers: turning dask-cuda's keywords (and LocalCluster's own) into one Nanny
-spec per worker through cudask.worker.spec, scale() within the visible GPUs'
+spec per worker through cudask.worker.spec, on the GPUs of CUDA_VISIBLE_DEVICES
+(the keyword, else the environment variable, else every GPU), scale() within the visible GPUs'
 workers (one on each GPU before a second on any), and, at start, a warning naming
 a CUDA context this process holds on a GPU a worker will own
 (cudask.deploy.contexts).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +30,7 @@ from cudask.comm.rechunk import prefer_task_rechunk
 from cudask.deploy.checks import check_input
 from cudask.deploy.contexts import warn_own_contexts
 from cudask.devices import Device, Machine, discover, parse_visible_devices, require_gpus
-from cudask.errors import DeviceError, OptionError
+from cudask.errors import DeviceError, OptionError, ProtocolMismatchError
 from cudask.monitor.state import NAME as MONITOR
 from cudask.monitor.state import MonitorPlugin
 from cudask.options import BY_CLUSTER_KEYWORD, WorkerOptions, options_for
@@ -67,6 +69,17 @@ def select_devices(
     return devices
 
 
+def visible_devices(keyword: str | int | Sequence[str | int] | None
+                    ) -> tuple[str | int | Sequence[str | int] | None, str | None]:
+    """The GPUs a cluster may use and where that was said: the keyword, else this
+    process's CUDA_VISIBLE_DEVICES (as a shared node or Slurm sets it), else None
+    (every GPU)."""
+    if keyword is not None:
+        return keyword, None
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return value, None if value is None else "environment variable CUDA_VISIBLE_DEVICES"
+
+
 def _passthrough_keywords() -> set[str]:
     names: set[str] = set()
     for fn in (LocalCluster.__init__, Nanny.__init__, Worker.__init__):
@@ -100,12 +113,13 @@ class LocalCUDACluster(LocalCluster):
                 f"LocalCUDACluster got unknown keyword(s) {', '.join(unknown)}; accepted: "
                 f"{', '.join(sorted(BY_CLUSTER_KEYWORD))} and distributed.LocalCluster's keywords"
             )
+        visible, origin = visible_devices(CUDA_VISIBLE_DEVICES)
         # every check that needs no GPU, before any GPU is looked for
-        options = check_input(worker_values, "cluster", visible_devices=CUDA_VISIBLE_DEVICES,
-                              n_workers=n_workers, cluster=kwargs)
+        options = check_input(worker_values, "cluster", visible_devices=visible,
+                              visible_origin=origin, n_workers=n_workers, cluster=kwargs)
         machine = discover()
         per_gpu = workers_per_gpu(options)
-        devices = select_devices(machine, CUDA_VISIBLE_DEVICES, n_workers, per_gpu)
+        devices = select_devices(machine, visible, n_workers, per_gpu)
         check_devices(options, devices)  # sizes and libraries, before any process
         warn_own_contexts(devices)  # this process (client, scheduler, nannies) on their GPUs
         self.options: WorkerOptions = options
@@ -174,6 +188,51 @@ class LocalCUDACluster(LocalCluster):
             raise OptionError(f"cannot scale to {n} workers: {len(self.devices)} visible GPU(s) "
                               f"({', '.join(d.label for d in self.devices)}), {each}")
         return super().scale(n, memory=memory, cores=cores)
+
+
+def worker_spec(
+    interface: str | None = None,
+    protocol: str | None = None,
+    dashboard_address: str | None = ":8787",
+    threads_per_worker: int = 1,
+    silence_logs: Any = True,
+    CUDA_VISIBLE_DEVICES: str | int | Sequence[str | int] | None = None,
+    enable_tcp_over_ucx: bool | None = None,
+    enable_infiniband: bool | None = None,
+    enable_nvlink: bool | None = None,
+    cls: type[Nanny] | None = None,
+    **kwargs: Any,
+) -> dict[Any, dict[str, Any]]:
+    """The spec of every worker a LocalCUDACluster with these options would start, as
+    {name: {"cls": ..., "options": ...}} for distributed.SpecCluster; dask-cuda's
+    worker_spec, built by the same spec builder as LocalCUDACluster's workers. Other
+    keywords are LocalCUDACluster's worker options (device_memory_limit, rmm_pool_size,
+    ...). A UCX transport with a protocol other than "ucx" is a TypeError, as there."""
+    asked = [k for k, v in (("enable_infiniband", enable_infiniband),
+                            ("enable_nvlink", enable_nvlink),
+                            ("enable_tcp_over_ucx", enable_tcp_over_ucx)) if v]
+    if asked and protocol not in ("ucx", "ucxx"):
+        raise ProtocolMismatchError(f"Enabling InfiniBand or NVLink requires protocol='ucx': "
+                                    f"{asked[0]}=True, protocol={protocol!r}")
+    named = {"threads_per_worker": threads_per_worker, "protocol": protocol,
+             "interface": interface, "enable_tcp_over_ucx": enable_tcp_over_ucx,
+             "enable_infiniband": enable_infiniband, "enable_nvlink": enable_nvlink}
+    values = {**{k: v for k, v in named.items() if v is not None}, **kwargs}
+    visible, origin = visible_devices(CUDA_VISIBLE_DEVICES)
+    options = check_input(values, "cluster", visible_devices=visible, visible_origin=origin)
+    per_gpu = workers_per_gpu(options)
+    devices = select_devices(discover(), visible, None, per_gpu)
+    check_devices(options, devices)
+    slots = cluster_slots(len(devices), per_gpu)
+    shared = {"dashboard_address": dashboard_address, "silence_logs": silence_logs,
+              "interface": interface, "protocol": protocol, "nthreads": options.nthreads}
+    spec = {}
+    for i, k in slots:
+        name = gpu_name(devices[i], k, per_gpu)
+        opts = {**shared, **nanny_options(options, devices, i, n_workers=len(slots), name=name,
+                                          k=k)}
+        spec[name] = {"cls": cls or nanny_class(options), "options": opts}
+    return spec
 
 
 def _signature() -> inspect.Signature:

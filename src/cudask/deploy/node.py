@@ -28,6 +28,7 @@ from typing import Any, Self
 
 import dask.config
 from distributed import Nanny, Worker
+from distributed.deploy.cluster import Cluster
 from distributed.security import Security
 
 from cudask import config
@@ -37,7 +38,7 @@ from cudask.deploy.contexts import warn_own_contexts
 from cudask.deploy.preflight import check_tls, scheduler_address
 from cudask.devices import Device, discover, parse_visible_devices, require_gpus
 from cudask.errors import CudaskError, DeviceError, OptionError
-from cudask.options import BY_NAME, WorkerOptions, options_for
+from cudask.options import BY_NAME, WorkerOptions, check_one_worker_options, options_for
 from cudask.worker.sharing import node_slots, workers_per_gpu
 from cudask.worker.spec import (
     check_devices,
@@ -71,7 +72,7 @@ def _did_you_mean(unknown: list[str]) -> str:
 class CUDAWorker:
     """One worker per local GPU, as dask-cuda's CUDAWorker.
 
-    `scheduler` is the scheduler address (also accepted as `scheduler_ip`, the
+    `scheduler` is the scheduler address or a Cluster (also accepted as `scheduler_ip`, the
     name distributed.Worker gives it, which dask-jobqueue's runners use; default:
     --scheduler-file, then the `scheduler-address` config that dask-mpi sets).
     Other keywords are the worker options of docs/options.md; any remaining
@@ -84,7 +85,7 @@ class CUDAWorker:
     `devices` those this process starts workers on.
     """
 
-    def __init__(self, scheduler: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, scheduler: str | Cluster | None = None, **kwargs: Any) -> None:
         try:
             self._init(scheduler, kwargs)
         except CudaskError as exc:
@@ -105,9 +106,13 @@ class CUDAWorker:
             raise
         return self
 
-    def _init(self, scheduler: str | None, kwargs: dict[str, Any]) -> None:
+    def _init(self, given: str | Cluster | None, kwargs: dict[str, Any]) -> None:
+        # a Cluster stands for its scheduler, as distributed's Worker and Nanny accept
+        scheduler = given.scheduler_address if isinstance(given, Cluster) else given
         if "scheduler_ip" in kwargs:  # distributed.Worker's name for it (dask-jobqueue runners)
             scheduler_ip = kwargs.pop("scheduler_ip")
+            if isinstance(scheduler_ip, Cluster):
+                scheduler_ip = scheduler_ip.scheduler_address
             if scheduler is not None and scheduler_ip is not None and scheduler_ip != scheduler:
                 raise OptionError(f"two schedulers given: {scheduler!r} and "
                                   f"scheduler_ip={scheduler_ip!r}; give one")
@@ -133,6 +138,7 @@ class CUDAWorker:
         # every check that needs no GPU, before any GPU is looked for
         options = check_input(values, "worker",
                               visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                              visible_origin="environment variable CUDA_VISIBLE_DEVICES",
                               scheduler=scheduler, scheduler_origin=origin,
                               security=kwargs.get("security"))
         self._place(scheduler, options, kwargs, stacklevel=5)
@@ -165,12 +171,7 @@ class CUDAWorker:
         if not options.nanny and nanny_class(options) is not Nanny:
             raise OptionError(f"--no-nanny starts a Worker in this process, but worker_class="
                               f"{options.worker_class!r} is a Nanny; give a Worker subclass")
-        if options.listen_address and len(devices) > 1:
-            raise OptionError(
-                f"listen_address={options.listen_address!r} binds one worker, but {len(devices)} "
-                f"GPUs are visible ({', '.join(d.label for d in devices)}); give --host with a "
-                "--worker-port range instead, or one GPU per process (CUDA_VISIBLE_DEVICES)"
-            )
+        check_one_worker_options(options.settings, len(devices))
         check_devices(options, devices)  # sizes and libraries, before any process
         per_gpu = workers_per_gpu(options)
         slots = node_slots(self.indices, per_gpu)

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from cudask.devices.discovery import (
     Device,
-    cuda_visible_devices,
     discover,
     parse_visible_devices,
     require_gpus,
     rotate,
+    worker_visible_devices,
 )
 from cudask.devices.model import (
     GPU,
@@ -45,10 +45,10 @@ __all__ = [
     "NVMLUnavailable",
     "ProcessBackend",
     "RawGPU",
-    "cuda_visible_devices",
     "default_backend",
     "discover",
     "parse_visible_devices",
     "require_gpus",
     "rotate",
+    "worker_visible_devices",
 ]

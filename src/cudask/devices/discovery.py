@@ -91,13 +91,15 @@ def require_gpus(machine: Machine) -> Machine:
 
 
 class Device:
-    """One addressable device: a whole GPU or one MIG instance of it."""
+    """One addressable device: a whole GPU or one MIG instance of it. `by_uuid`: it was
+    named by UUID (or a prefix of one), so workers are given its UUID, not its index."""
 
-    __slots__ = ("gpu", "mig")
+    __slots__ = ("by_uuid", "gpu", "mig")
 
-    def __init__(self, gpu: GPU, mig: MIGInstance | None = None) -> None:
+    def __init__(self, gpu: GPU, mig: MIGInstance | None = None, *, by_uuid: bool = False) -> None:
         self.gpu = gpu
         self.mig = mig
+        self.by_uuid = by_uuid or mig is not None
 
     @property
     def uuid(self) -> str:
@@ -236,7 +238,7 @@ def _parse_entry(entry: str, machine: Machine) -> Device:
     if entry.lower().startswith(("gpu-", "mig-")):
         matches = [d for d in candidates if d.uuid.lower().startswith(entry.lower())]
         if len(matches) == 1:
-            return matches[0]
+            return Device(matches[0].gpu, matches[0].mig, by_uuid=True)
         if len(matches) > 1:
             raise DeviceError(
                 f"CUDA_VISIBLE_DEVICES entry {entry!r} is a prefix of several UUIDs "
@@ -256,7 +258,8 @@ def rotate(devices: Sequence[str], i: int) -> list[str]:
     return list(devices[i:]) + list(devices[:i])
 
 
-def cuda_visible_devices(devices: Sequence[Device], i: int) -> str:
-    """CUDA_VISIBLE_DEVICES for worker i: indices of whole GPUs, UUIDs for MIG."""
-    ids = [d.uuid if d.mig else str(d.gpu.index) for d in devices]
+def worker_visible_devices(devices: Sequence[Device], i: int) -> str:
+    """CUDA_VISIBLE_DEVICES for worker i: each device as it was named, its full UUID
+    where a UUID (or a prefix) named it and for MIG instances, else its index."""
+    ids = [d.uuid if d.by_uuid else str(d.gpu.index) for d in devices]
     return ",".join(rotate(ids, i))

@@ -2,7 +2,8 @@
 
 Covers: creating the primary CUDA context of device 0 of the process (its own
 GPU, since CUDA_VISIBLE_DEVICES is rotated per worker), making it current, and
-naming that device by UUID. The CUDA driver API of cuda-bindings does this
+naming that device by UUID; `active_contexts`, the devices on which the process
+already holds one (a library that used CUDA at import). The CUDA driver API of cuda-bindings does this
 where it is installed (a far lighter import than CuPy's: docs/design/worker-start.md);
 the primary context is the one every CUDA runtime library in the process (CuPy,
 RMM, PyTorch, Numba) then uses. Without cuda-bindings CuPy creates it, or
@@ -31,6 +32,27 @@ def device0_uuid() -> str:
     except ImportError:
         return _device0_uuid_runtime()
     return _device0_uuid_driver(driver)
+
+
+def active_contexts() -> list[tuple[int, str]] | None:
+    """(CUDA ordinal, UUID) of each device of this process whose primary context is
+    already active, before device0_uuid() makes one; None without cuda-bindings."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return None
+    try:
+        _driver_call(driver, "cuInit", 0)
+        found = []
+        for ordinal in range(_driver_call(driver, "cuDeviceGetCount")):
+            device = _driver_call(driver, "cuDeviceGet", ordinal)
+            err, _flags, active = driver.cuDevicePrimaryCtxGetState(device)
+            if err == driver.CUresult.CUDA_SUCCESS and active:
+                raw = bytes(_driver_call(driver, "cuDeviceGetUuid", device).bytes)
+                found.append((ordinal, _format_uuid(raw)))
+    except RuntimeError:  # no driver, no device: device0_uuid says so next
+        return None
+    return found
 
 
 def _driver_call(driver: Any, name: str, *args: Any) -> Any:

@@ -3,7 +3,8 @@
 1. ``cudask-cpu-affinity``: pins every thread of the worker process to the CPUs
    nearest its GPU (within the CPUs the process may use).
 2. ``cudask-cuda-context``: creates the CUDA context on the worker's GPU (device
-   0 of its rotated CUDA_VISIBLE_DEVICES) at start, checks it is that GPU, logs
+   0 of its rotated CUDA_VISIBLE_DEVICES) at start, checks it is that GPU, warns
+   of contexts the process held before (a library using CUDA at import), logs
    once the other processes holding contexts there (cudask.worker.neighbours), and
    imports CuPy in a background thread while the worker registers, so the first
    task using it does not wait for the whole import.
@@ -51,7 +52,7 @@ from cudask.comm.ahead import MapAhead
 from cudask.devices.nvml import gpu_model, gpus_without_peer_access, transfer_counters
 from cudask.memory.store import worker_metrics
 from cudask.worker import neighbours
-from cudask.worker.context import device0_uuid
+from cudask.worker.context import active_contexts, device0_uuid
 
 logger = logging.getLogger("cudask.worker")
 
@@ -124,6 +125,7 @@ class CUDAContext(WorkerPlugin):
                 target=_import_all, args=(modules,), name="cudask-import", daemon=True
             )
             self.importer.start()
+        _warn_earlier_contexts()
         start = time.perf_counter()
         self.uuid = device0_uuid()
         self.seconds = time.perf_counter() - start
@@ -142,6 +144,23 @@ class CUDAContext(WorkerPlugin):
         if self.importer is not None:
             self.importer.join(timeout=60)
             self.importer = None
+
+
+#: The words of the warning about a context that was there before the worker made its
+#: own; they keep dask-cuda's, which log filters and tests look for.
+EARLIER_CONTEXT = (
+    "A CUDA context for device {ordinal} ({uuid}) already exists on process ID {pid}. This "
+    "is often the result of a CUDA-enabled library calling a CUDA runtime function before "
+    "Dask-CUDA (cudask) started the worker: import such a library inside tasks, or after the "
+    "cluster has started (docs/cuda-contexts.md)."
+)
+
+
+def _warn_earlier_contexts() -> None:
+    """Log each CUDA context this worker process held before its plugin made one: a
+    library that used CUDA at import (e.g. in a spawned worker re-importing the script)."""
+    for ordinal, uuid in active_contexts() or ():
+        logger.warning(EARLIER_CONTEXT.format(ordinal=ordinal, uuid=uuid, pid=os.getpid()))
 
 
 class GCFreeze(WorkerPlugin):

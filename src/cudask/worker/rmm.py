@@ -66,15 +66,17 @@ class RMMSetup(WorkerPlugin):
         )
 
     def describe(self) -> dict[str, Any]:
+        """The settings, under dask-cuda's names (its get_cluster_configuration reads
+        them as "[plugin] RMMSetup")."""
         return {
-            "pool_size": self.pool_size,
+            "initial_pool_size": self.pool_size,
             "maximum_pool_size": self.maximum_pool_size,
             "managed_memory": self.managed_memory,
-            "async": self.async_alloc,
+            "async_alloc": self.async_alloc,
             "release_threshold": self.release_threshold,
             "log_directory": self.log_directory,
             "track_allocations": self.track_allocations,
-            "external_libs": list(self.external_libs),
+            "external_lib_list": list(self.external_libs),
         }
 
     def _resource(self, worker: Any) -> Any:
@@ -158,3 +160,21 @@ class RMMSetup(WorkerPlugin):
             self.slabs = None
         self.resource = None
         self.active = False
+
+
+def get_rmm_device_memory_usage() -> int | None:
+    """Bytes allocated through RMM on the current device, where the current resource
+    stack counts them (a tracking or statistics adaptor); None otherwise, or without
+    RMM."""
+    try:
+        import rmm
+    except ImportError:
+        return None
+    resource = rmm.mr.get_current_device_resource()
+    while resource is not None:
+        if isinstance(resource, rmm.mr.TrackingResourceAdaptor):
+            return int(resource.get_allocated_bytes())
+        if isinstance(resource, rmm.mr.StatisticsResourceAdaptor):
+            return int(resource.allocation_counts["current_bytes"])
+        resource = getattr(resource, "upstream_mr", None)
+    return None

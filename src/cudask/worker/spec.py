@@ -25,10 +25,12 @@ from dask.utils import format_bytes, parse_bytes
 from distributed import Nanny, Worker, WorkerPlugin
 from distributed.worker_memory import parse_memory_limit
 
+from cudask import config
 from cudask.comm import settings as comm_settings
 from cudask.comm.ipc import SERIALIZERS
+from cudask.comm.ucx import transports
 from cudask.comm.worker import Worker as IPCWorker
-from cudask.devices import Device, cuda_visible_devices
+from cudask.devices import Device, worker_visible_devices
 from cudask.errors import DeviceMemoryLimitWarning, MissingDependencyError, OptionError
 from cudask.memory.aliases import Worker as AliasWorker
 from cudask.memory.settings import store_settings
@@ -220,7 +222,7 @@ def staging_size(o: WorkerOptions, sizes: DeviceSizes, device: Device) -> int:
     area, total = comm_settings.device_ipc_staging(), device.memory_total
     if total is not None and area > total:
         raise OptionError(
-            f"cudask.comm.device-ipc-staging={dask.config.get('cudask.comm.device-ipc-staging')!r} "
+            f"cudask.comm.device-ipc-staging={config.get('comm.device-ipc-staging')!r} "
             f"({format_bytes(area)}) is more than the memory of "
             f"{device.label} ({device.gpu.name}, {format_bytes(total)}): give a "
             "few percent of it, or 0 for no staging area")
@@ -248,13 +250,8 @@ def ucx_config(o: WorkerOptions) -> dict[str, Any]:
     distributed's settings in the worker process."""
     if o.protocol not in UCX_PROTOCOLS:
         return {}
-    ucx = {
-        "tcp": o.enable_tcp_over_ucx,
-        "nvlink": o.enable_nvlink,
-        "infiniband": o.enable_infiniband,
-        "rdmacm": o.enable_rdmacm,
-        "create-cuda-context": True,
-    }
+    ucx = transports(o.enable_tcp_over_ucx, o.enable_infiniband, o.enable_nvlink,
+                     o.enable_rdmacm)
     return {f"{ns}.{k}": v for ns in UCX_CONFIG_NAMESPACES for k, v in ucx.items()}
 
 
@@ -279,8 +276,9 @@ def parse_ports(value: str | int | None, n: int) -> list[int | None]:
                           f"from 1 to {MAX_PORT}, e.g. worker_port=9000 or 9000:9003")
     count = last - first + 1
     if count < n:
-        raise OptionError(f"worker_port={value!r} gives {count} port(s) for {n} GPU workers; "
-                          f"give a range of at least {n}, e.g. {first}:{first + n - 1}")
+        raise OptionError(f"Not enough ports in --worker-port range for {n} GPUs: "
+                          f"worker_port={value!r} gives {count}; give a range of at least {n}, "
+                          f"e.g. {first}:{first + n - 1}")
     return list(range(first, first + n))
 
 
@@ -421,7 +419,7 @@ def worker_env(devices: Sequence[Device], i: int) -> dict[str, str]:
     """The environment worker i starts with: its GPU first in CUDA_VISIBLE_DEVICES,
     and CUDA numbering GPUs by PCI bus as NVML (whose indices those are) does,
     instead of fastest first, unless this process's environment chooses an order."""
-    env = {"CUDA_VISIBLE_DEVICES": cuda_visible_devices(devices, i)}
+    env = {"CUDA_VISIBLE_DEVICES": worker_visible_devices(devices, i)}
     if "CUDA_DEVICE_ORDER" not in os.environ:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return env
