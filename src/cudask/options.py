@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -285,6 +286,11 @@ def check_rules(o: WorkerOptions) -> None:
     asked for and no protocol given (as dask-cuda does), and says so in
     `o.implied`."""
     v = o.settings
+    if v.get("rmm_async") and v.get("rmm_pool_size") is not None:
+        warnings.warn(f"'rmm_pool_size' is not needed when 'rmm_async' is enabled: the async "
+                      f"allocator grows its pool as it needs; rmm_pool_size="
+                      f"{v['rmm_pool_size']!r} sets its initial size, a combination a later "
+                      "release will refuse (leave rmm_pool_size out)", FutureWarning, stacklevel=5)
     if v.get("rmm_async") and v.get("rmm_managed_memory"):
         raise OptionError("rmm_async=True and rmm_managed_memory=True cannot be combined; "
                           "choose one allocator")

@@ -154,3 +154,11 @@ def test_cluster_configuration_and_waiting_on_a_real_cluster(capsys):
         utils.all_to_all(client)
         utils.print_cluster_config(client)
     assert "Dask Cluster Configuration" in capsys.readouterr().out
+
+
+def test_a_pool_size_beside_the_async_allocator_warns_before_start():
+    from cudask.deploy.checks import check_input
+
+    with pytest.warns(FutureWarning, match="'rmm_pool_size' is not needed when 'rmm_async' is "
+                                           "enabled"):
+        check_input({"rmm_pool_size": "1GB", "rmm_async": True}, "cluster", libraries=False)

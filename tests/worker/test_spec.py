@@ -106,8 +106,10 @@ def test_device_ipc_serializers_and_plugin(dgx, monkeypatch):
                                              r"than the memory of"):
         check_devices(resolve({}, "cluster"), devices)
     for unexportable in ({"rmm_async": True}, {"rmm_managed_memory": True}):  # a pool CUDA cannot export
-        spec = nanny_options(resolve({"rmm_pool_size": "1GB", **unexportable}, "cluster"), devices, 0,
-                             n_workers=1, name=0)
+        with warnings.catch_warnings():  # (the async pool's FutureWarning: not what is tested)
+            warnings.simplefilter("ignore", FutureWarning)
+            o = resolve({"rmm_pool_size": "1GB", **unexportable}, "cluster")
+        spec = nanny_options(o, devices, 0, n_workers=1, name=0)
         assert [p.staging for p in spec["plugins"] if p.name == "cudask-device-ipc"] == [1 << 30]
     for bad in ("banana", -1, "1 parsec", True):
         with dask.config.set({"cudask.comm.device-ipc-min-size": bad}), \

@@ -77,14 +77,18 @@ async def get_scheduler_configuration(client: Any) -> dict[str, Any]:
     return {"distributed.scheduler.worker-ttl": ttl, "active-extensions": extensions}
 
 
+def _threads(dask_scheduler: Any) -> list[int]:
+    return [ws.nthreads for ws in dask_scheduler.workers.values()]
+
+
 async def _cluster_configuration(client: Any) -> dict[str, Any]:
     reports = await client.run(get_worker_config)
     out = await get_scheduler_configuration(client)
     if reports:
         out.update(next(iter(reports.values())))
-        workers = client.scheduler_info(n_workers=-1).get("workers", {})
-        out["nworkers"] = len(workers)
-        out["nthreads"] = sum(w["nthreads"] for w in workers.values())
+        threads = await client.run_on_scheduler(_threads)  # now, not the client's cache
+        out["nworkers"] = len(threads)
+        out["nthreads"] = sum(threads)
     return out
 
 
