@@ -226,7 +226,7 @@ ENV = [
      "environment variable DASK_CUDASK__WROKER__RMM_POOL_SIZE", "cudask.worker.rmm-pool-size"),
     ({"DASK_CUDASK__MEMORY__PINNED_SLAB_SIZE": "auto"}, [],
      ("environment variable DASK_CUDASK__MEMORY__PINNED_SLAB_SIZE: "
-     "cudask.memory.pinned-slab-size='auto'"), 'a byte string such as "256MiB"'),
+     "cudask.memory.pinned-slab-size is no longer a setting"), "remove it"),
     ({"DASK_CUDASK__WORKER__DEVICE_MEMORY_LIMIT": "banana"}, [],
      ("environment variable DASK_CUDASK__WORKER__DEVICE_MEMORY_LIMIT: "
      "device_memory_limit='banana'"), '"40GB"'),
@@ -269,26 +269,32 @@ CONFIG = [
     ({"cudask.comm.map-ahead": "soon"}, "cudask.comm.map-ahead='soon'", "true or false"),
     ({"cudask.memory.spill-on-demand": "often"}, "cudask.memory.spill-on-demand='often'",
      "true or false"),
-    ({"cudask.memory.spill-at-limit": "often"}, "cudask.memory.spill-at-limit='often'",
-     "true or false"),
+    ({"cudask.memory.spill-at-limit": "often"}, ("cudask.memory.spill-at-limit is no longer a "
+     "setting"), "(always on with spill-on-demand); remove it"),
     ({"cudask.memory.pinned-pool-size": "lots"}, "cudask.memory.pinned-pool-size='lots'",
      '"40GB"'),
-    ({"cudask.memory.pinned-slab-size": -1}, "cudask.memory.pinned-slab-size=-1", "accepted"),
+    ({"cudask.memory.pinned-slab-size": -1}, ("cudask.memory.pinned-slab-size is no longer a "
+     "setting"), "(fixed at 256 MiB: cudask.memory.settings.SLAB_SIZE); remove it"),
     ({"cudask.memory.pinned-release-after": "soon"},
      "cudask.memory.pinned-release-after='soon'", "'60s'"),
-    ({"cudask.memory.pinned-method": "magic"}, "cudask.memory.pinned-method='magic'",
-     "accepted: "),
+    ({"cudask.memory.pinned-method": "magic"}, ("cudask.memory.pinned-method is no longer a "
+     "setting"), "remove it"),
     ({"cudask.memory.pinned-available-fraction": 0},
-     "cudask.memory.pinned-available-fraction=0", "e.g. 0.5"),
-    ({"cudask.memory.populate-threads": 0}, "cudask.memory.populate-threads=0", "e.g. 8"),
+     "cudask.memory.pinned-available-fraction is no longer a setting", "remove it"),
+    ({"cudask.memory.populate-threads": 0}, ("cudask.memory.populate-threads is no longer a "
+     "setting"), "remove it"),
     ({"cudask.memory.background-spill": "sometimes"},
-     "cudask.memory.background-spill='sometimes'", "true or false"),
-    ({"cudask.memory.pinned-headroom": "banana"}, "cudask.memory.pinned-headroom='banana'",
-     '"40GB"'),
+     "cudask.memory.background-spill is no longer a setting", "remove it"),
+    ({"cudask.memory.pinned-headroom": "banana"}, ("cudask.memory.pinned-headroom is no longer a "
+     "setting"), "remove it"),
+    ({"cudask.memory.pinned-duty-cycle": 0.5}, ("cudask.memory.pinned-duty-cycle is no longer a "
+     "setting"), "remove it"),
+    ({"cudask.memory.pinned-headroom-from": 0.5}, ("cudask.memory.pinned-headroom-from is no "
+     "longer a setting"), "remove it"),
     ({"cudask.memory.pinned-preallocate": "banana"},
      "cudask.memory.pinned-preallocate='banana'", '"40GB"'),
-    ({"cudask.memory.pinned-slab-size": "auto"}, "cudask.memory.pinned-slab-size='auto'",
-     'a byte string such as "256MiB"'),
+    ({"cudask.memory.keep-host-copies": "maybe"}, "cudask.memory.keep-host-copies='maybe'",
+     "true or false"),
     ({"cudask.worker.rmm-poolsize": "1GB"}, "unknown config key cudask.worker.rmm-poolsize",
      "did you mean cudask.worker.rmm-pool-size?"),
     ({"cudask.memory.spill-targte": 0.5}, "unknown config key cudask.memory.spill-targte",

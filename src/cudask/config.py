@@ -81,6 +81,20 @@ def as_bool(value: Any) -> bool | None:
     return None
 
 
+#: Keys that were settings once and are fixed now, with what took their place.
+REMOVED = {
+    "cudask.memory.pinned-slab-size": "fixed at 256 MiB: cudask.memory.settings.SLAB_SIZE",
+    "cudask.memory.pinned-method": "always 'auto': registration, falling back to cudaHostAlloc",
+    "cudask.memory.pinned-headroom": "derived: the device limit, at most 8 GiB",
+    "cudask.memory.pinned-headroom-from": "fixed at half the device limit",
+    "cudask.memory.pinned-available-fraction": "fixed at half the available host memory",
+    "cudask.memory.pinned-duty-cycle": "gone: the pool's thread pins without rests",
+    "cudask.memory.populate-threads": "fixed: the CPUs the worker may use, at most 16",
+    "cudask.memory.spill-at-limit": "always on with spill-on-demand",
+    "cudask.memory.background-spill": "always on: spill-target 1 spills at the limit",
+}
+
+
 def _canonical(key: str) -> str:
     return key.lower().replace("_", "-")
 
@@ -116,6 +130,9 @@ def unknown_keys() -> list[tuple[str, str | None]]:
     for key, _ in _leaves(current, "cudask"):
         canonical = _canonical(key)
         if canonical in known:
+            continue
+        if canonical in REMOVED:
+            out.append((key, None))
             continue
         if canonical in sections:  # a section given a plain value
             out.append((key, next(k for k in known if k.startswith(canonical + "."))))
@@ -162,5 +179,5 @@ def origin(key: str) -> str | None:
     return f"config key {key}"
 
 
-__all__ = ["BOOL_ACCEPTED", "DEFAULTS_FILE", "SCHEMA_FILE", "as_bool", "defaults", "get",
+__all__ = ["BOOL_ACCEPTED", "DEFAULTS_FILE", "REMOVED", "SCHEMA_FILE", "as_bool", "defaults", "get",
            "known_keys", "load_schema", "origin", "unknown_keys"]

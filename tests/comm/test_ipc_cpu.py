@@ -20,9 +20,9 @@ from distributed.protocol.serialize import deserialize, serialize, to_serialize
 from ipc_hold import METHODS, HoldNext, hold_next
 
 from cudask.comm import ipc
-from cudask.comm.worker import Worker as IPCWorker
 from cudask.testing import workers_info
 from cudask.testing.fake_cuda import FakeDeviceArray, FakeIPCBackend
+from cudask.worker.gpu_worker import GPUWorker
 
 FAKE_CUPY = types.SimpleNamespace(ndarray=FakeDeviceArray)  # what the family takes for CuPy
 
@@ -31,7 +31,7 @@ def host(x: FakeDeviceArray) -> np.ndarray:
     return x._array
 
 
-# What a cudask worker answering get_data serializes with (cudask.comm.worker).
+# What a cudask worker answering get_data serializes with (cudask.worker.gpu_worker).
 REPLY = [ipc.FAMILY, "dask", "pickle", "error"]
 LOCAL = {"recipient": {"address": "tcp://127.0.0.1:40000"}}
 REMOTE = {"recipient": {"address": "tcp://192.0.2.7:40000"}}  # TEST-NET: never this host
@@ -341,7 +341,7 @@ def test_a_worker_without_cudask_answers_and_asks_as_usual() -> None:
 
     with LocalCluster(n_workers=1, processes=False, protocol="tcp", dashboard_address=":0",
                       threads_per_worker=1, serializers=list(ipc.SERIALIZERS),
-                      deserializers=list(ipc.SERIALIZERS), worker_class=IPCWorker) as cluster, \
+                      deserializers=list(ipc.SERIALIZERS), worker_class=GPUWorker) as cluster, \
             Client(cluster) as client:
         plain = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker",
                                   cluster.scheduler_address, "--name", "plain", "--nthreads", "1",
@@ -381,7 +381,7 @@ def test_a_refused_mapping_falls_back_to_host_memory(monkeypatch: pytest.MonkeyP
     with caplog.at_level(logging.WARNING, logger="cudask"), \
             LocalCluster(n_workers=2, processes=False, protocol="tcp", dashboard_address=":0",
                          threads_per_worker=1, serializers=list(ipc.SERIALIZERS),
-                         deserializers=list(ipc.SERIALIZERS), worker_class=IPCWorker) as cluster, \
+                         deserializers=list(ipc.SERIALIZERS), worker_class=GPUWorker) as cluster, \
             Client(cluster) as client:
         a, b = list(workers_info(client))
         xs = [client.submit(_make, 100_000 + i, workers=[a], pure=False) for i in range(3)]

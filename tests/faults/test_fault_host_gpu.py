@@ -259,8 +259,7 @@ def test_pinned_pool_exhausted_mid_spill(fault_row: Row) -> None:
     import dask
     from distributed import Client
 
-    with dask.config.set({"cudask.memory.pinned-pool-size": "64MiB",
-                          "cudask.memory.pinned-slab-size": "32MiB"}), \
+    with dask.config.set({"cudask.memory.pinned-pool-size": "64MiB"}), \
             one_worker_cluster(device_memory_limit="256MiB", memory_limit="16GiB") as cluster, \
             Client(cluster) as client:
         start = time.perf_counter()

@@ -22,8 +22,11 @@ def backend() -> FakeCopyBackend:
     return FakeCopyBackend()
 
 
-# keywords of store_settings: the `cudask.memory.*` overrides
-_SETTINGS = set(inspect.signature(store_settings).parameters) - {"device_memory_limit", "memory_limit"}
+# keywords of store_settings: the `cudask.memory.*` overrides and the parts' fixed parameters
+_SETTINGS = (set(inspect.signature(store_settings).parameters) - {"device_memory_limit",
+                                                                  "memory_limit", "parts"}
+             | {"pinned_slab_size", "pinned_headroom", "pinned_headroom_from", "background",
+                "spill_at_limit"})
 
 
 def _factory(tmp_path: Any, default: type) -> Iterator[Callable[..., Any]]:

@@ -34,36 +34,50 @@ def test_defaults_come_from_the_config():
     assert s.pinned_release_after == 60.0  # cudask.yaml
     assert s.pinned_pool_size == 5 << 30 and s.pinned_slab_size == 256 << 20
     assert s.spill_target == 1.0 and s.background and s.pinned_preallocate == 0
+    assert s.spill_on_demand and s.spill_at_limit and s.keep_host_copies
     with dask.config.set({"cudask.memory.pinned-release-after": False}):
         assert store_settings(1 << 30, 10 << 30).pinned_release_after is None
     assert store_settings(None, 10 << 30).pinned_pool_size == 0  # "auto" without a device limit
-    assert s.pinned_method == "auto" and s.pinned_available_fraction == 0.5
-    assert s.pinned_duty_cycle == 1 and s.pinned_headroom_from == 0.5
-    assert s.pinned_headroom == 1 << 30  # "auto": the device limit, at most 8 GiB
+    assert s.pinned_headroom_from == 0.5
+    assert s.pinned_headroom == 1 << 30  # the device limit, at most 8 GiB
     assert store_settings(64 << 30, 200 << 30).pinned_headroom == 8 << 30
     assert store_settings(None, 10 << 30).pinned_headroom == 0
-    assert s.populate_threads is None  # "auto"
-    assert store_settings(1 << 30, 10 << 30, populate_threads=4).populate_threads == 4
+
+
+def test_six_settings_and_the_parts_fixed_parameters():
+    from cudask import config
+
+    assert sorted(config.defaults["cudask"]["memory"]) == [
+        "keep-host-copies", "pinned-pool-size", "pinned-preallocate", "pinned-release-after",
+        "spill-on-demand", "spill-target"]
+    s = store_settings(1 << 30, 10 << 30, pinned_slab_size=1 << 20, pinned_headroom=1 << 25,
+                       background=False, spill_at_limit=False)
+    assert (s.pinned_slab_size, s.pinned_headroom, s.background, s.spill_at_limit) == (
+        1 << 20, 1 << 25, False, False)
+    with pytest.raises(TypeError, match="populate_threads"):
+        store_settings(1 << 30, 10 << 30, populate_threads=4)
+
+
+@pytest.mark.parametrize("key", ["pinned-slab-size", "pinned-method", "pinned-headroom",
+                                 "pinned-headroom-from", "pinned-available-fraction",
+                                 "pinned-duty-cycle", "populate-threads", "spill-at-limit",
+                                 "background-spill"])
+def test_removed_settings_are_named_with_a_hint(key):
+    from cudask.deploy.checks import check_config_keys
+
+    with dask.config.set({f"cudask.memory.{key}": 1}), \
+            pytest.raises(OptionError, match=f"cudask.memory.{key} is no longer a setting"):
+        check_config_keys()
 
 
 @pytest.mark.parametrize(
     "key, value, match",
     [("spill-target", 1.5, "spill-target=1.5"), ("spill-target", "high", "spill-target='high'"),
-     ("pinned-pool-size", "lots", "pinned-pool-size"), ("pinned-slab-size", "big", "pinned-slab-size"),
+     ("pinned-pool-size", "lots", "pinned-pool-size"),
      ("pinned-preallocate", "some", "pinned-preallocate"),
      ("pinned-release-after", "later", "pinned-release-after"),
-     ("pinned-method", "mlock", "pinned-method='mlock'; accepted: auto, register, host-alloc"),
-     ("pinned-headroom", "plenty", "pinned-headroom"),
-     ("pinned-available-fraction", 0, "pinned-available-fraction=0 must be a fraction"),
-     ("pinned-available-fraction", "half", "pinned-available-fraction='half'"),
-     ("pinned-duty-cycle", 0, "pinned-duty-cycle=0 must be a fraction"),
-     ("pinned-duty-cycle", 2, "pinned-duty-cycle=2 must be a fraction"),
-     ("pinned-headroom-from", 1, r"pinned-headroom-from=1 must be a fraction in \[0, 1\)"),
-     ("pinned-headroom-from", -0.1, "pinned-headroom-from=-0.1 must be"),
-     ("pinned-headroom-from", "half", "pinned-headroom-from='half' must be"),
-     ("pinned-headroom-from", True, "pinned-headroom-from=True must be"),
-     ("populate-threads", 0, "populate-threads=0; accepted: \"auto\" or an integer >= 1"),
-     ("populate-threads", "many", "populate-threads='many'")],
+     ("spill-on-demand", "often", "spill-on-demand='often' is not a boolean"),
+     ("keep-host-copies", "maybe", "keep-host-copies='maybe' is not a boolean")],
 )
 def test_bad_config_values_name_the_key(key, value, match):
     with dask.config.set({f"cudask.memory.{key}": value}), pytest.raises(OptionError, match=match):

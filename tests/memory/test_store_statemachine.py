@@ -139,7 +139,7 @@ class StoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model)
     @rule(data=st.data(), key=KEYS, spilled=st.booleans())
     def put_link(self, data: st.DataObject, key: Any, spilled: bool) -> None:
-        """What cudask.memory.aliases' worker stores for an alias of a spilled key:
+        """What cudask's GPUWorker stores for an alias of a spilled key:
         `key` becomes a second name of the source's entry, nothing moves."""
         keys = sorted(self.model, key=repr)
         moved = [k for k in keys if self.store.is_spilled_device_object(k)]

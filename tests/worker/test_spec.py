@@ -74,18 +74,16 @@ def test_device_ipc_serializers_and_plugin(dgx, monkeypatch):
     devices = select_devices(dgx, "0", None)
     spec = nanny_options(resolve({}, "cluster"), devices, 0, n_workers=1, name=0)
     assert spec["serializers"] == spec["deserializers"] == ["dask", "pickle", "error", "cudask-ipc"]
-    from cudask.comm.worker import Worker as IPCWorker
+    from cudask.worker.gpu_worker import GPUWorker
 
-    assert spec["worker_class"] is IPCWorker
+    assert spec["worker_class"] is GPUWorker
     (ipc_plugin,) = [p for p in spec["plugins"] if p.name == "cudask-device-ipc"]
     assert ipc_plugin.device_uuid == dgx.gpus[0].uuid and ipc_plugin.min_size == 1 << 20
     assert ipc_plugin.map_ahead  # cudask.comm.map-ahead's default
     for opts, cfg in (({}, {"cudask.comm.device-ipc": False}), ({"protocol": "ucx"}, {})):
         with dask.config.set(cfg):
             spec = nanny_options(resolve(opts, "cluster"), devices, 0, n_workers=1, name=0)
-        from cudask.memory.aliases import Worker as AliasWorker
-
-        assert "serializers" not in spec and spec["worker_class"] is AliasWorker
+        assert "serializers" not in spec and spec["worker_class"] is GPUWorker  # IPC off
         assert not [p for p in spec["plugins"] if p.name == "cudask-device-ipc"]
     with dask.config.set({"cudask.comm.device-ipc-min-size": "64KiB"}):
         spec = nanny_options(resolve({}, "cluster"), devices, 0, n_workers=1, name=0)
@@ -330,14 +328,13 @@ def test_device_order_from_the_environment_is_kept(dgx, monkeypatch):
 def test_no_nanny_gets_the_resolved_worker_class(dgx):
     import dask
 
-    from cudask.comm.worker import Worker as IPCWorker
-    from cudask.memory.aliases import Worker as AliasWorker
     from cudask.testing.workers import TaggedWorker
+    from cudask.worker.gpu_worker import GPUWorker
     from cudask.worker.spec import worker_options
 
     devices = select_devices(dgx, "2", None)
     for given, ipc, expected in (("cudask.testing.workers.TaggedWorker", True, TaggedWorker),
-                                 (None, True, IPCWorker), (None, False, AliasWorker)):
+                                 (None, True, GPUWorker), (None, False, GPUWorker)):
         o = resolve({"worker_class": given}, "worker")
         with dask.config.set({"cudask.comm.device-ipc": ipc}):
             cls, opts, env = worker_options(nanny_options(o, devices, 0, n_workers=1, name="w"))

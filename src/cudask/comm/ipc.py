@@ -65,7 +65,7 @@ FAMILY = "cudask-ipc"
 # What a cudask worker's requests carry (first match wins) and what it accepts. The
 # family comes last, so a worker without cudask answering the request serializes
 # with "dask" or "pickle" and never looks up a name it does not know;
-# cudask.comm.worker.Worker moves it first when answering get_data.
+# cudask.worker.gpu_worker.GPUWorker moves it first when answering get_data.
 SERIALIZERS = ("dask", "pickle", "error", FAMILY)
 
 
@@ -110,7 +110,7 @@ _staged: ContextVar[staging.Slots | None] = ContextVar("cudask_ipc_staged", defa
 @contextmanager
 def keep_alive() -> Iterator[None]:
     """Keep what is exported by handle inside this block alive until it ends: wrap a
-    send and the wait for the peer's answer (cudask.comm.worker.Worker.get_data,
+    send and the wait for the peer's answer (cudask.worker.gpu_worker.GPUWorker.get_data,
     the explicit-comms shuffle). Objects whose device frames need it go by handle
     only inside such a block."""
     slots = staging.Slots()

@@ -149,7 +149,7 @@ class CudaBackend:
 
 
 class MappingRefused(RuntimeError):
-    """This process cannot map another process's device memory (cudask.comm.worker
+    """This process cannot map another process's device memory (cudask.worker.gpu_worker
     then receives through host memory)."""
 
 

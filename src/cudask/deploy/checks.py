@@ -131,6 +131,9 @@ def check_config_keys() -> None:
     for key, close in config.unknown_keys():
         where = config.origin(key) or f"config key {key}"
         key = key.replace("_", "-")
+        if key in config.REMOVED:
+            raise OptionError(f"{where}: {key} is no longer a setting ({config.REMOVED[key]}); "
+                              "remove it", origin=where)
         accepted = f"accepted: the keys of cudask.yaml ({config.DEFAULTS_FILE})"
         if close and close.startswith(key + "."):
             raise OptionError(f"{where}: {key} is a section of keys such as {close}, not a "

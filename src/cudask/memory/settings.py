@@ -1,18 +1,15 @@
-"""The `cudask.memory.*` settings of a store, parsed and checked in one place.
+"""The six `cudask.memory.*` settings of a store, parsed and checked in one place.
 
-Covers: `StoreSettings`, the numbers a `TieredStore` runs with (spill target,
-background spilling, the pinned pool: size, slabs, preallocation, idle
-release, pinning method, headroom ahead of spills, share of available memory,
-duty cycle, populate threads; spill on demand, at the limit; host copies kept
-for keys read back), and `store_settings`, which
-reads them from the config keys (or keyword overrides) for given device and
-host limits. The worker's store calls it when it starts; the cluster and the
-CLI call it before any worker process starts, so a bad value fails there with
-an `OptionError` that names the key and what it accepts.
+Covers: `StoreSettings`, what a `TieredStore` runs with: the six settings (pinned
+pool size, preallocation and idle release; spill target; spill on demand; host
+copies kept for keys read back), the pinned headroom derived from the limits, and
+the parts' fixed parameters (slab size, background spilling, spilling at the limit,
+where pinning ahead starts), whose defaults are constants that tests may lower;
+`store_settings`, which reads the settings from the config (or keywords) for given
+device and host limits. The cluster and the CLI call it before any worker starts,
+so a bad value fails there, naming the key and what it accepts.
 
-Does not cover: the store itself (`cudask.memory.store`), the pool
-(`cudask.memory.host.pool`). Why the defaults are what they are:
-docs/design/store.md.
+Does not cover: the store (`cudask.memory.store`) or the pool (`cudask.memory.host`).
 
 Threading: pure functions and a frozen dataclass; reads dask.config.
 """
@@ -30,29 +27,32 @@ from cudask.sizes import parse_size
 
 # "auto" pinned-preallocate: at most this much is pinned before any spill.
 AUTO_PREALLOCATE_CAP = 4 << 30
-# "auto" pinned-headroom: the device limit, at most this much.
-AUTO_HEADROOM_CAP = 8 << 30
+# The pinned headroom kept free ahead of spills near the limit: the device limit, at most this.
+HEADROOM_CAP = 8 << 30
+# Pinning ahead of spills starts once the device tier holds this fraction of its limit.
+HEADROOM_FROM = 0.5
+# The pinned pool's slabs (each one cudaHostRegister call, during which the worker's other CUDA
+# calls wait: docs/design/host-memory.md).
+SLAB_SIZE = 256 << 20
 
 
 @dataclass(frozen=True)
 class StoreSettings:
-    """Parsed settings (sizes in bytes, times in seconds; None: off)."""
+    """Parsed settings (sizes in bytes, times in seconds; None: off). The first six
+    are the config's; the rest are fixed parameters of the parts (constants above),
+    given here so tests can make them small."""
 
     spill_target: float
-    background: bool
     pinned_pool_size: int
-    pinned_slab_size: int
     pinned_preallocate: int
     pinned_release_after: float | None
-    pinned_method: str = "auto"
-    pinned_headroom: int = 0
-    pinned_available_fraction: float = 0.5
-    pinned_duty_cycle: float = 1.0
-    pinned_headroom_from: float = 0.5
-    populate_threads: int | None = None
     spill_on_demand: bool = True
-    spill_at_limit: bool = True
     keep_host_copies: bool = True
+    pinned_headroom: int = 0  # derived from the limits and the pool
+    pinned_slab_size: int = SLAB_SIZE
+    pinned_headroom_from: float = HEADROOM_FROM
+    background: bool = True
+    spill_at_limit: bool = True
 
 
 def store_settings(
@@ -60,56 +60,42 @@ def store_settings(
     memory_limit: int | None = None,
     *,
     spill_target: float | None = None,
-    background: bool | None = None,
     pinned_pool_size: float | str | None = None,
-    pinned_slab_size: int | str | None = None,
     pinned_preallocate: bool | float | str | None = None,
     pinned_release_after: float | str | bool | None = None,
-    pinned_method: str | None = None,
-    pinned_headroom: int | str | None = None,
-    pinned_available_fraction: float | None = None,
-    pinned_duty_cycle: float | None = None,
-    pinned_headroom_from: float | None = None,
-    populate_threads: int | str | None = None,
     spill_on_demand: bool | None = None,
-    spill_at_limit: bool | None = None,
     keep_host_copies: bool | None = None,
+    **parts: Any,
 ) -> StoreSettings:
     """The settings of a store with these limits (`memory_limit`: its host tier;
-    0 or None: no limit); a keyword left None takes the config key of the same
-    name."""
+    0 or None: no limit); a keyword left None takes the config key of the same name.
+    `parts`: fixed parameters to override (pinned_slab_size, pinned_headroom,
+    pinned_headroom_from, background, spill_at_limit)."""
     device_memory_limit = store_limit(device_memory_limit, "device_memory_limit")
     memory_limit = store_limit(memory_limit, "memory_limit")
+    unknown = sorted(set(parts) - _PARTS)
+    if unknown:
+        raise TypeError(f"store_settings got unknown keyword(s) {', '.join(unknown)}")
     target = _fraction(_key("spill-target", spill_target), "cudask.memory.spill-target",
                        example="0.9")
     pool = _pool_bytes(_key("pinned-pool-size", pinned_pool_size), device_memory_limit, memory_limit)
-    slab = parse_size(_key("pinned-slab-size", pinned_slab_size), total=None,
-                      name="cudask.memory.pinned-slab-size") or (256 << 20)
+    headroom = parts.pop("pinned_headroom", None)
     return StoreSettings(
         spill_target=target,
-        background=parse_flag(_key("background-spill", background), "cudask.memory.background-spill"),
         pinned_pool_size=pool,
-        pinned_slab_size=slab,
         pinned_preallocate=_preallocate_bytes(_key("pinned-preallocate", pinned_preallocate),
                                               pool, device_memory_limit),
         pinned_release_after=release_seconds(_key("pinned-release-after", pinned_release_after)),
-        pinned_method=_method(_key("pinned-method", pinned_method)),
-        pinned_headroom=_headroom_bytes(_key("pinned-headroom", pinned_headroom), pool,
-                                        device_memory_limit),
-        pinned_available_fraction=_fraction(
-            _key("pinned-available-fraction", pinned_available_fraction),
-            "cudask.memory.pinned-available-fraction"),
-        pinned_duty_cycle=_fraction(_key("pinned-duty-cycle", pinned_duty_cycle),
-                                    "cudask.memory.pinned-duty-cycle"),
-        pinned_headroom_from=_fraction(_key("pinned-headroom-from", pinned_headroom_from),
-                                       "cudask.memory.pinned-headroom-from", within="[0, 1)"),
-        populate_threads=_threads(_key("populate-threads", populate_threads)),
         spill_on_demand=spill_on_demand_setting(spill_on_demand),
-        spill_at_limit=parse_flag(_key("spill-at-limit", spill_at_limit),
-                                  "cudask.memory.spill-at-limit"),
         keep_host_copies=parse_flag(_key("keep-host-copies", keep_host_copies),
                                     "cudask.memory.keep-host-copies"),
+        pinned_headroom=_headroom_bytes(headroom, pool, device_memory_limit),
+        **parts,
     )
+
+
+_PARTS = {"pinned_slab_size", "pinned_headroom", "pinned_headroom_from", "background",
+          "spill_at_limit"}
 
 
 def _key(name: str, value: Any) -> Any:
@@ -145,24 +131,14 @@ def check_memory_config() -> None:
     store_settings(1 << 30, 1 << 34)
 
 
-def _method(value: Any) -> str:
-    from cudask.memory.host.pinning import METHODS
-
-    if value not in METHODS:
-        raise OptionError(
-            f"cudask.memory.pinned-method={value!r}; accepted: {', '.join(METHODS)}"
-        )
-    return str(value)
-
-
-def _headroom_bytes(value: Any, pool: int, device_memory_limit: int | None) -> int:
-    """Pinned bytes kept free ahead of spills once the device tier nears its limit."""
+def _headroom_bytes(value: int | None, pool: int, device_memory_limit: int | None) -> int:
+    """Pinned bytes kept free ahead of spills once the device tier nears its limit: the
+    device limit, at most HEADROOM_CAP and the pool (`value`: a given number of bytes)."""
     if device_memory_limit is None or pool == 0:
         return 0
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return min(device_memory_limit, AUTO_HEADROOM_CAP, pool)
-    nbytes = parse_size(value, total=device_memory_limit, name="cudask.memory.pinned-headroom") or 0
-    return min(nbytes, pool)
+    if value is None:
+        return min(device_memory_limit, HEADROOM_CAP, pool)
+    return min(max(value, 0), pool)
 
 
 def _fraction(value: Any, name: str, example: str = "0.5", within: str = "(0, 1]") -> float:
@@ -175,17 +151,6 @@ def _fraction(value: Any, name: str, example: str = "0.5", within: str = "(0, 1]
     if isinstance(value, bool) or not inside:
         raise OptionError(f"{name}={value!r} must be a fraction in {within}, e.g. {example}")
     return fraction
-
-
-def _threads(value: Any) -> int | None:
-    """`memory.populate-threads`: None for "auto" (faulting.default_threads)."""
-    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise OptionError(
-            f"cudask.memory.populate-threads={value!r}; accepted: \"auto\" or an integer >= 1, e.g. 8"
-        )
-    return value
 
 
 def release_seconds(value: Any) -> float | None:
@@ -237,4 +202,6 @@ def system_memory() -> int:
     return int(MEMORY_LIMIT)
 
 
-__all__ = ["AUTO_HEADROOM_CAP", "AUTO_PREALLOCATE_CAP", "StoreSettings", "check_memory_config", "parse_flag", "release_seconds", "store_limit", "store_settings", "system_memory"]
+__all__ = ["AUTO_PREALLOCATE_CAP", "HEADROOM_CAP", "HEADROOM_FROM", "SLAB_SIZE", "StoreSettings",
+           "check_memory_config", "parse_flag", "release_seconds", "store_limit", "store_settings",
+           "system_memory"]

@@ -7,7 +7,9 @@ tier (distributed's SpillBuffer, over disk past `memory_limit`); least recently
 used device keys are copied to the host past the limit (in a background thread
 past `spill-target`) and back when read, keeping their host copy (`tiers.buffer`,
 `tiers.clean`); keys holding the same device object, or `Linked`, share one entry
-(`tiers.names`). Without a device limit, device keys take a dict's path. It
+(`tiers.names`). Without a device limit nothing spills by the limit, but device
+keys are still accounted, so JIT-unspill's spilling on demand can move them (a
+worker without a limit gets `cudask.memory.unlimited` instead). It
 spills on an allocator's out-of-memory (`cudask.memory.ondemand`), implements
 distributed's `ManualEvictProto` (checked statically at the end) and reports
 `metrics()` (`worker_metrics` for `Worker.metrics`). Settings: a
@@ -19,8 +21,7 @@ this store), the RMM pool, or the cluster that constructs the store.
 Threading: every public method is thread-safe. One RLock (`lock`) guards every
 tier; device -> host copies are enqueued under it, host -> device copies are
 waited for without it. `evict()` takes it only when free, to drop a kept host
-copy; the host tier's SpillBuffer locks itself. Without a device limit, reads of device
-keys take no lock (a dict read). Spilling for an allocation waits for the lock a
+copy; the host tier's SpillBuffer locks itself. Spilling for an allocation waits for the lock a
 bounded time (cudask.memory.ondemand), then lets the allocation go ahead.
 """
 
@@ -30,14 +31,14 @@ import logging
 import threading
 from collections import defaultdict
 from collections.abc import Collection, Iterator, MutableMapping, Sized
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 from dask.typing import Key
 from dask.utils import format_bytes
 from distributed.spill import ManualEvictProto, SpilledSize
 
 from cudask.memory import handlers
-from cudask.memory.accounting import AllocationLedger, union_bytes
+from cudask.memory.accounting import AllocationLedger
 from cudask.memory.backend import CopyBackend
 from cudask.memory.host.transfer import TransferEngine
 from cudask.memory.ondemand import SpillOnDemand
@@ -63,8 +64,8 @@ class TieredStore(MutableMapping[Key, object]):
     Parameters
     ----------
     device_memory_limit:
-        Bytes of the device tier; None: no limit (nothing is ever spilled from the
-        device, and the store costs about what a dict does).
+        Bytes of the device tier; None: no limit (nothing is spilled by the limit;
+        `spill_device` still moves keys, for JIT-unspill's spilling on demand).
     memory_limit:
         Bytes of the host tier before values go to disk; None: no disk.
     log_spilling:
@@ -107,9 +108,6 @@ class TieredStore(MutableMapping[Key, object]):
         self.lock = threading.RLock()
         self._cv = threading.Condition(self.lock)
         self._closed = False
-        # No device limit: device values skip the ledger, generations and background thread.
-        self._unlimited = self.device_memory_limit is None
-        self._host_used = False  # whether a host value was ever stored (unlimited path)
 
         ledger = self._ledger = AllocationLedger()
         self._device = DeviceTier(ledger, self.device_memory_limit)
@@ -142,10 +140,8 @@ class TieredStore(MutableMapping[Key, object]):
 
     # ------------------------------------------------------------------ mapping
     def __setitem__(self, key: Key, value: object) -> None:
-        if isinstance(value, Linked):  # an alias of a spilled key (cudask.memory.aliases)
+        if isinstance(value, Linked):  # an alias of a spilled key (cudask.worker.gpu_worker)
             return self._link(key, value.target)
-        if self._unlimited and self._set_unlimited(key, value):
-            return
         ranges = handlers.allocations(value) if handlers.is_device_object(value) else None
         with self.lock:
             names = self._names
@@ -174,7 +170,6 @@ class TieredStore(MutableMapping[Key, object]):
         with self.lock:
             if not self._has(target):
                 raise KeyError(target)
-            self._leave_fast_path()
             dropped = self._names.join(key, cast(Key, self._names.visible(target)))
             if dropped is not None:
                 self._drop(dropped)
@@ -187,50 +182,8 @@ class TieredStore(MutableMapping[Key, object]):
         name = self._names.visible(key)
         return name is not None and (name in self._device or name in self._host)
 
-    def _set_unlimited(self, key: Key, value: object) -> bool:
-        """__setitem__ without a device limit: a dict write, plus moving the key
-        between tiers when its kind changes. The new place is written before
-        the old one is cleared, so lock-free readers always find the key.
-        Return False (nothing done) when the store has left this path."""
-        if handlers.is_device_object(value):
-            with self.lock:
-                if not self._unlimited:
-                    return False
-                self._device.data[key] = value
-                if self._host_used and key in self._host:
-                    del self._host[key]
-        else:
-            with self.lock:
-                if not self._unlimited:
-                    return False
-                self._host[key] = value
-                self._host_used = True
-                self._device.data.pop(key, None)
-        return True
-
-    def _leave_fast_path(self) -> None:
-        """Start accounting device keys in the ledger (lock held): needed once
-        something spills without a device limit (`spill_device`, on demand)."""
-        if not self._unlimited:
-            return
-        for key, value in self._device.items():
-            self._buffer.new_generation(key)
-            self._device.account(key, handlers.allocations(value))
-        for key in self._host:
-            self._buffer.new_generation(key)
-        self._unlimited = False
-
     def __getitem__(self, key: Key) -> object:
-        if self._unlimited:
-            # No device limit: nothing moves, so no LRU order, no lock for device
-            # values (a dict read is atomic).
-            value = self._device.data.get(key, _MISSING)
-            if value is not _MISSING:
-                return value
         with self.lock:
-            if self._unlimited:
-                value = self._device.data.get(key, _MISSING)
-                return self._host[key] if value is _MISSING else value
             name = self._names.visible(key)
             if name is None:
                 raise KeyError(key)
@@ -246,10 +199,6 @@ class TieredStore(MutableMapping[Key, object]):
 
     def __delitem__(self, key: Key) -> None:
         with self.lock:
-            if self._unlimited:
-                if self._device.data.pop(key, _MISSING) is _MISSING:
-                    del self._host[key]  # KeyError when absent
-                return
             if not self._has(key):
                 raise KeyError(key)
             dropped = self._names.release(key)
@@ -377,16 +326,11 @@ class TieredStore(MutableMapping[Key, object]):
         """What the device limit is enforced on: `device_bytes` less the memory of
         copies to the host still in flight (counted as released when issued)."""
         with self.lock:
-            if self._unlimited:
-                return self._held_bytes()
             self._buffer.reap()
             return self._ledger.total
 
     def _held_bytes(self) -> int:
         """`device_bytes` (lock held)."""
-        if self._unlimited:
-            # no ledger on this path: computed on demand
-            return union_bytes(r for v in self._device.values() for r in handlers.allocations(v))
         return self._buffer.held_bytes()
 
     def metrics(self) -> dict[str, float]:
@@ -399,7 +343,7 @@ class TieredStore(MutableMapping[Key, object]):
             inflight = self._buffer.inflight
             tiers = {
                 "device-bytes": held,
-                "device-committed-bytes": held if self._unlimited else float(self._ledger.total),
+                "device-committed-bytes": float(self._ledger.total),
                 "device-keys": float(len(self._device)),
                 "device-limit-bytes": float(self.device_memory_limit or 0),
                 "device-inflight-bytes": float(inflight.nbytes),
@@ -430,7 +374,6 @@ class TieredStore(MutableMapping[Key, object]):
                          "%.1f s", format_bytes(nbytes), lock_wait)
             return 0
         try:
-            self._leave_fast_path()
             return self._buffer.spill(nbytes)
         finally:
             self.lock.release()
@@ -484,7 +427,6 @@ class TieredStore(MutableMapping[Key, object]):
                 f"/{limit}), {len(self._host)} on host/disk>")
 
 
-_MISSING: Any = object()
 
 
 def worker_metrics(worker: Worker) -> dict[str, float]:

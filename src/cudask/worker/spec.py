@@ -29,13 +29,12 @@ from cudask import config
 from cudask.comm import settings as comm_settings
 from cudask.comm.ipc import SERIALIZERS
 from cudask.comm.ucx import transports
-from cudask.comm.worker import Worker as IPCWorker
 from cudask.devices import Device, worker_visible_devices
 from cudask.errors import DeviceMemoryLimitWarning, MissingDependencyError, OptionError
-from cudask.memory.aliases import Worker as AliasWorker
 from cudask.memory.settings import store_settings
 from cudask.options import UCX_PROTOCOLS, WorkerOptions, require_library
 from cudask.sizes import parse_size
+from cudask.worker.gpu_worker import GPUWorker
 from cudask.worker.plugins import (
     CPUAffinity,
     CUDAContext,
@@ -170,6 +169,11 @@ def data_store(o: WorkerOptions, sizes: DeviceSizes, memory_limit: int | None) -
         from cudask.memory.jit.proxy_store import ProxyStore
 
         return (ProxyStore, kwargs)
+    if sizes.device_memory_limit is None:  # nothing spills from the device: a dict holds it
+        from cudask.memory.unlimited import UnlimitedStore
+
+        kwargs.pop("device_memory_limit")
+        return (UnlimitedStore, kwargs)
     from cudask.memory.store import TieredStore
 
     return (TieredStore, kwargs)
@@ -378,9 +382,8 @@ def nanny_options(
     if o.interface is not None:
         options["interface"] = o.interface
     cls = worker_class(o.worker_class) if o.worker_class is not None else None
-    if cls is None:  # IPCWorker answers get_data by CUDA IPC first (cudask.comm.worker); both
-        # link alias tasks of spilled keys in the store (cudask.memory.aliases)
-        cls = IPCWorker if "serializers" in options else AliasWorker
+    if cls is None:  # links alias tasks of spilled keys; answers by CUDA IPC where asked
+        cls = GPUWorker
     if issubclass(cls, Worker):  # a Nanny subclass (see nanny_class) keeps its own worker
         options["worker_class"] = cls
     options.update(extra or {})

@@ -160,7 +160,7 @@ def test_available_memory_caps_what_is_pinned() -> None:
     assert pool.reserved == 96 * KiB and backend.pinned_bytes == 96 * KiB
     for _ in range(6):
         assert pool.allocate(16 * KiB).pinned
-    with pytest.warns(PinnedMemoryWarning, match="pinned-available-fraction"):
+    with pytest.warns(PinnedMemoryWarning, match="half of the host memory available"):
         assert not pool.allocate(16 * KiB).pinned
     total[0] = 1 << 30  # memory freed elsewhere: the next request grows again
     pool.allocate(16 * KiB)

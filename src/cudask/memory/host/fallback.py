@@ -36,15 +36,14 @@ MAPPED_FALLBACK_FROM = 1 << 20
 
 REASONS: dict[str, str] = {
     "full": "the pinned pool is full (memory.pinned-pool-size={capacity} bytes)",
-    "available": "pinning more would pass cudask.memory.pinned-available-fraction of "
-                 "the host memory available",
+    "available": "pinning more would pass half of the host memory available",
     "refused": "the driver refused to pin more host memory",
     "warmup": "pinned memory is still being made ready ({reserved} of {goal} bytes)",
 }
 ADVICE: dict[str, str] = {
     "full": "Raise cudask.memory.pinned-pool-size (e.g. "
             'dask.config.set({"cudask.memory.pinned-pool-size": "32GiB"})) to keep them pinned.',
-    "available": "Free host memory, or raise cudask.memory.pinned-available-fraction.",
+    "available": "Free host memory: the pool pins at most half of what is available.",
     "refused": "Lower cudask.memory.pinned-pool-size or free locked memory (ulimit -l).",
     "warmup": "Copies go to pinned memory as it becomes ready; set "
               "cudask.memory.pinned-preallocate to pin some when the worker starts.",

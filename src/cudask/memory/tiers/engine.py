@@ -5,8 +5,8 @@ CuPy by default, and its `PinnedPool`) on first use, so a store that never
 spills creates no CUDA context; warms it up in a thread of its own
 (`start_warm_up`: at the start with `pinned-preallocate`, else once the device
 tier nears its limit), off the task's path; and ramps up the pinned memory
-kept free ahead of spills (`provide_ahead`): nothing below
-`pinned-headroom-from` of the device limit, up to `pinned-headroom` at it.
+kept free ahead of spills (`provide_ahead`): nothing below half the device
+limit (`settings.HEADROOM_FROM`), up to the headroom at it.
 
 Does not cover: the copies (`cudask.memory.host.transfer`), the pool's own thread
 and slabs (`cudask.memory.host.pool`), when the device tier spills
@@ -81,13 +81,9 @@ class LazyEngine:
                 backend = self.backend if self.backend is not None else default_backend()
                 self.backend = backend
                 settings = self.settings
-                pool = PinnedPool(
-                    backend, settings.pinned_pool_size, settings.pinned_slab_size,
-                    release_after=settings.pinned_release_after, method=settings.pinned_method,
-                    available_fraction=settings.pinned_available_fraction,
-                    duty_cycle=settings.pinned_duty_cycle,
-                    populate_threads=settings.populate_threads,
-                )
+                pool = PinnedPool(backend, settings.pinned_pool_size,
+                                  slab_size=settings.pinned_slab_size,
+                                  release_after=settings.pinned_release_after)
                 if self._idle_cap is not None:
                     pool.limit_idle(self._idle_cap)
                 if not self.closed:

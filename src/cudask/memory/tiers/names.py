@@ -33,7 +33,7 @@ from dask.typing import Key
 class Linked:
     """A value that names another key's entry: stored under a key, it makes that key
     a second name of `target`'s entry without moving any data (what cudask's worker
-    stores for an Alias task over a spilled key: cudask.memory.aliases)."""
+    stores for an Alias task over a spilled key: cudask.worker.gpu_worker)."""
 
     __slots__ = ("target",)
 

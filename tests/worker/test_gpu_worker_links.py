@@ -17,11 +17,11 @@ from distributed.core import Status
 from distributed.utils_test import async_poll_for
 from distributed.worker_state_machine import ExecuteSuccessEvent
 
-from cudask.memory.aliases import Worker as AliasWorker
 from cudask.memory.settings import store_settings
 from cudask.memory.store import TieredStore
 from cudask.memory.tiers.names import Linked
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
+from cudask.worker.gpu_worker import GPUWorker
 
 
 def make_chunk(i: int) -> FakeDeviceArray:
@@ -84,7 +84,7 @@ async def _alias_of_spilled(worker_class: type[Worker]) -> dict[str, Any]:
 
 @pytest.mark.timeout(90)
 def test_an_alias_of_a_spilled_key_is_linked_not_read() -> None:
-    linked = asyncio.run(_alias_of_spilled(AliasWorker))
+    linked = asyncio.run(_alias_of_spilled(GPUWorker))
     assert linked["alias_read_back"] == 0 and linked["alias_where"] == "host"
     assert linked["nbytes"][0] == linked["nbytes"][1] > 0  # the source's size
     assert linked["one_entry"] is True  # the alias names the source's entry
@@ -102,7 +102,7 @@ def test_distributed_worker_reads_the_key_back_for_the_alias() -> None:
 @pytest.mark.timeout(60)
 def test_an_alias_of_a_key_on_the_device_runs_as_usual() -> None:
     async def main() -> None:
-        async with _cluster(AliasWorker, 10**5) as (client, store, _, _):
+        async with _cluster(GPUWorker, 10**5) as (client, store, _, _):
             source = client.submit(make_chunk, 3, key="source")
             await wait(source)
             alias = client.get({"alias": Alias("alias", "source")}, "alias", sync=False)
@@ -114,7 +114,7 @@ def test_an_alias_of_a_key_on_the_device_runs_as_usual() -> None:
     asyncio.run(main())
 
 
-class _HeldLinkWorker(AliasWorker):
+class _HeldLinkWorker(GPUWorker):
     """Holds back the result of the linked alias `alias` until `go` is set: the keys
     can be freed between the link's check and distributed storing the result."""
 
