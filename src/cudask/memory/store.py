@@ -144,26 +144,15 @@ class TieredStore(MutableMapping[Key, object]):
             return self._link(key, value.target)
         ranges = handlers.allocations(value) if handlers.is_device_object(value) else None
         with self.lock:
-            names = self._names
-            dropped = names.release(key)
-            holder = names.holder(value, self._device.data) if ranges is not None else None
-            if dropped is not None and dropped != holder and (holder is not None or dropped != key):
-                self._drop(dropped)  # (a plain entry of `key` is replaced by the put below)
-            if holder is not None:  # already stored (an Alias task): one entry for both keys
-                if holder != key or key in names.users:
-                    names.link(key, holder, orphan=dropped == holder)
-                self._device.touch(holder)
-                name = holder
-            else:
-                name = names.fresh(key)
-                self._buffer.put(name, value, ranges)
+            # one entry for every key of one device object (an Alias task's second key)
+            name, dropped, held = self._names.assign(key, value, self._device.data,
+                                                     device_object=ranges is not None)
             if ranges is not None and self.device_memory_limit is not None:
-                names.note(name, value)
                 self._start_background()
                 if not self._hooked and self.on_demand is not None:
                     self._hooked = True
                     self.on_demand.install()
-                self._buffer.fit(name, ranges)
+            self._buffer.place(name, value, ranges, held=held, replacing=dropped)
 
     def _link(self, key: Key, target: Key) -> None:
         """Make `key` a second name of `target`'s entry; no data moves."""

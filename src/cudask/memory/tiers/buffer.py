@@ -105,6 +105,20 @@ class DeviceBuffer:
         self._next_gen += 1
         self.gen[key] = self._next_gen
 
+    def place(self, name: Key, value: object, ranges: list[Range] | None, *, held: bool,
+              replacing: Key | None) -> None:
+        """Store `value` as entry `name` (the store's EntryNames.assign chose it), after
+        dropping the entry it replaces, then keep the device tier within its limit.
+        `held`: the entry holds `value` already (a second key): it is only touched."""
+        if replacing is not None:
+            self.discard(replacing)
+        if held:
+            self.device.touch(name)
+        else:
+            self.put(name, value, ranges)
+        if ranges is not None and self.limit is not None:
+            self.fit(name, ranges)
+
     def put(self, key: Key, value: object, ranges: list[Range] | None) -> None:
         """Store `value` in place of what `key` held: in the device tier when
         `ranges` (its allocations) are given, else in the host tier."""
