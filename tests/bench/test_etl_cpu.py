@@ -295,8 +295,8 @@ PANDAS = ["bench", "etl", "--frames", "pandas", "--files", "3", "--rows-per-file
      ("'floor@worker.rmm-async=true@worker.rmm-managed-memory=true': rmm_async=True and "
       "rmm_managed_memory=True cannot be combined")),
     (["--settings", "floor@worker.rmm-pool-size=lots"], "rmm_pool_size='lots' is not a size"),
-    (["--settings", "cudask@memory.pinned-slab-size=huge"],
-     "cudask.memory.pinned-slab-size='huge' is not a size"),
+    (["--settings", "cudask@memory.pinned-pool-size=huge"],
+     "cudask.memory.pinned-pool-size='huge' is not a size"),
     (["--format", "xls"], "'xls'; accepted: csv, parquet, comma-separated"),
     (["--device-memory-limit", "none"], "--device-memory-limit='none'; accepted: a size"),
     (["--device-memory-limit", "1MB"], ("--files 3 x --rows-per-file 1,000 make 82.03 kiB on "

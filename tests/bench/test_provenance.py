@@ -105,17 +105,17 @@ def test_the_stamp_is_package_data_and_git_ignored() -> None:
 def test_configuration_names_overrides_and_where_they_were_set(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("DASK_CUDASK__MEMORY__PINNED_SLAB_SIZE", "1GiB")
+    monkeypatch.setenv("DASK_CUDASK__MEMORY__PINNED_POOL_SIZE", "16GiB")
     monkeypatch.setenv("UNRELATED_VARIABLE", "x")
-    with dask.config.set({"cudask.memory.pinned-slab-size": "1GiB",
+    with dask.config.set({"cudask.memory.pinned-pool-size": "16GiB",
                           "cudask.memory.spill-target": 0.8}):
         conf = provenance.configuration()
-    assert conf["cudask"]["memory"]["pinned-slab-size"] == "1GiB"
+    assert conf["cudask"]["memory"]["pinned-pool-size"] == "16GiB"
     changed = conf["changed"]
-    assert changed["cudask.memory.pinned-slab-size"] == {
-        "value": "1GiB", "origin": "environment variable DASK_CUDASK__MEMORY__PINNED_SLAB_SIZE"}
+    assert changed["cudask.memory.pinned-pool-size"] == {
+        "value": "16GiB", "origin": "environment variable DASK_CUDASK__MEMORY__PINNED_POOL_SIZE"}
     assert changed["cudask.memory.spill-target"]["origin"] == "config key cudask.memory.spill-target"
-    assert conf["environment"]["DASK_CUDASK__MEMORY__PINNED_SLAB_SIZE"] == "1GiB"
+    assert conf["environment"]["DASK_CUDASK__MEMORY__PINNED_POOL_SIZE"] == "16GiB"
     assert "UNRELATED_VARIABLE" not in conf["environment"]
 
 
