@@ -109,8 +109,8 @@ def watch_spills(dask_worker: Any) -> bool:
 def store_figures(dask_worker: Any) -> dict[str, float]:
     """The cudask store's pinned-pool and spill figures; for a store `watch_spills`
     watches, what it moved from device to host; nothing for other stores. Pinning
-    ahead of spills runs while the device tier is past `memory.pinned-headroom-from`
-    of its limit and can slow the worker's GPU work (docs/design/device-transfers.md)."""
+    host memory ahead of spills can slow the worker's GPU work
+    (docs/design/device-transfers.md)."""
     metrics = getattr(dask_worker.data, "metrics", None)
     if not callable(metrics):
         watched = _counts(getattr(dask_worker.data, "device_buffer", None)) or {}

@@ -3,7 +3,8 @@
 Covers: `EtlPlan` (what every setting runs, as JSON for the child processes) and
 `SETTINGS` (floor, dask-cuda, dask-cuda-cudf-spill, cudask, cudask-jit,
 cudask-cudf-spill) and `setting_named`, which also takes a cudask setting with
-`cudask.*` config values of its own (`cudask@memory.pinned-slab-size=1GiB`); the files: `files` fact files of `rows_per_file` rows (key int64
+`cudask.*` config values of its own (`cudask@memory.pinned-pool-size=16GiB`); the
+files: `files` fact files of `rows_per_file` rows (key int64
 drawn from `keys` values, x and y float64, v int32) and a dimension table of one row per
 key (key, w float64, cat int32 in `categories` values), written per format (csv,
 parquet) under a root directory, from one seed, by cuDF on the GPU where the plan's
@@ -83,7 +84,7 @@ def setting_named(name: str) -> Setting:
     """A setting of `SETTINGS`, or one of its cudask settings with values of its own for
     `cudask.memory.*` and the allocator's `cudask.worker.rmm-*` keys:
     `BASE@KEY=VALUE[@KEY=VALUE...]`, each KEY without "cudask."
-    (`cudask@memory.pinned-slab-size=1GiB`, `floor@worker.rmm-async=true`), each VALUE read
+    (`cudask@memory.pinned-pool-size=16GiB`, `floor@worker.rmm-async=true`), each VALUE read
     as YAML, as dask reads environment variables. ValueError names what is wrong."""
     if name in SETTINGS:
         return SETTINGS[name]
@@ -93,7 +94,7 @@ def setting_named(name: str) -> Setting:
     if base is None or base.backend != "cudask" or not pairs:
         raise ValueError(f"{name!r}: accepted: {', '.join(SETTINGS)}, or a cudask setting "
                          f"({', '.join(cudask_names)}) with @KEY=VALUE config values, "
-                         "e.g. 'cudask@memory.pinned-slab-size=1GiB'")
+                         "e.g. 'cudask@memory.pinned-pool-size=16GiB'")
     import dask
     import yaml
 
@@ -106,7 +107,7 @@ def setting_named(name: str) -> Setting:
         if not key.startswith(OWN_KEYS) or known is _MISSING or isinstance(known, dict):
             raise ValueError(f"{name!r}: {pair!r} is not KEY=VALUE with KEY a cudask.memory or "
                              "cudask.worker.rmm-* config key without 'cudask.' (e.g. "
-                             "memory.pinned-slab-size=1GiB, worker.rmm-async=true)")
+                             "memory.pinned-pool-size=16GiB, worker.rmm-async=true)")
         config.append((key, yaml.safe_load(text)))
     described = ", ".join(f"{k}={v}" for k, v in config)
     return Setting(name, base.backend, base.limited, base.jit_unspill, base.cudf_spill,

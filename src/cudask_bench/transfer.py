@@ -3,10 +3,9 @@
 order of the settings rotated between rounds.
 
 Covers: the settings (`settings`: cudask over TCP with `cudask.comm.device-ipc` on,
-also with `cudask.memory.pinned-headroom: 0`, without a staging area, with gc_freeze,
-with `cudask.memory.spill-target: 0.9` and without spilling on demand (no allocator
-hooks), and off, cudask over UCX, and dask-cuda's
-workers over TCP and UCX when asked), each run without and with each RMM pool of the
+also without a staging area, with gc_freeze, with `cudask.memory.spill-target: 0.9`
+and without spilling on demand (no allocator hooks), and off, cudask over UCX, and
+dask-cuda's workers over TCP and UCX when asked), each run without and with each RMM pool of the
 plan (a `Case`); `--rounds` rounds, each running every case once in a fresh cluster,
 the order rotated by one case each round (`rotations`: no case always pays the
 machine's first-use costs), after `warmup` runs of round 0's first case that the
@@ -72,7 +71,6 @@ class Setting:
     env: tuple[tuple[str, str], ...] = ()  # more for the workers' environment
 
 
-HEADROOM_0 = (("DASK_CUDASK__MEMORY__PINNED_HEADROOM", "0"),)  # nothing pinned ahead of spills
 NO_STAGING = (("DASK_CUDASK__COMM__DEVICE_IPC_STAGING", "0"),)  # no cudask.comm.staging area
 GC_FREEZE = (("DASK_CUDASK__WORKER__GC_FREEZE", "True"),)  # start-up objects frozen (gc_freeze)
 # background spilling from 0.9 of the device limit, keeping room ahead (the default spills at the limit)
@@ -82,14 +80,13 @@ NO_ON_DEMAND = (("DASK_CUDASK__MEMORY__SPILL_ON_DEMAND", "False"),)
 
 
 def settings(protocols: tuple[str, ...], dask_cuda: Setting | None) -> tuple[Setting, ...]:
-    """cudask over TCP with IPC on (the default configuration, then without pinning
-    ahead of spills, without a staging area, with gc_freeze, spilling from 0.9 of the device
-    limit, without spilling on demand) and off, then cudask over
-    UCX, and dask-cuda (`dask_cuda` carries its interpreter and path) over each protocol."""
+    """cudask over TCP with IPC on (the default configuration, then without a staging
+    area, with gc_freeze, spilling from 0.9 of the device limit, without spilling on
+    demand) and off, then cudask over UCX, and dask-cuda (`dask_cuda` carries its
+    interpreter and path) over each protocol."""
     out = []
     if "tcp" in protocols:
         out += [Setting("cudask-ipc", "cudask", "tcp", device_ipc=True),
-                Setting("cudask-ipc-headroom0", "cudask", "tcp", device_ipc=True, env=HEADROOM_0),
                 Setting("cudask-ipc-no-staging", "cudask", "tcp", device_ipc=True, env=NO_STAGING),
                 Setting("cudask-ipc-gc-freeze", "cudask", "tcp", device_ipc=True, env=GC_FREEZE),
                 Setting("cudask-ipc-spill-ahead", "cudask", "tcp", device_ipc=True, env=SPILL_AHEAD),

@@ -9,11 +9,8 @@ include spilling) and those in which one pinned host memory ahead of spills
 (`pinned_ahead_rounds`); `targets`, the comparisons the
 transfer work is held to, per pool variant: cudask IPC's all-to-all no slower than
 dask-cuda over UCX, cold and warm; its largest point-to-point transfer no slower than
-dask-cuda over UCX, cold and warm; the default configuration within `TOLERANCE` of
-`cudask.memory.pinned-headroom: 0` on the all-to-all, cold and warm (`same_code`: no
-round of either spilled and none of the default pinned ahead, so the two ran the same
-code and their difference is the runs' spread). A target whose settings did not both
-run says so (met: None). Beside each target's ratio, its spread across rounds
+dask-cuda over UCX, cold and warm. A target whose settings did not both run says so
+(met: None). Beside each target's ratio, its spread across rounds
 (`ratio_spread`: the middle `SPREAD` of the ratio of medians with each side's rounds drawn
 again with replacement) and whether that spread lies wholly on the verdict's side of the
 threshold (`clear`): a verdict whose spread crosses the threshold is within the runs'
@@ -34,7 +31,6 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-TOLERANCE = 1.05  # the default configuration within 5% of not pinning ahead
 MODES = ("cold", "warm")
 SPREAD = 0.9  # the middle share of resampled ratios a target reports
 RESAMPLES = 2000  # draws of each side's rounds behind a target's spread
@@ -99,14 +95,6 @@ def _store_moved(run: Mapping[str, Any], figure: str) -> bool:
     return any(figures.get(figure, 0) > 0 for figures in (run.get("store") or {}).values())
 
 
-def _same_code(default: Mapping[str, Any], headroom0: Mapping[str, Any]) -> bool:
-    """Whether the default and `pinned-headroom: 0` ran the same code: each measured a
-    round, neither spilled, and the default never pinned ahead."""
-    measured = all(any("all_to_all" in r for r in c.get("rounds", [])) for c in (default, headroom0))
-    return measured and not (default.get("spilled_rounds") or headroom0.get("spilled_rounds")
-                             or default.get("pinned_ahead_rounds"))
-
-
 def _p2p(entry: Mapping[str, Any] | None, mode: str) -> float | None:
     if not entry:
         return None
@@ -162,57 +150,47 @@ def ratio_spread(mine: Sequence[float], theirs: Sequence[float]) -> list[float] 
 
 
 def _target(text: str, mine: float | None, theirs: float | None, *, lower: bool,
-            tolerance: float = 1.0, each: tuple[Sequence[float], Sequence[float]] = ((), ())) -> dict[str, Any]:
+            each: tuple[Sequence[float], Sequence[float]] = ((), ())) -> dict[str, Any]:
     """One comparison: met (None: a side not measured), the ratio of `mine` to `theirs`,
     its spread across the rounds in `each` (mine's, theirs') and whether that spread lies
-    wholly on the verdict's side of the threshold (`clear`; None without a spread)."""
+    wholly on the verdict's side of the threshold, 1 (`clear`; None without a spread)."""
     met = None
     if mine is not None and theirs is not None:
-        met = mine <= theirs * tolerance if lower else mine * tolerance >= theirs
+        met = mine <= theirs if lower else mine >= theirs
     spread = ratio_spread(*each) if met is not None else None
     clear = None
     if spread is not None:
         low, high = spread
-        clear = (high <= tolerance if met else low > tolerance) if lower else \
-            (low * tolerance >= 1 if met else high * tolerance < 1)
+        clear = (high <= 1 if met else low > 1) if lower else (low >= 1 if met else high < 1)
     return {"target": text, "mine": mine, "theirs": theirs, "met": met,
             "ratio": mine / theirs if mine is not None and theirs else None,
             "ratio_spread": spread, "clear": clear}
 
 
 def targets(settings: Mapping[str, Mapping[str, Any]], pools: Sequence[str | None]) -> list[dict[str, Any]]:
-    """The targets per pool variant, for the pairs of settings in the plan."""
+    """The targets per pool variant whose plan has both cudask-ipc and dask-cuda-ucx."""
     out = []
     for pool in pools:
         label, sfx = (f"pool {pool}" if pool else "no pool"), _suffix(pool)
-        ipc = settings.get("cudask-ipc" + sfx)
-        if ipc is None:
+        ipc, ucx = settings.get("cudask-ipc" + sfx), settings.get("dask-cuda-ucx" + sfx)
+        if ipc is None or ucx is None:
             continue
-        pairs = [(settings.get("dask-cuda-ucx" + sfx), "dask-cuda-ucx", 1.0),
-                 (settings.get("cudask-ipc-headroom0" + sfx), "cudask-ipc-headroom0", TOLERANCE)]
-        for other, name, tolerance in pairs:
-            if other is None:
-                continue
-            within = f" within {tolerance - 1:.0%} of" if tolerance != 1.0 else ""
+        for mode in MODES:
+            out.append(_target(f"all-to-all {mode}, {label}: cudask-ipc s <= dask-cuda-ucx",
+                               _value(ipc, mode, "all_to_all_s", None),
+                               _value(ucx, mode, "all_to_all_s", None), lower=True,
+                               each=(_each(ipc, mode, "all_to_all_s", None),
+                                     _each(ucx, mode, "all_to_all_s", None))))
+        sizes = list(ipc.get("cold", {}).get("point_to_point_GBps", {}))
+        if sizes:
+            largest = max(sizes, key=int)
             for mode in MODES:
-                out.append(_target(f"all-to-all {mode}, {label}: cudask-ipc s <={within} {name}",
-                                   _value(ipc, mode, "all_to_all_s", None),
-                                   _value(other, mode, "all_to_all_s", None), lower=True,
-                                   tolerance=tolerance,
-                                   each=(_each(ipc, mode, "all_to_all_s", None),
-                                         _each(other, mode, "all_to_all_s", None))))
-                if name == "cudask-ipc-headroom0":
-                    out[-1]["same_code"] = _same_code(ipc, other)
-            sizes = list(ipc.get("cold", {}).get("point_to_point_GBps", {}))
-            if name == "dask-cuda-ucx" and sizes:
-                largest = max(sizes, key=int)
-                for mode in MODES:
-                    out.append(_target(
-                        f"point to point {int(largest) / 2**20:.0f} MiB {mode}, {label}: cudask-ipc GB/s "
-                        f">= {name}", _value(ipc, mode, "point_to_point_GBps", largest),
-                        _value(other, mode, "point_to_point_GBps", largest), lower=False,
-                        each=(_each(ipc, mode, "point_to_point_GBps", largest),
-                              _each(other, mode, "point_to_point_GBps", largest))))
+                out.append(_target(
+                    f"point to point {int(largest) / 2**20:.0f} MiB {mode}, {label}: cudask-ipc GB/s "
+                    ">= dask-cuda-ucx", _value(ipc, mode, "point_to_point_GBps", largest),
+                    _value(ucx, mode, "point_to_point_GBps", largest), lower=False,
+                    each=(_each(ipc, mode, "point_to_point_GBps", largest),
+                          _each(ucx, mode, "point_to_point_GBps", largest))))
     return out
 
 
@@ -300,8 +278,7 @@ def summary(report: Mapping[str, Any]) -> list[str]:
     for t in found:
         verdict = {True: "met", False: "NOT MET", None: "not measured"}[t["met"]]
         figures = f": {t['mine']:.3g} against {t['theirs']:.3g} ({t['ratio']:.2f}x{_spread(t)})" if t["ratio"] else ""
-        same = " (nothing spilled or pinned ahead: both ran the same code)" if t.get("same_code") else ""
-        lines.append(f"target {verdict}: {t['target']}{figures}{same}")
+        lines.append(f"target {verdict}: {t['target']}{figures}")
     if found:
         within = [t for t in found if t.get("clear") is False]
         lines.append(f"targets met: {sum(1 for t in found if t['met'])} of {len(found)}"
@@ -318,4 +295,4 @@ def _spread(target: Mapping[str, Any]) -> str:
     return f"; {SPREAD:.0%} of resampled rounds {spread[0]:.2f}-{spread[1]:.2f}x: {side}"
 
 
-__all__ = ["MODES", "RESAMPLES", "SPREAD", "TOLERANCE", "aggregate", "ratio_spread", "summary", "targets"]
+__all__ = ["MODES", "RESAMPLES", "SPREAD", "aggregate", "ratio_spread", "summary", "targets"]

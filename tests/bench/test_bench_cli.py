@@ -239,7 +239,7 @@ def test_soak_bad_input(args: list[str], named: str) -> None:
     (["--rmm-pool-size", "40GB,none,40GB"], "'40GB,none,40GB' names a pool twice; accepted"),
     (["--rounds", "0"], "0 is not in the range"),
     (["--protocols", "tcp", "--settings", "cudask-ipc,bogus"],
-     ("'cudask-ipc,bogus'; accepted: cudask-ipc, cudask-ipc-headroom0, cudask-ipc-no-staging, "
+     ("'cudask-ipc,bogus'; accepted: cudask-ipc, cudask-ipc-no-staging, "
       "cudask-ipc-gc-freeze, cudask-ipc-spill-ahead, cudask-ipc-no-on-demand, cudask-tcp (with these")),
 ])
 def test_transfer_bad_input(args: list[str], named: str) -> None:

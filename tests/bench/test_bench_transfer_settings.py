@@ -17,18 +17,17 @@ def test_transfer_settings_and_dask_cuda_workers(tmp_path: Path) -> None:
 
     dc = Setting("dask-cuda", "dask-cuda", "tcp", pythonpath=(str(tmp_path),))
     names = [s.name for s in settings(("tcp", "ucx"), dc)]
-    assert names == ["cudask-ipc", "cudask-ipc-headroom0", "cudask-ipc-no-staging", "cudask-ipc-gc-freeze",
+    assert names == ["cudask-ipc", "cudask-ipc-no-staging", "cudask-ipc-gc-freeze",
                      "cudask-ipc-spill-ahead", "cudask-ipc-no-on-demand", "cudask-tcp", "cudask-ucx",
                      "dask-cuda-tcp", "dask-cuda-ucx"]
-    assert [s.name for s in settings(("tcp",), None)] == ["cudask-ipc", "cudask-ipc-headroom0",
+    assert [s.name for s in settings(("tcp",), None)] == ["cudask-ipc",
                                                           "cudask-ipc-no-staging", "cudask-ipc-gc-freeze",
                                                           "cudask-ipc-spill-ahead",
                                                           "cudask-ipc-no-on-demand", "cudask-tcp"]
-    ipc, headroom0, unstaged, frozen, ahead, unhooked, tcp = settings(("tcp",), None)
+    ipc, unstaged, frozen, ahead, unhooked, tcp = settings(("tcp",), None)
     with worker_launch(ipc) as launch:
         assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True"})
     for setting, (variable, value) in (
-            (headroom0, ("DASK_CUDASK__MEMORY__PINNED_HEADROOM", "0")),
             (unstaged, ("DASK_CUDASK__COMM__DEVICE_IPC_STAGING", "0")),
             (frozen, ("DASK_CUDASK__WORKER__GC_FREEZE", "True")),
             (ahead, ("DASK_CUDASK__MEMORY__SPILL_TARGET", "0.9")),

@@ -51,16 +51,16 @@ def test_every_case_runs_once_per_round_in_the_rotated_order() -> None:
 
     def run(setting: Setting, plan: TransferPlan, pool: str | None, tag: str) -> dict[str, Any]:
         calls.append(Case(setting, pool).name + tag)
-        if setting.name == "cudask-ipc-headroom0" and pool and tag == "-r1":
+        if setting.name == "cudask-ipc-no-staging" and pool and tag == "-r1":
             raise RuntimeError("a worker did not start")
         return _result(1.0 + len(calls) / 100, 0.5, 100.0)
 
     report = transfer_run.run_transfer(plan, run=run, progress=reports.append)
-    names = ["cudask-ipc", "cudask-ipc-headroom0", "cudask-ipc+pool-40GB", "cudask-ipc-headroom0+pool-40GB"]
+    names = ["cudask-ipc", "cudask-ipc-no-staging", "cudask-ipc+pool-40GB", "cudask-ipc-no-staging+pool-40GB"]
     assert report["order"] == [names, names[1:] + names[:1], names[2:] + names[:2]]
-    assert calls[:4] == [f"{n}-r0" for n in names] and calls[4] == "cudask-ipc-headroom0-r1"
+    assert calls[:4] == [f"{n}-r0" for n in names] and calls[4] == "cudask-ipc-no-staging-r1"
     assert len(calls) == 12 and len(reports) == 12  # the report rewritten after each case
-    failed = report["settings"]["cudask-ipc-headroom0+pool-40GB"]
+    failed = report["settings"]["cudask-ipc-no-staging+pool-40GB"]
     assert failed["failed"] == 1 and len(failed["rounds"]) == 3
     assert [r["round"] for r in failed["rounds"]] == [0, 1, 2]
     assert "RuntimeError: a worker did not start" in failed["rounds"][1]["error"]
@@ -89,17 +89,14 @@ def _case(cold: float, warm: float, gbps: float) -> dict[str, Any]:
     return {"rounds": [{"round": 0, **_result(cold, warm, gbps)}], **aggregate([_result(cold, warm, gbps)])}
 
 
-def test_targets_against_ucx_and_against_not_pinning_ahead() -> None:
-    settings = {"cudask-ipc": _case(0.30, 0.20, 300.0), "dask-cuda-ucx": _case(0.24, 0.25, 250.0),
-                "cudask-ipc-headroom0": _case(0.29, 0.18, 300.0)}
+def test_targets_against_ucx() -> None:
+    settings = {"cudask-ipc": _case(0.30, 0.20, 300.0), "dask-cuda-ucx": _case(0.24, 0.25, 250.0)}
     found = {t["target"]: t["met"] for t in targets(settings, (None,))}
     assert found == {
         "all-to-all cold, no pool: cudask-ipc s <= dask-cuda-ucx": False,
         "all-to-all warm, no pool: cudask-ipc s <= dask-cuda-ucx": True,
         "point to point 2048 MiB cold, no pool: cudask-ipc GB/s >= dask-cuda-ucx": True,
         "point to point 2048 MiB warm, no pool: cudask-ipc GB/s >= dask-cuda-ucx": True,
-        "all-to-all cold, no pool: cudask-ipc s <= within 5% of cudask-ipc-headroom0": True,  # 0.30 <= 0.3045
-        "all-to-all warm, no pool: cudask-ipc s <= within 5% of cudask-ipc-headroom0": False,  # 0.20 > 0.189
     }
     # a pool variant whose dask-cuda run failed: its targets are there, not measured
     settings["cudask-ipc+pool-40GB"] = _case(0.1, 0.1, 1.0)
@@ -161,13 +158,6 @@ def test_a_verdict_within_the_rounds_spread_is_marked() -> None:
                                      [300.0, 280.0, 320.0, 295.0, 310.0])
     p2p = next(t for t in targets(settings, (None,)) if t["target"].startswith("point to point 2048 MiB cold"))
     assert p2p["met"] is True and p2p["clear"] is False  # level GB/s: met, within the spread
-    # within 5% of pinned-headroom 0: the tolerance moves the threshold to 1.05
-    settings["cudask-ipc-headroom0"] = case([0.104, 0.106, 0.105, 0.104, 0.106], [0.104] * 5, [300.0] * 5)
-    settings["cudask-ipc"] = case([0.108, 0.109, 0.107, 0.108, 0.109], [0.116, 0.117, 0.115, 0.116, 0.117],
-                                  [300.0] * 5)
-    headroom = {t["target"].split(",")[0]: t for t in targets(settings, (None,)) if "headroom0" in t["target"]}
-    assert headroom["all-to-all cold"]["met"] is True and headroom["all-to-all cold"]["clear"] is True
-    assert headroom["all-to-all warm"]["met"] is False and headroom["all-to-all warm"]["clear"] is True
     settings["dask-cuda-ucx"] = case([0.2], [0.2], [1.0])  # one round: no spread
     assert all(t["ratio_spread"] is None and t["clear"] is None for t in targets(settings, (None,))
                if "ucx" in t["target"])
@@ -222,7 +212,7 @@ def test_auto_protocols_add_ucx_where_it_is_installed(no_runs: list[TransferPlan
     result = CliRunner().invoke(bench, ["transfer", "--shuffle-rows", "0", "--rounds", "1"],
                                 prog_name="cudask bench")
     assert result.exit_code == 0, result.output
-    assert [s.name for s in no_runs[0].settings] == ["cudask-ipc", "cudask-ipc-headroom0",
+    assert [s.name for s in no_runs[0].settings] == ["cudask-ipc",
                                                      "cudask-ipc-no-staging", "cudask-ipc-gc-freeze",
                                                      "cudask-ipc-spill-ahead", "cudask-ipc-no-on-demand",
                                                      "cudask-tcp", "cudask-ucx"]
@@ -237,8 +227,8 @@ def test_warmup_runs_first_and_stays_out_of_the_figures() -> None:
         return _result(9.0 if tag.startswith("-warmup") else 1.0, 0.5, 100.0)
 
     report = transfer_run.run_transfer(plan, run=run)
-    assert calls == ["cudask-ipc-warmup0", "cudask-ipc-r0", "cudask-ipc-headroom0-r0",
-                     "cudask-ipc-headroom0-r1", "cudask-ipc-r1"]
+    assert calls == ["cudask-ipc-warmup0", "cudask-ipc-r0", "cudask-ipc-no-staging-r0",
+                     "cudask-ipc-no-staging-r1", "cudask-ipc-r1"]
     assert [w["case"] for w in report["warmup"]] == ["cudask-ipc"]
     assert report["warmup"][0]["all_to_all"]["seconds"] == 9.0
     first = report["settings"]["cudask-ipc"]
@@ -247,7 +237,8 @@ def test_warmup_runs_first_and_stays_out_of_the_figures() -> None:
 
 
 def test_rounds_that_spilled_are_named() -> None:
-    """A round whose workers moved device memory to host is listed, and the summary says so."""
+    """A round whose workers moved device memory to host is listed, and the summary says so;
+    a round whose workers pinned host memory ahead of spills is listed too."""
     quiet = {**_result(0.2, 0.2, 300.0), "round": 0, "store": {"w1": {}, "w2": {}}}
     spilled = {**_result(0.6, 0.2, 300.0), "round": 1,
                "store": {"w1": {"spill-device-to-host-bytes": 1.6e9}, "w2": {}}}
@@ -260,27 +251,10 @@ def test_rounds_that_spilled_are_named() -> None:
             "(round 1; the first is 0)") in lines
     assert aggregate([quiet])["spilled_rounds"] == []
     assert aggregate([{k: v for k, v in quiet.items() if k != "store"}])["spilled_rounds"] == []
-
-
-def test_the_headroom_target_says_when_both_settings_ran_the_same_code() -> None:
-    """No spill on either side and no pinning ahead in the default: the within-5% target
-    compares two runs of the same code; a round that pinned ahead takes that away."""
-    def case(*rounds: dict[str, Any]) -> dict[str, Any]:
-        return {"rounds": list(rounds), **aggregate(list(rounds))}
-
-    quiet = {**_result(0.11, 0.13, 300.0), "round": 0, "store": {"w1": {}, "w2": {}}}
     pinned = {**_result(0.12, 0.13, 300.0), "round": 1,
               "store": {"w1": {"pinned-provision-bytes": 2e9}, "w2": {}}}
-    settings = {"cudask-ipc": case(quiet), "cudask-ipc-headroom0": case({**quiet, "round": 0})}
-    found = [t for t in targets(settings, (None,)) if "headroom0" in t["target"]]
-    assert len(found) == 2 and all(t["same_code"] for t in found)
-    assert all(line.endswith("(nothing spilled or pinned ahead: both ran the same code)")
-               for line in summary({"settings": settings, "targets": found}) if "headroom0" in line
-               and line.startswith("target"))
-    settings["cudask-ipc"] = case(quiet, pinned)
-    assert settings["cudask-ipc"]["pinned_ahead_rounds"] == [1]
-    assert not any(t["same_code"] for t in targets(settings, (None,)) if "headroom0" in t["target"])
-    assert all("same_code" not in t for t in targets(settings, (None,)) if "ucx" in t["target"])
+    assert aggregate([quiet, pinned])["pinned_ahead_rounds"] == [1]
+    assert case["pinned_ahead_rounds"] == []
 
 
 def test_the_warm_figure_is_the_run_of_the_median_time(monkeypatch: pytest.MonkeyPatch) -> None:

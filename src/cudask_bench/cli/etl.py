@@ -169,7 +169,7 @@ def _limit(text: str, total: int | None) -> int:
               "dask-cuda (its default spilling), dask-cuda-cudf-spill (enable_cudf_spill), "
               "cudask (its store), cudask-jit (jit_unspill), cudask-cudf-spill "
               "(enable_cudf_spill); a cudask one may carry values of its own for cudask.memory and "
-              "cudask.worker.rmm-* keys, '@'-separated: cudask@memory.pinned-slab-size=1GiB, "
+              "cudask.worker.rmm-* keys, '@'-separated: cudask@memory.pinned-pool-size=16GiB, "
               "floor@worker.rmm-async=true. dask-cuda's run only where "
               "dask_cuda is found, unless named.")
 @click.option("--format", "formats", default="csv,parquet", show_default=True,

@@ -154,12 +154,11 @@ def _placement(kw: dict[str, Any]) -> tuple[str, ...]:
 @command
 def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
     """Device data between workers of one host: cudask with CUDA IPC
-    (cudask.comm.device-ipc), also without pinning ahead of spills, against TCP through
-    host memory, cudask over UCX and dask-cuda over TCP and UCX when asked; all-to-all
-    rechunk, point to point and, with dask-cuDF, a DataFrame shuffle, each setting
-    (with and without each RMM pool) in a fresh cluster of worker processes, cold and
-    warm, in --rounds rounds whose order rotates (after --warmup runs left out); then the targets against dask-cuda
-    over UCX and against not pinning ahead."""
+    (cudask.comm.device-ipc) against TCP through host memory, cudask over UCX and
+    dask-cuda over TCP and UCX when asked; all-to-all rechunk, point to point and, with
+    dask-cuDF, a DataFrame shuffle, each setting (with and without each RMM pool) in a
+    fresh cluster of worker processes, cold and warm, in --rounds rounds whose order
+    rotates (after --warmup runs left out); then the targets against dask-cuda over UCX."""
     sizes = _sizes(kw)
     protocols = _protocols(kw)
     pools = _check_device_sizes(kw)
