@@ -67,6 +67,50 @@ def test_store_metrics_on_the_prometheus_page():
     assert "cudask_store_device_bytes{" not in prometheus_client.generate_latest().decode()
 
 
+def test_store_metrics_never_change_the_dict_a_heartbeat_iterates():
+    """distributed's Worker.get_metrics iterates `worker.metrics` and awaits the metrics
+    that return awaitables on the way; the plugin's teardown, run while one such call is
+    suspended there, leaves that call to finish with every value it reads."""
+    import asyncio
+
+    from distributed import Scheduler, Worker
+
+    async def main() -> None:
+        suspended, release = asyncio.Event(), asyncio.Event()
+        armed = [False]
+
+        async def slow_metric(worker: Any) -> int:  # another plugin's awaitable metric
+            if armed[0]:
+                armed[0] = False
+                suspended.set()
+                await release.wait()
+            return 1
+
+        async with Scheduler(dashboard_address=":0", port=0) as scheduler, Worker(
+            scheduler.address, nthreads=1, dashboard_address=":0", heartbeat_interval="1h",
+            metrics={"slow": slow_metric},
+        ) as worker:
+            plugin = StoreMetrics()
+            await worker.plugin_add(plugin)
+            seen = worker.metrics
+            assert list(seen) == ["slow", "cudask", "cudask-gpu"]
+            armed[0] = True
+            call = asyncio.create_task(worker.get_metrics())
+            await asyncio.wait_for(suspended.wait(), 60)  # get_metrics is inside the loop
+            await worker.plugin_remove(plugin.name)
+            assert "cudask" not in worker.metrics and "cudask-gpu" not in worker.metrics
+            release.set()
+            out = await asyncio.wait_for(call, 60)
+            assert out["slow"] == 1
+            assert out["cudask"] == {}  # the store is a dict: nothing to report
+            assert out["cudask-gpu"] == {"uuid": None}
+            assert list(seen) == ["slow", "cudask", "cudask-gpu"]  # the dict iterated: unchanged
+            await worker.plugin_add(plugin)  # and registered again after a teardown
+            assert list(worker.metrics) == ["slow", "cudask", "cudask-gpu"]
+
+    asyncio.run(main())
+
+
 class _FakeCupy:
     """Just what device0_uuid touches, with CuPy's NUL-cut UUID."""
 
