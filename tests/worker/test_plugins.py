@@ -111,6 +111,43 @@ def test_store_metrics_never_change_the_dict_a_heartbeat_iterates():
     asyncio.run(main())
 
 
+def _on_disk(n: int) -> object:
+    from cudask.testing.fake_cuda import filled
+
+    return filled(n, 7)
+
+
+def test_close_store_closes_the_store_as_the_worker_closes(tmp_path: Any) -> None:
+    """A worker with keys on disk closes: its store is closed (spilled files removed)
+    before the worker's directory goes; a plain dict store is left as it is."""
+    import asyncio
+
+    from distributed import Client, Scheduler, Worker, wait
+
+    from cudask.testing.stores import fake_store
+    from cudask.worker.closing import CloseStore
+
+    async def main() -> None:
+        store = {"device_memory_limit": 1 << 20, "memory_limit": 2 << 20}
+        async with Scheduler(dashboard_address=":0", port=0) as scheduler:
+            async with Worker(scheduler.address, nthreads=1, dashboard_address=":0",
+                              data=(fake_store, store), plugins=[CloseStore()],
+                              local_directory=str(tmp_path)) as worker, \
+                    Client(scheduler.address, asynchronous=True) as client:
+                futures = client.map(_on_disk, [256 << 10] * 32, pure=False)
+                await wait(futures)
+                data = worker.data
+                assert data.metrics()["disk-keys"] > 0
+            assert data.closed and len(data) == 0
+            async with Worker(scheduler.address, nthreads=1, dashboard_address=":0", data=dict,
+                              plugins=[CloseStore()], local_directory=str(tmp_path)) as worker:
+                plain = worker.data
+            assert type(plain) is dict
+
+    asyncio.run(main())
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and not p.name.endswith(".lock")]
+
+
 class _FakeCupy:
     """Just what device0_uuid touches, with CuPy's NUL-cut UUID."""
 

@@ -8,15 +8,17 @@
    once the other processes holding contexts there (cudask.worker.neighbours), and
    imports CuPy in a background thread while the worker registers, so the first
    task using it does not wait for the whole import.
-3. ``cudask-rmm``: the RMM memory resource stack and external allocators
+3. ``cudask-close-store``: closes the worker's data store when the worker closes,
+   before the teardowns after it (cudask.worker.closing).
+4. ``cudask-rmm``: the RMM memory resource stack and external allocators
    (cudask.worker.rmm).
-4. ``cudask-pre-import``: imports modules; a missing one fails the start.
-5. ``cudask-cudf-spill``: cuDF's spilling options, when cuDF is installed.
-6. ``cudask-metrics``: the store's per-tier sizes and spill counters as worker
+5. ``cudask-pre-import``: imports modules; a missing one fails the start.
+6. ``cudask-cudf-spill``: cuDF's spilling options, when cuDF is installed.
+7. ``cudask-metrics``: the store's per-tier sizes and spill counters as worker
    metrics (heartbeats, so the scheduler, dashboard and Prometheus see them).
-7. ``cudask-device-ipc``: sends device arrays to workers on the same host by
+8. ``cudask-device-ipc``: sends device arrays to workers on the same host by
    CUDA IPC (cudask.comm.ipc), where this GPU can read the others' memory.
-8. ``cudask-gc-freeze`` (``gc_freeze``, off by default): once the CuPy import of 2 is done,
+9. ``cudask-gc-freeze`` (``gc_freeze``, off by default): once the CuPy import of 2 is done,
    collects garbage once and freezes the objects the worker has (gc.freeze), so
    the full collections Python runs later, each a pause of the whole worker, scan
    only objects made after start (docs/design/worker-start.md).
