@@ -3,7 +3,8 @@
 Covers: `Option` (name, kind, default, help, validation bounds, where it appears)
 and `coerce`, which checks one value's type and form and turns it into its
 canonical form: booleans by the one rule of cudask.config.as_bool, whole numbers
-within bounds, lists, choices, paths, strings, the form of sizes and protocols.
+within bounds, durations in seconds, lists, choices, paths, strings, the form of
+sizes and protocols.
 cudask.options declares the table of options and the rules between them.
 
 Does not cover: per-device sizes (cudask.worker.spec parses those against each
@@ -15,16 +16,20 @@ thread.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from dask.utils import parse_timedelta
+
 from cudask import config
 from cudask.errors import OptionError
 from cudask.sizes import check_size
 
-Kind = Literal["int", "str", "path", "size", "bool", "tristate", "list", "choice", "any"]
+Kind = Literal["int", "str", "path", "size", "seconds", "bool", "tristate", "list", "choice",
+               "any"]
 Surface = Literal["cluster", "worker", "cli"]
 
 ALL: frozenset[Surface] = frozenset({"cluster", "worker", "cli"})
@@ -158,9 +163,23 @@ def coerce(opt: Option, value: Any) -> Any:
                           f"{opt.name}={_example(opt)!r}")
     if opt.kind == "size" and value is not None:
         _check_size(opt, value)
+    if opt.kind == "seconds" and value is not None:
+        return _seconds(opt, value)
     if opt.name == "protocol" and value is not None:
         return _protocol(value)
     return value
+
+
+def _seconds(opt: Option, value: Any) -> float:
+    """A duration given as seconds (60, 2.5) or as dask writes one ("90s", "2 minutes")."""
+    try:
+        seconds = parse_timedelta(value, default="seconds") if not isinstance(value, bool) else None
+    except (TypeError, ValueError, KeyError):
+        seconds = None
+    if seconds is None or not 0 < seconds < math.inf:
+        raise OptionError(f"{opt.name}={value!r} is not a duration; accepted: seconds above 0 "
+                          f"or a string such as '90s' or '2 minutes', e.g. {opt.name}=60")
+    return float(seconds)
 
 
 def _check_size(opt: Option, value: Any) -> None:

@@ -63,6 +63,11 @@ OPTIONS: tuple[Option, ...] = (
            config="device-memory-limit"),
     Option("local_directory", "path", "Directory for spilled data and worker files; default: "
            "dask's temporary-directory.", config="local-directory"),
+    Option("close_timeout", "seconds", "Seconds the nanny gives its worker to close: a closing "
+           "worker has 0.8 of it to remove its spilled files and give back its pinned memory, "
+           "then is killed and has as long again to end (distributed.Nanny's close timeout; a "
+           "Nanny subclass of your own as worker_class keeps its own): '60s', 90, '2 minutes'.",
+           config="close-timeout"),
     Option("log_spilling", "bool", "Log every move of data between device, host and disk (INFO, in the "
            "worker's log: logger distributed.worker.memory).",
            config="log-spilling", flag="--log-spilling", secondary="--no-log-spilling"),

@@ -6,7 +6,8 @@ take turns either way, `plan_rounds`), or of another runner module (`spawn_runne
 `module`: `cudask bench etl`'s; cudask_bench.transfer_case, one per transfer case), each in a temporary directory of its own, removed after it; stopping a runner with its workers past its timeout or when the
 command is interrupted (cudask_bench.stopping); a progress line on stderr; and
 `execute(plan)`, which returns the result document (cudask_bench.report) with machine
-facts and versions. Does not cover: where
+facts and versions, and, for `spill`, the disk figures of the filesystem the runners'
+workers spill to, measured first (cudask_bench.disk). Does not cover: where
 runners run (cudask_bench.targets), the workloads (cudask_bench.workloads), the runner
 (cudask_bench.run), charts, click options (cudask_bench.cli). Threading: called from
 the command's thread; each runner's output is read by one daemon thread of its own.
@@ -29,8 +30,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
-from cudask_bench import environment, spec, stopping
-from cudask_bench.report import comparisons, merge_runs
+from dask.utils import format_bytes
+
+from cudask_bench import disk, environment, spec, stopping
+from cudask_bench.report import add_disk_ratios, comparisons, merge_runs
 from cudask_bench.targets import Target, make_shim, remove_shim
 
 
@@ -192,6 +195,7 @@ class Plan:
     processes: int = 1  # warm mode: per variant, taking turns (see plan_rounds)
     timeout: float = 3600.0
     argv: list[str] = dataclasses.field(default_factory=list)
+    disk_size: int = 0  # bytes of the disk measurement before the variants; 0: none
 
 
 def _gpu_used(machine: Mapping[str, Any], device: str) -> dict[str, Any] | None:
@@ -213,6 +217,19 @@ def plan_rounds(plan: Plan) -> list[tuple[int, int]]:
     if spec.process_per_repetition(plan.workload, plan.runner_options.get("mode")):
         return [(1, 0)] * plan.warmup + [(0, 1)] * plan.repeat
     return [(plan.warmup, plan.repeat)] * plan.processes
+
+
+def measure_disk(size: int, progress: ProgressLine) -> dict[str, Any]:
+    """The disk figures (cudask_bench.disk) in a directory beside the runners' own, on
+    the filesystem their workers spill to; the directory is removed after."""
+    progress.update("disk", "sequential write and read", 0, 1, format_bytes(size))
+    directory = tempfile.mkdtemp(prefix="cudask-bench-disk-")
+    try:
+        result = disk.measure(directory, size)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    progress.finish(f"[disk] {disk.summary(result)}")
+    return result
 
 
 def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
@@ -247,6 +264,7 @@ def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
         progress.finish(f"[{index + 1}/{count}] {variant.name}: {status}")
 
     rounds = plan_rounds(plan)
+    measured_disk = measure_disk(plan.disk_size, progress) if plan.disk_size else None
     try:
         if any(t.foreign for t in plan.targets.values()):
             with stopping.deferred():  # made and recorded, or not made
@@ -277,9 +295,12 @@ def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
                        "processes": len(rounds)},
         "variants": entries,
     }
+    if measured_disk is not None:
+        document["disk"] = measured_disk
+        add_disk_ratios(entries, disk.reference(measured_disk))
     document["comparisons"] = comparisons(entries)
     document["status"] = "ok" if all(e["status"] == "ok" for e in entries) else "failed"
     return document
 
 
-__all__ = ["Plan", "ProgressLine", "execute", "plan_rounds", "spawn_runner"]
+__all__ = ["Plan", "ProgressLine", "execute", "measure_disk", "plan_rounds", "spawn_runner"]

@@ -1,8 +1,9 @@
 """What a workload measures: timings of one metric, and the runs a process makes.
 
 Covers: `Measurement` (one metric's measured and warm-up times, bytes, status, the
-result check) and `summarize` (median/min/max and GB/s of a measurement entry, also
-used by the harness on merged runs); `Step` and `schedule`, the runs one runner process
+result check, the worker's disk I/O per run) and `summarize` (median/min/max and GB/s
+of a measurement entry, with the medians of its disk I/O and rates, also used by the
+harness on merged runs); `Step` and `schedule`, the runs one runner process
 makes of a spill or cupy workload in a mode (warm: warm-ups then repetitions, all
 `_warm`; cold: the first run of a fresh cluster, then warm runs in it); `BenchFailure`.
 Does not cover: running the work (cudask_bench.workloads). Pure Python: no dask, no
@@ -33,9 +34,14 @@ class Measurement:
     status: str = "ok"
     error: str | None = None
     check: str | None = None
+    #: per measured time, the worker's I/O in that run (`traffic_between`), when counted
+    traffic: list[dict[str, int]] = dataclasses.field(default_factory=list)
 
-    def record(self, seconds: float, warmup: bool) -> None:
+    def record(self, seconds: float, warmup: bool,
+               traffic: dict[str, int] | None = None) -> None:
         (self.warmup_times if warmup else self.times).append(seconds)
+        if traffic is not None and not warmup:
+            self.traffic.append(dict(traffic))
 
     def fail(self, error: str) -> None:
         self.status = "failed"
@@ -52,6 +58,7 @@ class Measurement:
                 "status": self.status,
                 "error": self.error,
                 "check": self.check,
+                **({"disk_traffic": self.traffic} if self.traffic else {}),
             }
         )
 
@@ -65,7 +72,38 @@ def summarize(entry: dict[str, Any]) -> dict[str, Any]:
     nbytes = entry.get("bytes")
     median = entry["median"]
     entry["gbps"] = nbytes / median / 1e9 if nbytes and median else None
+    traffic = entry.get("disk_traffic") or []
+    if traffic and len(traffic) == len(times):
+        entry["disk"] = summarize_traffic(times, traffic)
     return entry
+
+
+#: The worker's I/O in one run, from the differences of its /proc/self/io counters:
+#: bytes through write and read system calls (its spilled files; page-cache hits
+#: included), and bytes the kernel sent to or fetched from the storage device.
+TRAFFIC = {"written_bytes": "wchar", "read_bytes": "rchar",
+           "storage_written_bytes": "write_bytes", "storage_read_bytes": "read_bytes"}
+
+
+def traffic_between(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """One run's I/O (TRAFFIC's names) from the counters read before and after it;
+    {} where they were not read."""
+    return {name: after[key] - before[key] for name, key in TRAFFIC.items()
+            if key in before and key in after}
+
+
+def summarize_traffic(times: list[float], traffic: list[dict[str, int]]) -> dict[str, Any]:
+    """Medians of one metric's I/O per run, and of its rates over the run's time
+    (`write_GBps` from written_bytes, `read_GBps` from read_bytes, 1e9 bytes/s)."""
+    out: dict[str, Any] = {}
+    for name in TRAFFIC:
+        values = [t[name] for t in traffic if name in t]
+        out[name] = statistics.median(values) if values else None
+    for rate, name in (("write_GBps", "written_bytes"), ("read_GBps", "read_bytes")):
+        rates = [t[name] / s / 1e9 for t, s in zip(traffic, times, strict=True)
+                 if name in t and s > 0]
+        out[rate] = statistics.median(rates) if rates else None
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,4 +143,5 @@ def schedule(mode: str, *, warmup: int, repeat: int, warm_runs: int) -> list[Ste
     raise BenchFailure(f"mode {mode!r} is not known; accepted: {', '.join(MODES)}")
 
 
-__all__ = ["BenchFailure", "Measurement", "Step", "schedule", "summarize"]
+__all__ = ["TRAFFIC", "BenchFailure", "Measurement", "Step", "schedule", "summarize",
+           "summarize_traffic", "traffic_between"]

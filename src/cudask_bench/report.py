@@ -3,7 +3,8 @@
 Covers: merging a variant's runner results (one per process) into its entry with
 medians (`merge_runs`), the ratios variant / reference of pairs measured in the same run
 (`comparisons`: cudask against dask-cuda, cudask with no limit against the dict store,
-JIT-unspill on against off), the plain-text table a command prints, and writing the
+JIT-unspill on against off), each pass's disk rates against the disk's own figures
+(`add_disk_ratios`), the plain-text table a command prints, and writing the
 JSON file, stamped with its provenance (cudask_bench.provenance: commit, configuration,
 versions, cold or warm per figure). Does not cover: running anything
 (cudask_bench.harness), charts (cudask_bench.chart). Pure functions over plain data but
@@ -17,7 +18,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cudask_bench import provenance, spec
+from cudask_bench import disk, provenance, spec
 from cudask_bench.measure import summarize
 from cudask_bench.targets import Target
 
@@ -64,14 +65,40 @@ def merge_runs(
                     "status": "ok",
                     "error": None,
                     "check": m.get("check"),
+                    "disk_traffic": [],
                 },
             )
             slot["times"].extend(m.get("times") or [])
             slot["warmup_times"].extend(m.get("warmup_times") or [])
+            traffic = m.get("disk_traffic") or []
+            # aligned with the times: a run without counters leaves the traffic out
+            slot["disk_traffic"].extend(traffic or [{}] * len(m.get("times") or []))
             if m.get("status", "ok") != "ok" and slot["status"] == "ok":
                 slot["status"], slot["error"] = "failed", m.get("error")
+    for slot in merged.values():
+        if not any(slot["disk_traffic"]):
+            del slot["disk_traffic"]
     entry["measurements"] = {k: summarize(v) for k, v in merged.items()}
     return entry
+
+
+def add_disk_ratios(variants: Sequence[Mapping[str, Any]],
+                    reference: Mapping[str, Any] | None) -> None:
+    """Each measurement's disk rates as a fraction of the disk's own sequential figures
+    (cudask_bench.disk.reference), in its "disk" entry: `write_vs_disk`, `read_vs_disk`,
+    and which figures (`disk_method`)."""
+    if reference is None:
+        return
+    for v in variants:
+        for m in (v.get("measurements") or {}).values():
+            traffic = m.get("disk")
+            if not traffic:
+                continue
+            for rate, name, ref in (("write_GBps", "write_vs_disk", "write_GBps"),
+                                    ("read_GBps", "read_vs_disk", "read_GBps")):
+                value, against = traffic.get(rate), reference.get(ref)
+                traffic[name] = value / against if value is not None and against else None
+            traffic["disk_method"] = reference["method"]
 
 
 def _median(entry: Mapping[str, Any], metric: str) -> float | None:
@@ -174,16 +201,13 @@ def format_table(document: Mapping[str, Any]) -> str:
                     cell += f" ({m['gbps']:.1f} GB/s)"
                 row.append(cell)
         rows.append(row)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [
-        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = _grid(rows)
     gpu = document.get("machine", {}).get("gpu_used") or {}
     header = f"cudask bench {document['workload']}"
     if gpu.get("name"):
         header += f" on {gpu['name']}"
     lines[:0] = [header, *_mode_lines(document.get("parameters") or {})]
+    lines += _disk_lines(document)
     found = document.get("comparisons")
     pairs = comparisons(variants) if found is None else found
     if pairs:
@@ -203,9 +227,70 @@ def format_table(document: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _grid(rows: list[list[str]]) -> list[str]:
+    """`rows` as aligned columns, a rule under the first."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def _decimal_bytes(n: float) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} GB"
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n:.0f} B"
+
+
+def _traffic_cell(traffic: Mapping[str, Any]) -> str:
+    """'w 12.10 GB 1.52 GB/s (0.74x), r 105 B': bytes written and read in the pass and,
+    from a megabyte on, their rates over it and their fractions of the disk's own
+    figures."""
+    parts = []
+    for label, nbytes, rate, ratio in (("w", "written_bytes", "write_GBps", "write_vs_disk"),
+                                       ("r", "read_bytes", "read_GBps", "read_vs_disk")):
+        n = traffic.get(nbytes)
+        if n is None:
+            continue
+        text = f"{label} {_decimal_bytes(n)}"
+        if n >= 1e6 and traffic.get(rate):
+            text += f" {traffic[rate]:.2f} GB/s"
+            if traffic.get(ratio) is not None:
+                text += f" ({traffic[ratio]:.2f}x)"
+        parts.append(text)
+    return ", ".join(parts) or "-"
+
+
+def _disk_lines(document: Mapping[str, Any]) -> list[str]:
+    """The disk's own figures and, per pass and variant, the worker's disk I/O."""
+    result = document.get("disk")
+    lines = ["", disk.summary(result)] if result else []
+    variants = document["variants"]
+
+    def traffic(v: Mapping[str, Any], metric: str) -> Mapping[str, Any] | None:
+        return ((v.get("measurements") or {}).get(metric) or {}).get("disk")
+
+    metrics = [m for m in spec.ordered_metrics(variants) if any(traffic(v, m) for v in variants)]
+    if not metrics:
+        return lines
+    ref = disk.reference(result)
+    method = "O_DIRECT" if ref and ref["method"] == "direct" else "buffered"
+    against = f"; (x): of the disk's {method} figure" if ref else ""
+    heading = ("worker's disk I/O per pass (median; w: written, r: read, through system "
+               f"calls; GB/s over the pass{against}):")
+    lines += ["", heading]
+    rows = [["pass", *[v["name"] for v in variants]]]
+    for metric in metrics:
+        rows.append([metric, *[_traffic_cell(t) if (t := traffic(v, metric)) else "-"
+                               for v in variants]])
+    return lines + _grid(rows)
+
+
 def write_json(document: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
     """Write `document` to `path` with its provenance added (`provenance.write`)."""
     provenance.write(path, dict(document))
 
 
-__all__ = ["comparisons", "fmt_seconds", "format_table", "merge_runs", "write_json"]
+__all__ = ["add_disk_ratios", "comparisons", "fmt_seconds", "format_table", "merge_runs",
+           "write_json"]

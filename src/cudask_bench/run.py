@@ -148,7 +148,7 @@ def planned_steps(args: argparse.Namespace) -> int:
         return 1
     runs = len(steps_of(args))
     if args.workload == "spill":
-        return 1 + 2 * runs
+        return 1 + 3 * runs  # create, read+verify, read+sum
     operations = len(operations_of(args))
     if args.mode == "cold":  # a cluster per operation, the input timed
         return operations * (2 + runs)

@@ -88,6 +88,10 @@ CUPY_OPERATIONS: dict[str, OperationShape] = {
 #: Largest spill chunk: element values are base + index with index < 2**32.
 MAX_SPILL_CHUNK = 8 * 2**32
 
+#: `spill --disk-size` by array module: at least 8 GiB on a GPU machine, so the file
+#: outgrows the disk's own cache; a harness check on host memory writes little.
+DISK_SIZE: dict[str, str] = {"cupy": "8GiB", "numpy": "64MiB"}
+
 
 def accepted(values: Iterable[str]) -> str:
     return ", ".join(values)
@@ -342,6 +346,7 @@ __all__ = [
     "CUPY_OPERATIONS",
     "DEFAULT_MODE",
     "DEFAULT_WARM_RUNS",
+    "DISK_SIZE",
     "INPUT_SUFFIX",
     "JIT_MODES",
     "MAX_SPILL_CHUNK",

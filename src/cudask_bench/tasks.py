@@ -1,9 +1,10 @@
 """The task functions benchmarks submit to workers, by reference.
 
-Covers: the spill chunk's deterministic fill and its element-by-element check
-(`make_chunk`, `verify_chunk`), the first array task of `startup`, synchronizing the
-worker's device, host copies of device blocks, the five-point stencil of
-`map_overlap`, and the facts a worker reports about its store and device. Each takes
+Covers: the spill chunk's deterministic fill, its element-by-element check and its
+sum (`make_chunk`, `verify_chunk`, `sum_chunk`), the first array task of `startup`,
+synchronizing the worker's device, host copies of device blocks, the five-point
+stencil of `map_overlap`, the worker process's I/O counters, and the facts a worker
+reports about its store and device. Each takes
 the array module by name ("cupy", or "numpy" to check the harness without a GPU) and
 imports it on the worker; nothing here imports a cluster, so the same functions run on
 every backend. Does not cover: timing or submitting (cudask_bench.workloads).
@@ -47,6 +48,33 @@ def verify_chunk(chunk: Any, module: str, base: int, elements: int) -> int:
     expected = xp.arange(elements, dtype=xp.uint64)
     expected += xp.uint64(base)
     return int(xp.count_nonzero(chunk != expected))
+
+
+def sum_chunk(chunk: Any, module: str) -> int:
+    """The sum of `chunk`'s elements, modulo 2**64 as uint64 sums wrap (on its device)."""
+    return int(chunk.sum(dtype=_xp(module).uint64))
+
+
+def expected_sum(base: int, elements: int) -> int:
+    """What `sum_chunk` returns for the chunk of `make_chunk(module, base, elements)`."""
+    return (elements * base + elements * (elements - 1) // 2) % 2**64
+
+
+#: The counters of /proc/self/io that `io_counters` reads: bytes through read and write
+#: system calls (page cache hits included), and bytes to and from the storage layer.
+IO_COUNTERS = ("rchar", "wchar", "read_bytes", "write_bytes", "cancelled_write_bytes")
+
+
+def io_counters() -> dict[str, int]:
+    """This process's I/O counters from /proc/self/io (run on the worker, by
+    `client.run`); {} where the system has none."""
+    try:
+        with open("/proc/self/io") as fh:
+            pairs = (line.split(":", 1) for line in fh if ":" in line)
+            found = {k.strip(): int(v) for k, v in pairs}
+    except (OSError, ValueError):
+        return {}
+    return {k: found[k] for k in IO_COUNTERS if k in found}
 
 
 def synchronize(module: str) -> None:
@@ -117,11 +145,15 @@ def device_facts(module: str) -> dict[str, Any]:
 
 
 __all__ = [
+    "IO_COUNTERS",
     "device_facts",
+    "expected_sum",
     "first_array_task",
+    "io_counters",
     "make_chunk",
     "stencil",
     "store_facts",
+    "sum_chunk",
     "synchronize",
     "to_numpy",
     "verify_chunk",

@@ -2,7 +2,8 @@
 
 Covers: the `spill` workload (create N device chunks with a deterministic fill, then
 read every chunk back and compare every element on the device with the value it must
-hold) and the `cupy` dask.array operations (cudask_bench.cupy_cases), each run as the
+hold, then read every chunk back again and sum it; each pass with the worker's disk
+I/O during it, from its /proc/self/io counters) and the `cupy` dask.array operations (cudask_bench.cupy_cases), each run as the
 `Step`s of one runner process (cudask_bench.measure.schedule). The same code runs on
 every backend (cudask, dask-cuda, a plain dict store): it imports no cluster, only dask,
 distributed, NumPy and, on the worker, the array module by name.
@@ -25,9 +26,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cudask_bench.cupy_cases import Case, cupy_case
-from cudask_bench.measure import BenchFailure, Measurement, Step
+from cudask_bench.measure import BenchFailure, Measurement, Step, traffic_between
 from cudask_bench.spec import INPUT_SUFFIX, TOTAL_SUFFIX
-from cudask_bench.tasks import make_chunk, synchronize, verify_chunk
+from cudask_bench.tasks import (
+    expected_sum,
+    io_counters,
+    make_chunk,
+    sum_chunk,
+    synchronize,
+    verify_chunk,
+)
 
 ProgressFn = Callable[[str], None]
 
@@ -72,6 +80,62 @@ def spill_base(repetition: int, index: int, chunks: int) -> int:
     return (repetition * chunks + index + 1) << 32
 
 
+def _io(client: Any) -> dict[str, int]:
+    """The workers' I/O counters, summed (cudask_bench.tasks.io_counters)."""
+    total: dict[str, int] = {}
+    for counters in client.run(io_counters).values():
+        for key, value in counters.items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
+def _timed(client: Any, module: str, submit: Callable[..., Any],
+           *args: Any) -> tuple[float, Any, dict[str, int]]:
+    """Seconds from `submit(*args)` to its results (device synchronized), the results,
+    and the workers' I/O meanwhile (counters read before and after, outside the time)."""
+    before = _io(client)
+    start = time.perf_counter()
+    results = submit(*args)
+    _wait_device(client, module)
+    seconds = time.perf_counter() - start
+    return seconds, results, traffic_between(before, _io(client))
+
+
+def _create(client: Any, module: str, bases: list[int], elements: int, rep: int) -> list[Any]:
+    from distributed import wait
+
+    futures = [client.submit(make_chunk, module, base, elements, key=f"bench-chunk-{rep}-{i}")
+               for i, base in enumerate(bases)]
+    wait(futures)
+    return futures
+
+
+def _verify(client: Any, module: str, futures: list[Any], bases: list[int], elements: int,
+            rep: int) -> list[str | None]:
+    """What is wrong with each chunk (None: every element right)."""
+    checks = [client.submit(verify_chunk, fut, module, base, elements, key=f"bench-verify-{rep}-{i}")
+              for i, (fut, base) in enumerate(zip(futures, bases, strict=True))]
+    return [None if n == 0 else "wrong shape/dtype" if n < 0 else f"{n} of {elements} differ"
+            for n in client.gather(checks)]
+
+
+def _sum(client: Any, module: str, futures: list[Any], bases: list[int], elements: int,
+         rep: int) -> list[str | None]:
+    """What is wrong with each chunk's sum (None: its closed form)."""
+    sums = client.gather([client.submit(sum_chunk, fut, module, key=f"bench-sum-{rep}-{i}")
+                          for i, fut in enumerate(futures)])
+    return [None if got == expected_sum(base, elements) else
+            f"sum {got}, expected {expected_sum(base, elements)}"
+            for got, base in zip(sums, bases, strict=True)]
+
+
+def _check(what: str, problems: list[str | None]) -> None:
+    bad = [(i, why) for i, why in enumerate(problems) if why is not None]
+    if bad:
+        shown = ", ".join(f"chunk {i}: {why}" for i, why in bad[:5])
+        raise BenchFailure(f"spill {what} failed in {len(bad)} of {len(problems)} chunks ({shown})")
+
+
 def run_spill(
     client: Any,
     *,
@@ -81,54 +145,40 @@ def run_spill(
     steps: Sequence[Step],
     progress: ProgressFn,
 ) -> dict[str, Measurement]:
-    """Per step, create total/chunk_size chunks, then read them all back and verify
-    every element; `create<suffix>` and `read_verify<suffix>` per step's suffix."""
-    from distributed import wait
-
+    """Per step, create total/chunk_size chunks, read them all back and verify every
+    element, then read them all back again and sum each: `create<suffix>`,
+    `read_verify<suffix>` and `read_sum<suffix>` per step's suffix, each with the
+    worker's disk I/O during it."""
     chunks = total // chunk_size
     elements = chunk_size // 8
     nbytes = chunks * elements * 8
     params = {"chunks": chunks, "chunk_size": elements * 8, "total": nbytes, "dtype": "uint64"}
     measured: dict[str, Measurement] = {}
 
-    def metric(name: str) -> Measurement:
-        return measured.setdefault(name, Measurement(nbytes=nbytes, parameters=dict(params)))
+    def record(name: str, step: Step, seconds: float, traffic: dict[str, int]) -> None:
+        m = measured.setdefault(name + step.suffix,
+                                Measurement(nbytes=nbytes, parameters=dict(params)))
+        m.record(seconds, step.warmup, traffic)
 
     for rep, step in enumerate(steps):
         bases = [spill_base(rep, i, chunks) for i in range(chunks)]
-
-        start = time.perf_counter()
-        futures = [
-            client.submit(make_chunk, module, base, elements, key=f"bench-chunk-{rep}-{i}")
-            for i, base in enumerate(bases)
-        ]
-        wait(futures)
-        _wait_device(client, module)
-        metric("create" + step.suffix).record(time.perf_counter() - start, step.warmup)
+        seconds, futures, traffic = _timed(client, module, _create, client, module, bases,
+                                           elements, rep)
+        record("create", step, seconds, traffic)
         progress(f"create {step.label}")
-
-        start = time.perf_counter()
-        checks = [
-            client.submit(verify_chunk, fut, module, base, elements, key=f"bench-verify-{rep}-{i}")
-            for i, (fut, base) in enumerate(zip(futures, bases))
-        ]
-        mismatches = client.gather(checks)
-        metric("read_verify" + step.suffix).record(time.perf_counter() - start, step.warmup)
-        progress(f"read+verify {step.label}")
-
-        bad = [(i, n) for i, n in enumerate(mismatches) if n != 0]
-        if bad:
-            shown = ", ".join(
-                f"chunk {i}: " + ("wrong shape/dtype" if n < 0 else f"{n} of {elements} differ")
-                for i, n in bad[:5]
-            )
-            raise BenchFailure(
-                f"spill read-back verification failed in {len(bad)} of {chunks} chunks ({shown})"
-            )
-        del futures, checks
+        for name, what, label, passed in (
+                ("read_verify", "read-back verification", "read+verify", _verify),
+                ("read_sum", "read-back sum", "read+sum", _sum)):
+            seconds, problems, traffic = _timed(client, module, passed, client, module, futures,
+                                                bases, elements, rep)
+            record(name, step, seconds, traffic)
+            progress(f"{label} {step.label}")
+            _check(what, problems)
+        del futures
         _drain(client)
     for m in measured.values():
-        m.check = f"all {chunks} chunks x {elements} elements equal base+index in every run"
+        m.check = (f"all {chunks} chunks x {elements} elements equal base+index, and each "
+                   "chunk's sum its closed form, in every run")
     return measured
 
 

@@ -102,6 +102,11 @@ def test_bad_total_and_chunk() -> None:
     assert "--total" in line
 
 
+def test_bad_disk_size() -> None:
+    line = one_line_error(*invoke("spill", *CPU, "--disk-size", "a lot"))
+    assert "--disk-size='a lot' is not a size" in line
+
+
 def test_cupy_shape_errors() -> None:
     line = one_line_error(*invoke("cupy", *CPU, "--size", "100", "--chunk-size", "200"))
     assert "--chunk-size=200" in line

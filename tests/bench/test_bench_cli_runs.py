@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,8 @@ def test_whole_run_on_dict_backend(tmp_path: Path) -> None:
     # one warm-up process, then one process per measured repetition: three runners
     assert variant["runs"] == 3 and len(set(variant["pids"])) == 3 and None not in variant["pids"]
     m = variant["measurements"]
-    assert list(m) == ["create", "read_verify", "create_warm", "read_verify_warm"]
+    assert list(m) == ["create", "read_verify", "read_sum", "create_warm", "read_verify_warm",
+                       "read_sum_warm"]
     create = m["create"]
     assert len(create["times"]) == 2 and create["bytes"] == 4 * 2**20
     assert len(create["warmup_times"]) == 1  # the warm-up process: kept, never in a median
@@ -84,8 +86,44 @@ def test_warm_mode_on_dict_backend(tmp_path: Path) -> None:
     [variant] = doc["variants"]
     assert variant["runs"] == 1
     m = variant["measurements"]
-    assert list(m) == ["create_warm", "read_verify_warm"]
+    assert list(m) == ["create_warm", "read_verify_warm", "read_sum_warm"]
     assert len(m["create_warm"]["times"]) == 2 and len(m["create_warm"]["warmup_times"]) == 1
+
+
+@pytest.mark.timeout(600)
+def test_spill_measures_the_disk_and_each_passs_disk_io(tmp_path: Path) -> None:
+    """--disk-size: the disk the workers spill to, measured first (buffered and with
+    O_DIRECT, or the reason why not), in the JSON and the table beside each pass's disk
+    I/O and its ratio to the disk's figure; --disk-size 0 measures nothing."""
+    out = tmp_path / "disk.json"
+    code, text = invoke(
+        "spill", *CPU, "--mode", "warm", "--total", "2MiB", "--chunk-size", "1MiB",
+        "--repeat", "1", "--disk-size", "8MiB", "--output", str(out),
+    )
+    assert code == 0, text
+    doc = json.loads(out.read_text())
+    disk = doc["disk"]
+    assert disk["status"] == "ok" and disk["bytes"] == 8 << 20 and disk["filesystem"]["type"]
+    assert disk["buffered"]["write_GBps"] > 0 and disk["buffered"]["read_GBps"] > 0
+    assert disk["direct"]["status"] in ("ok", "refused")
+    assert "O_DIRECT" in disk["method"] and doc["parameters"]["disk_size"] == 8 << 20
+    assert not list(tmp_path.glob("**/cudask-bench-disk*"))
+    [variant] = doc["variants"]
+    for name in ("create_warm", "read_verify_warm", "read_sum_warm"):
+        traffic = variant["measurements"][name]["disk"]
+        assert traffic["written_bytes"] is not None and traffic["read_bytes"] is not None
+        assert traffic["disk_method"] in ("direct", "buffered") and "write_vs_disk" in traffic
+    lines = text.splitlines()
+    assert any(line.startswith("disk ") and "8.00 MiB sequential" in line for line in lines)
+    heading = next(i for i, line in enumerate(lines) if line.startswith("worker's disk I/O"))
+    assert re.match(r"create_warm +w \d", lines[heading + 3]), text
+    assert lines[heading + 5].startswith("read_sum_warm"), text
+    code, text = invoke(
+        "spill", *CPU, "--mode", "warm", "--total", "1MiB", "--chunk-size", "1MiB",
+        "--repeat", "1", "--disk-size", "0", "--output", str(out),
+    )
+    assert code == 0, text
+    assert "disk" not in json.loads(out.read_text()) and "sequential" not in text
 
 
 @pytest.mark.timeout(600)

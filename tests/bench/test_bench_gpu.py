@@ -45,6 +45,8 @@ def test_spill_tiny_with_baselines(tmp_path: Path) -> None:
         "32MiB",
         "--device-memory-limit",
         "128MiB",
+        "--disk-size",
+        "256MiB",
         "--repeat",
         "2",
     )
@@ -71,13 +73,47 @@ def test_spill_tiny_warm_mode(tmp_path: Path) -> None:
         "16MiB",
         "--device-memory-limit",
         "64MiB",
+        "--disk-size",
+        "256MiB",
         "--repeat",
         "2",
         "--no-baseline",
     )
     [v] = doc["variants"]
-    assert set(v["measurements"]) == {"create_warm", "read_verify_warm"}
+    assert set(v["measurements"]) == {"create_warm", "read_verify_warm", "read_sum_warm"}
     assert len(v["measurements"]["create_warm"]["times"]) == 2
+
+
+def test_spill_past_the_host_limit_to_disk_beside_the_disks_figures(tmp_path: Path) -> None:
+    """6 GiB through a 256 MB device tier and an 8 GB host limit (a 4.8 GB host tier):
+    about 1.2 GB reach disk, and each pass reports its disk I/O beside the disk's own
+    sequential figures, measured first in the same run."""
+    doc = run(
+        tmp_path,
+        "spill",
+        "--mode",
+        "warm",
+        "--total",
+        "6GiB",
+        "--chunk-size",
+        "128MiB",
+        "--device-memory-limit",
+        "256MB",
+        "--memory-limit",
+        "8GB",
+        "--disk-size",
+        "1GiB",
+        "--repeat",
+        "1",
+        "--no-baseline",
+    )
+    assert doc["disk"]["status"] == "ok" and doc["disk"]["buffered"]["write_GBps"] > 0
+    [v] = doc["variants"]
+    create, verify = v["measurements"]["create_warm"], v["measurements"]["read_verify_warm"]
+    assert create["disk"]["written_bytes"] > 2**29, create["disk"]  # over half a GiB to disk
+    assert verify["disk"]["read_bytes"] > 2**29, verify["disk"]
+    assert create["disk"]["write_vs_disk"] > 0 and verify["disk"]["read_vs_disk"] > 0
+    assert v["measurements"]["read_sum_warm"]["status"] == "ok"
 
 
 def test_spill_tiny_jit_both(tmp_path: Path) -> None:
@@ -90,6 +126,8 @@ def test_spill_tiny_jit_both(tmp_path: Path) -> None:
         "16MiB",
         "--device-memory-limit",
         "64MiB",
+        "--disk-size",
+        "256MiB",
         "--repeat",
         "1",
         "--jit-unspill",
@@ -153,6 +191,8 @@ def test_against_dask_cuda_tiny(tmp_path: Path) -> None:
         "16MiB",
         "--device-memory-limit",
         "64MiB",
+        "--disk-size",
+        "256MiB",
         "--repeat",
         "1",
         "--against",
@@ -161,6 +201,7 @@ def test_against_dask_cuda_tiny(tmp_path: Path) -> None:
     )
     dc = [v for v in doc["variants"] if v["backend"] == "dask-cuda"]
     assert dc and dc[0]["versions"]["dask_cuda"]
+    assert "written_bytes" in dc[0]["measurements"]["create"]["disk"]  # counted there too
     assert not [m for m in dc[0]["cudask_modules"] if m.startswith("cudask.deploy")]
     assert {c["kind"] for c in doc["comparisons"]} == {"vs dask-cuda"}
 

@@ -222,8 +222,8 @@ def test_spawn_runner_through_another_interpreter(tmp_path: Path) -> None:
         targets.remove_shim(shim)
     assert result["status"] == "ok", result
     assert result["cudask_path"] == os.path.join(shim, "cudask")
-    assert events[-1][0] == events[-1][1] == 3 and events[0][2] == "cluster up"
-    assert result["measurements"]["read_verify_warm"]["times"]
+    assert events[-1][0] == events[-1][1] == 4 and events[0][2] == "cluster up"
+    assert result["measurements"]["read_sum_warm"]["times"]
     assert "-m cudask_bench.run" in result["command"]
 
 

@@ -192,11 +192,11 @@ def test_planned_steps() -> None:
     from cudask_bench.run import cluster_groups, planned_steps
 
     spill = ("--workload", "spill", "--total", "8", "--chunk-size", "8")
-    # warm: cluster up + (create, read) x (warm-ups + repetitions)
+    # warm: cluster up + (create, read+verify, read+sum) x (warm-ups + repetitions)
     assert planned_steps(_runner_args(*spill, "--mode", "warm", "--repeat", "3",
-                                      "--warmup", "1")) == 1 + 2 * 4
-    # cold: cluster up + (create, read) x (the cold run + warm runs)
-    assert planned_steps(_runner_args(*spill, "--mode", "cold", "--warm-runs", "2")) == 1 + 2 * 3
+                                      "--warmup", "1")) == 1 + 3 * 4
+    # cold: cluster up + (create, read+verify, read+sum) x (the cold run + warm runs)
+    assert planned_steps(_runner_args(*spill, "--mode", "cold", "--warm-runs", "2")) == 1 + 3 * 3
     cupy = ("--workload", "cupy", "--operation", "sum", "--operation", "dot")
     warm = _runner_args(*cupy, "--mode", "warm", "--repeat", "2", "--warmup", "1")
     assert planned_steps(warm) == 1 + 2 * 3 and cluster_groups(warm) == [["sum", "dot"]]

@@ -198,14 +198,17 @@ def test_spill_on_numpy(client: Any) -> None:
         steps=measure.schedule("warm", warmup=0, repeat=2, warm_runs=0),
         progress=events.append,
     )
-    assert list(result) == ["create_warm", "read_verify_warm"]
+    assert list(result) == ["create_warm", "read_verify_warm", "read_sum_warm"]
     assert result["create_warm"].parameters["chunks"] == 4
     assert len(result["read_verify_warm"].times) == 2
+    assert len(result["read_sum_warm"].traffic) == 2  # the worker's I/O in each run
     assert events == [
         "create run 1/2",
         "read+verify run 1/2",
+        "read+sum run 1/2",
         "create run 2/2",
         "read+verify run 2/2",
+        "read+sum run 2/2",
     ]
 
 
@@ -219,6 +222,46 @@ def test_cold_spill_on_numpy(client: Any) -> None:
         steps=measure.schedule("cold", warmup=0, repeat=1, warm_runs=1),
         progress=events.append,
     )
-    assert list(result) == ["create", "read_verify", "create_warm", "read_verify_warm"]
+    assert list(result) == ["create", "read_verify", "read_sum", "create_warm",
+                            "read_verify_warm", "read_sum_warm"]
     assert all(len(m.times) == 1 and m.check for m in result.values())
-    assert events == ["create cold", "read+verify cold", "create warm 1/1", "read+verify warm 1/1"]
+    assert events == ["create cold", "read+verify cold", "read+sum cold", "create warm 1/1",
+                      "read+verify warm 1/1", "read+sum warm 1/1"]
+
+
+def test_chunk_sums_match_their_closed_form() -> None:
+    base = workloads.spill_base(2, 5, 10)
+    chunk = tasks.make_chunk("numpy", base, 1 << 20)
+    assert tasks.sum_chunk(chunk, "numpy") == tasks.expected_sum(base, 1 << 20)
+    assert tasks.sum_chunk(chunk, "numpy") == int(chunk.astype(object).sum()) % 2**64
+    chunk[3] += np.uint64(1)
+    assert tasks.sum_chunk(chunk, "numpy") != tasks.expected_sum(base, 1 << 20)
+
+
+@pytest.mark.timeout(300)
+def test_spill_counts_the_disk_io_of_a_worker_spilling_to_disk(tmp_path: Any) -> None:
+    """A worker whose store holds 8 MiB in host memory and the rest on disk: creating
+    32 MiB writes most of it to disk, reading it back reads it from there."""
+    import dask.config
+    from distributed import Client, LocalCluster
+
+    from cudask.testing.stores import fake_store
+
+    store = {"device_memory_limit": None, "memory_limit": 8 << 20}
+    with (
+        dask.config.set({"distributed.worker.memory.spill-compression": False}),
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                     memory_limit=0, data=(fake_store, store),
+                     local_directory=str(tmp_path)) as cluster,
+        Client(cluster) as client,
+    ):
+        result = workloads.run_spill(
+            client, module="numpy", total=32 << 20, chunk_size=1 << 20,
+            steps=measure.schedule("cold", warmup=0, repeat=1, warm_runs=0),
+            progress=lambda label: None)
+    (create,), (verify,), (summed,) = (result[k].traffic
+                                       for k in ("create", "read_verify", "read_sum"))
+    assert create["written_bytes"] >= 20 << 20, create
+    assert verify["read_bytes"] >= 20 << 20 and summed["read_bytes"] >= 20 << 20, verify
+    disk = result["create"].to_json()["disk"]
+    assert disk["written_bytes"] == create["written_bytes"] and disk["write_GBps"] > 0

@@ -52,6 +52,20 @@ def test_uuids_are_kept_as_given(four, monkeypatch):
     assert seen == {3: f"{uuid3},{uuid1},0", 1: f"{uuid1},0,{uuid3}", 0: f"0,{uuid3},{uuid1}"}
 
 
+def test_the_close_timeout_goes_to_cudasks_nanny_only(four, monkeypatch):
+    """cudask's Nanny takes close_timeout; distributed's (dask-cuda's cls) would hand an
+    unknown keyword on to its Worker."""
+    from distributed import Nanny
+
+    from cudask.worker.closing import Nanny as CUDANanny
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    (ours, *_) = worker_spec(device_memory_limit=None, close_timeout="2 minutes").values()
+    assert ours["cls"] is CUDANanny and ours["options"]["close_timeout"] == 120.0
+    (theirs, *_) = worker_spec(device_memory_limit=None, cls=Nanny).values()
+    assert theirs["cls"] is Nanny and "close_timeout" not in theirs["options"]
+
+
 def test_a_bad_environment_value_names_the_variable(four, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,,1")
     with pytest.raises(OptionError, match="^environment variable CUDA_VISIBLE_DEVICES: "):

@@ -67,6 +67,87 @@ def test_store_metrics_on_the_prometheus_page():
     assert "cudask_store_device_bytes{" not in prometheus_client.generate_latest().decode()
 
 
+def test_store_metrics_never_change_the_dict_a_heartbeat_iterates():
+    """distributed's Worker.get_metrics iterates `worker.metrics` and awaits the metrics
+    that return awaitables on the way; the plugin's teardown, run while one such call is
+    suspended there, leaves that call to finish with every value it reads."""
+    import asyncio
+
+    from distributed import Scheduler, Worker
+
+    async def main() -> None:
+        suspended, release = asyncio.Event(), asyncio.Event()
+        armed = [False]
+
+        async def slow_metric(worker: Any) -> int:  # another plugin's awaitable metric
+            if armed[0]:
+                armed[0] = False
+                suspended.set()
+                await release.wait()
+            return 1
+
+        async with Scheduler(dashboard_address=":0", port=0) as scheduler, Worker(
+            scheduler.address, nthreads=1, dashboard_address=":0", heartbeat_interval="1h",
+            metrics={"slow": slow_metric},
+        ) as worker:
+            plugin = StoreMetrics()
+            await worker.plugin_add(plugin)
+            seen = worker.metrics
+            assert list(seen) == ["slow", "cudask", "cudask-gpu"]
+            armed[0] = True
+            call = asyncio.create_task(worker.get_metrics())
+            await asyncio.wait_for(suspended.wait(), 60)  # get_metrics is inside the loop
+            await worker.plugin_remove(plugin.name)
+            assert "cudask" not in worker.metrics and "cudask-gpu" not in worker.metrics
+            release.set()
+            out = await asyncio.wait_for(call, 60)
+            assert out["slow"] == 1
+            assert out["cudask"] == {}  # the store is a dict: nothing to report
+            assert out["cudask-gpu"] == {"uuid": None}
+            assert list(seen) == ["slow", "cudask", "cudask-gpu"]  # the dict iterated: unchanged
+            await worker.plugin_add(plugin)  # and registered again after a teardown
+            assert list(worker.metrics) == ["slow", "cudask", "cudask-gpu"]
+
+    asyncio.run(main())
+
+
+def _on_disk(n: int) -> object:
+    from cudask.testing.fake_cuda import filled
+
+    return filled(n, 7)
+
+
+def test_close_store_closes_the_store_as_the_worker_closes(tmp_path: Any) -> None:
+    """A worker with keys on disk closes: its store is closed (spilled files removed)
+    before the worker's directory goes; a plain dict store is left as it is."""
+    import asyncio
+
+    from distributed import Client, Scheduler, Worker, wait
+
+    from cudask.testing.stores import fake_store
+    from cudask.worker.closing import CloseStore
+
+    async def main() -> None:
+        store = {"device_memory_limit": 1 << 20, "memory_limit": 2 << 20}
+        async with Scheduler(dashboard_address=":0", port=0) as scheduler:
+            async with Worker(scheduler.address, nthreads=1, dashboard_address=":0",
+                              data=(fake_store, store), plugins=[CloseStore()],
+                              local_directory=str(tmp_path)) as worker, \
+                    Client(scheduler.address, asynchronous=True) as client:
+                futures = client.map(_on_disk, [256 << 10] * 32, pure=False)
+                await wait(futures)
+                data = worker.data
+                assert data.metrics()["disk-keys"] > 0
+            assert data.closed and len(data) == 0
+            async with Worker(scheduler.address, nthreads=1, dashboard_address=":0", data=dict,
+                              plugins=[CloseStore()], local_directory=str(tmp_path)) as worker:
+                plain = worker.data
+            assert type(plain) is dict
+
+    asyncio.run(main())
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and not p.name.endswith(".lock")]
+
+
 class _FakeCupy:
     """Just what device0_uuid touches, with CuPy's NUL-cut UUID."""
 

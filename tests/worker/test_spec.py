@@ -55,8 +55,8 @@ def test_plugin_order_and_names(dgx, monkeypatch):
                  "gc_freeze": True}, "cluster")
     devices = select_devices(dgx, "0", None)
     names = [p.name for p in nanny_options(o, devices, 0, n_workers=1, name=0)["plugins"]]
-    assert names == ["cudask-cpu-affinity", "cudask-cuda-context", "cudask-rmm",
-                     "cudask-pre-import", "cudask-cudf-spill", "cudask-metrics",
+    assert names == ["cudask-cpu-affinity", "cudask-cuda-context", "cudask-close-store",
+                     "cudask-rmm", "cudask-pre-import", "cudask-cudf-spill", "cudask-metrics",
                      "cudask-device-ipc", "cudask-gc-freeze"]
     o = resolve({}, "cluster")  # gc_freeze is off by default
     names = [p.name for p in nanny_options(o, devices, 0, n_workers=1, name=0)["plugins"]]
@@ -264,15 +264,18 @@ def test_worker_class_from_an_import_path():
 
 def test_a_nanny_class_replaces_the_nanny(dgx):
     from cudask.testing.workers import TaggedNanny, TaggedWorker
-    from cudask.worker.spec import nanny_class
+    from cudask.worker.spec import CUDANanny, nanny_class
 
     devices = select_devices(dgx, "0", None)
     o = resolve({"worker_class": "cudask.testing.workers.TaggedNanny"}, "worker")
     assert nanny_class(o) is TaggedNanny
-    assert "worker_class" not in nanny_options(o, devices, 0, n_workers=1, name="n")
+    spec = nanny_options(o, devices, 0, n_workers=1, name="n")
+    assert "worker_class" not in spec and "close_timeout" not in spec  # its own close
     o = resolve({"worker_class": TaggedWorker}, "worker")
-    assert nanny_class(o) is Nanny
-    assert nanny_options(o, devices, 0, n_workers=1, name="n")["worker_class"] is TaggedWorker
+    assert nanny_class(o) is CUDANanny and issubclass(CUDANanny, Nanny)
+    spec = nanny_options(o, devices, 0, n_workers=1, name="n")
+    assert spec["worker_class"] is TaggedWorker
+    assert spec["close_timeout"] == 60.0  # cudask's Nanny takes the close_timeout option
 
 
 def test_host_tier_sized_like_distributeds_spill_buffer(dgx):

@@ -36,6 +36,7 @@ from cudask.monitor.state import MonitorPlugin
 from cudask.options import BY_CLUSTER_KEYWORD, WorkerOptions, options_for
 from cudask.worker.sharing import cluster_slots, workers_per_gpu
 from cudask.worker.spec import (
+    CUDANanny,
     check_devices,
     gpu_name,
     nanny_class,
@@ -231,7 +232,10 @@ def worker_spec(
         name = gpu_name(devices[i], k, per_gpu)
         opts = {**shared, **nanny_options(options, devices, i, n_workers=len(slots), name=name,
                                           k=k)}
-        spec[name] = {"cls": cls or nanny_class(options), "options": opts}
+        chosen = cls or nanny_class(options)
+        if not issubclass(chosen, CUDANanny):  # the option is cudask's Nanny's keyword
+            opts.pop("close_timeout", None)
+        spec[name] = {"cls": chosen, "options": opts}
     return spec
 
 

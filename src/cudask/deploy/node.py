@@ -41,6 +41,7 @@ from cudask.errors import CudaskError, DeviceError, OptionError
 from cudask.options import BY_NAME, WorkerOptions, check_one_worker_options, options_for
 from cudask.worker.sharing import node_slots, workers_per_gpu
 from cudask.worker.spec import (
+    CUDANanny,
     check_devices,
     nanny_class,
     nanny_options,
@@ -168,7 +169,7 @@ class CUDAWorker:
                 f"{len(devices)} are visible ({', '.join(d.label for d in devices)}). Set "
                 "CUDA_VISIBLE_DEVICES to one GPU per process (e.g. from the MPI local rank)"
             )
-        if not options.nanny and nanny_class(options) is not Nanny:
+        if not options.nanny and nanny_class(options) is not CUDANanny:
             raise OptionError(f"--no-nanny starts a Worker in this process, but worker_class="
                               f"{options.worker_class!r} is a Nanny; give a Worker subclass")
         check_one_worker_options(options.settings, len(devices))
@@ -269,7 +270,10 @@ class CUDAWorker:
         """Wait until every worker of this node has closed."""
         await asyncio.gather(*(n.finished() for n in self.nannies))
 
-    async def close(self, timeout: float = 5) -> None:
-        await asyncio.gather(*(n.close(timeout=timeout) for n in self.nannies))
+    async def close(self, timeout: float | None = None) -> None:
+        """Close every worker; `timeout`: each nanny's close timeout (default: the
+        close_timeout option; a worker without a nanny: distributed.Worker's own)."""
+        await asyncio.gather(*(n.close() if timeout is None else n.close(timeout=timeout)
+                               for n in self.nannies))
         if self.options.pid_file and os.path.exists(self.options.pid_file):
             os.remove(self.options.pid_file)

@@ -8,15 +8,17 @@
    once the other processes holding contexts there (cudask.worker.neighbours), and
    imports CuPy in a background thread while the worker registers, so the first
    task using it does not wait for the whole import.
-3. ``cudask-rmm``: the RMM memory resource stack and external allocators
+3. ``cudask-close-store``: closes the worker's data store when the worker closes,
+   before the teardowns after it (cudask.worker.closing).
+4. ``cudask-rmm``: the RMM memory resource stack and external allocators
    (cudask.worker.rmm).
-4. ``cudask-pre-import``: imports modules; a missing one fails the start.
-5. ``cudask-cudf-spill``: cuDF's spilling options, when cuDF is installed.
-6. ``cudask-metrics``: the store's per-tier sizes and spill counters as worker
+5. ``cudask-pre-import``: imports modules; a missing one fails the start.
+6. ``cudask-cudf-spill``: cuDF's spilling options, when cuDF is installed.
+7. ``cudask-metrics``: the store's per-tier sizes and spill counters as worker
    metrics (heartbeats, so the scheduler, dashboard and Prometheus see them).
-7. ``cudask-device-ipc``: sends device arrays to workers on the same host by
+8. ``cudask-device-ipc``: sends device arrays to workers on the same host by
    CUDA IPC (cudask.comm.ipc), where this GPU can read the others' memory.
-8. ``cudask-gc-freeze`` (``gc_freeze``, off by default): once the CuPy import of 2 is done,
+9. ``cudask-gc-freeze`` (``gc_freeze``, off by default): once the CuPy import of 2 is done,
    collects garbage once and freezes the objects the worker has (gc.freeze), so
    the full collections Python runs later, each a pause of the whole worker, scan
    only objects made after start (docs/design/worker-start.md).
@@ -340,7 +342,7 @@ class StoreCollector:
 
         families: dict[str, Any] = {}
         for worker in list(self.workers):
-            for key, value in sorted(worker_metrics(worker).items()):
+            for key, value in sorted(store_metrics(worker).items()):
                 name = "cudask_store_" + key.replace("-", "_")
                 family = families.get(name)
                 if family is None:
@@ -349,6 +351,14 @@ class StoreCollector:
                     )
                 family.add_metric([str(worker.name)], float(value))
         yield from families.values()
+
+
+def store_metrics(worker: Any) -> dict[str, float]:
+    """`cudask` worker metric: the worker's store metrics (`worker_metrics`); {} once the
+    store is closed (it is closing when the worker closes: its lock may be held a while)."""
+    if getattr(worker.data, "closed", False):
+        return {}
+    return worker_metrics(worker)
 
 
 def gpu_identity(worker: Any) -> dict[str, Any]:
@@ -378,14 +388,21 @@ class StoreMetrics(WorkerPlugin):
     key = "cudask"
     gpu_key = "cudask-gpu"
 
+    # distributed's Worker.get_metrics iterates `worker.metrics` itself, awaiting the
+    # metrics that return awaitables on the way (a heartbeat may be suspended there at
+    # any time): setup and teardown put a new dict in its place and never change the
+    # one it may be iterating. A call that began before a teardown still calls these
+    # metrics once more; both answer a closed store or a missing plugin harmlessly.
     def setup(self, worker: Any) -> None:
-        worker.metrics[self.key] = worker_metrics
-        worker.metrics[self.gpu_key] = gpu_identity
+        ours = {self.key: store_metrics, self.gpu_key: gpu_identity}
+        if any(worker.metrics.get(k) is not v for k, v in ours.items()):
+            worker.metrics = {**worker.metrics, **ours}
         StoreCollector.add(worker)
 
     def teardown(self, worker: Any) -> None:
-        worker.metrics.pop(self.key, None)
-        worker.metrics.pop(self.gpu_key, None)
+        ours = (self.key, self.gpu_key)
+        if any(k in worker.metrics for k in ours):
+            worker.metrics = {k: v for k, v in worker.metrics.items() if k not in ours}
         StoreCollector.workers.discard(worker)
 
 

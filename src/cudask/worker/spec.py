@@ -34,6 +34,8 @@ from cudask.errors import DeviceMemoryLimitWarning, MissingDependencyError, Opti
 from cudask.memory.settings import store_settings
 from cudask.options import UCX_PROTOCOLS, WorkerOptions, require_library
 from cudask.sizes import parse_size
+from cudask.worker.closing import CloseStore
+from cudask.worker.closing import Nanny as CUDANanny
 from cudask.worker.gpu_worker import GPUWorker
 from cudask.worker.plugins import (
     CPUAffinity,
@@ -186,6 +188,7 @@ def plugins(o: WorkerOptions, device: Device, sizes: DeviceSizes,
     out: list[WorkerPlugin] = [
         CPUAffinity(cpu_share(device.gpu.cpu_affinity, workers_per_gpu(o), k)),
         CUDAContext(device.uuid),
+        CloseStore(),  # torn down before the RMM resources and IPC of the ones after it
     ]
     rmm = RMMSetup(
         pool_size=sizes.rmm_pool_size,
@@ -386,6 +389,8 @@ def nanny_options(
         cls = GPUWorker
     if issubclass(cls, Worker):  # a Nanny subclass (see nanny_class) keeps its own worker
         options["worker_class"] = cls
+    if nanny_class(o) is CUDANanny:
+        options["close_timeout"] = o.close_timeout
     options.update(extra or {})
     return options
 
@@ -410,12 +415,13 @@ def worker_class(value: Any) -> type:
 
 def nanny_class(o: WorkerOptions) -> type[Nanny]:
     """What is started for each GPU: worker_class when it is a Nanny subclass,
-    else distributed.Nanny."""
+    else cudask's Nanny (cudask.worker.closing: distributed's, closing within
+    `close_timeout`)."""
     if o.worker_class is not None:
         cls = worker_class(o.worker_class)
         if issubclass(cls, Nanny):
             return cls
-    return Nanny
+    return CUDANanny
 
 
 def worker_env(devices: Sequence[Device], i: int) -> dict[str, str]:
@@ -435,6 +441,7 @@ def worker_options(nanny_opts: dict[str, Any]) -> tuple[type, dict[str, Any], di
     opts = dict(nanny_opts)
     env = opts.pop("env")
     opts.pop("config", None)
+    opts.pop("close_timeout", None)  # the Nanny's
     cls = opts.pop("worker_class", None) or Worker
     return cls, opts, env
 
@@ -442,6 +449,7 @@ def worker_options(nanny_opts: dict[str, Any]) -> tuple[type, dict[str, Any], di
 __all__ = [
     "NODE_KEY",
     "NODE_WORKERS_KEY",
+    "CUDANanny",
     "Constant",
     "DeviceSizes",
     "Nanny",

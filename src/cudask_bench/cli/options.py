@@ -154,9 +154,15 @@ MODE: tuple[Option, ...] = (
 
 SPILL: tuple[Option, ...] = (
     option("--total", default="16GiB", show_default=True,
-           help="Bytes of device data to create (beyond the device limit to spill)."),
+           help="Bytes of device data to create (beyond the device limit to spill; beyond "
+           "the host tier too, e.g. --memory-limit 8GB, to spill on to disk)."),
     option("--chunk-size", default="256MiB", show_default=True,
            help="Bytes per chunk (one dask future each)."),
+    option("--disk-size", default=None,
+           help=f"Bytes of the disk measurement made first, on the filesystem the workers "
+           f"spill to: one file written and read sequentially, buffered and with O_DIRECT, "
+           f"whose GB/s each pass's disk I/O is compared with; 0: none. Default "
+           f"{spec.DISK_SIZE['cupy']} (--array-module numpy: {spec.DISK_SIZE['numpy']})."),
 )
 
 

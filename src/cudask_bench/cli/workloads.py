@@ -23,31 +23,37 @@ from cudask_bench.cli.plan import build_plan, command, mode_settings, run_plan, 
 @with_options(COMMON + SPILL + MODE, COMMAND_DEFAULTS["spill"])
 @command
 def spill(ctx: click.Context, kw: dict[str, Any]) -> None:
-    """Create device chunks beyond the device limit, then read all back and verify every value.
+    """Create device chunks beyond the device limit, read all back and verify every
+    value, then read all back again and sum each chunk.
 
     Chunk i holds uint64 values base_i + j; reading back compares every
-    element on the device against that formula. Reports seconds and GB/s.
+    element on the device against that formula, and each sum against its
+    closed form. Reports seconds and GB/s; first, the disk the workers spill
+    to (--disk-size), and per pass the worker's disk I/O beside it.
 
     \b
     --mode cold (default): every measured repetition is a fresh process
     with a fresh one-worker cluster, the configurations taking turns.
-      create, read_verify: the first run, timed from the first submit
-      create_warm, read_verify_warm: the --warm-runs runs after it,
-        in the same cluster
+      create, read_verify, read_sum: the first run, timed from the first submit
+      create_warm, read_verify_warm, read_sum_warm: the --warm-runs runs after
+        it, in the same cluster
     --mode warm: --warmup, then --repeat runs in one cluster (steady state).
-      create_warm, read_verify_warm
+      create_warm, read_verify_warm, read_sum_warm
     """
     modes = mode_settings(ctx, kw, "spill")
     total, chunk = spec.check_spill_sizes(
         size(kw["total"], "--total"), size(kw["chunk_size"], "--chunk-size")
     )
+    disk_size = size(kw["disk_size"] or spec.DISK_SIZE[kw["array_module"]], "--disk-size") or 0
     plan = build_plan(
         "spill",
         ctx,
         kw,
         {"total": total, "chunk_size": chunk, **modes},
-        {"total": total, "chunk_size": chunk, "chunks": total // chunk, **modes},
+        {"total": total, "chunk_size": chunk, "chunks": total // chunk, "disk_size": disk_size,
+         **modes},
     )
+    plan.disk_size = disk_size
     run_plan(plan, kw)
 
 
