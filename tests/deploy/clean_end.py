@@ -117,9 +117,9 @@ def cpu_cluster(
     plugins first, then `plugins`), each on a fake-device store with these limits."""
     from distributed import Scheduler, SpecCluster
 
-    from cudask.memory.aliases import Worker as AliasWorker
     from cudask.testing.stores import fake_store
     from cudask.worker.closing import CloseStore, Nanny
+    from cudask.worker.gpu_worker import GPUWorker
     from cudask.worker.plugins import StoreMetrics
 
     store = {
@@ -134,7 +134,7 @@ def cpu_cluster(
             "memory_limit": 0,
             "data": (fake_store, store),
             "plugins": [CloseStore(), StoreMetrics(), *plugins],
-            "worker_class": AliasWorker,
+            "worker_class": GPUWorker,
             "close_timeout": close_timeout,
             "local_directory": os.fspath(local_directory),
             "dashboard_address": ":0",
