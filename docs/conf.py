@@ -47,7 +47,7 @@ _LINK = re.compile(r"\[([^\]]*)\]\((?![a-z]+:|#)([^)\s]+)\)")
 #: Pages kept byte for byte until the memory core's rewrite replaces them. They still link
 #: result files that bench/results no longer holds; in them alone, such a link renders as its
 #: text. Take a page out of this set when it is rewritten, and this code when the set is empty.
-_AWAITING_REWRITE = frozenset({"design/host-memory", "design/handlers"})
+_AWAITING_REWRITE = frozenset({"design/host-memory"})
 
 
 def _outside_links(app: Any, docname: str, source: list[str]) -> None:

@@ -36,6 +36,20 @@ def test_register_handler_takes_precedence_over_generic() -> None:
         registry._RESOLVED.clear()
 
 
+def test_the_generic_handler_is_the_fallback() -> None:
+    # an unregistered type is a device object exactly when its instance exposes the
+    # interface; containers are never leaves
+    class Plain:
+        pass
+
+    plain = Plain()
+    assert registry.leaf_handler(plain) is None
+    plain.__cuda_array_interface__ = arange(2).__cuda_array_interface__  # type: ignore[attr-defined]
+    found = registry.leaf_handler(plain)
+    assert found is not None and found.name == "cuda_array_interface"
+    assert registry.leaf_handler([plain]) is None and handlers.is_device_object([plain])
+
+
 def test_a_host_copy_registers_its_handler_where_the_library_was_never_met(
     engine: TransferEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

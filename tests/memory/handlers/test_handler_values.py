@@ -1,21 +1,73 @@
-"""Functions over values: recognition, allocations, host copies and rebuilds of
-device objects and of containers holding them."""
+"""The container walk and the functions over values: what counts as a container,
+leaves in order, rebuilds that keep unchanged containers; recognition,
+allocations, host copies and rebuilds of containers holding device objects."""
 
 from __future__ import annotations
 
 import weakref
-from typing import Any, ClassVar
+from collections import OrderedDict, namedtuple
+from typing import Any
 
 import numpy as np
 import pytest
 from handler_testing import arange, roundtrip
 
 from cudask.memory import handlers
-from cudask.memory.handlers import ContainerCopy, UnspillableError, interface_extent
+from cudask.memory.handlers import ContainerCopy, UnspillableError
+from cudask.memory.handlers.values import CONTAINERS, leaves, rebuild, split
 from cudask.memory.host.blocks import HostBlock
 from cudask.memory.host.pool import PinnedPool
 from cudask.memory.host.transfer import TransferEngine
-from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray, ForeignDeviceObject, as_numpy
+from cudask.testing.fake_cuda import FakeCopyBackend, ForeignDeviceObject, as_numpy
+
+
+def _ints(x: Any) -> int | None:
+    return x if type(x) is int else None
+
+
+def test_only_exact_lists_tuples_and_dicts_are_containers() -> None:
+    Pair = namedtuple("Pair", "a b")
+    assert CONTAINERS == {list, tuple, dict}
+    assert not any(type(c) in CONTAINERS for c in (Pair(1, 2), OrderedDict(a=1), {1}, "ab"))
+    assert list(leaves([Pair(1, 2), OrderedDict(a=3)], lambda x: x)) == [
+        (Pair(1, 2), Pair(1, 2)), (OrderedDict(a=3), OrderedDict(a=3))]
+
+
+def test_leaves_are_depth_first_in_order_and_picked() -> None:
+    value = {"b": [1, ("s", 2)], "a": 3, "c": {"d": [4.0, 5]}}
+    assert list(leaves(value, _ints)) == [(1, 1), (2, 2), (3, 3), (5, 5)]
+    assert list(leaves(7, _ints)) == [(7, 7)] and list(leaves("x", _ints)) == []
+    assert split({"y": 1, "x": 2}) == (["y", "x"], [1, 2])
+    assert split((1, 2)) == (None, [1, 2])
+
+
+def test_rebuild_keeps_unchanged_containers_and_their_kinds() -> None:
+    untouched = ["a", ("b",)]
+    value = {"n": [1, (2, "t")], "s": untouched}
+    out = rebuild(value, lambda x: x * 10 if type(x) is int else x)
+    assert out == {"n": [10, (20, "t")], "s": untouched}
+    assert out["s"] is untouched and type(out["n"][1]) is tuple
+    assert rebuild(value, lambda x: x) is value
+    made: list[tuple[str, Any]] = []
+
+    def make(container: Any, keys: list[Any] | None, items: list[Any]) -> Any:
+        made.append((type(container).__name__, keys))
+        return items
+
+    rebuild([1, ["x"], {"k": 2}], lambda x: -x if type(x) is int else x, make)
+    assert made == [("dict", ["k"]), ("list", None)]
+
+
+def test_leaves_stop_at_the_limit() -> None:
+    seen: list[Any] = []
+
+    def pick(x: Any) -> int | None:
+        seen.append(x)
+        return _ints(x)
+
+    assert leaves([["a", 1], 2, 3], pick, limit=1) == [(1, 1)]
+    assert seen == ["a", 1]
+    assert leaves([1, 2, 3], _ints, limit=2) == [(1, 1), (2, 2)]
 
 
 def test_recognises_device_objects() -> None:
@@ -25,28 +77,6 @@ def test_recognises_device_objects() -> None:
     assert handlers.is_device_object([1, (2, {"x": a})])
     for host in (np.arange(3), b"x", 3, None, [], (1, 2), {"a": np.zeros(2)}, "s"):
         assert not handlers.is_device_object(host)
-
-
-class Masked:
-    __cuda_array_interface__: ClassVar[dict[str, Any]] = {
-        "shape": (2,), "typestr": "<f8", "data": (0, False), "version": 3, "mask": object(),
-    }
-
-
-class Raises:
-    @property
-    def __cuda_array_interface__(self) -> dict[str, Any]:
-        raise AttributeError("not on a device")  # like a CPU torch tensor
-
-
-def test_object_whose_interface_raises_is_host() -> None:
-    assert not handlers.is_device_object(Raises())
-
-
-def test_masked_interface_is_unspillable(engine: TransferEngine) -> None:
-    assert handlers.is_device_object(Masked())
-    with pytest.raises(UnspillableError, match="masked"):
-        handlers.to_host(Masked(), engine)
 
 
 def test_a_host_object_is_unspillable(engine: TransferEngine) -> None:
@@ -76,71 +106,6 @@ def test_device_leaves_weak_leaves_and_producer_streams() -> None:
     foreign = ForeignDeviceObject(a)
     foreign.__cuda_array_interface__ = {**a.__cuda_array_interface__, "stream": 7}
     assert handlers.producer_streams([foreign, a, foreign]) == (7, 7)
-
-
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: arange(10),
-        lambda: arange(12, "i2").view((slice(None, None, -3),)),
-        lambda: FakeDeviceArray.from_numpy(np.arange(30, dtype="u4").reshape(5, 6)).T,
-        lambda: FakeDeviceArray.from_numpy(np.arange(30, dtype="c8").reshape(5, 6))[1:4, ::2],
-        lambda: FakeDeviceArray.from_numpy(np.asarray(7.5)),
-        lambda: FakeDeviceArray.empty((0, 3), "f4"),
-        lambda: FakeDeviceArray.from_numpy(np.asfortranarray(np.arange(6.0).reshape(2, 3))),
-    ],
-)
-def test_roundtrip_keeps_type_dtype_shape_strides(make: Any, engine: TransferEngine) -> None:
-    """Dense layouts (C, F, transposed, a block) keep their strides; a sparse view
-    (elements filling at most half its extent: `[::-3]`) comes back C-contiguous."""
-    a = make()
-    out = roundtrip(a, engine)
-    assert type(out) is FakeDeviceArray
-    assert out.dtype == a.dtype and out.shape == a.shape
-    low, high, _ = interface_extent(a.__cuda_array_interface__)
-    sparse = a.strides != np.empty(a.shape, a.dtype).strides and 2 * a.nbytes <= high - low
-    if a.nbytes:
-        assert out.strides == (np.empty(a.shape, a.dtype).strides if sparse else a.strides)
-    np.testing.assert_array_equal(out.get(), a.get())
-    assert out.allocation != a.allocation or a.nbytes == 0
-
-
-def test_a_sparse_view_moves_its_elements_not_its_extent() -> None:
-    """A column of a C-ordered chunk (what dask's map_overlap slices off each
-    neighbour) spans nearly the whole chunk: it is compacted on the device, so
-    the copies move the column's bytes both ways; without `compact` (a foreign
-    object) the extent is copied and the strides kept."""
-    backend = FakeCopyBackend(lag=1)
-    engine = TransferEngine(backend, PinnedPool(backend, 1 << 22, 1 << 20))
-    chunk = FakeDeviceArray.from_numpy(np.arange(500 * 400, dtype="f8").reshape(500, 400))
-    column = chunk[:, 399:400]
-    host = handlers.to_host(column, engine)
-    assert host.nbytes == column.nbytes == 500 * 8
-    dense = weakref.ref(host.copies[0].source)  # the compact copy, alive while copied
-    assert not host.ready() and dense() is not None
-    host.wait()
-    assert dense() is None
-    out, copies = handlers.to_device(host, engine)
-    for c in copies:
-        c.wait()
-    assert out.shape == (500, 1) and out.strides == (8, 8)
-    np.testing.assert_array_equal(out.get(), column.get())
-    assert out.allocation[1] == 500 * 8  # unspilling allocates the column alone
-    assert backend.copies == [("d2h", 4000), ("h2d", 4000)]
-
-    backend.copies.clear()
-    out = roundtrip(ForeignDeviceObject(column), engine)
-    extent = 499 * 400 * 8 + 8
-    assert backend.copies == [("d2h", extent), ("h2d", extent)]
-    assert out.strides == column.strides
-    np.testing.assert_array_equal(out.get(), column.get())
-
-
-def test_foreign_object_comes_back_as_backend_array(engine: TransferEngine) -> None:
-    a = arange(5, "i8")
-    out = roundtrip(ForeignDeviceObject(a), engine)
-    assert isinstance(out, FakeDeviceArray)
-    np.testing.assert_array_equal(out.get(), a.get())
 
 
 def test_containers_keep_their_shape_and_host_items(engine: TransferEngine) -> None:

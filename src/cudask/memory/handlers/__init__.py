@@ -1,40 +1,47 @@
 """Device-object handlers: what a device object is, which device memory it
 holds, and how it moves to host memory and back.
 
-Covers, one module each: host images (`images`: HostCopy, ContainerCopy),
-the handler contract (`protocol`), `__cuda_array_interface__` geometry
-(`geometry`), the generic interface handler (`cai`), one module per library
-family (`cupy`, `numba`, `torch`, `rmm`, `cudf`), the registry (`registry`),
-the one walk over lists/tuples/dicts (`walk`) and the functions over values
-built on them (`values`). This package registers each library family lazily:
-a library is imported only when an object of it is met, or a host copy made
-by its handler is rebuilt.
+Covers, by module: host images (`images`); the handler contract and registry
+(`registry`); the container walk and the functions over values (`values`);
+`__cuda_array_interface__` geometry and the generic, CuPy and Numba handlers
+(`cai`); PyTorch and RMM (`libraries`); cuDF (`cudf`). Importing the package
+registers the generic handler as the fallback and each library lazily: a library
+is imported only when one of its objects, or a host copy its handler made, is
+met. Imports: images <- registry <- values, cai, libraries; cai <- cudf.
 
 Does not cover: when to move (`cudask.memory.store`), how copies are issued
-(`cudask.memory.backend`, `cudask.memory.host.transfer`), JIT-unspill proxies (`cudask.memory.jit`).
+(`cudask.memory.host.transfer`), JIT-unspill proxies (`cudask.memory.jit`).
 
-Imports: images -> pinned; protocol -> images; geometry; cai -> geometry,
-images, protocol; registry -> cai, protocol; library modules -> cai or
-images, registry; walk (none); values -> registry, walk, images. No module
-here imports from the package itself.
-
-Threading: registration is expected at import time; everything else may be
-called from any thread.
+Threading: registration at import time; everything else from any thread.
 """
 
 from __future__ import annotations
 
-from cudask.memory.handlers import cudf, cupy, numba, rmm, torch
-from cudask.memory.handlers.cai import CudaArrayInterfaceHandler
-from cudask.memory.handlers.cudf import CudfHandler
-from cudask.memory.handlers.cupy import CupyHandler
-from cudask.memory.handlers.geometry import interface_extent, interface_nbytes
+from cudask.memory.handlers.cai import (
+    CudaArrayInterfaceHandler,
+    CupyHandler,
+    NumbaHandler,
+    interface_extent,
+    interface_nbytes,
+    register_cupy,
+    register_numba,
+)
+from cudask.memory.handlers.cudf import CudfHandler, register_cudf
 from cudask.memory.handlers.images import AnyHostCopy, ContainerCopy, HostCopy
-from cudask.memory.handlers.numba import NumbaHandler
-from cudask.memory.handlers.protocol import DeviceHandler, UnspillableError
-from cudask.memory.handlers.registry import handler_named, register_handler, register_lazy
-from cudask.memory.handlers.rmm import RmmDeviceBufferHandler
-from cudask.memory.handlers.torch import TorchHandler
+from cudask.memory.handlers.libraries import (
+    RmmDeviceBufferHandler,
+    TorchHandler,
+    register_rmm,
+    register_torch,
+)
+from cudask.memory.handlers.registry import (
+    DeviceHandler,
+    UnspillableError,
+    handler_named,
+    register_fallback,
+    register_handler,
+    register_lazy,
+)
 from cudask.memory.handlers.values import (
     allocations,
     device_leaves,
@@ -45,12 +52,13 @@ from cudask.memory.handlers.values import (
     weak_leaves,
 )
 
-register_lazy("cupy", cupy.register)
-register_lazy("numba", numba.register)
-register_lazy("numba_cuda", numba.register)
-register_lazy("torch", torch.register)
-register_lazy("rmm", rmm.register)
-register_lazy("cudf", cudf.register)
+register_fallback(CudaArrayInterfaceHandler())
+register_lazy("cupy", register_cupy)
+register_lazy("numba", register_numba)
+register_lazy("numba_cuda", register_numba)
+register_lazy("torch", register_torch)
+register_lazy("rmm", register_rmm)
+register_lazy("cudf", register_cudf)
 
 __all__ = [
     "AnyHostCopy",

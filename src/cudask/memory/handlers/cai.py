@@ -1,34 +1,62 @@
-"""The generic handler: any object exposing `__cuda_array_interface__`.
+"""Handlers built on `__cuda_array_interface__`, and the geometry it describes.
 
-Covers: `CudaArrayInterfaceHandler`, used for objects no registered handler
-claims (v2/v3 interfaces without a mask) and the base of the CuPy and Numba
-handlers, which override its hooks (`interface`, `device_of`, `meta`,
-`compact`, `allocate`, `rebuild`). The copy covers the object's extent, from
-its lowest to its highest byte, so strided views keep their strides; a sparse
-view (elements filling at most half its extent) goes through a C-contiguous
-device copy where the subclass can make one (`compact`) and comes back
-C-contiguous. A foreign type is rebuilt as the copy backend's array type.
+Covers: the bytes (`interface_nbytes`), the extent for any strides
+(`interface_extent`) and the producer stream (`interface_stream`) of an
+interface; `CudaArrayInterfaceHandler`, for objects no registered handler
+claims, copying the extent so strided views keep their strides, and copying a
+sparse view (elements filling at most half its extent) through a C-contiguous
+device copy where a subclass can make one; the subclasses that override its
+hooks (`interface`, `device_of`, `meta`, `compact`, `allocate`, `rebuild`):
+`CupyHandler` and `NumbaHandler`, each with its lazy `register`.
 
-Does not cover: objects with a mask (`UnspillableError`), choosing this
-handler (`registry`), the reasons behind the sparse rule
-(docs/design/handlers.md).
+Does not cover: masked interfaces (`UnspillableError`), choosing a handler
+(`registry`), CuPy as the copy backend (`cudask.memory.backend`).
 
-Threading: stateless; any thread. The copies are enqueued on the engine's
-streams and complete later (see `HostCopy`).
+Threading: stateless; any thread. Copies complete later (see `HostCopy`).
+CuPy and Numba are imported only inside the methods.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy
+
 from cudask.memory.accounting import Range
-from cudask.memory.handlers.geometry import interface_extent, interface_nbytes, interface_stream
 from cudask.memory.handlers.images import HostCopy
-from cudask.memory.handlers.protocol import UnspillableError
+from cudask.memory.handlers.registry import UnspillableError, register_handler
 
 if TYPE_CHECKING:
     from cudask.memory.backend import Copy
     from cudask.memory.host.transfer import TransferEngine
+
+
+def interface_nbytes(cai: dict[str, Any]) -> int:
+    """Bytes of the elements a `__cuda_array_interface__` describes."""
+    itemsize = numpy.dtype(cai["typestr"]).itemsize
+    return itemsize * int(numpy.prod([int(n) for n in cai["shape"]], dtype=numpy.int64))
+
+
+def interface_extent(cai: dict[str, Any]) -> tuple[int, int, int]:
+    """(lowest address, end address, offset of element 0 from the lowest address)
+    of the memory a `__cuda_array_interface__` describes."""
+    ptr = int(cai["data"][0] or 0)
+    shape = tuple(int(n) for n in cai["shape"])
+    strides = cai.get("strides")
+    if any(n == 0 for n in shape):
+        return ptr, ptr, 0
+    if strides is None:
+        return ptr, ptr + interface_nbytes(cai), 0
+    itemsize = numpy.dtype(cai["typestr"]).itemsize
+    low = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
+    high = sum((n - 1) * s for n, s in zip(shape, strides) if s > 0)
+    return ptr + low, ptr + high + itemsize, -low
+
+
+def interface_stream(cai: dict[str, Any]) -> tuple[int, ...]:
+    """The raw stream handle the interface says its data is written on, if any."""
+    stream = cai.get("stream")
+    return (int(stream),) if stream else ()
 
 
 class CudaArrayInterfaceHandler:
@@ -137,4 +165,107 @@ class CudaArrayInterfaceHandler:
         return self.rebuild(owner, base + meta["offset"], meta, engine), [h2d]
 
 
-__all__ = ["CudaArrayInterfaceHandler"]
+class CupyHandler(CudaArrayInterfaceHandler):
+    """cupy.ndarray: counts its whole `data.mem` allocation (so views and aliases
+    count once in `cudask.memory.accounting`); compacts sparse views with
+    `cupy.ascontiguousarray`; rebuilt as a cupy.ndarray with the same dtype, shape
+    and strides on the same device."""
+
+    name = "cupy"
+
+    def accepts(self, obj: Any) -> bool:
+        return True
+
+    def allocations(self, obj: Any) -> list[Range]:
+        mem = obj.data.mem
+        size = int(mem.size)
+        if size == 0:
+            return []
+        return [(int(mem.ptr), int(mem.ptr) + size)]
+
+    def producer_streams(self, obj: Any) -> tuple[int, ...]:
+        return ()
+
+    def device_of(self, obj: Any) -> int:
+        return int(obj.device.id)
+
+    def interface(self, obj: Any) -> dict[str, Any]:
+        return {
+            "shape": obj.shape,
+            "typestr": obj.dtype.str,
+            "descr": None,
+            "data": (int(obj.data.ptr), False),
+            "strides": None if obj.flags.c_contiguous else obj.strides,
+            "version": 3,
+        }
+
+    def meta(self, obj: Any) -> dict[str, Any]:
+        return {"dtype": obj.dtype}
+
+    def compact(self, obj: Any) -> tuple[Any, tuple[int, ...]] | None:
+        import cupy
+
+        try:
+            with cupy.cuda.Device(obj.device.id):
+                return cupy.ascontiguousarray(obj), (int(cupy.cuda.get_current_stream().ptr),)
+        except (cupy.cuda.memory.OutOfMemoryError, MemoryError):
+            return None  # copy the whole extent instead
+
+    def allocate(self, nbytes: int, meta: dict[str, Any], engine: TransferEngine) -> tuple[int, Any]:
+        import cupy
+
+        with cupy.cuda.Device(meta["device"]):
+            memptr = cupy.cuda.alloc(max(nbytes, 1))
+        return int(memptr.ptr), memptr
+
+    def rebuild(self, owner: Any, ptr: int, meta: dict[str, Any], engine: TransferEngine) -> Any:
+        import cupy
+
+        return cupy.ndarray(
+            meta["shape"],
+            dtype=meta["dtype"],
+            memptr=owner + (ptr - int(owner.ptr)),
+            strides=meta["strides"],
+        )
+
+
+def register_cupy() -> None:
+    import cupy
+
+    register_handler(cupy.ndarray, CupyHandler())
+
+
+class NumbaHandler(CudaArrayInterfaceHandler):
+    """Numba DeviceNDArray: accounted and copied through its interface; rebuilt with
+    numba.cuda.from_cuda_array_interface over a Numba device allocation."""
+
+    name = "numba"
+
+    def allocate(self, nbytes: int, meta: dict[str, Any], engine: TransferEngine) -> tuple[int, Any]:
+        from numba import cuda
+
+        owner = cuda.device_array(max(nbytes, 1), dtype=numpy.uint8)
+        return int(owner.__cuda_array_interface__["data"][0]), owner
+
+    def rebuild(self, owner: Any, ptr: int, meta: dict[str, Any], engine: TransferEngine) -> Any:
+        from numba import cuda
+
+        return cuda.from_cuda_array_interface(self.interface_of(meta, ptr), owner=owner, sync=False)
+
+
+def register_numba() -> None:
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    register_handler(DeviceNDArray, NumbaHandler())
+
+
+__all__ = [
+    "CudaArrayInterfaceHandler",
+    "CupyHandler",
+    "NumbaHandler",
+    "interface_extent",
+    "interface_nbytes",
+    "interface_stream",
+    "register_cupy",
+    "register_numba",
+]

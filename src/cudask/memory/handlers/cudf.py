@@ -1,23 +1,18 @@
 """The cuDF family: DataFrame, Series, Index and columns (`cudf.core.abc.Serializable`).
 
 Covers: `CudfHandler`, which moves an object through cuDF's own
-`device_serialize()` / `device_deserialize()`: device frames are counted by
-their extent and copied raw, host frames kept as they are; the type is
-pickled into the metadata so the receiver rebuilds the same class. A copy
-rebuilt from pickle (a proxy sent to a client) has no device -> host copies
-and keeps every frame. With cuDF spilling on, a buffer cuDF has spilled is a
-host frame (not counted as device memory, kept as it is), and each device frame
-is held until its copy is seen complete (it holds cuDF's spill lock on the
-buffer). `register` is called by the package the first time a cuDF object is
-met, or a host copy named "cudf" is rebuilt.
+`device_serialize()` / `device_deserialize()`: device frames counted by their
+extent and copied raw, host frames (with cuDF spilling on, buffers cuDF has
+spilled) kept as they are, the type pickled into the metadata. A device frame
+is held until its copy is seen complete (it holds cuDF's spill lock). A copy
+rebuilt from pickle has no copies and keeps every frame. `register_cudf` is
+run lazily by the package.
 
 Does not cover: sending cuDF objects between workers (`cudask.comm.ipc`).
 
-Threading: stateless; any thread. `to_device` returns at once with its host ->
-device copies under way (the caller waits for them, as for every handler);
-cuDF may launch work on the frames while deserializing, so the legacy default
-stream, which cuDF's streams synchronise with, is made to wait for the copies
-first.
+Threading: stateless; any thread. `to_device` returns with its copies under
+way; cuDF may launch work while deserializing, so the legacy default stream
+is made to wait for the copies first.
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ import pickle
 from typing import TYPE_CHECKING, Any
 
 from cudask.memory.accounting import Range
-from cudask.memory.handlers.geometry import interface_extent
+from cudask.memory.handlers.cai import interface_extent
 from cudask.memory.handlers.images import HostCopy
 from cudask.memory.handlers.registry import register_handler
 from cudask.memory.host.blocks import HostBlock
@@ -134,10 +129,10 @@ class _NoCopy:
         return None
 
 
-def register() -> None:
+def register_cudf() -> None:
     from cudf.core.abc import Serializable
 
     register_handler(Serializable, CudfHandler())
 
 
-__all__ = ["CudfHandler", "register"]
+__all__ = ["CudfHandler", "register_cudf"]

@@ -1,19 +1,18 @@
 """Host images of device objects: what a spilled object is while off the device.
 
-Covers: `HostCopy` (the image of one device object: the name of the handler
-that made it, its metadata, the host blocks its bytes are copied into and the
-device -> host copies filling them) and `ContainerCopy` (the image of a
-list/tuple/dict: items are images, or host objects kept as they are). Both
-pickle to their metadata plus out-of-band buffers (pickle protocol 5), so
-distributed's spill-to-disk writes their bytes without a copy; a HostCopy
-rebuilt from pickle has no copies to wait for.
+Covers: `HostCopy` (one device object's image: its handler's name, metadata,
+the host blocks its bytes go to and the copies filling them) and
+`ContainerCopy` (a list/tuple/dict's image: items are images, or host objects
+kept as they are). Both pickle to their metadata plus out-of-band buffers, so
+spill-to-disk writes their bytes without a copy; a HostCopy rebuilt from
+pickle has no copies to wait for.
 
 Does not cover: making or rebuilding images (the handlers, `values`), the
-blocks themselves (`cudask.memory.host.blocks.HostBlock`).
+blocks (`cudask.memory.host.blocks.HostBlock`).
 
-Threading: an image is built by one thread; `ready`, `wait`, `pinned` and
-pickling may then be called from any thread. A HostCopy's blocks go back to
-their pool when it dies, once the copies filling them completed.
+Threading: built by one thread; `ready`, `wait`, `pinned` and pickling then
+from any thread. A dead HostCopy's blocks go back to their pool once the
+copies filling them completed.
 """
 
 from __future__ import annotations

@@ -1,37 +1,101 @@
-"""What the rest of cudask asks about a value: a device object, or a list,
-tuple or dict holding some (through `walk`, the one container walk).
+"""The one container walk, and what the rest of cudask asks about a value.
 
-Covers: `is_device_object`, `device_leaves` (each device object with its
-handler), `allocations` (the device ranges a value keeps alive, possibly
-overlapping: `cudask.memory.accounting` counts them once), `producer_streams`,
-`weak_leaves`, `to_host` (an image whose copies are enqueued on the engine:
-`HostCopy` for a device object, `ContainerCopy` for a container, host items
-kept as they are) and `to_device` (the value rebuilt from its image, with the
-host -> device copies to wait for before it is handed out).
+Covers: containers - exactly `list`, `tuple` and `dict` (namedtuples,
+OrderedDicts and other subclasses are leaves) - walked depth first, dict
+values in order, by `leaves` (the leaves a `pick` function recognises) and
+`rebuild` (each leaf replaced; a container none of whose leaves changed is
+kept, the same object). Over them: `is_device_object`, `device_leaves`,
+`allocations` (possibly overlapping: `cudask.memory.accounting` counts them
+once), `producer_streams`, `weak_leaves`, `to_host` (host items kept as they
+are) and `to_device` (with the copies to wait for).
 
 Does not cover: when to move (`cudask.memory.store`), how copies are issued
-(`cudask.memory.backend`, `cudask.memory.host.transfer`), the handlers themselves (`registry` and the
-library modules). A value no handler can move raises `UnspillableError`.
+(`cudask.memory.host.transfer`), the handlers. Cycles are not detected.
 
-Threading: as the handlers: any thread; the value must not be mutated while
-it is walked.
+Threading: any thread; a value must not be mutated while it is walked.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cudask.memory.accounting import Range
 from cudask.memory.handlers.images import AnyHostCopy, ContainerCopy, HostCopy
-from cudask.memory.handlers.protocol import DeviceHandler, UnspillableError
-from cudask.memory.handlers.registry import handler_named, leaf_handler
-from cudask.memory.handlers.walk import CONTAINERS, leaves, rebuild, split
+from cudask.memory.handlers.registry import (
+    DeviceHandler,
+    UnspillableError,
+    handler_named,
+    leaf_handler,
+)
 
 if TYPE_CHECKING:
     from cudask.memory.backend import Copy
     from cudask.memory.host.transfer import TransferEngine
+
+T = TypeVar("T")
+
+CONTAINERS: frozenset[type] = frozenset({list, tuple, dict})
+
+#: make(container, keys, items) -> the rebuilt container (keys: a dict's, else None)
+Make = Callable[[Any, list[Any] | None, list[Any]], Any]
+
+
+def split(container: Any) -> tuple[list[Any] | None, list[Any]]:
+    """(keys, values) of a container: keys for a dict (in order), None otherwise."""
+    if type(container) is dict:
+        keys = list(container)
+        return keys, [container[k] for k in keys]
+    return None, list(container)
+
+
+def leaves(obj: Any, pick: Callable[[Any], T | None], limit: int = 0) -> list[tuple[Any, T]]:
+    """(leaf, pick(leaf)) for every leaf of `obj` (itself when not a container)
+    for which `pick` gives something other than None; with `limit`, the walk stops
+    once it found that many."""
+    if type(obj) not in CONTAINERS:
+        found = pick(obj)
+        return [] if found is None else [(obj, found)]
+    out: list[tuple[Any, T]] = []
+    _collect(obj, pick, out, limit)
+    return out
+
+
+def _collect(obj: Any, pick: Callable[[Any], T | None], out: list[tuple[Any, T]],
+             limit: int) -> bool:
+    """Append the picked leaves of `obj` to `out`; return whether `limit` was reached."""
+    t = type(obj)
+    if t in CONTAINERS:
+        for value in (obj.values() if t is dict else obj):
+            if _collect(value, pick, out, limit):
+                return True
+        return False
+    found = pick(obj)
+    if found is None:
+        return False
+    out.append((obj, found))
+    return len(out) == limit
+
+
+def same_kind(container: Any, keys: list[Any] | None, items: list[Any]) -> Any:
+    """A container of the kind of `container` holding `items` (under `keys`)."""
+    if keys is not None:
+        return dict(zip(keys, items))
+    return type(container)(items)
+
+
+def rebuild(obj: Any, replace: Callable[[Any], Any], make: Make = same_kind) -> Any:
+    """`obj` with every leaf replaced by `replace(leaf)`. A container all of whose
+    items come back as the same objects is returned as it is; one that changed is
+    built by `make(container, keys, items)`."""
+    if type(obj) not in CONTAINERS:
+        return replace(obj)
+    keys, values = split(obj)
+    items = [rebuild(value, replace, make) for value in values]
+    if all(new is old for new, old in zip(items, values)):
+        return obj
+    return make(obj, keys, items)
 
 
 def is_device_object(obj: Any) -> bool:
@@ -117,10 +181,15 @@ def to_device(copy: AnyHostCopy, engine: TransferEngine) -> tuple[Any, list[Copy
 
 
 __all__ = [
+    "CONTAINERS",
     "allocations",
     "device_leaves",
     "is_device_object",
+    "leaves",
     "producer_streams",
+    "rebuild",
+    "same_kind",
+    "split",
     "to_device",
     "to_host",
     "weak_leaves",

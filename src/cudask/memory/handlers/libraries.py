@@ -1,15 +1,19 @@
-"""The PyTorch family: `torch.Tensor` on a CUDA device.
+"""Handlers of the libraries whose objects are read through their own API: one
+allocation each, described by the library's attributes, not by an interface.
 
-Covers: `TorchHandler` (counts the tensor's whole untyped storage; copies the
-extent of its elements; rebuilds it with `torch.as_strided` over a new storage
-on the same device, keeping dtype, shape, strides and `requires_grad`, not its
-autograd history) and `register`, which the package calls the first time a
-torch object is met. CPU tensors are not device objects (`accepts`).
+Covers: `TorchHandler` (`torch.Tensor` on a CUDA device: counts its whole
+untyped storage, copies the extent of its elements, rebuilds it with
+`torch.as_strided` on the same device; CPU tensors are not device objects) and
+`RmmDeviceBufferHandler` (`rmm.DeviceBuffer`: `size` bytes at `ptr`, copied
+whole; its producer stream is its `stream`), each with its lazy `register`.
 
 Does not cover: PyTorch's caching allocator (the store counts what tensors
-keep alive, not what the allocator holds).
+keep alive), RMM pools (`cudask.worker`), cuDF (`cudf`). DeviceBuffer takes no
+weak references, so a spilled buffer still referenced elsewhere is not
+tracked as alive.
 
-Threading: stateless; any thread. PyTorch is imported only inside the methods.
+Threading: stateless; any thread. PyTorch and RMM are imported only inside the
+methods.
 """
 
 from __future__ import annotations
@@ -83,10 +87,58 @@ class TorchHandler:
         return out, [h2d]
 
 
-def register() -> None:
+def register_torch() -> None:
     import torch
 
     register_handler(torch.Tensor, TorchHandler())
 
 
-__all__ = ["TorchHandler", "register"]
+class RmmDeviceBufferHandler:
+    """rmm.DeviceBuffer: one allocation of `size` bytes at `ptr`.
+
+    Uses only `DeviceBuffer(size=...)`, `.ptr`, `.size` and `.stream` (whose
+    `__cuda_stream__()` gives the raw handle). DeviceBuffer does not support
+    weak references, so a spilled buffer still referenced elsewhere is not
+    tracked as alive (see `TieredStore`).
+    """
+
+    name = "rmm"
+
+    def accepts(self, obj: Any) -> bool:
+        return True
+
+    def allocations(self, obj: Any) -> list[Range]:
+        size = int(obj.size)
+        return [(int(obj.ptr), int(obj.ptr) + size)] if size else []
+
+    def producer_streams(self, obj: Any) -> tuple[int, ...]:
+        """The stream the buffer was created on, when not a default stream (the
+        copy stream always waits for the legacy default stream)."""
+        stream = getattr(obj, "stream", None)
+        try:
+            handle = int(stream.__cuda_stream__()[1]) if stream is not None else 0
+        except Exception:  # noqa: BLE001 - older rmm: no __cuda_stream__
+            return ()
+        return (handle,) if handle else ()
+
+    def to_host(self, obj: Any, engine: TransferEngine) -> HostCopy:
+        block, copy = engine.to_host(int(obj.ptr), int(obj.size))
+        return HostCopy(self.name, {"size": int(obj.size)}, [block], [copy])
+
+    def to_device(self, copy: HostCopy, engine: TransferEngine) -> tuple[Any, list[Copy]]:
+        import rmm
+
+        size = copy.meta["size"]
+        out = rmm.DeviceBuffer(size=size)
+        (block,) = copy.blocks
+        after = copy.copies[0] if copy.copies else None
+        return out, [engine.to_device(int(out.ptr), block.ptr, size, after=after)]
+
+
+def register_rmm() -> None:
+    import rmm
+
+    register_handler(rmm.DeviceBuffer, RmmDeviceBufferHandler())
+
+
+__all__ = ["RmmDeviceBufferHandler", "TorchHandler", "register_rmm", "register_torch"]
