@@ -161,8 +161,9 @@ SPILL: tuple[Option, ...] = (
     option("--disk-size", default=None,
            help=f"Bytes of the disk measurement made first, on the filesystem the workers "
            f"spill to: one file written and read sequentially, buffered and with O_DIRECT, "
-           f"whose GB/s each pass's disk I/O is compared with; 0: none. Default "
-           f"{spec.DISK_SIZE['cupy']} (--array-module numpy: {spec.DISK_SIZE['numpy']})."),
+           f"whose GB/s each pass's disk I/O is compared with; 0: none. Default, with "
+           f"--memory-limit given: {spec.DISK_SIZE['cupy']} (--array-module numpy: "
+           f"{spec.DISK_SIZE['numpy']}); without: none."),
 )
 
 

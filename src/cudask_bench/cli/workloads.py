@@ -44,7 +44,11 @@ def spill(ctx: click.Context, kw: dict[str, Any]) -> None:
     total, chunk = spec.check_spill_sizes(
         size(kw["total"], "--total"), size(kw["chunk_size"], "--chunk-size")
     )
-    disk_size = size(kw["disk_size"] or spec.DISK_SIZE[kw["array_module"]], "--disk-size") or 0
+    # the disk is measured where data go to it: a host limit given (the default "auto" is the
+    # worker's share of the host, which 16 GiB of chunks rarely fills)
+    spills_to_disk = str(kw["memory_limit"]).strip().lower() != "auto"
+    default = spec.DISK_SIZE[kw["array_module"]] if spills_to_disk else "0"
+    disk_size = size(kw["disk_size"] or default, "--disk-size") or 0
     plan = build_plan(
         "spill",
         ctx,
