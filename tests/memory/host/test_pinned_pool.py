@@ -1,6 +1,6 @@
 """PinnedPool with a fake backend: growth in the background only, registration of
 faulted-in memory, fallbacks, footprint limits, deferred release after a copy in flight.
-Idle release and rests: test_pinned_pool_idle.py; wider slabs: test_pinned_pool_widening.py."""
+Idle release: test_pinned_pool_idle.py; wider slabs: test_pinned_pool_widening.py."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """PinnedPool's thread between requests, with a fake backend: idle slabs given back
-(release_after, trim, limit_idle) or kept, and rests after pinning at a duty cycle."""
+(release_after, trim, limit_idle) or kept."""
 
 from __future__ import annotations
 
-import time
-
-import pytest
 from pinned_pool_helpers import KiB, MiB, WaitFor, ready_pool, waits_until_woken
 
 from cudask.memory.host.pool import PinnedPool
@@ -80,61 +77,6 @@ def test_limit_idle_gives_free_slabs_back_now_and_caps_what_is_made_ready(wait_f
         b.release()
     pool.close()
 
-
-class _SlowPin(FakeCopyBackend):
-    """Registration takes `seconds`; the start of each call is recorded."""
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__()
-        self.seconds = seconds
-        self.starts: list[float] = []
-
-    def register_host(self, ptr: int, nbytes: int) -> None:
-        self.starts.append(time.monotonic())
-        time.sleep(self.seconds)
-        super().register_host(ptr, nbytes)
-
-    def alloc_pinned(self, nbytes: int) -> int:
-        self.starts.append(time.monotonic())
-        time.sleep(self.seconds)
-        return super().alloc_pinned(nbytes)
-
-
-def test_pinning_ahead_rests_as_long_as_it_worked_at_duty_cycle_one_half(wait_for: WaitFor) -> None:
-    backend = _SlowPin(0.05)
-    pool = PinnedPool(backend, 256 * KiB, 16 * KiB, duty_cycle=0.5)
-    pool.ensure_free(64 * KiB)
-    assert pool.wait_ready(timeout=60) and len(backend.starts) == 4
-    # after each slab (at least 0.05 s of pinning) the thread rested at least as long
-    gaps = [b - a for a, b in zip(backend.starts, backend.starts[1:], strict=False)]
-    assert all(gap >= 0.1 for gap in gaps), gaps
-    assert wait_for(lambda: pool.stats()["pinned-rest-seconds"] >= 4 * 0.05)
-    assert pool._pinner._mapper is None  # no slab faulted in during another's registration
-    pool.close()
-
-
-def test_without_rests_at_duty_cycle_one() -> None:
-    pool = PinnedPool(_SlowPin(0.01), 256 * KiB, 16 * KiB)
-    pool.ensure_free(64 * KiB)
-    assert pool.wait_ready(timeout=60)
-    assert pool.stats()["pinned-rest-seconds"] == 0
-    pool.close()
-
-
-def test_close_ends_a_rest_at_once(wait_for: WaitFor) -> None:
-    pool = PinnedPool(_SlowPin(0.05), 256 * KiB, 16 * KiB, duty_cycle=0.001)  # rests ~50 s
-    pool.ensure_free(64 * KiB)
-    assert wait_for(lambda: pool.slabs == 1)
-    started = time.monotonic()
-    pool.close()
-    assert time.monotonic() - started < 30  # not the 50 s rest
-    assert pool._thread is not None and not pool._thread.is_alive()
-
-
-def test_rejects_a_duty_cycle_outside_zero_one() -> None:
-    for bad in (0, -0.5, 1.5):
-        with pytest.raises(ValueError, match="duty_cycle"):
-            PinnedPool(FakeCopyBackend(), 10, 10, duty_cycle=bad)
 
 def test_no_slab_is_made_ready_that_the_idle_cap_would_give_back(wait_for: WaitFor) -> None:
     backend = FakeCopyBackend()

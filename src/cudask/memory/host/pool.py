@@ -7,10 +7,10 @@ a request that finds no free pinned range gets a fallback block
 (`cudask.memory.host.fallback`) and asks the pool's thread for more. The
 thread ("cudask-pinned") reserves slabs up to a goal (`start_background`,
 `ensure_free`) and registers large fallback blocks when idle, each once this
-process's device traffic pauses (`traffic`), rests after pinning for
-`duty_cycle`, and gives slabs idle for `release_after` (or all free ones after
-`trim`) back, keeping the start goal. The footprint stays within `capacity`
-and `available_fraction` of the host memory available.
+process's device traffic pauses (`traffic`), and gives slabs idle for
+`release_after` (or all free ones after `trim`) back, keeping the start goal.
+The footprint stays within `capacity` and `available_fraction` of the host
+memory available.
 Why these defaults: docs/design/host-memory.md.
 
 Does not cover: how memory is pinned (`cudask.memory.host.pinning`), the slab free
@@ -57,9 +57,7 @@ class PinnedPool:
     `available`: bytes of host memory available now (default: psutil's
     MemAvailable); `available_fraction`: the most of it (plus what the pool
     holds) the pool pins. `populate_threads`: threads faulting memory in
-    (None: `faulting.default_threads()`). `duty_cycle`: the largest share of
-    time the pool's thread spends pinning (slabs and fallback blocks), in
-    (0, 1]; 1: no rests.
+    (None: `faulting.default_threads()`).
     """
 
     def __init__(
@@ -74,7 +72,6 @@ class PinnedPool:
         available: Callable[[], int] | None = None,
         available_fraction: float = 0.5,
         populate_threads: int | None = None,
-        duty_cycle: float = 1.0,
     ) -> None:
         if capacity < 0 or slab_size < 0:
             raise ValueError(f"capacity={capacity} and slab_size={slab_size} must be >= 0")
@@ -84,8 +81,6 @@ class PinnedPool:
             raise ValueError(f"method={method!r}; accepted: {', '.join(METHODS)}")
         if not 0 < available_fraction <= 1:
             raise ValueError(f"available_fraction={available_fraction} must be in (0, 1]")
-        if not 0 < duty_cycle <= 1:
-            raise ValueError(f"duty_cycle={duty_cycle} must be in (0, 1]")
         self.backend = backend
         self.capacity = capacity if backend is not None else 0
         self.slab_size = max(round_up(slab_size or capacity or 1, alignment), alignment)
@@ -94,9 +89,7 @@ class PinnedPool:
         self.available = available or _available_memory
         self.available_fraction = available_fraction
         self.populate_threads = populate_threads
-        self.duty_cycle = duty_cycle
-        self.rest_seconds = 0.0  # the pool's thread rested this long between pinnings
-        self.deferred_seconds = 0.0  # ... and waited this long for device traffic to pause
+        self.deferred_seconds = 0.0  # the pool's thread waited for device traffic this long
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._fallbacks = Fallbacks(self._wake, populate_threads)
@@ -351,21 +344,11 @@ class PinnedPool:
             return True
         with self._lock:  # not while this process moves device memory (traffic)
             self.deferred_seconds += traffic.await_quiet(self._wake, lambda: self._closed)
-        started = time.perf_counter()
         if size:
-            self._grow(size, premap=self.duty_cycle >= 1)
-        elif not self._fallbacks.register_one(self._pinner, self._fits):
-            return True
-        if self.duty_cycle < 1:
-            self._rest((time.perf_counter() - started) * (1 / self.duty_cycle - 1))
+            self._grow(size, premap=True)
+        else:
+            self._fallbacks.register_one(self._pinner, self._fits)
         return True
-
-    def _rest(self, seconds: float) -> None:
-        """Let the other threads' CUDA calls through for `seconds` (until closed)."""
-        started = time.monotonic()
-        with self._lock:
-            self._wake.wait_for(lambda: self._closed, seconds)
-            self.rest_seconds += time.monotonic() - started
 
     def _idle_slabs(self) -> tuple[list[Slab], float | None]:
         """Take out of the pool the slabs idle for `release_after`, newest first,
@@ -463,7 +446,7 @@ class PinnedPool:
         """Pool state for the store's metrics: capacity, reserved and in-use bytes, readiness
         (1.0: the goal reserved), how fast memory was made ready (`pinned-provision-*`;
         fallback blocks registered later: `pageable-registered-*`), pageable fallbacks
-        (`-warmup-`: waiting for the thread), rests, deferrals, bytes given back."""
+        (`-warmup-`: waiting for the thread), deferrals, bytes given back."""
         with self._lock:
             goal = min(self.goal, self.capacity)
             ready = 1.0 if goal <= 0 else min(self.reserved / goal, 1.0)
@@ -479,7 +462,6 @@ class PinnedPool:
                 "pinned-provision-bytes": float(self.provisioned_bytes),
                 "pinned-provision-seconds": self.provision_seconds,
                 "pinned-provision-gbps": rate / 1e9,
-                "pinned-rest-seconds": self.rest_seconds,
                 "pinned-deferred-seconds": self.deferred_seconds,
                 "pinned-registered": 1.0 if self.method == "register" else 0.0,
                 "pinned-released-bytes": float(self.released_bytes),
