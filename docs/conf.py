@@ -41,31 +41,11 @@ html_static_path: list[str] = []
 _MD_LINK = re.compile(r"\]\((?![a-z]+:|#)([^)\s]+\.md)(#[^)\s]*)?\)")
 
 
-#: Any Markdown link to a relative path (used for the pages below only).
-_LINK = re.compile(r"\[([^\]]*)\]\((?![a-z]+:|#)([^)\s]+)\)")
-
-#: Pages kept byte for byte until the memory core's rewrite replaces them. They still link
-#: result files that bench/results no longer holds; in them alone, such a link renders as its
-#: text. Take a page out of this set when it is rewritten, and this code when the set is empty.
-_AWAITING_REWRITE = frozenset({"design/host-memory"})
-
-
 def _outside_links(app: Any, docname: str, source: list[str]) -> None:
     """Links to Markdown files outside docs/ (bench/results/README.md, the README) become
     `path:` links, which Sphinx copies as downloads, instead of unknown documents; the
-    pages keep plain relative links, which GitHub and editors follow. In the pages of
-    `_AWAITING_REWRITE`, links to result files no longer kept become their text."""
+    pages keep plain relative links, which GitHub and editors follow."""
     here = (Path(app.srcdir) / docname).parent
-    results = (ROOT / "bench" / "results").resolve()
-
-    def unlink_missing(match: re.Match[str]) -> str:
-        target = (here / match[2]).resolve()
-        if target.is_relative_to(results) and not target.exists():
-            return match[1]
-        return match[0]
-
-    if docname in _AWAITING_REWRITE:
-        source[0] = _LINK.sub(unlink_missing, source[0])
 
     def rewrite(match: re.Match[str]) -> str:
         target = (here / match[1]).resolve()

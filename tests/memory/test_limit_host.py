@@ -89,12 +89,12 @@ def test_free_pinned_memory_counts_against_the_host_tier(make_store: MakeStore) 
     for i in range(3):  # past half the device limit: pinned memory is made ready ahead
         store[i] = filled(CHUNK, i)
     pool = store.engine.pool
-    pool.wait_ready(timeout=30)
+    pool.provisioner.wait_ready(timeout=30)
     free_pinned = pool.reserved - pool.in_use
     assert store._host.memory_bytes + free_pinned <= host_limit + CHUNK, free_pinned / CHUNK
     for i in range(8):  # the device tier spills: its copies push host values to disk
         store[f"more-{i}"] = filled(CHUNK, 100 + i)
-    pool.wait_ready(timeout=30)
+    pool.provisioner.wait_ready(timeout=30)
     assert store._host.memory_bytes + pool.reserved - pool.in_use <= host_limit + CHUNK
     assert all((as_numpy(store[f"more-{i}"]) == 100 + i).all() for i in range(8))
     assert all(store[f"host-{i}"] == bytes(CHUNK - 64) for i in range(8))

@@ -96,7 +96,7 @@ def test_registration_failure_falls_back_with_one_warning_and_loses_nothing(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PinnedMemoryWarning)
         churn(store, in_threads)
-        store.engine.pool.wait_ready(timeout=30)
+        store.engine.pool.provisioner.wait_ready(timeout=30)
     named = [w for w in caught if "cudaErrorNotSupported" in str(w.message)]
     assert len(named) == 1 and "cudaHostAlloc" in str(named[0].message)
     assert store.engine.pool.method == "host-alloc" and backend.pin_calls > 0

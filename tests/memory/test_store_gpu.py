@@ -162,11 +162,12 @@ def test_a_block_larger_than_a_slab_widens_the_slabs_that_follow(
              pinned_slab_size=8 * MiB, pinned_preallocate=32 * MiB)
     try:
         pool = s.engine.pool
-        assert pool.wait_ready(timeout=120) and pool.slabs == 4  # 8 MiB slabs, all free
+        assert pool.provisioner.wait_ready(timeout=120)
+        assert pool.slabs == 4  # 8 MiB slabs, all free
         s[0] = cp.full(3 * MiB, 0.5, dtype="f8")  # 24 MiB blocks
         s[1] = cp.full(3 * MiB, 1.5, dtype="f8")  # spills 0: no 24 MiB range in any slab
         assert wait_for(lambda: s.peek_host_copy(0) is not None, timeout=60)
-        assert pool.slab_size == 48 * MiB
+        assert pool.provisioner.slab_size == 48 * MiB
         assert s.metrics()["pageable-fallback-fragmented-bytes"] >= 24 * MiB
         assert wait_for(lambda: pool.slabs >= 5 and pool.reserved >= 80 * MiB, timeout=60)
         s[2] = cp.full(3 * MiB, 2.5, dtype="f8")  # spills 1 into a registered 48 MiB slab
@@ -190,7 +191,7 @@ def test_pinned_pool_exhaustion_falls_back(tmp_path: Any) -> None:
     s = make(tmp_path, 8 * MiB, None, pinned_pool_size=8 * MiB,
              pinned_slab_size=8 * MiB, pinned_preallocate=True)
     try:
-        assert s.engine.pool.wait_ready(timeout=60)
+        assert s.engine.pool.provisioner.wait_ready(timeout=60)
 
         def fill() -> None:
             for i in range(4):
@@ -330,7 +331,7 @@ def test_background_pinning_then_pinned_copies(tmp_path: Any) -> None:
     s = make(tmp_path, 64 * MiB, None, pinned_pool_size=128 * MiB,
              pinned_slab_size=32 * MiB, pinned_preallocate=64 * MiB)
     try:
-        assert s.engine.pool.wait_ready(timeout=120)  # pinned in the background
+        assert s.engine.pool.provisioner.wait_ready(timeout=120)  # pinned in the background
         m = s.metrics()
         assert m["pinned-ready"] == 1 and m["pinned-reserved-bytes"] >= 64 * MiB
         for i in range(4):

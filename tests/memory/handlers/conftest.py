@@ -12,4 +12,4 @@ from cudask.testing.fake_cuda import FakeCopyBackend
 @pytest.fixture
 def engine() -> TransferEngine:
     backend = FakeCopyBackend()
-    return TransferEngine(backend, PinnedPool(backend, 1 << 20, 1 << 16))
+    return TransferEngine(backend, PinnedPool(backend, 1 << 20, slab_size=1 << 16))

@@ -94,7 +94,7 @@ def test_a_sparse_view_moves_its_elements_not_its_extent() -> None:
     the copies move the column's bytes both ways; without `compact` (a foreign
     object) the extent is copied and the strides kept."""
     backend = FakeCopyBackend(lag=1)
-    engine = TransferEngine(backend, PinnedPool(backend, 1 << 22, 1 << 20))
+    engine = TransferEngine(backend, PinnedPool(backend, 1 << 22, slab_size=1 << 20))
     chunk = FakeDeviceArray.from_numpy(np.arange(500 * 400, dtype="f8").reshape(500, 400))
     column = chunk[:, 399:400]
     host = handlers.to_host(column, engine)

@@ -74,7 +74,7 @@ def test_work_on_the_default_stream_waits_for_the_copies_back(monkeypatch: pytes
     # default stream while or after deserializing must run after them
     monkeypatch.setitem(sys.modules, "rmm", SimpleNamespace(DeviceBuffer=FakeRmmBuffer))
     backend = FakeCopyBackend()
-    engine = TransferEngine(backend, PinnedPool(backend, 1 << 20, 1 << 16))
+    engine = TransferEngine(backend, PinnedPool(backend, 1 << 20, slab_size=1 << 16))
     handler = CudfHandler()
     obj = FrameObject(np.arange(1000, dtype="f8"), b"meta")
     host_copy = handler.to_host(obj, engine)  # copied at once (no lag)
@@ -105,7 +105,7 @@ def test_an_allocation_that_fails_midway_lets_the_earlier_copies_finish(
             made.append(self)
 
     backend = FakeCopyBackend()
-    engine = TransferEngine(backend, PinnedPool(backend, 1 << 20, 1 << 16))
+    engine = TransferEngine(backend, PinnedPool(backend, 1 << 20, slab_size=1 << 16))
     handler = CudfHandler()
     host_copy = handler.to_host(TwoFrames(np.arange(100, dtype="f8"), b""), engine)
     backend.lag = 1_000_000  # copies stay queued until something waits
@@ -131,7 +131,7 @@ def test_each_device_frame_lives_until_its_copy_is_seen_complete() -> None:
     # its buffer: dropped before the copy completes, cuDF could spill the buffer (and
     # free its memory) under the copy
     backend = FakeCopyBackend()
-    engine = TransferEngine(backend, PinnedPool(backend, 1 << 20, 1 << 16))
+    engine = TransferEngine(backend, PinnedPool(backend, 1 << 20, slab_size=1 << 16))
     backend.lag = 1_000_000  # copies stay queued until something waits
     Tracked.frames.clear()
     host_copy = CudfHandler().to_host(Tracked(np.arange(100, dtype="f8"), b""), engine)

@@ -142,7 +142,7 @@ def test_copy_is_ordered_after_producers(engine: TransferEngine) -> None:
     backend = engine.backend
     assert isinstance(backend, FakeCopyBackend)
     lagging = FakeCopyBackend(lag=1000)
-    eng = TransferEngine(lagging, PinnedPool(lagging, 1 << 16, 1 << 16))
+    eng = TransferEngine(lagging, PinnedPool(lagging, 1 << 16, slab_size=1 << 16))
     eng.order_after_producers((12345,))
     d2h = eng._stream("d2h")
     assert [op[0] for op in d2h.ops] == ["wait", "wait"]
@@ -150,7 +150,7 @@ def test_copy_is_ordered_after_producers(engine: TransferEngine) -> None:
 
 def test_host_to_device_copies_wait_for_the_default_stream() -> None:
     backend = FakeCopyBackend(lag=10_000)
-    engine = TransferEngine(backend, PinnedPool(backend, 0, 0))
+    engine = TransferEngine(backend, PinnedPool(backend, 0, slab_size=0))
     src, dst = HostBlock.pageable(8), HostBlock.pageable(8)
     engine.to_device(dst.ptr, src.ptr, 8)
     h2d = engine._stream("h2d")

@@ -34,8 +34,8 @@ def test_host_copy_pickles_out_of_band_and_rebuilds(engine: TransferEngine) -> N
 
 def test_host_copy_returns_its_pinned_block_when_it_dies() -> None:
     backend = FakeCopyBackend(lag=1000)
-    pool = PinnedPool(backend, 1 << 16, 1 << 16)
-    pool.preallocate()
+    pool = PinnedPool(backend, 1 << 16, slab_size=1 << 16)
+    pool.provisioner.preallocate()
     engine = TransferEngine(backend, pool)
     copy = handlers.to_host(arange(100), engine)
     assert copy.pinned() and pool.in_use == 1024

@@ -1,6 +1,7 @@
-"""Shared by the PinnedPool tests (test_pinned_pool*.py): sizes, the fixtures' types,
-a skip where there are no Linux mappings, a pool made ready, and whether the pool's
-thread sleeps until woken."""
+"""Shared by the PinnedPool and Provisioner tests (test_pinned_pool.py,
+test_provisioner*.py): sizes, the fixtures' types, a skip where there are no Linux
+mappings, a backend whose pinning waits for a gate, a pool made ready, and whether
+the provisioner's thread sleeps until woken."""
 
 from __future__ import annotations
 
@@ -23,12 +24,31 @@ MiB = 1 << 20
 needs_mappings = pytest.mark.skipif(not faulting.available(), reason="needs Linux mappings")
 
 
+class Gated(FakeCopyBackend):
+    """Registration (and allocation) wait for `gate`; `callers`: the threads that pinned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.callers: set[str] = set()
+
+    def register_host(self, ptr: int, nbytes: int) -> None:
+        self.callers.add(threading.current_thread().name)
+        self.gate.wait()
+        super().register_host(ptr, nbytes)
+
+    def alloc_pinned(self, nbytes: int) -> int:
+        self.callers.add(threading.current_thread().name)
+        self.gate.wait()
+        return super().alloc_pinned(nbytes)
+
+
 def waits_until_woken(pool: PinnedPool) -> bool:
-    """Whether the pool's thread waits, with no timer, for a caller to wake it: it
-    found nothing to pin, register or give back, now or later. Read under the
+    """Whether the provisioner's thread waits, with no timer, for a caller to wake it:
+    it found nothing to pin, register or give back, now or later. Read under the
     pool's lock: a notify takes the thread off the condition's waiters at once,
     so such a wait seen after an action is one that took the action into account."""
-    thread = pool._thread
+    thread = pool.provisioner._thread
     if thread is None:
         return False
     with pool._lock:
@@ -41,6 +61,6 @@ def waits_until_woken(pool: PinnedPool) -> bool:
 
 
 def ready_pool(backend: FakeCopyBackend, capacity: int, slab: int, **kwargs: object) -> PinnedPool:
-    pool = PinnedPool(backend, capacity, slab, **kwargs)  # type: ignore[arg-type]
-    pool.preallocate()
+    pool = PinnedPool(backend, capacity, slab_size=slab, **kwargs)  # type: ignore[arg-type]
+    pool.provisioner.preallocate()
     return pool

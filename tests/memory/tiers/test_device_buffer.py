@@ -87,7 +87,7 @@ def test_host_copy_outlives_the_copy_back_while_the_key_goes_to_disk(
                               pinned_slab_size=64 * kib, spill_on_demand=False)
     store = TieredStore(100 * kib, 1 << 20, settings=settings, backend=backend)
     try:
-        store.engine.pool.preallocate(256 * kib)
+        store.engine.pool.provisioner.preallocate(256 * kib)
         for i in range(4):
             store[f"k{i}"] = FakeDeviceArray(numpy.full(60 * kib, i + 1, dtype="u1"))
         backend.drain()

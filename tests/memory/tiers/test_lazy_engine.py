@@ -66,8 +66,9 @@ def test_pinning_ahead_ramps_up_to_the_headroom_at_the_limit(make_store: MakeSto
                        pinned_slab_size=16 << 10)
     store[0] = dev(3 << 18, 0)  # 3/4 of the limit
     assert wait_for(lambda: store._lazy.current is not None and store.metrics().get("pinned-reserved-bytes", 0) > 0)
-    assert store.engine.pool.wait_ready(timeout=120)
-    assert store.engine.pool.goal == 128 << 10 and store.metrics()["pinned-reserved-bytes"] == 128 << 10
+    assert store.engine.pool.provisioner.wait_ready(timeout=120)
+    assert store.engine.pool.provisioner.goal == 128 << 10
+    assert store.metrics()["pinned-reserved-bytes"] == 128 << 10
 
 
 class GatedBackend(FakeCopyBackend):
@@ -99,7 +100,7 @@ def test_first_spill_does_not_wait_for_pinning(make_store: MakeStore) -> None:
     m = store.metrics()
     assert m["pageable-fallback-warmup-bytes"] == 100 and m["pinned-ready"] < 1
     backend.gate.set()
-    assert store.engine.pool.wait_ready(timeout=30)
+    assert store.engine.pool.provisioner.wait_ready(timeout=30)
     store["c"] = dev(100, 3)  # spills "b" into the pinned pool
     copy = store.peek_host_copy("b")
     assert copy is not None and copy.pinned()

@@ -9,7 +9,9 @@ Covers, one module a part, each importing only those above it in this list:
 - `pinning`: the pinning methods ("register", "host-alloc") and the fallback
   from one to the other;
 - `fallback`: memory for copies the pool cannot serve, and its warnings;
-- `pool`: `PinnedPool` and its thread;
+- `traffic`: whether this process moves device memory now;
+- `provision`: `Provisioner`, the pool's slabs reserved ahead and given back;
+- `pool`: `PinnedPool`, blocks carved out of the slabs and taken back;
 - `transfer`: `TransferEngine`, copies between device memory and pool blocks.
 
 Does not cover: the CUDA calls (`cudask.memory.backend`, below this package)

@@ -5,15 +5,17 @@ slab, pageable memory (`pageable`), memory faulted in ahead for one copy
 (`mapped`, backed by a `FaultedMapping` that the pool's thread may register
 later), or a wrapped buffer (`wrap`) - viewable as a memoryview or a NumPy
 array; `BlockPool`, what a block needs from the pool that carved it;
-`DeferredBlocks`, blocks released while a copy still uses them.
+`DeferredBlocks`, blocks released while a copy still uses them, handed back to
+their pool once it completes.
 
-Does not cover: carving blocks out of slabs or deciding when to pin
-(`cudask.memory.host.pool`).
+Does not cover: carving blocks out of slabs (`cudask.memory.host.pool`) or
+deciding when to pin (`cudask.memory.host.provision`).
 
 Threading: a block is used by one copy at a time; `release` may be called
 from any thread and returns the memory once (to its pool, which locks, or to
-the operating system). `DeferredBlocks` locks itself. A `FaultedMapping` is unregistered and unmapped when
-the last reference to it dies, from whichever thread drops it.
+the operating system). `DeferredBlocks` locks itself and hands blocks back
+outside its lock. A `FaultedMapping` is unregistered and unmapped when the last
+reference to it dies, from whichever thread drops it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import ctypes
 import logging
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 import numpy
@@ -192,10 +195,11 @@ class HostBlock:
 
 
 class DeferredBlocks:
-    """Blocks released while a copy into or out of them was in flight, each kept
-    until its copy has completed."""
+    """Blocks released while a copy into or out of them was in flight, each handed
+    to `give` (its pool's) once its copy has completed."""
 
-    def __init__(self) -> None:
+    def __init__(self, give: Callable[[HostBlock], None]) -> None:
+        self._give = give
         self._lock = threading.Lock()
         self._items: list[tuple[HostBlock, Copy]] = []
 
@@ -206,9 +210,16 @@ class DeferredBlocks:
         with self._lock:
             self._items.append((block, copy))
 
-    def done(self, wait: bool = False) -> list[HostBlock]:
-        """Take out the blocks whose copies have completed (all of them, waiting
-        for their copies, with `wait`)."""
+    def collect(self, wait: bool = False) -> bool:
+        """Hand to `give` the blocks whose copies have completed (all of them,
+        waiting for their copies, with `wait`); return whether there were any."""
+        done = self._done(wait)
+        for block in done:
+            self._give(block)
+        return bool(done)
+
+    def _done(self, wait: bool) -> list[HostBlock]:
+        """Take out the blocks whose copies have completed (all, with `wait`)."""
         with self._lock:
             if not self._items:
                 return []

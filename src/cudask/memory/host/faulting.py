@@ -12,7 +12,7 @@ CUDA calls that map memory (cudaMalloc, CUDA IPC opens) wait for: the step
 bounds that wait. Why this path and these sizes: docs/design/host-memory.md.
 
 Does not cover: registration with the driver (`cudask.memory.host.pinning`)
-or when memory is needed (`cudask.memory.host.pool`).
+or when memory is needed (`cudask.memory.host.provision`).
 
 Threading: every function is thread-safe. One shared thread pool
 ("cudask-populate") serves all callers; a call returns when its pages are in.

@@ -10,11 +10,11 @@ running out switches the pinner to "host-alloc" for good, with one warning.
 Also freeing a slab by the way it was pinned, and registering the mapping
 behind a fallback block. `METHODS`, `resolve_method("auto")`.
 
-Does not cover: how much to pin or when (`cudask.memory.host.pool`), or the
+Does not cover: how much to pin or when (`cudask.memory.host.provision`), or the
 costs of each method (docs/design/host-memory.md).
 
 Threading: one caller at a time (the pool's thread, or the thread running
-`PinnedPool.preallocate`); the faulting-ahead state is not locked. Pinning
+`Provisioner.preallocate`); the faulting-ahead state is not locked. Pinning
 runs outside the pool's lock: cudaHostRegister holds the driver's locks for
 as long as it takes.
 """

@@ -9,9 +9,10 @@ use, and pick the slabs idle long enough to go back to the operating system
 found no slab large enough. Plain data: addresses are numbers here.
 
 Does not cover: reserving or freeing memory (`cudask.memory.host.pinning`),
-locking, or the pool's thread (`cudask.memory.host.pool`).
+locking, or when slabs come and go (`cudask.memory.host.provision`).
 
-Threading: none of it is thread-safe; the pool calls it with its lock held.
+Threading: none of it is thread-safe; the pool and its provisioner call it
+with the pool's lock held.
 No CUDA, no threads, no system calls: testable alone.
 """
 
@@ -154,8 +155,8 @@ class Slabs:
 
 
 # Slabs widen for blocks up to this size (or the base size, if larger): each slab is one
-# registration, during which the worker's other CUDA calls wait (1 GiB slabs measured in
-# docs/design/host-memory.md). A larger block gets a slab of its own instead.
+# registration, during which the worker's other CUDA calls wait (docs/design/host-memory.md).
+# A larger block gets a slab of its own instead.
 WIDEST = 1 << 30
 
 

@@ -6,7 +6,7 @@ Covers: marking a transfer of device memory with another process while it runs
 telling whether the process has been quiet for a while (`quiet`). Pinning a slab
 (cudaHostRegister, cudaHostAlloc) holds the CUDA driver for tens of
 milliseconds, stalling the IPC mappings, allocations and copies of the same
-process meanwhile; the pinned pool's thread (`cudask.memory.host.pool`) asks
+process meanwhile; the pinned pool's thread (`cudask.memory.host.provision`) asks
 `quiet` before each slab and defers it, within a bound, while transfers run.
 
 Does not cover: what moves (`cudask.comm.ipc`), or pinning itself.

@@ -104,7 +104,7 @@ def _detached_engine() -> TransferEngine:
             from cudask.memory.host.transfer import TransferEngine
 
             backend = default_backend()
-            _ENGINE = TransferEngine(backend, PinnedPool(backend, 0, 1 << 20))
+            _ENGINE = TransferEngine(backend, PinnedPool(backend, 0))
         return _ENGINE
 
 
