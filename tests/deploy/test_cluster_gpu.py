@@ -292,7 +292,7 @@ def test_no_nanny_worker_and_dask_spec(tmp_path, machine):
             assert set(kinds.values()) == {"TieredStore"}
             classes = client.run(lambda dask_worker: type(dask_worker).__name__)
             assert classes[by_name["solo"]] == "TaggedWorker"
-            assert classes[by_name["spec"]] == "Worker"
+            assert classes[by_name["spec"]] == "GPUWorker"
     finally:
         _stop(solo, spec_proc, sched)
 

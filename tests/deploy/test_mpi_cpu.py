@@ -228,7 +228,7 @@ def test_a_rank_is_its_worker_unless_a_nanny_is_asked_for(fake_mpi: FakeMPI, fou
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "2")
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4")
     w = _as_dask_mpi_builds_it(2)
-    assert type(w.nannies[0]).__name__ == "Worker" and w.options.nanny is False
+    assert type(w.nannies[0]).__name__ == "GPUWorker" and w.options.nanny is False
     # this process is the worker: its GPU first, before any CUDA call
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3,0,1"
     os.environ["CUDA_VISIBLE_DEVICES"] = "0,1,2,3"
