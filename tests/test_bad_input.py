@@ -274,7 +274,7 @@ CONFIG = [
     ({"cudask.memory.pinned-pool-size": "lots"}, "cudask.memory.pinned-pool-size='lots'",
      '"40GB"'),
     ({"cudask.memory.pinned-slab-size": -1}, ("cudask.memory.pinned-slab-size is no longer a "
-     "setting"), "(fixed at 256 MiB: cudask.memory.settings.SLAB_SIZE); remove it"),
+     "setting"), "(fixed at 256 MiB: cudask.memory.host.pool.SLAB_SIZE); remove it"),
     ({"cudask.memory.pinned-release-after": "soon"},
      "cudask.memory.pinned-release-after='soon'", "'60s'"),
     ({"cudask.memory.pinned-method": "magic"}, ("cudask.memory.pinned-method is no longer a "

@@ -83,7 +83,7 @@ def as_bool(value: Any) -> bool | None:
 
 #: Keys that were settings once and are fixed now, with what took their place.
 REMOVED = {
-    "cudask.memory.pinned-slab-size": "fixed at 256 MiB: cudask.memory.settings.SLAB_SIZE",
+    "cudask.memory.pinned-slab-size": "fixed at 256 MiB: cudask.memory.host.pool.SLAB_SIZE",
     "cudask.memory.pinned-method": "always 'auto': registration, falling back to cudaHostAlloc",
     "cudask.memory.pinned-headroom": "derived: the device limit, at most 8 GiB",
     "cudask.memory.pinned-headroom-from": "fixed at half the device limit",

@@ -23,6 +23,7 @@ from dask.utils import parse_timedelta
 
 from cudask import config
 from cudask.errors import OptionError
+from cudask.memory.host.pool import SLAB_SIZE
 from cudask.sizes import parse_size
 
 # "auto" pinned-preallocate: at most this much is pinned before any spill.
@@ -31,9 +32,6 @@ AUTO_PREALLOCATE_CAP = 4 << 30
 HEADROOM_CAP = 8 << 30
 # Pinning ahead of spills starts once the device tier holds this fraction of its limit.
 HEADROOM_FROM = 0.5
-# The pinned pool's slabs (each one cudaHostRegister call, during which the worker's other CUDA
-# calls wait: docs/design/host-memory.md).
-SLAB_SIZE = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -202,6 +200,6 @@ def system_memory() -> int:
     return int(MEMORY_LIMIT)
 
 
-__all__ = ["AUTO_PREALLOCATE_CAP", "HEADROOM_CAP", "HEADROOM_FROM", "SLAB_SIZE", "StoreSettings",
+__all__ = ["AUTO_PREALLOCATE_CAP", "HEADROOM_CAP", "HEADROOM_FROM", "StoreSettings",
            "check_memory_config", "parse_flag", "release_seconds", "store_limit", "store_settings",
            "system_memory"]

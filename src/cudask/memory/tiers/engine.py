@@ -8,8 +8,8 @@ tier nears its limit), off the task's path; and ramps up the pinned memory
 kept free ahead of spills (`provide_ahead`): nothing below half the device
 limit (`settings.HEADROOM_FROM`), up to the headroom at it.
 
-Does not cover: the copies (`cudask.memory.host.transfer`), the pool's own thread
-and slabs (`cudask.memory.host.pool`), when the device tier spills
+Does not cover: the copies (`cudask.memory.host.transfer`), the pool's slabs
+(`cudask.memory.host.pool`) and thread (`cudask.memory.host.provision`), when the device tier spills
 (`cudask.memory.store`).
 
 Threading: `get()` may be called from any thread; the engine is created under
