@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cudask import alias
+from cudask import dask_cuda_alias as alias
 from cudask.cli.main import cli
 
 IMPORTS = """
@@ -48,7 +48,7 @@ def test_installed_alias_serves_cudask(tmp_path):
     done = _python(IMPORTS, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "served"
-    status = _python("from cudask.alias import status; print(status())", tmp_path)
+    status = _python("from cudask.dask_cuda_alias import status; print(status())", tmp_path)
     assert "gets cudask" in status.stdout
     result = CliRunner().invoke(cli, ["alias", "remove", "--target", str(tmp_path)])
     assert result.exit_code == 0 and not (tmp_path / "dask_cuda").exists()
@@ -63,7 +63,7 @@ def _fake_dask_cuda_distribution(folder: Path) -> Path:
 
 def test_refused_beside_a_real_dask_cuda(tmp_path):
     real = _fake_dask_cuda_distribution(tmp_path / "site")
-    code = ("import sys; from cudask import alias\n"
+    code = ("import sys; from cudask import dask_cuda_alias as alias\n"
             f"try:\n    alias.install({str(tmp_path / 'target')!r})\n"
             "except alias.AliasError as exc:\n    print('refused', exc)\n")
     done = _python(code, real)

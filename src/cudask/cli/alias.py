@@ -1,8 +1,8 @@
 """`cudask alias install|remove|status`: let code that imports dask_cuda run on cudask.
 
-Covers: the three commands over cudask.alias, each answering in one line; a refusal
+Covers: the three commands over cudask.dask_cuda_alias, each answering in one line; a refusal
 (a real dask-cuda installed, another package in the way) exits with status 2. Does not
-cover: what the alias serves (cudask.alias). Threading: the command's thread.
+cover: what the alias serves (cudask.dask_cuda_alias). Threading: the command's thread.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def alias() -> None:
 @TARGET
 def install(target: Path | None) -> None:
     """Write the dask_cuda alias package (refused beside a real dask-cuda)."""
-    from cudask import alias as cudask_alias
+    from cudask import dask_cuda_alias as cudask_alias
 
     try:
         package = cudask_alias.install(target)
@@ -38,7 +38,7 @@ def install(target: Path | None) -> None:
 @TARGET
 def remove(target: Path | None) -> None:
     """Delete the dask_cuda alias package."""
-    from cudask import alias as cudask_alias
+    from cudask import dask_cuda_alias as cudask_alias
 
     try:
         package = cudask_alias.remove(target)
@@ -50,6 +50,6 @@ def remove(target: Path | None) -> None:
 @alias.command("status")
 def status() -> None:
     """Say where `import dask_cuda` leads."""
-    from cudask import alias as cudask_alias
+    from cudask import dask_cuda_alias as cudask_alias
 
     click.echo(cudask_alias.status())

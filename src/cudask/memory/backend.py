@@ -9,7 +9,7 @@ one test of whether an exception means "out of memory", host or device), and
 raw host-memory helpers (`address_of`, `memoryview_at`).
 
 Does not cover: host memory and its pinned pool (`cudask.memory.host`),
-issuing copies on streams (`cudask.memory.host.transfer`), which objects live
+issuing copies on streams (`cudask.memory.host.copy_engine`), which objects live
 on the device (the handlers), or when to spill (the store).
 
 Threading: every function is thread-safe; a backend only enqueues work on the

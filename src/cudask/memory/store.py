@@ -40,7 +40,7 @@ from distributed.spill import ManualEvictProto, SpilledSize
 from cudask.memory import handlers
 from cudask.memory.accounting import AllocationLedger
 from cudask.memory.backend import CopyBackend
-from cudask.memory.host.transfer import TransferEngine
+from cudask.memory.host.copy_engine import TransferEngine
 from cudask.memory.ondemand import SpillOnDemand
 from cudask.memory.settings import StoreSettings, store_limit, store_settings
 from cudask.memory.tiers import background

@@ -37,7 +37,7 @@ from typing import Any
 import numpy
 
 from cudask.memory.handlers import CudaArrayInterfaceHandler, register_handler
-from cudask.memory.host.transfer import TransferEngine
+from cudask.memory.host.copy_engine import TransferEngine
 
 
 class FakeDeviceArray:

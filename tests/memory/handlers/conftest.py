@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from cudask.memory.host.copy_engine import TransferEngine
 from cudask.memory.host.pool import PinnedPool
-from cudask.memory.host.transfer import TransferEngine
 from cudask.testing.fake_cuda import FakeCopyBackend
 
 

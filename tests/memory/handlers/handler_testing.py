@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from cudask.memory import handlers
-from cudask.memory.host.transfer import TransferEngine
+from cudask.memory.host.copy_engine import TransferEngine
 from cudask.testing.fake_cuda import FakeDeviceArray
 
 

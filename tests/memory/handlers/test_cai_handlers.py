@@ -14,8 +14,8 @@ from handler_testing import arange, roundtrip
 from cudask.memory import handlers
 from cudask.memory.handlers import UnspillableError, interface_extent, interface_nbytes
 from cudask.memory.handlers.cai import interface_stream
+from cudask.memory.host.copy_engine import TransferEngine
 from cudask.memory.host.pool import PinnedPool
-from cudask.memory.host.transfer import TransferEngine
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray, ForeignDeviceObject
 
 

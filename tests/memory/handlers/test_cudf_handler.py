@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from cudask.memory.handlers import CudfHandler
+from cudask.memory.host.copy_engine import TransferEngine
 from cudask.memory.host.pool import PinnedPool
-from cudask.memory.host.transfer import TransferEngine
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
 
 

@@ -13,7 +13,7 @@ from handler_testing import arange
 
 from cudask.memory import handlers
 from cudask.memory.handlers import UnspillableError, registry
-from cudask.memory.host.transfer import TransferEngine
+from cudask.memory.host.copy_engine import TransferEngine
 from cudask.testing.fake_cuda import FakeDeviceArray, FakeHandler, as_numpy
 
 
@@ -87,7 +87,7 @@ def test_import_creates_no_cuda_dependency() -> None:
     is registered lazily, under its top-level module name."""
     code = (
         "import sys, cudask.memory, cudask.memory.store, cudask.memory.handlers;"
-        "import cudask.memory.backend, cudask.memory.host.pool, cudask.memory.host.transfer;"
+        "import cudask.memory.backend, cudask.memory.host.pool, cudask.memory.host.copy_engine;"
         "bad = [m for m in ('cupy', 'torch', 'numba', 'rmm', 'cudf') if m in sys.modules];"
         "assert not bad, bad;"
         "from cudask.memory.handlers import registry;"

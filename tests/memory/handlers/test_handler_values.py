@@ -16,8 +16,8 @@ from cudask.memory import handlers
 from cudask.memory.handlers import ContainerCopy, UnspillableError
 from cudask.memory.handlers.values import CONTAINERS, leaves, rebuild, split
 from cudask.memory.host.blocks import HostBlock
+from cudask.memory.host.copy_engine import TransferEngine
 from cudask.memory.host.pool import PinnedPool
-from cudask.memory.host.transfer import TransferEngine
 from cudask.testing.fake_cuda import FakeCopyBackend, ForeignDeviceObject, as_numpy
 
 

@@ -9,8 +9,8 @@ from handler_testing import arange
 
 from cudask.memory import handlers
 from cudask.memory.handlers import HostCopy
+from cudask.memory.host.copy_engine import TransferEngine
 from cudask.memory.host.pool import PinnedPool
-from cudask.memory.host.transfer import TransferEngine
 from cudask.testing import wait_for
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
 

@@ -14,9 +14,9 @@ import pytest
 from pinned_pool_helpers import Gated, InThreads, KiB, MiB, needs_mappings, ready_pool
 
 from cudask.memory.host.blocks import HostBlock
+from cudask.memory.host.copy_engine import TransferEngine
 from cudask.memory.host.fallback import PinnedMemoryWarning
 from cudask.memory.host.pool import ALIGNMENT, AVAILABLE_FRACTION, SLAB_SIZE, PinnedPool
-from cudask.memory.host.transfer import TransferEngine
 from cudask.testing.fake_cuda import FakeCopyBackend
 
 

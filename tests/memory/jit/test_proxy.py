@@ -26,7 +26,7 @@ from dask.sizeof import sizeof
 from distributed.protocol import deserialize, serialize
 
 from cudask.memory.handlers import CudaArrayInterfaceHandler, register_handler
-from cudask.memory.host.transfer import TransferEngine
+from cudask.memory.host.copy_engine import TransferEngine
 from cudask.memory.jit.cell import ProxyError
 from cudask.memory.jit.proxy import ProxyObject, asproxy, is_proxy, unproxy
 from cudask.testing.fake_cuda import FakeCopyBackend

@@ -10,7 +10,7 @@ is imported only when one of its objects, or a host copy its handler made, is
 met. Imports: images <- registry <- values, cai, libraries; cai <- cudf.
 
 Does not cover: when to move (`cudask.memory.store`), how copies are issued
-(`cudask.memory.host.transfer`), JIT-unspill proxies (`cudask.memory.jit`).
+(`cudask.memory.host.copy_engine`), JIT-unspill proxies (`cudask.memory.jit`).
 
 Threading: registration at import time; everything else from any thread.
 """

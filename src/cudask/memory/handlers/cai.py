@@ -28,7 +28,7 @@ from cudask.memory.handlers.registry import UnspillableError, register_handler
 
 if TYPE_CHECKING:
     from cudask.memory.backend import Copy
-    from cudask.memory.host.transfer import TransferEngine
+    from cudask.memory.host.copy_engine import TransferEngine
 
 
 def interface_nbytes(cai: dict[str, Any]) -> int:

@@ -28,7 +28,7 @@ from cudask.memory.host.blocks import HostBlock
 
 if TYPE_CHECKING:
     from cudask.memory.backend import Copy
-    from cudask.memory.host.transfer import TransferEngine
+    from cudask.memory.host.copy_engine import TransferEngine
 
 
 class CudfHandler:

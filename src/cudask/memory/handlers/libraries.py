@@ -26,7 +26,7 @@ from cudask.memory.handlers.registry import register_handler
 
 if TYPE_CHECKING:
     from cudask.memory.backend import Copy
-    from cudask.memory.host.transfer import TransferEngine
+    from cudask.memory.host.copy_engine import TransferEngine
 
 
 class TorchHandler:

@@ -10,7 +10,7 @@ once), `producer_streams`, `weak_leaves`, `to_host` (host items kept as they
 are) and `to_device` (with the copies to wait for).
 
 Does not cover: when to move (`cudask.memory.store`), how copies are issued
-(`cudask.memory.host.transfer`), the handlers. Cycles are not detected.
+(`cudask.memory.host.copy_engine`), the handlers. Cycles are not detected.
 
 Threading: any thread; a value must not be mutated while it is walked.
 """
@@ -32,7 +32,7 @@ from cudask.memory.handlers.registry import (
 
 if TYPE_CHECKING:
     from cudask.memory.backend import Copy
-    from cudask.memory.host.transfer import TransferEngine
+    from cudask.memory.host.copy_engine import TransferEngine
 
 T = TypeVar("T")
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from dask.utils import typename
 
 if TYPE_CHECKING:
-    from cudask.memory.host.transfer import TransferEngine
+    from cudask.memory.host.copy_engine import TransferEngine
 
 
 class ProxyError(RuntimeError):
@@ -100,8 +100,8 @@ def _detached_engine() -> TransferEngine:
     with _ENGINE_LOCK:
         if _ENGINE is None:
             from cudask.memory.backend import default_backend
+            from cudask.memory.host.copy_engine import TransferEngine
             from cudask.memory.host.pool import PinnedPool
-            from cudask.memory.host.transfer import TransferEngine
 
             backend = default_backend()
             _ENGINE = TransferEngine(backend, PinnedPool(backend, 0))

@@ -17,7 +17,7 @@ Integration: implements `distributed.spill.ManualEvictProto` (`fast`, `evict`),
 proxy counts and spill-on-demand counters; implements the cells' `ProxyHome`.
 
 Does not cover: the proxy type (cudask.memory.jit.proxy), how objects are
-copied (cudask.memory.handlers / host.transfer), PyTorch's allocator (its
+copied (cudask.memory.handlers / host.copy_engine), PyTorch's allocator (its
 out-of-memory errors are not intercepted).
 
 Threading: every public method is thread-safe. The store shares the inner

@@ -8,7 +8,7 @@ the pinning-ahead ramp), `background` (the background spilling thread) and
 `metrics` (counters, the `Worker.metrics` snapshot, the store's loggers).
 
 Does not cover: routing keys between the tiers (`cudask.memory.store`), the
-copies themselves (`cudask.memory.handlers`, `cudask.memory.host.transfer`).
+copies themselves (`cudask.memory.handlers`, `cudask.memory.host.copy_engine`).
 
 Threading: none of the parts locks; each says what its caller must hold
 (the store's lock, as a rule).

@@ -8,7 +8,7 @@ tier nears its limit), off the task's path; and ramps up the pinned memory
 kept free ahead of spills (`provide_ahead`): nothing below half the device
 limit (`settings.HEADROOM_FROM`), up to the headroom at it.
 
-Does not cover: the copies (`cudask.memory.host.transfer`), the pool's slabs
+Does not cover: the copies (`cudask.memory.host.copy_engine`), the pool's slabs
 (`cudask.memory.host.pool`) and thread (`cudask.memory.host.provision`), when the device tier spills
 (`cudask.memory.store`).
 
@@ -28,8 +28,8 @@ import weakref
 from collections.abc import Callable
 
 from cudask.memory.backend import CopyBackend, default_backend
+from cudask.memory.host.copy_engine import TransferEngine
 from cudask.memory.host.pool import PinnedPool
-from cudask.memory.host.transfer import TransferEngine
 from cudask.memory.settings import StoreSettings
 
 logger = logging.getLogger("cudask.memory")

@@ -39,7 +39,7 @@ SUBMODULES = {
 }
 #: The first line of the package install() writes: remove() deletes only such a package.
 MARK = '"""dask_cuda served by cudask: written by `cudask alias install`; `cudask alias remove` '
-PACKAGE = MARK + 'deletes it."""\nfrom cudask.alias import serve\n\nserve(globals())\n'
+PACKAGE = MARK + 'deletes it."""\nfrom cudask.dask_cuda_alias import serve\n\nserve(globals())\n'
 _TOP = {"LocalCUDACluster": "cudask.deploy.local", "CUDAWorker": "cudask.deploy.node"}
 
 
