@@ -477,3 +477,26 @@ def test_subprocess_config_file_names_the_file(tmp_path: Path) -> None:
     _check_message(" ".join(out.stderr.split()),
                    f"config file {path} (key cudask.memory.spill_targt): unknown config key",
                    "did you mean cudask.memory.spill-target?")
+
+BAD_YAML = {
+    "not YAML": ("cudask:\n  worker: [\n  - x: :\n", "not YAML (line 3, column 3: "),
+    "a list at the top": ("- a\n- b\n", "must have a dict as the top level object"),
+    "not UTF-8": (b"cudask:\n  worker:\n    name: \xff\n", "not UTF-8 text"),
+}
+
+
+@pytest.mark.parametrize("args", [["--help"], ["worker", SCHEDULER], ["options"],
+                                  ["bench", "--help"], ["kubernetes", "manifest", "--image", "x"]])
+@pytest.mark.parametrize("problem", sorted(BAD_YAML))
+def test_subprocess_unreadable_config_file(tmp_path: Path, args: list[str], problem: str) -> None:
+    """A dask config file that cannot be read is one line naming it and where it breaks,
+    exit 2, for every command and --help (dask raises on it when imported)."""
+    text, reason = BAD_YAML[problem]
+    path = tmp_path / "broken.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    out = _fresh_cli(args, {"DASK_CONFIG": str(tmp_path)})
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == "", out.stderr
+    assert out.stderr.startswith(f"Error: the dask config file {path} cannot be read: "), out.stderr
+    _check_message(out.stderr, reason, "Fix the file, or move it out of the folders dask reads")
+
