@@ -174,7 +174,7 @@ CLI = [
     (["--worker-port", "9000-9003"], "worker_port='9000-9003'", "9000:9003"),
     (["--resources", "GPU"], "'GPU'", "'GPU=1 MEM=10e9'"),
     (["--death-timeout", "soon"], "death_timeout='soon'", "'60s'"),
-    (["--expected-gpus", "two"], "'--expected-gpus': 'two'", "not a valid integer"),
+    (["--expected-gpus", "two"], "expected_gpus='two' is not an integer", "at least 1"),
     (["--rmm-async", "--rmm-managed-memory"], "rmm_async=True", "choose one"),
     (["--enable-jit-unspill", "--enable-cudf-spill"], "jit_unspill=True", "choose one"),
     (["--set-rmm-allocator-for-libs", "jax"], "'jax'", "accepted: cupy, torch"),

@@ -34,7 +34,8 @@ UCX_PROTOCOLS = ("ucx", "ucxx")
 @dataclass(frozen=True)
 class Option:
     """One option. `name` is the keyword; the flag is derived from it unless
-    given. A `config` key under `cudask.worker` holds the default."""
+    given. A `config` key under `cudask.worker` holds the default; `group` is the
+    section of `cudask worker --help` it is listed in (cudask.options.GROUPS)."""
 
     name: str
     kind: Kind
@@ -46,7 +47,7 @@ class Option:
     choices: tuple[str, ...] = ()
     surfaces: frozenset[Surface] = ALL
     cluster_name: str | None = None  # LocalCUDACluster's keyword where it differs
-    group: str = "worker"
+    group: str = "workers"
     minimum: int | None = None
     maximum: int | None = None
     extra_flags: tuple[str, ...] = ()

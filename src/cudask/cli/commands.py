@@ -13,6 +13,8 @@ a command in the calling thread.
 
 from __future__ import annotations
 
+import shutil
+
 import click
 
 from cudask.cli.config import config
@@ -58,11 +60,19 @@ cli.add_command(demo)
 
 
 @cli.command("options")
-def options_command() -> None:
-    """Print the worker options reference (docs/options.md): keyword, flag, default, meaning."""
-    from cudask.options import reference
+@click.option("--markdown", is_flag=True,
+              help="Print the Markdown table of docs/options.md instead.")
+def options_command(markdown: bool) -> None:
+    """List the worker options: keyword, flag, default and meaning of each."""
+    if markdown:
+        from cudask.options import reference
 
-    click.echo(reference(), nl=False)
+        click.echo(reference(), nl=False)
+        return
+    from cudask.cli.flags import listing
+
+    width = min(shutil.get_terminal_size((100, 24)).columns, 100)
+    click.echo(listing(width - 2), nl=False)
 
 
 for command in (worker, config, top, kubernetes):

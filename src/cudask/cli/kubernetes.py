@@ -23,6 +23,7 @@ import click
 import yaml
 
 from cudask.cli.errors import ConfigError
+from cudask.cli.flags import SectionedCommand
 from cudask.cli.worker import click_option
 from cudask.options import BY_NAME, options_for
 
@@ -191,9 +192,15 @@ def helm_values_command(**values: Any) -> None:
                f"(helm install {pods.name} dask/dask -f <this file>)\n", helm_values(pods))
 
 
-manifest = click.command("manifest", context_settings=CONTEXT)(
-    _pod_options(manifest_command, namespace=True))
-helm_values = click.command("helm-values", context_settings=CONTEXT)(
+#: The --help sections of the pods' own flags (the worker flags follow, by their groups).
+POD_SECTIONS = {name: "Pods" for name in (
+    "name", "image", "num_workers", "nvidia_gpu", "worker_cpu", "worker_memory", "scheduler_cpu",
+    "scheduler_memory", "env", "limits", "requests", "gpu_resource", "namespace",
+    "scheduler_service_type", "idle_timeout")}
+manifest = click.command("manifest", cls=SectionedCommand, sections=POD_SECTIONS,
+                         context_settings=CONTEXT)(_pod_options(manifest_command, namespace=True))
+helm_values = click.command("helm-values", cls=SectionedCommand, sections=POD_SECTIONS,
+                            context_settings=CONTEXT)(
     _pod_options(helm_values_command, namespace=False))
 kubernetes.add_command(manifest)
 kubernetes.add_command(helm_values)

@@ -24,6 +24,7 @@ from click.core import ParameterSource
 
 from cudask import config
 from cudask.cli.errors import ConfigError
+from cudask.cli.flags import SectionedCommand, help_text
 from cudask.options import BY_NAME, Option, WorkerOptions, options_for
 
 SCHEDULER_HELP = (
@@ -33,21 +34,24 @@ SCHEDULER_HELP = (
 
 
 def click_option(opt: Option) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """The click option generated from one declared Option (unset -> config default)."""
+    """The click option generated from one declared Option (unset -> config default).
+    Values reach cudask.options as given (counts too), so that a bad one is told with
+    what the option accepts."""
     default = opt.default_value()
     shown = f" [default: {default}]" if default not in (None, "", ()) else ""
-    help_text = opt.help + shown
+    text = help_text(opt) + shown
     if opt.kind in ("bool", "tristate"):
         flags = f"{opt.cli_flag}/{opt.secondary}"
-        return click.option(flags, opt.name, default=None, help=help_text)
+        return click.option(flags, opt.name, default=None, help=text)
     decls = [opt.cli_flag, *opt.extra_flags, opt.name]
     if opt.kind == "int":
-        return click.option(*decls, type=int, default=None, help=help_text)
+        return click.option(*decls, type=str, default=None, metavar="INTEGER", help=text)
     if opt.kind == "choice":
-        return click.option(*decls, type=click.Choice(opt.choices), default=None, help=help_text)
+        return click.option(*decls, type=click.Choice(opt.choices), default=None, help=text)
     if opt.name == "preload":
-        return click.option(*decls, multiple=True, default=None, help=help_text)
-    return click.option(*decls, type=str, default=None, help=help_text)
+        return click.option(*decls, multiple=True, default=None, metavar="MODULE", help=text)
+    metavar = {"size": "SIZE", "path": "PATH", "list": "LIST"}.get(opt.kind, "TEXT")
+    return click.option(*decls, type=str, default=None, metavar=metavar, help=text)
 
 
 def worker_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -74,7 +78,8 @@ async def _run(scheduler: str | None, options: WorkerOptions) -> None:
         task.cancel()
 
 
-@click.command("worker", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("worker", cls=SectionedCommand,
+               context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.argument("scheduler", required=False, envvar="DASK_SCHEDULER_ADDRESS")
 @worker_options
 @click.pass_context
