@@ -1,5 +1,6 @@
 """`cudask worker --help` in sections, as `dask cuda worker` groups its flags, with other
-options named by their flags; `cudask options` for a terminal and as docs/options.md."""
+options named by their flags; `cudask options` for a terminal and as docs/options.md;
+`cudask bench --help` naming a run that needs no GPU."""
 
 from __future__ import annotations
 
@@ -53,3 +54,9 @@ def test_options_reads_in_a_terminal_and_as_markdown() -> None:
     markdown = CliRunner().invoke(cli, ["options", "--markdown"])
     assert markdown.exit_code == 0 and markdown.output == reference()
 
+
+def test_bench_help_names_the_run_without_a_gpu() -> None:
+    from cudask_bench.cli.plan import cpu_check_command
+
+    text = CliRunner().invoke(cli, ["bench", "--help"], terminal_width=200).output
+    assert cpu_check_command("spill") in " ".join(text.split()), text

@@ -34,6 +34,9 @@ def bench() -> None:
     process; --against dask-cuda runs the same workload with identical
     parameters on dask_cuda.LocalCUDACluster, from this or another Python
     environment, and reports cudask / dask-cuda ratios measured in the same run.
+
+    Without a GPU, `cudask bench spill --backend dict --array-module numpy` checks
+    the harness on host memory in under a minute.
     """
 
 
