@@ -27,6 +27,7 @@ from typing import Any
 from cudask import config
 from cudask.errors import MissingDependencyError, OptionError, UnknownModuleError
 from cudask.option_value import ALL, UCX_PROTOCOLS, Option, Surface, coerce
+from cudask.sizes import is_off, parse_size
 
 NODE: frozenset[Surface] = frozenset({"worker", "cli"})  # one node's workers, not LocalCUDACluster
 
@@ -116,7 +117,7 @@ OPTIONS: tuple[Option, ...] = (
            surfaces=NODE, group="scheduler"),
     Option("host", "str", "Address the workers listen on and advertise; default: the "
            "interface's address.", surfaces=NODE, group="network"),
-    Option("worker_port", "str", "Port of each worker: a number, or a range FIRST:LAST split "
+    Option("worker_port", "any", "Port of each worker: a number, or a range FIRST:LAST split "
            "across the GPUs (9000:9003 gives 9000..9003 to 4 workers); default: random.",
            surfaces=NODE, group="network"),
     Option("listen_address", "str", "Address the workers bind to, e.g. tcp://0.0.0.0:9000.",
@@ -210,6 +211,9 @@ def resolve(values: Mapping[str, Any], surface: Surface, *,
     names) or, for options not given, the config default; coerced and validated.
     An explicit None keeps its meaning (e.g. device_memory_limit=None: no spilling),
     except for booleans, counts and choices, where it means the default.
+    An empty value is refused (but local_directory='' from CUDAWorker's callers, which
+    dask-mpi gives every worker class, is not given), and digits are a count only as
+    text (a flag, the config), not as a keyword.
     An error in a value from the config names where it was set (config.origin).
     `libraries=False` leaves the optional libraries to a later check_libraries()
     (cudask.deploy.checks.check_input checks every syntax first)."""
@@ -230,8 +234,12 @@ def resolve(values: Mapping[str, Any], surface: Surface, *,
             # no "off" for None to mean here (False, a count, a method): None is the
             # default, as dask-mpi's nthreads=None expects
             value = opt.default_value()
+        if surface == "worker" and opt.name == "local_directory" and value == "":
+            value = None  # dask-mpi's default, which it hands every worker class
+        text = surface == "cli" or keyword not in values  # a flag, or the config's text
         try:
-            resolved.settings[opt.name] = coerce(opt, value) if value is not None else None
+            resolved.settings[opt.name] = coerce(opt, value, text=text) \
+                if value is not None else None
         except OptionError as exc:
             raise from_config(exc, resolved.origins, opt.name) from None
     try:
@@ -293,13 +301,14 @@ def check_rules(o: WorkerOptions) -> None:
     if v.get("rmm_async") and v.get("rmm_managed_memory"):
         raise OptionError("rmm_async=True and rmm_managed_memory=True cannot be combined; "
                           "choose one allocator")
-    if v.get("rmm_release_threshold") is not None and not v.get("rmm_async"):
+    if not is_off(v.get("rmm_release_threshold")) and not v.get("rmm_async"):
         raise OptionError(f"rmm_release_threshold={v['rmm_release_threshold']!r} needs "
                           "rmm_async=True (it configures the async allocator)")
-    if v.get("rmm_maximum_pool_size") is not None and v.get("rmm_pool_size") is None \
+    if not is_off(v.get("rmm_maximum_pool_size")) and is_off(v.get("rmm_pool_size")) \
             and not v.get("rmm_async"):
         raise OptionError(f"rmm_maximum_pool_size={v['rmm_maximum_pool_size']!r} needs "
                           "rmm_pool_size (e.g. rmm_pool_size='20GB') or rmm_async=True")
+    _check_pool_sizes(v)
     if v.get("enable_nvlink") and v.get("rmm_managed_memory"):
         raise OptionError("enable_nvlink=True and rmm_managed_memory=True cannot be combined: "
                           "CUDA IPC cannot share managed memory")
@@ -330,6 +339,26 @@ def check_rules(o: WorkerOptions) -> None:
         raise OptionError("TLS needs all of tls_ca_file, tls_cert and tls_key")
 
 
+def _check_pool_sizes(v: Mapping[str, Any]) -> None:
+    """rmm_maximum_pool_size no smaller than rmm_pool_size, where both are bytes or
+    both fractions of the GPU (a byte size against a fraction waits for the GPU:
+    cudask.worker.spec.device_sizes)."""
+    pool, maximum = v.get("rmm_pool_size"), v.get("rmm_maximum_pool_size")
+    if is_off(pool) or is_off(maximum):
+        return
+    small, large = 1 << 40, 1 << 41  # two GPU sizes: a fraction's bytes differ between them
+    sizes = [[parse_size(x, total=t, name=name, auto=1.0, default=None) for t in (small, large)]
+             for x, name in ((pool, "rmm_pool_size"), (maximum, "rmm_maximum_pool_size"))]
+    (pool_small, pool_large), (max_small, max_large) = sizes
+    if None in (pool_small, max_small):
+        return
+    same_kind = (pool_small == pool_large) == (max_small == max_large)
+    if same_kind and max_small < pool_small:  # type: ignore[operator]
+        raise OptionError(f"rmm_maximum_pool_size={maximum!r} is smaller than "
+                          f"rmm_pool_size={pool!r}, the size the pool starts at; accepted: a "
+                          "maximum at least as large, or none (the pool grows as needed)")
+
+
 def _check_workers_per_gpu(v: Mapping[str, Any]) -> None:
     """Options that name one worker process, refused with several workers per GPU."""
     n = v.get("workers_per_gpu") or 1
@@ -352,33 +381,42 @@ PRELOAD_ACCEPTED = ("a module importable where the workers run, a .py file or an
 
 def check_libraries(o: WorkerOptions) -> None:
     """The optional libraries the options need (rmm, cuDF, UCX), and the modules
-    of pre_import and preload, found (not imported), before any process starts."""
+    of pre_import and preload, found (not imported), before any process starts.
+    A need that comes from the config names where it was set."""
     v = o.settings
-    if v.get("rmm_pool_size") is not None or v.get("rmm_managed_memory") or v.get("rmm_async") \
-            or v.get("rmm_track_allocations") or v.get("rmm_log_directory") \
-            or v.get("rmm_allocator_external_lib_list"):
-        require_library("rmm", "the RMM options (rmm_pool_size, rmm_async, ...)")
+
+    def needed_for(name: str, text: str) -> str:
+        return f"{o.origins[name]}: {text}" if name in o.origins else text
+
+    rmm = [k for k in ("rmm_managed_memory", "rmm_async", "rmm_track_allocations")
+           if v.get(k)]
+    rmm += [k for k in ("rmm_pool_size", "rmm_log_directory", "rmm_allocator_external_lib_list")
+            if not is_off(v.get(k))]
+    if rmm:
+        require_library("rmm", needed_for(rmm[0], f"{rmm[0]}={v[rmm[0]]!r} (an RMM option)"))
     for lib in v.get("rmm_allocator_external_lib_list") or ():
         if not _library(lib):
-            raise MissingDependencyError(lib, f"rmm_allocator_external_lib_list={lib!r}",
+            raise MissingDependencyError(lib, needed_for("rmm_allocator_external_lib_list",
+                                                         f"rmm_allocator_external_lib_list={lib!r}"),
                                          f"pip install {'cupy-cuda13x' if lib == 'cupy' else lib}")
     if v.get("enable_cudf_spill"):
-        require_library("cudf", "enable_cudf_spill=True")
+        require_library("cudf", needed_for("enable_cudf_spill", "enable_cudf_spill=True"))
     if v.get("protocol") in UCX_PROTOCOLS:
         by = o.implied.get("protocol")
-        require_library("ucx", f"{by}=True (a UCX transport, so protocol 'ucx')" if by
-                        else f"protocol={v['protocol']!r}")
+        require_library("ucx", needed_for(by, f"{by}=True (a UCX transport, so protocol 'ucx')")
+                        if by else needed_for("protocol", f"protocol={v['protocol']!r}"))
     for module in v.get("pre_import") or ():
         if not _library(module):
             raise UnknownModuleError(module, "pre_import", "a module importable where the "
-                                     "workers run, e.g. pre_import='json'")
+                                     "workers run, e.g. pre_import='json'",
+                                     origin=o.origins.get("pre_import"))
     for item in v.get("preload") or ():
         if item.startswith(("http://", "https://")):
             continue  # distributed downloads it when the worker starts
         if item.endswith(".py"):
             if not os.path.isfile(item):
                 raise OptionError(f"preload={item!r}: no such file; accepted: "
-                                  f"{PRELOAD_ACCEPTED}")
+                                  f"{PRELOAD_ACCEPTED}", option="preload")
         elif not _library(item):
             raise UnknownModuleError(item, "preload", PRELOAD_ACCEPTED)
 

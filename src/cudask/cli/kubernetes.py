@@ -123,7 +123,7 @@ def _flag(keyword: str) -> str:
     return BY_NAME[keyword].cli_flag if keyword in BY_NAME else "--" + keyword.replace("_", "-")
 
 
-_ASSIGNED = re.compile(r"(?<![\w.\-\[])([a-z][a-z0-9_]*)=(?:'([^']*)'|\b([\w.:/+-]+)\b)?")
+_ASSIGNED = re.compile(r"(?<![\w.\-\[])([a-z][a-z0-9_]*)=(?:'([^']*)'|(-?\b[\w.:/+-]+\b))?")
 _MENTIONED = re.compile(r"(?<![\w.\-'])([a-z]+_[a-z0-9_]+)(?![\w'=\[-])|^([a-z]+)(?= is missing)")
 
 
@@ -142,8 +142,9 @@ def speak_flags(message: str) -> str:
         opt = BY_NAME.get(keyword)
         if opt is not None and opt.kind in ("bool", "tristate") and text in ("True", "False"):
             return opt.cli_flag if text == "True" else str(opt.secondary)
-        if text is None:
-            return _flag(keyword)
+        if text is None:  # no value, or one not spelt as a word (a list: --flag=[...])
+            follows = m.string[m.end():m.end() + 1]
+            return f"{_flag(keyword)}=" if follows and follows in "[{(\"" else _flag(keyword)
         word = text if re.fullmatch(r"[\w.:/@%+=-]+", text) else f"'{text}'"
         return f"{_flag(keyword)} {word}"
 

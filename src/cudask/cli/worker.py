@@ -112,11 +112,15 @@ def check_flags(given: dict[str, Any], scheduler: str | None = None,
     """Every check that needs no GPU (cudask.deploy.checks), before any GPU is looked
     for: a bad flag, config value or CUDA_VISIBLE_DEVICES is a usage error (exit 2);
     one from an environment variable or a config file says which, without click's
-    usage block (cli.errors.ConfigError)."""
-    from cudask.deploy.checks import check_input
+    usage block (cli.errors.ConfigError). distributed's own settings come first, before
+    anything imports distributed (which reads some of them when imported)."""
+    from cudask.deploy.check_config import check_distributed_config
     from cudask.errors import OptionError
 
     try:
+        check_distributed_config()
+        from cudask.deploy.checks import check_input
+
         return check_input(given, "cli", visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                            scheduler=scheduler, scheduler_origin=origin)
     except OptionError as exc:
