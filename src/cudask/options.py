@@ -241,7 +241,11 @@ def resolve(values: Mapping[str, Any], surface: Surface, *,
             resolved.settings[opt.name] = coerce(opt, value, text=text) \
                 if value is not None else None
         except OptionError as exc:
-            raise from_config(exc, resolved.origins, opt.name) from None
+            error = from_config(exc, resolved.origins, opt.name)
+            if keyword != opt.name:  # LocalCUDACluster's name for it (threads_per_worker)
+                error = OptionError(str(error).replace(f"{opt.name}=", f"{keyword}="),
+                                    option=opt.name, origin=error.origin)
+            raise error from None
     try:
         check_rules(resolved)
     except OptionError as exc:
