@@ -65,8 +65,8 @@ CLUSTER = [
     ({"jit_unspill": "maybe"}, "jit_unspill='maybe'", "accepted: true or false (also"),
     ({"jit_unspill": "maybe"}, "jit_unspill='maybe'", "yes/no, on/off and 1/0"),
     ({"rmm_async": "sometimes"}, "rmm_async='sometimes'", "accepted: true or false"),
-    ({"threads_per_worker": 0}, "nthreads=0", "at least 1"),
-    ({"threads_per_worker": "four"}, "nthreads='four'", "whole number"),
+    ({"threads_per_worker": 0}, "threads_per_worker=0", "at least 1"),
+    ({"threads_per_worker": "four"}, "threads_per_worker='four'", "whole number"),
     ({"n_workers": 0}, "n_workers=0", "at least 1"),
     ({"n_workers": -2}, "n_workers=-2", "at least 1"),
     ({"n_workers": "two"}, "n_workers='two'", "e.g. n_workers=2"),
@@ -106,6 +106,44 @@ CLUSTER = [
     ({"pre_import": "no_such_package_xyz.sub"}, "'no_such_package_xyz.sub'",
      "a module importable"),
     ({"rmm_async": "maybe"}, "rmm_async='maybe'", "yes/no"),
+    # a newcomer's mistakes: counts as text, off and empty values, numbers that are no size
+    ({"workers_per_gpu": "2"}, "workers_per_gpu='2' is not an integer but a string",
+     "e.g. workers_per_gpu=1"),
+    ({"threads_per_worker": 1.0}, "threads_per_worker=1.0 is not an integer",
+     "e.g. threads_per_worker=1"),
+    ({"device_memory_limit": float("nan")}, "device_memory_limit=nan is not a number of bytes",
+     '"40GB"'),
+    ({"device_memory_limit": 4e9}, "device_memory_limit=4000000000.0",
+     'e.g. 4000000000 or "3.73 GiB"'),
+    ({"memory_limit": 1.5}, "memory_limit=1.5: a fraction must lie in (0, 1]", '"40GB"'),
+    ({"memory_limit": 10**30}, "more than this machine's", "accepted: at most"),
+    ({"device_memory_limit": ""}, "device_memory_limit='' is empty", "leave it out"),
+    ({"local_directory": ""}, "local_directory='' is empty", "e.g. local_directory='/tmp/dask'"),
+    ({"rmm_log_directory": " "}, "rmm_log_directory=' ' is empty", "accepted: a path"),
+    ({"pre_import": "numpy,,json"}, "pre_import='numpy,,json' has an empty entry",
+     "e.g. pre_import='numpy,json'"),
+    ({"pre_import": ["numpy", ""]}, "has an empty entry", "or a list of names"),
+    ({"rmm_allocator_external_lib_list": "cupy,"}, "has an empty entry", "'cupy,torch'"),
+    ({"rmm_pool_size": "2GB", "rmm_maximum_pool_size": "1GB"},
+     "rmm_maximum_pool_size='1GB' is smaller than rmm_pool_size='2GB'", "accepted: a maximum"),
+    ({"rmm_pool_size": 0.8, "rmm_maximum_pool_size": 0.5},
+     "rmm_maximum_pool_size=0.5 is smaller than rmm_pool_size=0.8", "accepted: a maximum"),
+    ({"rmm_pool_size": "0", "rmm_maximum_pool_size": "1GB"}, "rmm_maximum_pool_size='1GB' needs",
+     "rmm_pool_size='20GB'"),
+    ({"rmm_release_threshold": "1GB"}, "rmm_release_threshold='1GB' needs rmm_async=True",
+     "async allocator"),
+    ({"security": "banana"}, "security='banana' is not accepted", "a distributed.Security, True"),
+    ({"death_timeout": "never"}, "death_timeout='never' is not a duration", "'60s'"),
+    ({"lifetime": "soon"}, "lifetime='soon' is not a duration", "e.g. lifetime='1 hour'"),
+    ({"heartbeat_interval": -1}, "heartbeat_interval=-1 is negative", "0 or more"),
+    ({"nthreads": 2}, "nthreads=2", "e.g. threads_per_worker=2"),
+    ({"scheduler_kwargs": "x"}, "scheduler_kwargs='x' is not a dict", "e.g. scheduler_kwargs={}"),
+    ({"resources": "GPU=-1"}, "'GPU' has the amount -1.0", "amounts of 0 or more"),
+    ({"worker_class": "distributed"}, "worker_class='distributed' is a module",
+     "e.g. worker_class='distributed.Worker'"),
+    ({"worker_class": "json.JSONDecoder"}, "worker_class='json.JSONDecoder' is another class",
+     "distributed.Nanny, or its import path"),
+    ({"protocol": ""}, "protocol='' is empty", "e.g. protocol='tcp'"),
 ]
 
 WORKER = [
@@ -163,6 +201,24 @@ WORKER = [
     # messages that used to mislead
     ({"death_timeout": -5}, "death_timeout=-5 is negative", "seconds (0 or more)"),
     ({"death_timeout": "-5s"}, "death_timeout='-5s' is negative", "seconds (0 or more)"),
+    ({"nthreads": 2.5}, "nthreads=2.5 is not an integer", "a whole number of at least 1"),
+    ({"workers_per_gpu": "2"}, "workers_per_gpu='2' is not an integer but a string",
+     "a whole number"),
+    ({"scheduler": None, "scheduler_file": "/tmp"}, "scheduler_file='/tmp' is a directory",
+     "the JSON file a scheduler wrote"),
+    ({"security": "banana"}, "security='banana' is not accepted",
+     "a distributed.Security or None"),
+    ({"name": [1]}, "name=[1] is not a string or an int", "e.g. name='node1'"),
+    ({"name": 3.5}, "name=3.5 is not a string or an int", "e.g. name='node1'"),
+    ({"resources": {"GPU": "one"}}, "'GPU' has the amount 'one'", "e.g. {'GPU': 1}"),
+    ({"worker_port": 9000.0}, "worker_port=9000.0 is not accepted", "9000:9003"),
+    ({"worker_port": True}, "worker_port=True is not accepted", "9000:9003"),
+    ({"preload": [5]}, "preload=[5]: every entry must be a string", "['cudask.monitor']"),
+    ({"pid_file": ""}, "pid_file='' is empty", "leave it out"),
+    ({"memory_limit": "1e40"}, "more than this machine's", "'auto'"),
+    ({"env:DASK_TEMPORARY_DIRECTORY": "/proc/nope"},
+     "environment variable DASK_TEMPORARY_DIRECTORY: temporary-directory='/proc/nope'",
+     "or give local_directory"),
 ]
 
 CLI = [
@@ -174,7 +230,7 @@ CLI = [
     (["--worker-port", "9000-9003"], "worker_port='9000-9003'", "9000:9003"),
     (["--resources", "GPU"], "'GPU'", "'GPU=1 MEM=10e9'"),
     (["--death-timeout", "soon"], "death_timeout='soon'", "'60s'"),
-    (["--expected-gpus", "two"], "'--expected-gpus': 'two'", "not a valid integer"),
+    (["--expected-gpus", "two"], "expected_gpus='two' is not an integer", "at least 1"),
     (["--rmm-async", "--rmm-managed-memory"], "rmm_async=True", "choose one"),
     (["--enable-jit-unspill", "--enable-cudf-spill"], "jit_unspill=True", "choose one"),
     (["--set-rmm-allocator-for-libs", "jax"], "'jax'", "accepted: cupy, torch"),
@@ -204,6 +260,24 @@ CLI = [
     (["--enable-jit-unspill", "--enable-cudf-spill"], "jit_unspill=True", "choose one"),
     (["--scheduler-file", "/tmp/scheduler.json"], f"address ({SCHEDULER}) or scheduler_file",
      "not both"),
+    (["--nthreads", "2.5"], "nthreads='2.5' is not an integer", "a whole number of at least 1"),
+    (["--workers-per-gpu", "0"], "workers_per_gpu=0 must be at least 1", "a whole number"),
+    (["--cudf-spill-stats", "1.0"], "cudf_spill_stats='1.0' is not an integer", "from 0 to 2"),
+    (["--device-memory-limit", ""], "device_memory_limit='' is empty", "leave it out"),
+    (["--device-memory-limit", "nan"], "device_memory_limit='nan' is not a number of bytes",
+     '"40GB"'),
+    (["--memory-limit", "1.5"], "memory_limit='1.5': a fraction must lie in (0, 1]", '"40GB"'),
+    (["--local-directory", ""], "local_directory='' is empty", "accepted: a path"),
+    (["--pre-import", "numpy,,json"], "pre_import='numpy,,json' has an empty entry",
+     "e.g. pre_import='numpy,json'"),
+    (["--preload", ""], "preload=[''] has an empty entry", "['cudask.monitor']"),
+    (["--rmm-pool-size", "2GB", "--rmm-maximum-pool-size", "1GB"],
+     "rmm_maximum_pool_size='1GB' is smaller than rmm_pool_size='2GB'", "accepted: a maximum"),
+    (["--worker-port", "-1"], "worker_port='-1' is not accepted", "9000:9003"),
+    (["--death-timeout", "never"], "death_timeout='never' is not a duration", "'60s'"),
+    (["--worker-class", "distributed"], "worker_class='distributed' is a module",
+     "e.g. worker_class='distributed.Worker'"),
+    (["--resources", "GPU=-1"], "'GPU' has the amount -1.0", "amounts of 0 or more"),
 ]
 
 # (arguments of `cudask worker` in place of the scheduler's address, text naming the
@@ -250,12 +324,49 @@ ENV = [
     ({"DASK_CUDASK__COMM__DEVICE_IPC": "often"}, [],
      "environment variable DASK_CUDASK__COMM__DEVICE_IPC: cudask.comm.device-ipc='often'",
      "true or false"),
+    # a section given a value, the variable named for what the libraries check finds
+    ({"DASK_CUDASK__MEMORY": "fast"}, [],
+     "environment variable DASK_CUDASK__MEMORY: cudask.memory is a section of keys",
+     "accepted: the keys of cudask.yaml"),
+    ({"DASK_CUDASK": "off"}, [], "environment variable DASK_CUDASK: cudask is a section",
+     "not a value"),
+    ({"DASK_CUDASK__WORKER__PRE_IMPORT": "no_such_module_xyz"}, [],
+     "environment variable DASK_CUDASK__WORKER__PRE_IMPORT: pre_import='no_such_module_xyz'",
+     "a module importable"),
+    ({"DASK_CUDASK__WORKER__PRE_IMPORT": "numpy,,json"}, [],
+     ("environment variable DASK_CUDASK__WORKER__PRE_IMPORT: pre_import='numpy,,json' has an "
+      "empty entry"), "e.g. pre_import='numpy,json'"),
+    ({"DASK_CUDASK__WORKER__WORKERS_PER_GPU": "0"}, [],
+     "environment variable DASK_CUDASK__WORKER__WORKERS_PER_GPU: workers_per_gpu=0",
+     "at least 1"),
+    # distributed's own settings, which cudask's workers read
+    ({"DASK_DISTRIBUTED__WORKER__MEMORY__TARGET": "1.5"}, [],
+     ("environment variable DASK_DISTRIBUTED__WORKER__MEMORY__TARGET: "
+      "distributed.worker.memory.target=1.5 is not accepted"),
+     "accepted: a number above 0 and at most 1 or false"),
+    ({"DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "soon"}, [],
+     ("environment variable DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT: "
+      "distributed.comm.timeouts.connect='soon'"), "a duration such as '30s'"),
+    ({"DASK_DISTRIBUTED__WORKER__MEMORY__SPIL": "0.7"}, [],
+     ("environment variable DASK_DISTRIBUTED__WORKER__MEMORY__SPIL: unknown config key "
+      "distributed.worker.memory.spil"), "did you mean distributed.worker.memory.spill?"),
+    ({"DASK_DISTRIBUTED__WORKER__DAEMON": "maybe"}, [],
+     "distributed.worker.daemon='maybe' is not accepted", "accepted: true or false"),
+    ({"DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD": "threads"}, [],
+     "distributed.worker.multiprocessing-method='threads'", "one of spawn, fork, forkserver"),
+    ({"DASK_DISTRIBUTED": "fast"}, [],
+     "environment variable DASK_DISTRIBUTED: distributed is a section of keys",
+     "accepted: a mapping of its keys"),
+    ({"DASK_TEMPORARY_DIRECTORY": "/proc/nope"}, [],
+     "environment variable DASK_TEMPORARY_DIRECTORY: temporary-directory='/proc/nope'",
+     "a writable directory"),
 ]
 
 CONFIG = [
     ({"cudask.worker.device-memory-limit": "banana"}, "device_memory_limit='banana'", '"40GB"'),
     ({"cudask.worker.rmm-async": "banana"}, "rmm_async='banana'", "true or false"),
-    ({"cudask.worker.threads-per-worker": -1}, "nthreads=-1", "at least 1"),
+    ({"cudask.worker.threads-per-worker": -1}, "config key cudask.worker.threads-per-worker: ",
+     "=-1 must be at least 1"),
     ({"cudask.worker.protocol": "tcpx"}, "protocol='tcpx'", "accepted: inproc, tcp"),
     ({"cudask.worker.memory-limit": "lots"}, "memory_limit='lots'", '"40GB"'),
     ({"cudask.memory.spill-target": 2}, "cudask.memory.spill-target=2", "e.g. 0.9"),
@@ -303,6 +414,22 @@ CONFIG = [
     ({"cudask.worker.cudf-spill-stats": 3}, ("config key cudask.worker.cudf-spill-stats: "
      "cudf_spill_stats=3"), "from 0 to 2"),
     ({"cudask.worker.jit-unspill": "maybe"}, "jit_unspill='maybe'", "yes/no"),
+    ({"cudask.worker.pre-import": "numpy,,json"}, "pre_import='numpy,,json' has an empty entry",
+     "e.g. pre_import='numpy,json'"),
+    ({"cudask.worker.local-directory": ""}, "local_directory='' is empty", "leave it out"),
+    ({"distributed.worker.memory.target": 1.5},
+     "distributed.worker.memory.target=1.5 is not accepted",
+     "a number above 0 and at most 1 or false"),
+    ({"distributed.comm.compression": "zipzap"}, "distributed.comm.compression='zipzap'",
+     "one of null, false, auto, zlib"),
+    ({"distributed.worker.connections.outgoing": "many"},
+     "distributed.worker.connections.outgoing='many'", "a whole number"),
+    ({"distributed.comm.retry.count": -1}, "distributed.comm.retry.count=-1",
+     "a whole number of at least 0"),
+    ({"distributed.workre.memory.target": 0.6}, "unknown config key distributed.workre",
+     "did you mean distributed.worker.memory.target?"),
+    ({"temporary-directory": "/proc/nope"}, "temporary-directory='/proc/nope'",
+     "a writable directory"),
 ]
 
 
@@ -432,7 +559,7 @@ def test_cli_flag_names_the_flag() -> None:
 
 def test_table_is_large_enough() -> None:
     rows = len(CLUSTER) + len(WORKER) + len(CLI) + len(CLI_SCHEDULER) + len(ENV) + len(CONFIG)
-    assert rows >= 160, rows
+    assert rows >= 240, rows
 
 
 def test_subprocess_without_gpu_lookup() -> None:
@@ -486,3 +613,151 @@ def test_subprocess_config_file_names_the_file(tmp_path: Path) -> None:
     _check_message(" ".join(out.stderr.split()),
                    f"config file {path} (key cudask.memory.spill_targt): unknown config key",
                    "did you mean cudask.memory.spill-target?")
+
+
+BAD_YAML = {
+    "not YAML": ("cudask:\n  worker: [\n  - x: :\n", "not YAML (line 3, column 3: "),
+    "a list at the top": ("- a\n- b\n", "must have a dict as the top level object"),
+    "not UTF-8": (b"cudask:\n  worker:\n    name: \xff\n", "not UTF-8 text"),
+}
+
+
+@pytest.mark.parametrize("args", [["--help"], ["worker", SCHEDULER], ["options"],
+                                  ["bench", "--help"], ["kubernetes", "manifest", "--image", "x"]])
+@pytest.mark.parametrize("problem", sorted(BAD_YAML))
+def test_subprocess_unreadable_config_file(tmp_path: Path, args: list[str], problem: str) -> None:
+    """A dask config file that cannot be read is one line naming it and where it breaks,
+    exit 2, for every command and --help (dask raises on it when imported)."""
+    text, reason = BAD_YAML[problem]
+    path = tmp_path / "broken.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    out = _fresh_cli(args, {"DASK_CONFIG": str(tmp_path)})
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == "", out.stderr
+    assert out.stderr.startswith(f"Error: the dask config file {path} cannot be read: "), out.stderr
+    _check_message(out.stderr, reason, "Fix the file, or move it out of the folders dask reads")
+
+
+def test_subprocess_setting_distributed_reads_when_imported() -> None:
+    """A bad value of a key distributed reads when it is imported (which would end in a
+    KeyError there) is said first, naming the variable."""
+    out = _fresh_cli(["worker", SCHEDULER], {"DASK_DISTRIBUTED__ADMIN__TICK__LIMIT": "x"})
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    _check_message(out.stderr, "environment variable DASK_DISTRIBUTED__ADMIN__TICK__LIMIT: "
+                   "distributed.admin.tick.limit='x'", "a duration such as '30s'")
+
+
+@pytest.mark.parametrize("content, value, accepted", [
+    (None, "is a directory", "the JSON file a scheduler wrote"),
+    ("{address: tcp://x:1", "is not JSON", '{"address": "tcp://10.0.0.1:8786", ...}'),
+    ('{"id": "Scheduler-1"}', 'has no "address"', "the JSON file a scheduler wrote"),
+    ('{"address": "banana"}', "holds the address 'banana', which is not one",
+     "tcp://10.0.0.1:8786"),
+])
+def test_scheduler_file_that_is_no_scheduler_file(tmp_path: Path, content: str | None,
+                                                  value: str, accepted: str) -> None:
+    """A scheduler file that exists is read before anything starts (one that does not
+    exist yet is waited for, as distributed's workers wait)."""
+    path = tmp_path / "scheduler.json"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_text(content)
+    with pytest.raises(OptionError) as info:
+        CUDAWorker(scheduler_file=str(path))
+    _check_message(str(info.value), f"scheduler_file={str(path)!r} {value}", accepted)
+    result = CliRunner().invoke(cli, ["worker", "--scheduler-file", str(path)])
+    assert result.exit_code == 2 and "Invalid value for '--scheduler-file'" in result.output
+    _check_message(" ".join(result.output.split("Error: ", 1)[1].split()), value, accepted)
+
+
+def test_tls_files_that_are_not_pem(tmp_path: Path, tls_files: tuple[str, str]) -> None:
+    """TLS files that exist but hold no PEM of their kind, or a key that is not the
+    certificate's, are refused before any GPU is looked for."""
+    cert, key = tls_files
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    cases = [
+        ((str(junk), cert, key), "tls_ca_file=", "holds no PEM certificate"),
+        ((cert, cert, str(junk)), "tls_key=", "holds no PEM private key"),
+        ((cert, key, key), "tls_cert=", "holds no PEM certificate"),
+    ]
+    other = tmp_path / "other-key.pem"
+    openssl = subprocess.run(["openssl", "genrsa", "-out", str(other), "2048"],
+                             capture_output=True, check=False)
+    if openssl.returncode == 0:
+        cases.append(((cert, cert, str(other)), "are not a certificate and its key",
+                      "the key it was made with"))
+    for (ca, c, k), value, accepted in cases:
+        with pytest.raises(OptionError) as info:
+            CUDAWorker(SCHEDULER, tls_ca_file=ca, tls_cert=c, tls_key=k)
+        _check_message(str(info.value), value, accepted)
+        result = CliRunner().invoke(cli, ["worker", SCHEDULER, "--tls-ca-file", ca,
+                                          "--tls-cert", c, "--tls-key", k])
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        _check_message(" ".join(result.output.split("Error: ", 1)[1].split()), value, accepted)
+
+
+ACCEPTED_CLUSTER = [{"memory_limit": "10 GB"}, {"device_memory_limit": "10GiB"},
+                    {"protocol": "tcp://"}, {"rmm_pool_size": 0}, {"rmm_pool_size": "0"},
+                    {"device_memory_limit": 0.0}, {"memory_limit": 4e9},
+                    {"protocol": "tls", "security": True}]
+ACCEPTED_CLI = [["--worker-port", "0"], ["--rmm-pool-size", "0"], ["--memory-limit", "10 GB"],
+                ["--device-memory-limit", "10GiB"], ["--protocol", "tcp://"],
+                ["--listen-address", "tcp://127.0.0.1"], ["--death-timeout", "0"]]
+ACCEPTED_ENV = [{"DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "60"},
+                {"DASK_DISTRIBUTED__WORKER__MEMORY__TARGET": "False"},
+                {"DASK_DISTRIBUTED__COMM__UCX__INFINIBAND": "True"},
+                {"DASK_DISTRIBUTED__LOGGING__DISTRIBUTED": "debug"},
+                {"DASK_DISTRIBUTED__NANNY__ENVIRON__OMP_NUM_THREADS": "1"},
+                {"DASK_DISTRIBUTED__WORKER__MEMORY__MAX_SPILL": "10GB"},
+                {"DASK_CUDASK__WORKER__RMM_POOL_SIZE": "0"}]
+
+
+def _looked_for_gpus(call: Callable[[], object]) -> None:
+    with pytest.raises(AssertionError, match="GPUs were looked for"):
+        call()
+
+
+@pytest.mark.parametrize("kwargs", ACCEPTED_CLUSTER)
+def test_accepted_keywords_stay_accepted(kwargs: dict[str, Any]) -> None:
+    """Values that work stay accepted: these pass every check and reach discovery."""
+    _looked_for_gpus(lambda: LocalCUDACluster(**kwargs))
+
+
+@pytest.mark.parametrize("args", ACCEPTED_CLI)
+def test_accepted_flags_stay_accepted(args: list[str]) -> None:
+    result = CliRunner().invoke(cli, ["worker", SCHEDULER, *args])
+    assert isinstance(result.exception, AssertionError), result.output
+    assert "GPUs were looked for" in str(result.exception)
+
+
+@pytest.mark.parametrize("env", ACCEPTED_ENV)
+def test_accepted_settings_stay_accepted(env: dict[str, str],
+                                         environment: Callable[[dict[str, str]], None]) -> None:
+    environment(env)
+    _looked_for_gpus(lambda: CUDAWorker(SCHEDULER))
+    _looked_for_gpus(lambda: CUDAWorker(SCHEDULER, worker_port=0))
+
+
+@pytest.mark.parametrize("args, value, accepted", [
+    (["demo", "--size", "0"], "--size 0.0 is not accepted", "a number above 0"),
+    (["demo", "--chunk", "0"], "--chunk 0 is no size", "'256MiB'"),
+    (["demo", "--device-memory-limit", "banana"], "--device-memory-limit='banana'", '"40GB"'),
+    (["bench", "spill", "--chunk-size", "0"], "--chunk-size='0' is no size", "'256MiB'"),
+    (["bench", "spill", "--total", "none"], "--total='none' is no size", "'16GiB'"),
+    (["bench", "spill", "--device-memory-limit", "banana"], "--device-memory-limit='banana'",
+     '"40GB"'),
+    (["bench", "cupy", "--operation", "nope"], "--operation='nope'", "transpose_sum, dot"),
+    (["kubernetes", "manifest", "--image", "x", "--num-workers", "-1"],
+     "--num-workers -1 is not accepted", "at least 0"),
+    (["kubernetes", "manifest", "--image", "x", "--idle-timeout", "-5"],
+     "--idle-timeout -5 is not accepted", "at least 0"),
+])
+def test_other_commands_bad_values_exit_2(args: list[str], value: str, accepted: str) -> None:
+    """`cudask demo`, `cudask bench` and `cudask kubernetes` say a bad value as `cudask
+    worker` does: one line, exit status 2, before CuPy or a GPU is looked for."""
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+    _check_message(" ".join(result.output.split("Error: ", 1)[1].split()), value, accepted)

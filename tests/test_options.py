@@ -90,7 +90,7 @@ def test_docs_options_md_is_current():
     import pathlib
 
     doc = pathlib.Path(__file__).parent.parent / "docs" / "options.md"
-    assert doc.read_text() == options.reference(), "regenerate: cudask options > docs/options.md"
+    assert doc.read_text() == options.reference(), "regenerate: cudask options --markdown > docs/options.md"
 
 
 def test_paths_accept_pathlike_and_refuse_others(tmp_path):

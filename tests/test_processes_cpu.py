@@ -1,5 +1,6 @@
 """cudask.testing.processes on a machine without a GPU: cudask's workers end at once
-and the helper says so with their own words, without waiting out its timeout; with
+and the helper says so with their own words, without waiting out its timeout, naming
+every process that ended, also one that ended after another; with
 distributed's own workers, a failure in the block carries their logs and stopping loses
 no key."""
 
@@ -25,6 +26,18 @@ def test_workers_that_end_are_reported_at_once(tmp_path) -> None:
         pass
     assert time.monotonic() - start < 120
     assert "no NVIDIA GPU found" in (tmp_path / "worker-1.log").read_text()
+
+
+def test_processes_that_end_one_after_the_other_are_all_reported(tmp_path) -> None:
+    """A process that ends while another started alike is still on its way out: the
+    report names both, not only the one that ended first (both fail; the second a few
+    seconds later, as one of two workers that find no GPU may under load)."""
+    script = ("import sys, time; time.sleep(4 if 'w0' in sys.argv else 0); "
+              "sys.exit('ended on its own')")
+    with pytest.raises(RuntimeError, match=r"worker process\(es\) \[0, 1\] ended: .*on its own"), \
+            worker_processes(["0", "0"], command=[sys.executable, "-c", script], log_dir=tmp_path,
+                             timeout=300):
+        pass
 
 
 def test_a_failure_in_the_block_carries_the_workers_logs(tmp_path) -> None:

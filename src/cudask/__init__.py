@@ -2,14 +2,23 @@
 
 Importing cudask registers its config defaults with dask.config and does
 nothing else: no environment writes, no CUDA context, no NVML calls. The
-cluster classes are imported lazily on first use.
+cluster classes are imported lazily on first use. When a dask config file cannot
+be read, dask cannot be imported at all: importing cudask then registers nothing,
+the `cudask` command names the file (cudask.cli.main), and the first use of dask
+raises dask's own error.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from cudask import config as config  # registers the `cudask` config defaults
+try:
+    from cudask import config as config  # registers the `cudask` config defaults
+except ValueError as exc:
+    # A dask config file that YAML cannot read: dask itself cannot be imported. The
+    # `cudask` command says so on one line (cudask.cli.main); using dask raises dask's error.
+    if not str(exc).startswith("A dask config file at "):
+        raise
 
 __version__ = "0.1.0"
 

@@ -4,7 +4,8 @@ Covers: loading the commented defaults in cudask.yaml into dask.config (as
 distributed does with distributed.yaml), reading keys back, where a key's value
 was set (`origin`: an environment variable, a config file, or Python), the keys
 under `cudask.` that cudask.yaml does not know (`unknown_keys`, each with its
-closest known key), and the one rule by which a value means true or false
+closest known key), what the config files and environment variables set
+(`user_config`, `user_value`), and the one rule by which a value means true or false
 (`as_bool`, `BOOL_ACCEPTED`). Environment variables such as
 DASK_CUDASK__WORKER__RMM_POOL_SIZE and the user's dask config files override the
 defaults, as everywhere in dask.
@@ -118,28 +119,46 @@ def _sections() -> set[str]:
     return {key.rpartition(".")[0] for key in known_keys()} - {"cudask"}
 
 
+def user_config() -> dict[str, Any]:
+    """What the dask config files and the environment variables set (dask's rule,
+    read again now), without the defaults that packages register: a section given a
+    plain value there (DASK_CUDASK__MEMORY=fast) is still seen, where merging the
+    defaults in has put the section's keys back."""
+    return dask.config.collect(dask.config.paths, os.environ)
+
+
+def user_value(key: str) -> Any:
+    """The value the config files or the environment give `key` (dotted), or
+    dask.config.no_default where they give none."""
+    return _lookup(user_config(), key)
+
+
 def unknown_keys() -> list[tuple[str, str | None]]:
-    """The keys set under `cudask.` that cudask.yaml does not know, each with the
-    closest known key (None when nothing is close)."""
+    """The keys set under `cudask.` (in Python, a config file or the environment) that
+    cudask.yaml does not know, each with the closest known key (None when nothing is
+    close; the first key of a section given a plain value)."""
     known = known_keys()
-    sections = _sections()
-    current = dask.config.config.get("cudask")
-    if not isinstance(current, Mapping):
-        return [] if current is None else [("cudask", None)]
-    out: list[tuple[str, str | None]] = []
-    for key, _ in _leaves(current, "cudask"):
-        canonical = _canonical(key)
-        if canonical in known:
+    sections = _sections() | {"cudask"}
+    trees = [{"cudask": dask.config.config.get("cudask")}, user_config()]
+    found: dict[str, tuple[str, str | None]] = {}
+    for tree in trees:
+        current = tree.get("cudask")
+        if current is None:
             continue
-        if canonical in REMOVED:
-            out.append((key, None))
-            continue
-        if canonical in sections:  # a section given a plain value
-            out.append((key, next(k for k in known if k.startswith(canonical + "."))))
-            continue
-        close = difflib.get_close_matches(canonical, list(known), n=1, cutoff=0.6)
-        out.append((key, close[0] if close else None))
-    return out
+        leaves = _leaves(current, "cudask") if isinstance(current, Mapping) else [("cudask", current)]
+        for key, _ in leaves:
+            canonical = _canonical(key)
+            if canonical in known or canonical in found:
+                continue
+            if canonical in REMOVED:
+                found[canonical] = (key, None)
+                continue
+            if canonical in sections:  # a section given a plain value
+                found[canonical] = (key, next(k for k in known if k.startswith(canonical + ".")))
+                continue
+            close = difflib.get_close_matches(canonical, list(known), n=1, cutoff=0.6)
+            found[canonical] = (key, close[0] if close else None)
+    return list(found.values())
 
 
 def _env_names(key: str) -> Iterator[str]:
@@ -160,13 +179,16 @@ def _lookup(tree: Any, key: str) -> Any:
     return tree
 
 
-def origin(key: str) -> str | None:
+def origin(key: str, value: Any = dask.config.no_default) -> str | None:
     """Where the value of `key` (dotted, e.g. "cudask.worker.rmm-pool-size") was set,
     for messages: ``"environment variable DASK_..."``, ``"config file PATH (key ...)"`` or
-    ``"config key ..."`` (set in Python); None while it holds cudask.yaml's default."""
-    value = dask.config.get(key, default=None)
-    if _lookup(defaults, key) == value:
-        return None
+    ``"config key ..."`` (set in Python); None while it holds cudask.yaml's default.
+    `value`: where that value was set instead of the current one (a section given a
+    plain value in a file, which the defaults registered since have replaced)."""
+    if value is dask.config.no_default:
+        value = dask.config.get(key, default=None)
+        if _lookup(defaults, key) == value:
+            return None
     for name in _env_names(key):
         if dask.config.interpret_value(os.environ[name]) == value:
             return f"environment variable {name}"
@@ -179,5 +201,6 @@ def origin(key: str) -> str | None:
     return f"config key {key}"
 
 
-__all__ = ["BOOL_ACCEPTED", "DEFAULTS_FILE", "REMOVED", "SCHEMA_FILE", "as_bool", "defaults", "get",
-           "known_keys", "load_schema", "origin", "unknown_keys"]
+__all__ = ["BOOL_ACCEPTED", "DEFAULTS_FILE", "REMOVED", "SCHEMA_FILE", "as_bool", "defaults",
+           "get", "known_keys", "load_schema", "origin", "unknown_keys", "user_config",
+           "user_value"]

@@ -62,16 +62,20 @@ class MissingDependencyError(CudaskError, ImportError):
 
 class UnknownModuleError(MissingDependencyError, OptionError):
     """A module an option names (pre_import, preload) that is not found here: a
-    missing dependency, or a misspelt name; an OptionError as well."""
+    missing dependency, or a misspelt name; an OptionError as well. `origin`: where
+    the option was set, when in the config."""
 
-    def __init__(self, module: str, option: str, accepted: str) -> None:
-        CudaskError.__init__(self, f"{option}={module!r}: ModuleNotFoundError: No module named "
-                                   f"{module!r} here (not installed, or misspelt?); accepted: "
-                                   f"{accepted}")
+    def __init__(self, module: str, option: str, accepted: str,
+                 origin: str | None = None) -> None:
+        where = f"{origin}: " if origin else ""
+        CudaskError.__init__(self, f"{where}{option}={module!r}: ModuleNotFoundError: No module "
+                                   f"named {module!r} here (not installed, or misspelt?); "
+                                   f"accepted: {accepted}")
         self.library = module
         self.needed_for = f"{option}={module!r}"
         self.install = f"install {module} where the workers run"
         self.option = option
+        self.origin = origin
 
 
 def require(module: str, *, needed_for: str, install: str) -> object:

@@ -3,9 +3,10 @@
 Covers: `Option` (name, kind, default, help, validation bounds, where it appears)
 and `coerce`, which checks one value's type and form and turns it into its
 canonical form: booleans by the one rule of cudask.config.as_bool, whole numbers
-within bounds, durations in seconds, lists, choices, paths, strings, the form of
-sizes and protocols.
-cudask.options declares the table of options and the rules between them.
+within bounds (digits only where the value was text), durations in seconds, lists (no
+empty entry), choices, paths, strings, the form of sizes and protocols; an empty value is
+refused, saying what the option accepts (`accepted_text`). cudask.options declares the
+table of options and the rules between them.
 
 Does not cover: per-device sizes (cudask.worker.spec parses those against each
 GPU's memory), rules that span options, or anything that starts.
@@ -26,7 +27,7 @@ from dask.utils import parse_timedelta
 
 from cudask import config
 from cudask.errors import OptionError
-from cudask.sizes import check_size
+from cudask.sizes import ACCEPTED, check_size
 
 Kind = Literal["int", "str", "path", "size", "seconds", "bool", "tristate", "list", "choice",
                "any"]
@@ -39,7 +40,8 @@ UCX_PROTOCOLS = ("ucx", "ucxx")
 @dataclass(frozen=True)
 class Option:
     """One option. `name` is the keyword; the flag is derived from it unless
-    given. A `config` key under `cudask.worker` holds the default."""
+    given. A `config` key under `cudask.worker` holds the default; `group` is the
+    section of `cudask worker --help` it is listed in (cudask.options.GROUPS)."""
 
     name: str
     kind: Kind
@@ -51,7 +53,7 @@ class Option:
     choices: tuple[str, ...] = ()
     surfaces: frozenset[Surface] = ALL
     cluster_name: str | None = None  # LocalCUDACluster's keyword where it differs
-    group: str = "worker"
+    group: str = "workers"
     minimum: int | None = None
     maximum: int | None = None
     extra_flags: tuple[str, ...] = ()
@@ -71,23 +73,28 @@ class Option:
 
 
 
+_LIST_EXAMPLES = {"pre_import": "'numpy,json'", "preload": "['cudask.monitor']",
+                  "rmm_allocator_external_lib_list": "'cupy,torch'"}
+
+
 def _split_list(opt: Option, value: Any) -> list[str] | None:
+    """A comma-separated string or a list of strings ("" or []: none); an empty entry
+    ('numpy,,json', a trailing comma, '') is refused rather than dropped."""
     if value is None or value == "" or value == []:
         return None
+    accepted = (f"accepted: names separated by commas, or a list of names, e.g. "
+                f"{opt.name}={_LIST_EXAMPLES.get(opt.name, repr('a,b'))}")
     if isinstance(value, str):
-        items = [v.strip() for v in value.split(",") if v.strip()]
-    elif isinstance(value, Iterable):
-        items = []
-        for v in value:
-            if not isinstance(v, str):
-                raise OptionError(f"{opt.name}={value!r}: every entry must be a string; accepted: "
-                                  "a comma-separated string or a list of strings, e.g. 'json,numpy'")
-            items.extend(s.strip() for s in v.split(",") if s.strip())
+        entries = [value]
+    elif isinstance(value, Iterable) and not isinstance(value, (bytes, dict)):
+        entries = list(value)
+        if any(not isinstance(v, str) for v in entries):
+            raise OptionError(f"{opt.name}={value!r}: every entry must be a string; {accepted}")
     else:
-        raise OptionError(
-            f"{opt.name}={value!r} is not a list; give a comma-separated string such as "
-            "'cupy,torch' or a list of strings"
-        )
+        raise OptionError(f"{opt.name}={value!r} is not a list; {accepted}")
+    items = [item.strip() for entry in entries for item in entry.split(",")]
+    if not all(items):
+        raise OptionError(f"{opt.name}={value!r} has an empty entry; {accepted}")
     if opt.choices:
         bad = [i for i in items if i not in opt.choices]
         if bad:
@@ -106,12 +113,16 @@ def _bounds(opt: Option) -> str:
     return f" of at least {opt.minimum}" if opt.minimum is not None else ""
 
 
-def _int(opt: Option, value: Any) -> int:
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+def _int(opt: Option, value: Any, text: bool) -> int:
+    """A whole number within the option's bounds; digits as text too where `text` (a
+    flag, an environment variable or a config file), not as a keyword."""
+    if text and isinstance(value, str) and value.strip().lstrip("-").isdigit():
         value = int(value)
     example = f"e.g. {opt.name}={max(opt.minimum or 0, 1)}"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise OptionError(f"{opt.name}={value!r} is not an integer; accepted: a whole number"
+        what = "not an integer but a string" if isinstance(value, str) and not text \
+            else "not an integer"
+        raise OptionError(f"{opt.name}={value!r} is {what}; accepted: a whole number"
                           f"{_bounds(opt)}, {example}")
     if opt.minimum is not None and value < opt.minimum:
         raise OptionError(f"{opt.name}={value!r} must be at least {opt.minimum}; accepted: a "
@@ -124,16 +135,39 @@ def _int(opt: Option, value: Any) -> int:
 
 _EXAMPLES = {"protocol": "tcp", "interface": "eth0", "host": "10.0.0.1",
              "worker_port": "9000:9003", "listen_address": "tcp://0.0.0.0:9000",
-             "contact_address": "tcp://node1:9000", "dashboard_address": ":8787"}
+             "contact_address": "tcp://node1:9000", "dashboard_address": ":8787",
+             "dashboard_prefix": "/worker", "name": "node1", "resources": "GPU=1 MEM=10e9",
+             "death_timeout": "60s", "worker_class": "distributed.Worker",
+             "tls_ca_file": "/etc/dask/ca.pem", "tls_cert": "/etc/dask/worker.pem",
+             "tls_key": "/etc/dask/worker-key.pem"}
 
 
 def _example(opt: Option) -> str:
     return _EXAMPLES.get(opt.name, "value")
 
 
-def coerce(opt: Option, value: Any) -> Any:
+def accepted_text(opt: Option) -> str:
+    """What `opt` accepts, for messages."""
+    if opt.kind == "size":
+        return ACCEPTED
+    if opt.kind == "int":
+        return f"a whole number{_bounds(opt)}, e.g. {opt.name}={max(opt.minimum or 0, 1)}"
+    if opt.kind == "path":
+        return f"a path, e.g. {opt.name}='/tmp/dask'"
+    if opt.kind == "choice":
+        return f"{', '.join(opt.choices)}, e.g. {opt.name}={opt.choices[0]!r}"
+    return f"a value, e.g. {opt.name}={_example(opt)!r}"
+
+
+def coerce(opt: Option, value: Any, *, text: bool = True) -> Any:
     """Check one value's type and turn it into its canonical form (sizes stay
-    unparsed: they are parsed per device)."""
+    unparsed: they are parsed per device). `text`: the value was written as text (a
+    flag, an environment variable, a config file), so digits are a number; a keyword
+    given '2' for a count is refused, as n_workers='2' is."""
+    if isinstance(value, str) and not value.strip() and opt.kind not in ("list", "bool",
+                                                                          "tristate"):
+        raise OptionError(f"{opt.name}={value!r} is empty; accepted: {accepted_text(opt)}; "
+                          "leave it out for the default")
     if opt.kind in ("bool", "tristate"):
         if value is None and opt.kind == "tristate":
             return None
@@ -143,7 +177,7 @@ def coerce(opt: Option, value: Any) -> Any:
                               f"{config.BOOL_ACCEPTED}, e.g. {opt.name}=True")
         return flag
     if opt.kind == "int":
-        return _int(opt, value)
+        return _int(opt, value, text)
     if opt.kind == "list":
         return _split_list(opt, value)
     if opt.kind == "choice":
@@ -157,7 +191,7 @@ def coerce(opt: Option, value: Any) -> Any:
         if not isinstance(value, (str, os.PathLike)):
             raise OptionError(f"{opt.name}={value!r} is not a path; accepted: a string or "
                               f"os.PathLike, e.g. {opt.name}='/tmp/dask'")
-        return os.fspath(value) or None  # "" (dask-mpi's default): not given
+        return os.fspath(value)
     if opt.kind == "str" and value is not None and not isinstance(value, str):
         raise OptionError(f"{opt.name}={value!r} is not a string; accepted: a string, e.g. "
                           f"{opt.name}={_example(opt)!r}")

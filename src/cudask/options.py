@@ -1,17 +1,15 @@
-"""Every worker option, declared once.
+"""Worker options: reading, checking and writing values of the declared table.
 
-Covers: the table of options (name, kind, default, help, validation, where it
-appears), reading defaults from the `cudask.worker` config namespace, turning
-user values into canonical ones, and the cross-option rules shared by
-LocalCUDACluster, CUDAWorker and the CLI. The keyword arguments of
-LocalCUDACluster and CUDAWorker, the flags of `dask cuda worker` and the
-reference page docs/options.md are all generated from OPTIONS.
+Covers: `resolve`, every option of a surface from the keywords given or the
+`cudask.worker` config (canonical values, where a config value was set), the rules
+between options shared by LocalCUDACluster, CUDAWorker and the CLI (`check_rules`,
+`check_one_worker_options`), the optional libraries and modules they need
+(`check_libraries`), a value as `cudask worker` flags (`flag_args`) and the reference
+page docs/options.md (`reference`). The table itself is cudask.option_table,
+re-exported here. Does not cover: per-device sizes (cudask.worker.spec) or starting
+anything.
 
-Does not cover: per-device sizes (cudask.worker.spec parses those against each
-GPU's memory) and starting anything.
-
-Threading: the table is built at import and never changed; the functions only
-read it and dask.config, so call them from any thread.
+Threading: pure functions over the table and dask.config; any thread.
 """
 
 from __future__ import annotations
@@ -31,152 +29,9 @@ from cudask.errors import (
     ProtocolMismatchError,
     UnknownModuleError,
 )
-from cudask.option_value import ALL, UCX_PROTOCOLS, Option, Surface, coerce
-
-NODE: frozenset[Surface] = frozenset({"worker", "cli"})  # one node's workers, not LocalCUDACluster
-
-
-def _bool(name: str, help: str, cfg: str | None = None, *, on: str | None = None,
-          off: str | None = None, group: str = "worker", surfaces: frozenset[Surface] = ALL,
-          tristate: bool = False, default: Any = None) -> Option:
-    flag = on or "--" + name.replace("_", "-")
-    return Option(name, "tristate" if tristate else "bool", help, config=cfg, flag=flag,
-                  secondary=off or "--no-" + flag[2:], group=group, surfaces=surfaces,
-                  default=default)
-
-
-OPTIONS: tuple[Option, ...] = (
-    # --- resources of each worker
-    Option("nthreads", "int", "Threads of each worker.", config="threads-per-worker",
-           cluster_name="threads_per_worker", minimum=1),
-    Option("workers_per_gpu", "int", "Workers on each GPU (several for many small tasks, or a "
-           "GPU shared by jobs): each gets 1/N of device_memory_limit, of the RMM pool sizes and "
-           "release threshold, an even share of 'auto' host memory and of the GPU's CPUs; "
-           "LocalCUDACluster names them GPU-K ('0-1'), a named node NAME-0, NAME-1, ... "
-           "(docs/workers-per-gpu.md).", config="workers-per-gpu", minimum=1),
-    Option("memory_limit", "size", "Host memory of each worker, past which data spills from "
-           "host to disk: bytes, a string such as '40GB', a fraction of system memory, 'auto' "
-           "(an even share of system memory) or 0/None for no limit.", config="memory-limit"),
-    Option("device_memory_limit", "size", "Device memory each worker keeps data in before it "
-           "spills to host: bytes, '40GB', a fraction of the GPU's memory, 'auto' (all of it), "
-           "'default' (80%; off on GPUs without dedicated memory) or 0/None for no spilling.",
-           config="device-memory-limit"),
-    Option("local_directory", "path", "Directory for spilled data and worker files; default: "
-           "dask's temporary-directory.", config="local-directory"),
-    Option("close_timeout", "seconds", "Seconds the nanny gives its worker to close: a closing "
-           "worker has 0.8 of it to remove its spilled files and give back its pinned memory, "
-           "then is killed and has as long again to end (distributed.Nanny's close timeout; a "
-           "Nanny subclass of your own as worker_class keeps its own): '60s', 90, '2 minutes'.",
-           config="close-timeout"),
-    Option("log_spilling", "bool", "Log every move of data between device, host and disk (INFO, in the "
-           "worker's log: logger distributed.worker.memory).",
-           config="log-spilling", flag="--log-spilling", secondary="--no-log-spilling"),
-    _bool("jit_unspill", "Hand tasks proxies that stay spilled until the task touches them "
-          "(JIT-unspill).", "jit-unspill", on="--enable-jit-unspill", off="--disable-jit-unspill"),
-    _bool("gc_freeze", "Once the worker has started and imported CuPy, move the objects it "
-          "has so far out of the garbage collector's scans (gc.freeze), so that Python's "
-          "full collections, which pause every task, scan only what came later.",
-          "gc-freeze"),
-    # --- communication
-    Option("protocol", "str", "Protocol: 'tcp', 'tls', 'ucx', ... (default: dask's, tcp).",
-           config="protocol", group="comm"),
-    Option("interface", "str", "Network interface to listen on, such as 'eth0' or 'ib0'.",
-           config="interface", group="comm"),
-    _bool("enable_tcp_over_ucx", "UCX over TCP (protocol 'ucx'); unset leaves the transports "
-          "to UCX.", "enable-tcp-over-ucx", on="--enable-tcp-over-ucx",
-          off="--disable-tcp-over-ucx", group="comm", tristate=True),
-    _bool("enable_infiniband", "UCX over InfiniBand (protocol 'ucx').", "enable-infiniband",
-          on="--enable-infiniband", off="--disable-infiniband", group="comm", tristate=True),
-    _bool("enable_nvlink", "UCX over NVLink / CUDA IPC (protocol 'ucx').", "enable-nvlink",
-          on="--enable-nvlink", off="--disable-nvlink", group="comm", tristate=True),
-    _bool("enable_rdmacm", "UCX RDMA connection manager (needs InfiniBand).", "enable-rdmacm",
-          on="--enable-rdmacm", off="--disable-rdmacm", group="comm", tristate=True),
-    # --- RMM
-    Option("rmm_pool_size", "size", "RMM pool of each worker: bytes, '20GB' or a fraction of "
-           "the GPU's memory; None: no pool.", config="rmm-pool-size", group="rmm"),
-    Option("rmm_maximum_pool_size", "size", "Largest size the RMM pool may grow to (needs "
-           "rmm_pool_size or rmm_async).", config="rmm-maximum-pool-size", group="rmm"),
-    _bool("rmm_managed_memory", "Allocate CUDA managed (unified) memory through RMM.",
-          "rmm-managed-memory", group="rmm"),
-    _bool("rmm_async", "Allocate through cudaMallocAsync (RMM's CudaAsyncMemoryResource).",
-          "rmm-async", group="rmm"),
-    Option("rmm_release_threshold", "size", "Memory the async pool holds before it releases "
-           "memory to the system (needs rmm_async).", config="rmm-release-threshold",
-           group="rmm"),
-    Option("rmm_log_directory", "path", "Directory for RMM allocation logs, one file per worker.",
-           config="rmm-log-directory", group="rmm"),
-    _bool("rmm_track_allocations", "Track RMM allocations (read by `cudask config`).",
-          "rmm-track-allocations", group="rmm"),
-    Option("rmm_allocator_external_lib_list", "list", "Libraries whose GPU allocations go "
-           "through RMM: 'cupy', 'torch' (comma-separated or a list).",
-           config="rmm-allocator-external-lib-list", choices=("cupy", "torch"), group="rmm",
-           flag="--set-rmm-allocator-for-libs",
-           extra_flags=("--rmm-allocator-external-lib-list",)),
-    # --- cuDF and imports
-    _bool("enable_cudf_spill", "cuDF's own spilling too (needs cuDF): when an allocation "
-          "fails, cuDF spills its least recently used buffers; the store still holds "
-          "device_memory_limit; results reach any client.",
-          "enable-cudf-spill",
-          on="--enable-cudf-spill", off="--disable-cudf-spill", group="cudf"),
-    Option("cudf_spill_stats", "int", "cuDF spill statistics level: 0, 1 or 2.",
-           config="cudf-spill-stats", group="cudf", minimum=0, maximum=2),
-    Option("pre_import", "list", "Modules each worker imports at start; a missing one fails the "
-           "start (comma-separated or a list).", config="pre-import", group="cudf"),
-    # --- one node's workers (CUDAWorker and the CLI)
-    Option("scheduler_file", "path", "JSON file the scheduler wrote its address to.",
-           surfaces=NODE, group="node"),
-    Option("host", "str", "Address the workers listen on and advertise; default: the "
-           "interface's address.", surfaces=NODE, group="node"),
-    Option("worker_port", "str", "Port of each worker: a number, or a range FIRST:LAST split "
-           "across the GPUs (9000:9003 gives 9000..9003 to 4 workers); default: random.",
-           surfaces=NODE, group="node"),
-    Option("listen_address", "str", "Address the workers bind to, e.g. tcp://0.0.0.0:9000.",
-           surfaces=NODE, group="node"),
-    Option("contact_address", "str", "Address the workers advertise to the scheduler.",
-           surfaces=NODE, group="node"),
-    Option("name", "any", "Worker name (a string, or an int such as dask-mpi's rank): one "
-           "worker registers exactly it, several (GPUs x workers_per_gpu) register NAME-0, "
-           "NAME-1, ...; default: none (each worker is known by its address, as in distributed).",
-           surfaces=NODE, group="node"),
-    Option("resources", "any", "Abstract resources of each worker, e.g. 'GPU=1 MEM=10e9'.",
-           surfaces=NODE, group="node"),
-    Option("pid_file", "path", "File to write the process id to.", surfaces=NODE, group="node"),
-    Option("expected_gpus", "int", "GPUs this node must have: with fewer visible, fail at start "
-           "naming both numbers (a Kubernetes pod given fewer than its nvidia.com/gpu limit, a "
-           "batch job on the wrong nodes); default: none (a worker per GPU visible).",
-           surfaces=NODE, group="node", minimum=1),
-    Option("preload", "list", "Modules or scripts each worker preloads (repeatable).",
-           surfaces=NODE, group="node"),
-    Option("death_timeout", "any", "Seconds a worker waits for the scheduler before it closes.",
-           surfaces=NODE, group="node"),
-    _bool("dashboard", "Serve each worker's diagnostics dashboard.", None, surfaces=NODE,
-          group="node", default=True),
-    Option("dashboard_address", "str", "Address of each worker's dashboard (port 0: random).",
-           default=":0", surfaces=NODE, group="node"),
-    Option("dashboard_prefix", "str", "URL prefix of the workers' dashboards.", surfaces=NODE,
-           group="node"),
-    Option("tls_ca_file", "str", "CA certificate file for TLS.", surfaces=NODE, group="node"),
-    Option("tls_cert", "str", "Worker certificate file for TLS.", surfaces=NODE, group="node"),
-    Option("tls_key", "str", "Worker private key file for TLS.", surfaces=NODE, group="node"),
-    Option("multiprocessing_method", "choice", "How worker processes are started.",
-           default="spawn", choices=("spawn", "fork", "forkserver"), surfaces=NODE,
-           group="node"),
-    _bool("nanny", "Run each worker under a Nanny process (--no-nanny for sites that forbid "
-          "forking: workers then run in this process).", None, surfaces=NODE, group="node",
-          default=True),
-    Option("worker_class", "any", "Worker class the nanny starts, or a Nanny subclass to start "
-           "instead of the Nanny, as dask-cuda accepts (import path on the CLI).",
-           surfaces=ALL, group="node"),
-)
-
-BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
-BY_CLUSTER_KEYWORD: dict[str, Option] = {
-    o.cluster_keyword: o for o in OPTIONS if "cluster" in o.surfaces
-}
-
-
-def options_for(surface: Surface) -> list[Option]:
-    return [o for o in OPTIONS if surface in o.surfaces]
+from cudask.option_table import BY_CLUSTER_KEYWORD, BY_NAME, GROUPS, NODE, OPTIONS, options_for
+from cudask.option_value import UCX_PROTOCOLS, Option, Surface, coerce
+from cudask.sizes import is_off, parse_size
 
 
 @dataclass
@@ -211,6 +66,9 @@ def resolve(values: Mapping[str, Any], surface: Surface, *,
     names) or, for options not given, the config default; coerced and validated.
     An explicit None keeps its meaning (e.g. device_memory_limit=None: no spilling),
     except for booleans, counts and choices, where it means the default.
+    An empty value is refused (but local_directory='' from CUDAWorker's callers, which
+    dask-mpi gives every worker class, is not given), and digits are a count only as
+    text (a flag, the config), not as a keyword.
     An error in a value from the config names where it was set (config.origin).
     `libraries=False` leaves the optional libraries to a later check_libraries()
     (cudask.deploy.checks.check_input checks every syntax first)."""
@@ -231,10 +89,18 @@ def resolve(values: Mapping[str, Any], surface: Surface, *,
             # no "off" for None to mean here (False, a count, a method): None is the
             # default, as dask-mpi's nthreads=None expects
             value = opt.default_value()
+        if surface == "worker" and opt.name == "local_directory" and value == "":
+            value = None  # dask-mpi's default, which it hands every worker class
+        text = surface == "cli" or keyword not in values  # a flag, or the config's text
         try:
-            resolved.settings[opt.name] = coerce(opt, value) if value is not None else None
+            resolved.settings[opt.name] = coerce(opt, value, text=text) \
+                if value is not None else None
         except OptionError as exc:
-            raise from_config(exc, resolved.origins, opt.name) from None
+            error = from_config(exc, resolved.origins, opt.name)
+            if keyword != opt.name:  # LocalCUDACluster's name for it (threads_per_worker)
+                error = OptionError(str(error).replace(f"{opt.name}=", f"{keyword}="),
+                                    option=opt.name, origin=error.origin)
+            raise error from None
     try:
         check_rules(resolved)
     except OptionError as exc:
@@ -299,13 +165,14 @@ def check_rules(o: WorkerOptions) -> None:
     if v.get("rmm_async") and v.get("rmm_managed_memory"):
         raise OptionError("rmm_async=True and rmm_managed_memory=True cannot be combined; "
                           "choose one allocator")
-    if v.get("rmm_release_threshold") is not None and not v.get("rmm_async"):
+    if not is_off(v.get("rmm_release_threshold")) and not v.get("rmm_async"):
         raise OptionError(f"rmm_release_threshold={v['rmm_release_threshold']!r} needs "
                           "rmm_async=True (it configures the async allocator)")
-    if v.get("rmm_maximum_pool_size") is not None and v.get("rmm_pool_size") is None \
+    if not is_off(v.get("rmm_maximum_pool_size")) and is_off(v.get("rmm_pool_size")) \
             and not v.get("rmm_async"):
         raise OptionError(f"rmm_maximum_pool_size={v['rmm_maximum_pool_size']!r} needs "
                           "rmm_pool_size (e.g. rmm_pool_size='20GB') or rmm_async=True")
+    _check_pool_sizes(v)
     if v.get("enable_nvlink") and v.get("rmm_managed_memory"):
         raise OptionError("enable_nvlink=True and rmm_managed_memory=True cannot be combined: "
                           "CUDA IPC cannot share managed memory")
@@ -360,6 +227,26 @@ def check_one_worker_options(v: Mapping[str, Any], workers: int) -> None:
                           "instead, or one GPU per process (CUDA_VISIBLE_DEVICES)")
 
 
+def _check_pool_sizes(v: Mapping[str, Any]) -> None:
+    """rmm_maximum_pool_size no smaller than rmm_pool_size, where both are bytes or
+    both fractions of the GPU (a byte size against a fraction waits for the GPU:
+    cudask.worker.spec.device_sizes)."""
+    pool, maximum = v.get("rmm_pool_size"), v.get("rmm_maximum_pool_size")
+    if is_off(pool) or is_off(maximum):
+        return
+    small, large = 1 << 40, 1 << 41  # two GPU sizes: a fraction's bytes differ between them
+    sizes = [[parse_size(x, total=t, name=name, auto=1.0, default=None) for t in (small, large)]
+             for x, name in ((pool, "rmm_pool_size"), (maximum, "rmm_maximum_pool_size"))]
+    (pool_small, pool_large), (max_small, max_large) = sizes
+    if None in (pool_small, max_small):
+        return
+    same_kind = (pool_small == pool_large) == (max_small == max_large)
+    if same_kind and max_small < pool_small:  # type: ignore[operator]
+        raise OptionError(f"rmm_maximum_pool_size={maximum!r} is smaller than "
+                          f"rmm_pool_size={pool!r}, the size the pool starts at; accepted: a "
+                          "maximum at least as large, or none (the pool grows as needed)")
+
+
 def _check_workers_per_gpu(v: Mapping[str, Any]) -> None:
     """Options that name one worker process, refused with several workers per GPU."""
     n = v.get("workers_per_gpu") or 1
@@ -382,33 +269,42 @@ PRELOAD_ACCEPTED = ("a module importable where the workers run, a .py file or an
 
 def check_libraries(o: WorkerOptions) -> None:
     """The optional libraries the options need (rmm, cuDF, UCX), and the modules
-    of pre_import and preload, found (not imported), before any process starts."""
+    of pre_import and preload, found (not imported), before any process starts.
+    A need that comes from the config names where it was set."""
     v = o.settings
-    if v.get("rmm_pool_size") is not None or v.get("rmm_managed_memory") or v.get("rmm_async") \
-            or v.get("rmm_track_allocations") or v.get("rmm_log_directory") \
-            or v.get("rmm_allocator_external_lib_list"):
-        require_library("rmm", "the RMM options (rmm_pool_size, rmm_async, ...)")
+
+    def needed_for(name: str, text: str) -> str:
+        return f"{o.origins[name]}: {text}" if name in o.origins else text
+
+    rmm = [k for k in ("rmm_managed_memory", "rmm_async", "rmm_track_allocations")
+           if v.get(k)]
+    rmm += [k for k in ("rmm_pool_size", "rmm_log_directory", "rmm_allocator_external_lib_list")
+            if not is_off(v.get(k))]
+    if rmm:
+        require_library("rmm", needed_for(rmm[0], f"{rmm[0]}={v[rmm[0]]!r} (an RMM option)"))
     for lib in v.get("rmm_allocator_external_lib_list") or ():
         if not _library(lib):
-            raise MissingDependencyError(lib, f"rmm_allocator_external_lib_list={lib!r}",
+            raise MissingDependencyError(lib, needed_for("rmm_allocator_external_lib_list",
+                                                         f"rmm_allocator_external_lib_list={lib!r}"),
                                          f"pip install {'cupy-cuda13x' if lib == 'cupy' else lib}")
     if v.get("enable_cudf_spill"):
-        require_library("cudf", "enable_cudf_spill=True")
+        require_library("cudf", needed_for("enable_cudf_spill", "enable_cudf_spill=True"))
     if v.get("protocol") in UCX_PROTOCOLS:
         by = o.implied.get("protocol")
-        require_library("ucx", f"{by}=True (a UCX transport, so protocol 'ucx')" if by
-                        else f"protocol={v['protocol']!r}")
+        require_library("ucx", needed_for(by, f"{by}=True (a UCX transport, so protocol 'ucx')")
+                        if by else needed_for("protocol", f"protocol={v['protocol']!r}"))
     for module in v.get("pre_import") or ():
         if not _library(module):
             raise UnknownModuleError(module, "pre_import", "a module importable where the "
-                                     "workers run, e.g. pre_import='json'")
+                                     "workers run, e.g. pre_import='json'",
+                                     origin=o.origins.get("pre_import"))
     for item in v.get("preload") or ():
         if item.startswith(("http://", "https://")):
             continue  # distributed downloads it when the worker starts
         if item.endswith(".py"):
             if not os.path.isfile(item):
                 raise OptionError(f"preload={item!r}: no such file; accepted: "
-                                  f"{PRELOAD_ACCEPTED}")
+                                  f"{PRELOAD_ACCEPTED}", option="preload")
         elif not _library(item):
             raise UnknownModuleError(item, "preload", PRELOAD_ACCEPTED)
 
@@ -439,7 +335,7 @@ def reference() -> str:
     lines = [
         "# Worker options",
         "",
-        "Generated from `cudask.options.OPTIONS` by `cudask options`; do not edit.",
+        "Generated from `cudask.options.OPTIONS` by `cudask options --markdown`; do not edit.",
         "Unset options take their default from the `cudask.worker` config namespace",
         "(cudask.yaml), so `DASK_CUDASK__WORKER__<NAME>` environment variables work.",
         "",
@@ -453,3 +349,8 @@ def reference() -> str:
         default = f"config `cudask.worker.{o.config}`" if o.config else repr(o.default)
         lines.append(f"| {kw} | `{o.name}` | `{flag}` | {default} | {o.help} |")
     return "\n".join(lines) + "\n"
+
+
+__all__ = ["BY_CLUSTER_KEYWORD", "BY_NAME", "GROUPS", "NODE", "OPTIONS", "WorkerOptions",
+           "check_libraries", "check_one_worker_options", "check_rules", "flag_args",
+           "from_config", "options_for", "reference", "require_library", "resolve"]

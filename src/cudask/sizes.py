@@ -1,7 +1,7 @@
 """Byte sizes: parsing user values into bytes, per device or per host.
 
 Covers: "auto", "default", fractions (0 < x <= 1 of a total), byte strings
-("40GB", "512 MiB"), plain integers, and 0/None/"0" meaning "off". The
+("40GB", "512 MiB"), plain integers, and 0/None/"0" meaning "off" (`is_off`). The
 meaning of "auto" and "default" is passed in by the caller, because it differs
 between device memory (dask-cuda: "default" is 80% of a device with dedicated
 memory, off on SoC parts) and host memory ("auto" is the system share).
@@ -12,6 +12,8 @@ Threading: pure functions; call them from any thread.
 """
 
 from __future__ import annotations
+
+import math
 
 from dask.utils import format_bytes, parse_bytes
 
@@ -94,12 +96,14 @@ def _number(text: str) -> float | None:
 
 def _number_in_text(value: str, number: float, name: str) -> int | float:
     """A number given as text ("0.5", "1000"): a fraction up to 1, else whole bytes."""
+    if not math.isfinite(number):
+        raise OptionError(f"{name}={value!r} is not a number of bytes; accepted: {ACCEPTED}")
     if number < 0:
         raise OptionError(f"{name}={value!r} is negative; accepted: {ACCEPTED}")
     if number > 1 and not number.is_integer():
         raise OptionError(
             f"{name}={value!r}: a fraction must lie in (0, 1]; for a byte count give "
-            'a whole number or a string such as "40GB"'
+            'a whole number or a byte string such as "40GB"'
         )
     return int(number) if number.is_integer() and number > 1 else number
 
@@ -125,12 +129,16 @@ def _nbytes(value: object, total: int | None, name: str) -> int:
     if isinstance(value, float):
         if value == 0:
             return 0
+        if not math.isfinite(value):
+            raise OptionError(f"{name}={value!r} is not a number of bytes; accepted: {ACCEPTED}")
         if value < 0:
             raise OptionError(f"{name}={value!r} is negative; accepted: {ACCEPTED}")
         if not 0 < value <= 1:
+            example = (f'{int(value)} or "{format_bytes(int(value))}"' if value.is_integer()
+                       else '"40GB"')
             raise OptionError(
                 f"{name}={value!r}: a fraction must lie in (0, 1]; for a byte count "
-                f'give an integer or a string such as "{value:g}B"'
+                f"give an integer or a byte string, e.g. {example}"
             )
         if total is None:
             raise OptionError(
@@ -162,6 +170,15 @@ def _bounded(
     return nbytes
 
 
+def is_off(value: object) -> bool:
+    """Whether a size means "off": None, False, 0, or "0"/"none"/"off"/"false" as text."""
+    if value is None or value is False:
+        return True
+    if isinstance(value, str):
+        return value.strip().lower() in _OFF_WORDS[1:]
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value == 0
+
+
 def check_size(value: SizeValue, *, name: str) -> None:
     """Check the form of a size without knowing the total it refers to: "banana",
     negative numbers and fractions above 1 are refused here; whether the size fits
@@ -169,4 +186,5 @@ def check_size(value: SizeValue, *, name: str) -> None:
     parse_size(value, total=1 << 60, name=name)
 
 
-__all__ = ["ACCEPTED", "ACCEPTED_BYTES", "SizeValue", "check_size", "format_bytes", "parse_size"]
+__all__ = ["ACCEPTED", "ACCEPTED_BYTES", "SizeValue", "check_size", "format_bytes", "is_off",
+           "parse_size"]

@@ -146,14 +146,20 @@ def test_runner_stops_when_its_parent_is_killed(tmp_path: Path) -> None:
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("workload", ["spill", "cupy", "startup"])
 def test_suggested_cpu_command_finishes_with_progress(tmp_path: Path, workload: str) -> None:
-    """The no-GPU error's suggestion, run as printed: it ends well within two minutes
-    (a minute on an idle machine) and shows a progress line."""
+    """The no-GPU error's suggestion, run as printed (the same command `cudask bench
+    --help` gives for spill): it ends well within two minutes (a minute on an idle
+    machine) and shows a progress line, --array-module numpy's defaults giving a small
+    workload and --progress."""
     asked = subprocess.run([*BENCH, workload, "--array-module", "numpy"], capture_output=True,
                            text=True, timeout=120, check=False)
     assert asked.returncode == 1 and "NVML finds none" in asked.stderr, asked.stderr
-    marker = "without a GPU (host memory, seconds): "
+    marker = "without a GPU (host memory, under a minute): "
     suggested = shlex.split(asked.stderr.strip().split(marker, 1)[1])
     assert suggested[:3] == ["cudask", "bench", workload]
+    if workload == "spill":
+        shown = subprocess.run([*BENCH, "--help"], capture_output=True, text=True, timeout=120,
+                               check=True).stdout
+        assert " ".join(suggested) in " ".join(shown.split()), shown
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     start = time.monotonic()

@@ -59,4 +59,4 @@ def test_config_over_tls(tls_files):
         (report,) = json.loads(result.output).values()
         assert report["protocol"] == "tls"
         partial = CliRunner().invoke(cli, ["config", address, "--tls-ca-file", cert])
-        assert partial.exit_code == 1 and "TLS needs all" in partial.output
+        assert partial.exit_code == 2 and "TLS needs all" in partial.output  # a usage error

@@ -132,7 +132,7 @@ def test_worker_options_reach_the_worker_command() -> None:
     values = _worker_values(container_argv(c))
     assert values["device_memory_limit"] == "20GB" and values["rmm_pool_size"] == "0.5"
     assert values["enable_cudf_spill"] is False and values["pre_import"] == "cupy,numpy"
-    assert values["nthreads"] == 2 and values["memory_limit"] == "5GiB"
+    assert values["nthreads"] == "2" and values["memory_limit"] == "5GiB"  # as click reads it
     assert values["resources"] == "GPU=1" and values["preload"] == ("a.b", "c")
 
 
@@ -202,7 +202,7 @@ def test_helm_values_run_cudask_workers_with_their_memory_share() -> None:
     given = _worker_values(argv)
     assert given["scheduler"] == "tcp://gpu-cluster-scheduler:8786"
     assert given["memory_limit"] == "6GiB"  # the last --memory-limit wins over the pod's 12Gi
-    assert given["nthreads"] == 1 and given["device_memory_limit"] == "0.8"
+    assert given["nthreads"] == "1" and given["device_memory_limit"] == "0.8"
     assert given["name"] == "gpu-cluster-worker-5d8f9c-abcde"
     assert values["worker"]["resources"]["limits"]["nvidia.com/gpu"] == "2"
     scheduler_env = {e["name"]: e["value"] for e in values["scheduler"]["env"]}

@@ -71,8 +71,6 @@ def read_scheduler_file(path: str) -> str:
 
 def _target(ctx: click.Context, scheduler: str | None, scheduler_file: str | None, timeout: float,
             tls_ca_file: str | None, tls_cert: str | None, tls_key: str | None) -> SchedulerTarget:
-    from cudask.errors import OptionError
-
     if scheduler is not None and scheduler_file is not None:
         if ctx.get_parameter_source("scheduler") is ParameterSource.ENVIRONMENT:
             scheduler = None  # a file given on the command line beats the environment
@@ -86,7 +84,7 @@ def _target(ctx: click.Context, scheduler: str | None, scheduler_file: str | Non
             f"--scheduler-file FILE, or set {ENVVAR}", ctx=ctx)
     tls = (tls_ca_file, tls_cert, tls_key)
     if any(tls) and not all(tls):
-        raise OptionError("TLS needs all of --tls-ca-file, --tls-cert and --tls-key")
+        raise click.UsageError("TLS needs all of --tls-ca-file, --tls-cert and --tls-key", ctx=ctx)
     security = None
     if all(tls):
         from distributed.security import Security

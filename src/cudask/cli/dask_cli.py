@@ -9,7 +9,7 @@ nobody else uses, so that ``dask cuda`` is dask-cuda's, every time, with no warn
 (docs/design/cli.md says why). cudask itself (``cudask worker``, ``python -m cudask.cli
 worker``) is never affected.
 
-Does not cover: the commands themselves (cudask.cli.main wires them), nor finding out
+Does not cover: the commands themselves (cudask.cli.commands wires them), nor finding out
 which package `dask cuda` runs (cudask.cli.dask_cuda_owner, which `cudask info` uses too).
 Threading: attributes are computed on access, in the caller's thread.
 """
@@ -40,13 +40,13 @@ def _stand_aside() -> click.Command:
 def __getattr__(name: str) -> click.Command:
     """The objects of cudask's `dask_cli` entry points, decided when dask loads them."""
     if name == "cudask":
-        from cudask.cli.main import dask_cudask
+        from cudask.cli.commands import dask_cudask
 
         return dask_cudask
     if name == "cuda":
         if other_cuda_entry_points():
             return _stand_aside()
-        from cudask.cli.main import cuda
+        from cudask.cli.commands import cuda
 
         return cuda
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

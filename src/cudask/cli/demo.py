@@ -4,7 +4,7 @@ Covers: starting LocalCUDACluster on all GPUs with a device memory limit,
 running a CuPy dask.array workload whose data outgrow that limit (so it
 spills to host), with a progress bar, then printing per-GPU time and spill
 figures and the dashboard address. Needs a GPU and CuPy; without them it says
-so and exits 1. Does not cover: benchmarking (`cudask bench`). Threading: the
+so and exits 1; a bad flag is said first, with exit status 2. Does not cover: benchmarking (`cudask bench`). Threading: the
 command's thread drives the cluster through a synchronous Client.
 """
 
@@ -49,6 +49,40 @@ def _random_block(block_info: Any = None) -> Any:
     return cupy.random.default_rng(seed).random(info["chunk-shape"], dtype="float64")
 
 
+def _check_flags(device_memory_limit: str, size_factor: float, chunk: str,
+                 dashboard_address: str) -> tuple[Any, int]:
+    """The flags, checked before CuPy or a GPU is looked for (a bad one: exit status 2):
+    the device limit as LocalCUDACluster takes it, and the chunk's bytes."""
+    from cudask.deploy.check_network import check_dashboard_address
+    from cudask.errors import OptionError
+    from cudask.sizes import check_size
+
+    if not (math.isfinite(size_factor) and size_factor > 0):
+        raise click.BadParameter(f"--size {size_factor!r} is not accepted; accepted: a number "
+                                 "above 0, e.g. 2 for twice the limit", param_hint="'--size'")
+    limit: Any = device_memory_limit
+    try:
+        limit = float(device_memory_limit)
+    except ValueError:
+        pass
+    checks: list[tuple[str, Any]] = [
+        ("--chunk", lambda: parse_size(chunk, total=None, name="--chunk")),
+        ("--device-memory-limit", lambda: check_size(limit, name="--device-memory-limit")),
+        ("--dashboard-address",
+         lambda: check_dashboard_address("--dashboard-address", dashboard_address)),
+    ]
+    results = {}
+    for flag, check in checks:
+        try:
+            results[flag] = check()
+        except OptionError as exc:
+            raise click.BadParameter(str(exc), param_hint=f"'{flag}'") from None
+    if not results["--chunk"]:
+        raise click.BadParameter(f"--chunk {chunk} is no size; accepted: a size above 0 such "
+                                 "as '256MiB'", param_hint="'--chunk'")
+    return limit, int(results["--chunk"])
+
+
 @click.command("demo")
 @click.option("--device-memory-limit", default="0.1", show_default=True,
               help="Device memory each worker keeps before spilling (bytes, '4GB', or a fraction "
@@ -59,15 +93,11 @@ def _random_block(block_info: Any = None) -> Any:
 @click.option("--dashboard-address", default=":8787", show_default=True)
 def demo(device_memory_limit: str, size_factor: float, chunk: str, dashboard_address: str) -> None:
     """Run a CuPy workload larger than device memory on every GPU."""
-    from cudask.errors import OptionError
     from cudask.options import require_library
 
+    limit_value, chunk_bytes = _check_flags(device_memory_limit, size_factor, chunk,
+                                            dashboard_address)
     require_library("cupy", "cudask demo")
-    if size_factor <= 0:
-        raise OptionError(f"--size={size_factor!r} must be positive, e.g. 2 for twice the limit")
-    chunk_bytes = parse_size(chunk, total=None, name="--chunk")
-    if not chunk_bytes:
-        raise OptionError(f"--chunk={chunk!r} must be a positive size such as '256MiB'")
 
     import cupy
     import dask.array as da
@@ -76,11 +106,6 @@ def demo(device_memory_limit: str, size_factor: float, chunk: str, dashboard_add
     from cudask import LocalCUDACluster
     from cudask.monitor.page import page_link
 
-    limit_value: Any = device_memory_limit
-    try:
-        limit_value = float(device_memory_limit)
-    except ValueError:
-        pass
     started = time.perf_counter()
     with LocalCUDACluster(device_memory_limit=limit_value, dashboard_address=dashboard_address,
                           silence_logs=logging.ERROR) as cluster, Client(cluster) as client:

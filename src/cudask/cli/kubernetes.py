@@ -23,6 +23,7 @@ import click
 import yaml
 
 from cudask.cli.errors import ConfigError
+from cudask.cli.flags import SectionedCommand
 from cudask.cli.worker import click_option
 from cudask.options import BY_NAME, options_for
 
@@ -122,7 +123,7 @@ def _flag(keyword: str) -> str:
     return BY_NAME[keyword].cli_flag if keyword in BY_NAME else "--" + keyword.replace("_", "-")
 
 
-_ASSIGNED = re.compile(r"(?<![\w.\-\[])([a-z][a-z0-9_]*)=(?:'([^']*)'|\b([\w.:/+-]+)\b)?")
+_ASSIGNED = re.compile(r"(?<![\w.\-\[])([a-z][a-z0-9_]*)=(?:'([^']*)'|(-?\b[\w.:/+-]+\b))?")
 _MENTIONED = re.compile(r"(?<![\w.\-'])([a-z]+_[a-z0-9_]+)(?![\w'=\[-])|^([a-z]+)(?= is missing)")
 
 
@@ -141,8 +142,9 @@ def speak_flags(message: str) -> str:
         opt = BY_NAME.get(keyword)
         if opt is not None and opt.kind in ("bool", "tristate") and text in ("True", "False"):
             return opt.cli_flag if text == "True" else str(opt.secondary)
-        if text is None:
-            return _flag(keyword)
+        if text is None:  # no value, or one not spelt as a word (a list: --flag=[...])
+            follows = m.string[m.end():m.end() + 1]
+            return f"{_flag(keyword)}=" if follows and follows in "[{(\"" else _flag(keyword)
         word = text if re.fullmatch(r"[\w.:/@%+=-]+", text) else f"'{text}'"
         return f"{_flag(keyword)} {word}"
 
@@ -191,9 +193,15 @@ def helm_values_command(**values: Any) -> None:
                f"(helm install {pods.name} dask/dask -f <this file>)\n", helm_values(pods))
 
 
-manifest = click.command("manifest", context_settings=CONTEXT)(
-    _pod_options(manifest_command, namespace=True))
-helm_values = click.command("helm-values", context_settings=CONTEXT)(
+#: The --help sections of the pods' own flags (the worker flags follow, by their groups).
+POD_SECTIONS = {name: "Pods" for name in (
+    "name", "image", "num_workers", "nvidia_gpu", "worker_cpu", "worker_memory", "scheduler_cpu",
+    "scheduler_memory", "env", "limits", "requests", "gpu_resource", "namespace",
+    "scheduler_service_type", "idle_timeout")}
+manifest = click.command("manifest", cls=SectionedCommand, sections=POD_SECTIONS,
+                         context_settings=CONTEXT)(_pod_options(manifest_command, namespace=True))
+helm_values = click.command("helm-values", cls=SectionedCommand, sections=POD_SECTIONS,
+                            context_settings=CONTEXT)(
     _pod_options(helm_values_command, namespace=False))
 kubernetes.add_command(manifest)
 kubernetes.add_command(helm_values)

@@ -1,76 +1,78 @@
-"""The `cudask` command and the `dask cudask` / `dask cuda` command groups.
+"""The entry point of the `cudask` command (and `python -m cudask.cli`).
 
-Covers: wiring subcommands together. `cudask worker`/`cudask config`/`cudask top`/
-`cudask kubernetes`, `dask cudask worker|config|top|kubernetes` and `dask cuda
-worker|config|top|kubernetes` (through dask's `dask_cli` entry points) are the same
-commands; `python -m cudask.cli worker` works too. `cudask bench` lives in the
-cudask_bench package and is attached by name (cudask.cli.lazy): it is imported only when
-`cudask bench ...` runs, never by another command. Does not cover: the commands (one
-module each), nor when `dask cuda` is cudask's rather than dask-cuda's
-(cudask.cli.dask_cli decides). Threading: click runs a command in the calling thread.
+Covers: `main()`, which first has dask read its config files (DASK_CONFIG,
+~/.config/dask, /etc/dask): a file that YAML cannot read, or whose top level is no
+mapping, is said on one line naming the file and where it breaks, exit status 2, for
+every command and `--help` alike (dask raises on it when imported, so nothing that
+imports dask can say it); then it runs the command group (cudask.cli.commands). The
+groups `cli`, `cuda` and `dask_cudask` are also reachable here by name, for
+`cudask.cli.dask_cli` and for code that imports them from this module. Importing this
+module imports neither dask nor the commands.
+
+Does not cover: the commands and their groups (cudask.cli.commands), bad values inside a
+readable config file (each command's checks). Threading: the calling thread.
 """
 
 from __future__ import annotations
 
-import click
+import re
+import sys
+from typing import Any
 
-from cudask.cli.alias import alias
-from cudask.cli.config import config
-from cudask.cli.demo import demo
-from cudask.cli.errors import UserErrorGroup
-from cudask.cli.info import info
-from cudask.cli.kubernetes import kubernetes
-from cudask.cli.lazy import LazyCommand, LazyGroup
-from cudask.cli.top import top
-from cudask.cli.worker import worker
-
-#: Subcommands of `cudask` from other packages of the distribution, imported when they run.
-LAZY_COMMANDS = (
-    LazyCommand(
-        "bench",
-        "cudask_bench.cli:bench",
-        "Benchmarks: spilling, CuPy dask.array workloads, cluster start-up, soak, "
-        "device data between workers (transfer).",
-    ),
-)
+#: The start of dask's error for a config file it cannot read (dask.config._load_config_file).
+_UNREADABLE = re.compile(r"A dask config file at (?P<path>'.*?'|\".*?\") is malformed")
+_GROUPS = ("cli", "cuda", "dask_cudask", "LAZY_COMMANDS")
 
 
-@click.group(
-    cls=LazyGroup, lazy=LAZY_COMMANDS, context_settings={"help_option_names": ["-h", "--help"]}
-)
-@click.version_option(package_name="cudask")
-def cli() -> None:
-    """cudask: one dask.distributed worker per NVIDIA GPU."""
+def config_file_error() -> str | None:
+    """Why dask cannot read one of its config files, on one line naming the file, or
+    None when it reads them all. Imports dask, which reads them."""
+    try:
+        import dask.config  # noqa: F401
+    except ValueError as exc:
+        found = _UNREADABLE.match(str(exc))
+        if found is None:
+            raise
+        return _explain(found.group("path")[1:-1], str(exc))
+    return None
 
 
-@click.group(cls=UserErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
-def cuda() -> None:
-    """GPU workers for dask (cudask; the same as `dask cudask`)."""
+def _explain(path: str, message: str) -> str:
+    """The reason a config file is unreadable: where YAML stops, or what dask found."""
+    import yaml
 
-
-@click.group("cudask", cls=UserErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
-def dask_cudask() -> None:
-    """GPU workers for dask (cudask), also beside dask-cuda."""
-
-
-cli.add_command(info)
-cli.add_command(demo)
-cli.add_command(alias)
-
-
-@cli.command("options")
-def options_command() -> None:
-    """Print the worker options reference (docs/options.md): keyword, flag, default, meaning."""
-    from cudask.options import reference
-
-    click.echo(reference(), nl=False)
-
-
-for command in (worker, config, top, kubernetes):
-    cli.add_command(command)
-    cuda.add_command(command)
-    dask_cudask.add_command(command)
+    try:
+        with open(path, encoding="utf-8") as f:
+            yaml.safe_load(f)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        reason = f"not YAML ({where}{exc.problem or exc.context})"
+    except UnicodeDecodeError as exc:
+        reason = f"not UTF-8 text (byte {exc.start}: {exc.reason})"
+    except (OSError, yaml.YAMLError) as exc:
+        reason = " ".join(str(exc).split())
+    else:  # read, but not a mapping at the top
+        reason = message.split(" - ", 1)[-1].replace("config files must", "a config file must")
+    return (f"the dask config file {path} cannot be read: {reason}; accepted: a YAML mapping "
+            "such as 'cudask: {worker: {device-memory-limit: 0.8}}'. Fix the file, or move it "
+            "out of the folders dask reads (DASK_CONFIG, ~/.config/dask, /etc/dask)")
 
 
 def main() -> None:
+    """Run `cudask` once dask has read its config files."""
+    problem = config_file_error()
+    if problem is not None:
+        print(f"Error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    from cudask.cli.commands import cli
+
     cli()
+
+
+def __getattr__(name: str) -> Any:
+    if name in _GROUPS:
+        from cudask.cli import commands
+
+        return getattr(commands, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

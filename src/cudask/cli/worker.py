@@ -26,6 +26,7 @@ from click.core import ParameterSource
 
 from cudask import config
 from cudask.cli.errors import ConfigError
+from cudask.cli.flags import SectionedCommand, help_text
 from cudask.options import BY_NAME, Option, WorkerOptions, options_for
 
 logger = logging.getLogger("distributed.cli.cudask_worker")
@@ -37,21 +38,24 @@ SCHEDULER_HELP = (
 
 
 def click_option(opt: Option) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """The click option generated from one declared Option (unset -> config default)."""
+    """The click option generated from one declared Option (unset -> config default).
+    Values reach cudask.options as given (counts too), so that a bad one is told with
+    what the option accepts."""
     default = opt.default_value()
     shown = f" [default: {default}]" if default not in (None, "", ()) else ""
-    help_text = opt.help + shown
+    text = help_text(opt) + shown
     if opt.kind in ("bool", "tristate"):
         flags = f"{opt.cli_flag}/{opt.secondary}"
-        return click.option(flags, opt.name, default=None, help=help_text)
+        return click.option(flags, opt.name, default=None, help=text)
     decls = [opt.cli_flag, *opt.extra_flags, opt.name]
     if opt.kind == "int":
-        return click.option(*decls, type=int, default=None, help=help_text)
+        return click.option(*decls, type=str, default=None, metavar="INTEGER", help=text)
     if opt.kind == "choice":
-        return click.option(*decls, type=click.Choice(opt.choices), default=None, help=help_text)
+        return click.option(*decls, type=click.Choice(opt.choices), default=None, help=text)
     if opt.name == "preload":
-        return click.option(*decls, multiple=True, default=None, help=help_text)
-    return click.option(*decls, type=str, default=None, help=help_text)
+        return click.option(*decls, multiple=True, default=None, metavar="MODULE", help=text)
+    metavar = {"size": "SIZE", "path": "PATH", "list": "LIST"}.get(opt.kind, "TEXT")
+    return click.option(*decls, type=str, default=None, metavar=metavar, help=text)
 
 
 def worker_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -85,7 +89,8 @@ async def _run(scheduler: str | None, options: WorkerOptions) -> int:
     return 0
 
 
-@click.command("worker", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("worker", cls=SectionedCommand,
+               context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.argument("scheduler", required=False, envvar="DASK_SCHEDULER_ADDRESS")
 @worker_options
 @click.pass_context
@@ -118,11 +123,15 @@ def check_flags(given: dict[str, Any], scheduler: str | None = None,
     """Every check that needs no GPU (cudask.deploy.checks), before any GPU is looked
     for: a bad flag, config value or CUDA_VISIBLE_DEVICES is a usage error (exit 2);
     one from an environment variable or a config file says which, without click's
-    usage block (cli.errors.ConfigError)."""
-    from cudask.deploy.checks import check_input
+    usage block (cli.errors.ConfigError). distributed's own settings come first, before
+    anything imports distributed (which reads some of them when imported)."""
+    from cudask.deploy.check_config import check_distributed_config
     from cudask.errors import OptionError
 
     try:
+        check_distributed_config()
+        from cudask.deploy.checks import check_input
+
         return check_input(given, "cli", visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                            visible_origin="environment variable CUDA_VISIBLE_DEVICES",
                            scheduler=scheduler, scheduler_origin=origin)

@@ -51,7 +51,8 @@ def _size(key: str, accepted: str) -> int:
     except (TypeError, ValueError):
         size = -1
     if isinstance(value, bool) or size < 0:
-        raise OptionError(f"cudask.comm.{key}={value!r} is not a size; give bytes {accepted}")
+        raise OptionError(f"cudask.comm.{key}={value!r} is not a size; accepted: bytes "
+                          f"{accepted}")
     return size
 
 

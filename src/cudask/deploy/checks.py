@@ -2,15 +2,16 @@
 
 Covers: `check_input`, the one function LocalCUDACluster, CUDAWorker and
 `dask cuda worker` call before `discover()`: keys under `cudask.` that cudask.yaml
-does not know, option types, choices and the form of sizes and protocols
-(cudask.options.resolve), the rules between options, the scheduler's address (and
-its conflict with a scheduler file), addresses, ports, interfaces and dashboard
-addresses (cudask.deploy.check_network), directories, the pid file and TLS
-(cudask.deploy.check_files), resources, death_timeout, worker_class, the name, the
-form of CUDA_VISIBLE_DEVICES, n_workers, LocalCluster's own keywords, every
-`cudask.memory.*` and `cudask.comm.*` key, and last the optional libraries and
-the modules to preload. So a typo gets its own one-line error on any machine, with
-or without a GPU; a value from the config names where it was set.
+does not know, distributed's own settings (cudask.deploy.check_config), option
+types, choices and the form of sizes and protocols (cudask.options.resolve), the
+rules between options, the scheduler's address or file, addresses, ports,
+interfaces (cudask.deploy.check_network), directories, dask's temporary-directory,
+the pid file and TLS (cudask.deploy.check_files), the host memory limit against
+this machine's, resources, durations, worker_class, the name, security, the form of
+CUDA_VISIBLE_DEVICES, n_workers, LocalCluster's keywords and those it hands to
+distributed's workers, every `cudask.memory.*` and `cudask.comm.*` key, and last the
+optional libraries and the modules to preload. A value from the config names where
+it was set.
 
 Does not cover: what needs the device — a fraction or byte size against *this*
 GPU's memory, device indices or UUIDs that name no GPU, n_workers against the
@@ -21,11 +22,15 @@ Threading: no state of its own; call it from any thread.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dask.utils import parse_timedelta
+import dask.config
+from dask.utils import format_bytes, parse_timedelta
+from distributed.security import Security
+from distributed.system import MEMORY_LIMIT
 
 from cudask import config
 from cudask.comm.settings import (
@@ -36,6 +41,7 @@ from cudask.comm.settings import (
 )
 from cudask.deploy import check_files as files
 from cudask.deploy import check_network as net
+from cudask.deploy.check_config import check_distributed_config
 from cudask.devices.discovery import check_visible_devices
 from cudask.errors import OptionError
 from cudask.memory.settings import check_memory_config
@@ -47,6 +53,7 @@ from cudask.options import (
     from_config,
     resolve,
 )
+from cudask.sizes import parse_size
 from cudask.worker.spec import parse_ports, parse_resources, worker_class
 
 
@@ -63,27 +70,95 @@ def _seconds(value: Any) -> float | None:
         return None
 
 
-def _death_timeout(value: Any) -> None:
-    seconds = None if isinstance(value, bool) else _seconds(value)
-    accepted = ("accepted: seconds (0 or more) or a string such as '60s' or '5 minutes', e.g. "
-                "death_timeout=60")
-    if seconds is None:
-        raise OptionError(f"death_timeout={value!r} is not a duration; {accepted}")
-    if seconds < 0:
-        raise OptionError(f"death_timeout={value!r} is negative; {accepted}")
+def _duration(name: str, example: str = "60") -> Callable[[Any], None]:
+    """A check of a duration keyword (death_timeout, lifetime, ...): seconds, 0 or more."""
+
+    def check(value: Any) -> None:
+        seconds = None if isinstance(value, bool) else _seconds(value)
+        accepted = ("accepted: seconds (0 or more) or a string such as '60s' or '5 minutes', "
+                    f"e.g. {name}={example}")
+        if seconds is None or math.isnan(seconds):
+            raise OptionError(f"{name}={value!r} is not a duration; {accepted}", option=name)
+        if seconds < 0:
+            raise OptionError(f"{name}={value!r} is negative; {accepted}", option=name)
+
+    return check
+
+
+_death_timeout = _duration("death_timeout")
+_RESOURCES_ACCEPTED = ("accepted: a string of NAME=AMOUNT pairs such as 'GPU=1 MEM=10e9', or a "
+                       "dict of names to amounts of 0 or more, e.g. {'GPU': 1}")
 
 
 def _resources(value: Any) -> None:
     if not isinstance(value, (str, dict)):
-        raise OptionError(f"resources={value!r} is not accepted; accepted: a string of "
-                          "NAME=AMOUNT pairs such as 'GPU=1 MEM=10e9', or a dict")
-    parse_resources(value)
+        raise OptionError(f"resources={value!r} is not accepted; {_RESOURCES_ACCEPTED}")
+    amounts = parse_resources(value) or {}
+    for name, amount in amounts.items():
+        number = isinstance(amount, (int, float)) and not isinstance(amount, bool)
+        if not isinstance(name, str) or not number or not amount >= 0:
+            raise OptionError(f"resources={value!r}: {name!r} has the amount {amount!r}; "
+                              f"{_RESOURCES_ACCEPTED}")
 
 
 def _name(value: Any) -> None:
+    accepted = ("accepted: a worker name such as 'node1' (several GPUs: node1-0, node1-1, ...) "
+                "or an int, e.g. name='node1'")
     if isinstance(value, str) and not value.strip():
-        raise OptionError(f"name={value!r} is empty; accepted: a worker name such as 'node1' "
-                          "(several GPUs: node1-0, node1-1, ...) or an int, e.g. name='node1'")
+        raise OptionError(f"name={value!r} is empty; {accepted}")
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise OptionError(f"name={value!r} is not a string or an int; {accepted}")
+
+
+def _host_memory(value: Any) -> None:
+    """memory_limit as bytes no more than this machine has (distributed would ignore it,
+    with a warning, once each worker starts)."""
+    if isinstance(value, float) and value > 1 and value.is_integer():
+        nbytes: int | None = int(value)
+    else:
+        nbytes = parse_size(value, total=MEMORY_LIMIT, name="memory_limit")
+    if nbytes is not None and nbytes > MEMORY_LIMIT:
+        raise OptionError(f"memory_limit={value!r} is {format_bytes(nbytes)}, more than this "
+                          f"machine's {format_bytes(MEMORY_LIMIT)} of memory; accepted: at most "
+                          f"{format_bytes(MEMORY_LIMIT)}, a fraction such as 0.5, or 'auto' "
+                          "(an even share)", option="memory_limit")
+
+
+def _scheduler_file(path: str) -> None:
+    """A scheduler file that exists is one a scheduler wrote (one not yet written is
+    waited for, as distributed's workers wait)."""
+    address = files.read_scheduler_file(path)
+    if address is None:
+        return
+    try:
+        net.check_scheduler_address(address)
+    except OptionError as exc:
+        raise OptionError(f"scheduler_file={path!r} holds the address {address!r}, which is "
+                          f"not one: {exc}", option="scheduler_file") from None
+
+
+def _security(value: Any, cluster: bool) -> None:
+    if value is None or isinstance(value, Security) or cluster and isinstance(value, bool):
+        return
+    accepted = ("a distributed.Security, True (temporary certificates, as LocalCluster makes) or "
+                "None" if cluster else "a distributed.Security or None")
+    raise OptionError(f"security={value!r} is not accepted; accepted: {accepted}",
+                      option="security")
+
+
+def _no_nthreads(value: Any) -> None:
+    raise OptionError(f"nthreads={value!r}: LocalCUDACluster's keyword for the threads of each "
+                      "worker is threads_per_worker, as LocalCluster's; accepted: "
+                      f"threads_per_worker, e.g. threads_per_worker={value!r}", option="nthreads")
+
+
+def _mapping(name: str) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if not isinstance(value, Mapping):
+            raise OptionError(f"{name}={value!r} is not a dict; accepted: a dict of keywords, "
+                              f"e.g. {name}={{}}", option=name)
+
+    return check
 
 
 _OPTION_CHECKS: dict[str, Callable[[Any], object]] = {
@@ -100,6 +175,8 @@ _OPTION_CHECKS: dict[str, Callable[[Any], object]] = {
     "local_directory": lambda v: files.check_directory("local_directory", v),
     "rmm_log_directory": lambda v: files.check_directory("rmm_log_directory", v),
     "pid_file": files.check_pid_file,
+    "scheduler_file": _scheduler_file,
+    "memory_limit": _host_memory,
 }
 
 # Checks of a value's form alone, also for workers that run on another machine
@@ -114,6 +191,15 @@ _CLUSTER_CHECKS: dict[str, Callable[[Any], object]] = {
     "worker_dashboard_address":
         lambda v: net.check_dashboard_address("worker_dashboard_address", v),
     "silence_logs": net.check_silence_logs,
+    # distributed.Worker's and Nanny's keywords, which LocalCluster hands on
+    "death_timeout": _death_timeout,
+    "lifetime": _duration("lifetime", "'1 hour'"),
+    "lifetime_stagger": _duration("lifetime_stagger", "'5 minutes'"),
+    "heartbeat_interval": _duration("heartbeat_interval", "'1s'"),
+    "resources": _resources,
+    "security": lambda v: _security(v, cluster=True),
+    "scheduler_kwargs": _mapping("scheduler_kwargs"),
+    "nthreads": _no_nthreads,
 }
 
 
@@ -129,7 +215,7 @@ def check_n_workers(n_workers: Any) -> None:
 def check_config_keys() -> None:
     """No key under `cudask.` that cudask.yaml does not know (a typo is not ignored)."""
     for key, close in config.unknown_keys():
-        where = config.origin(key) or f"config key {key}"
+        where = config.origin(key, config.user_value(key)) or f"config key {key}"
         key = key.replace("_", "-")
         if key in config.REMOVED:
             raise OptionError(f"{where}: {key} is no longer a setting ({config.REMOVED[key]}); "
@@ -153,6 +239,20 @@ def _config_origin(check: Callable[[], object]) -> None:
         if where is None:
             raise
         raise OptionError(str(exc) if where.startswith("config key ") else f"{where}: {exc}",
+                          origin=where) from None
+
+
+def _check_temporary_directory() -> None:
+    """dask's temporary-directory, where the workers write without a local_directory."""
+    path = dask.config.get("temporary-directory", None)
+    if not path:
+        return
+    try:
+        files.check_directory("temporary-directory", path)
+    except OptionError as exc:
+        where = config.origin("temporary-directory") or "config key temporary-directory"
+        text = f"{exc}, or give local_directory (--local-directory) another"
+        raise OptionError(text if where.startswith("config key ") else f"{where}: {text}",
                           origin=where) from None
 
 
@@ -238,11 +338,18 @@ def check_input(
     (cudask.deploy.jobqueue, cudask.deploy.kube_checks).
     """
     check_config_keys()
+    if libraries:  # distributed's settings of this machine, where its workers read them
+        check_distributed_config()
     options = resolve(values, surface, libraries=False)
     local = {k: v for k, v in _OPTION_CHECKS.items() if libraries or k in _FORM_ONLY}
     _check_options(options, local, options.settings)
     if cluster is not None:
         _check_options(options, _CLUSTER_CHECKS, cluster)
+    elif security is not None:
+        _check_options(options, {"security": lambda v: _security(v, cluster=False)},
+                       {"security": security})
+    if libraries and options.local_directory is None:
+        _check_temporary_directory()
     scheme = _check_scheduler(options, scheduler, scheduler_origin)
     if libraries:
         files.check_tls_files(options.settings)

@@ -7,9 +7,11 @@ process over two GPUs, which starts a worker per GPU with the others visible
 
 Covers: `worker_processes(placement, ...)`, the scheduler, the worker processes and
 their logs, stopped on exit (the client closed first, so the scheduler forgets its keys
-rather than reports them lost; then each process sent SIGTERM). Does not cover: what runs
-on them. Threading: the caller's thread; the scheduler runs on the cluster's event-loop
-thread, and the caller's thread only tests whether a client id is among its clients."""
+rather than reports them lost; then each process sent SIGTERM); a process that ends
+before its workers join is reported with every other that ends too. Does not cover: what
+runs on them. Threading: the caller's thread; the scheduler runs on the cluster's
+event-loop thread, and the caller's thread only tests whether a client id is among its
+clients and asks joined workers their process ids through the client."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import IO, Any
+
+import psutil
 
 from cudask.testing import wait_for
 
@@ -56,7 +60,7 @@ def worker_processes(placement: Sequence[str], *, env: Mapping[str, str] | None 
             env={**os.environ, **(env or {}), "CUDA_VISIBLE_DEVICES": devices},
             stdout=subprocess.DEVNULL, stderr=logs[i]) for i, devices in enumerate(placement)]
         try:
-            _wait_for_join(client, procs, sum(gpus), logs, timeout)  # its error carries the logs already
+            _wait_for_join(client, procs, gpus, logs, timeout)  # its error carries the logs already
             try:
                 yield client
             except BaseException as exc:
@@ -90,24 +94,49 @@ def _close_client(client: Any, scheduler: Any, seconds: float = 30) -> None:
     wait_for(lambda: client_id not in scheduler.clients, timeout=seconds)
 
 
-def _wait_for_join(client: Any, procs: list[subprocess.Popen], workers: int,
+def _wait_for_join(client: Any, procs: list[subprocess.Popen], gpus: Sequence[int],
                    logs: list[IO[str]], timeout: float) -> None:
-    """Until `workers` workers have joined; a process that ends first, or
-    `timeout` seconds passing, is a RuntimeError with what the workers wrote."""
+    """Until every process's workers (`gpus[i]` of process i) have joined. A process
+    that ends first is a RuntimeError naming every process that ended, once each of
+    the others has joined or ended too (processes started alike often fail alike, one
+    a moment after the other); `timeout` seconds passing is one as well. Both carry
+    what the workers wrote."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            client.wait_for_workers(workers, timeout=2)
+            client.wait_for_workers(sum(gpus), timeout=2)
             return
         except TimeoutError:
             pass
-        ended = [i for i, p in enumerate(procs) if p.poll() is not None]
-        if ended or time.monotonic() > deadline:
-            for p in procs:
-                p.kill()
-            what = f"worker process(es) {ended} ended" if ended else f"not joined within {timeout} s"
-            raise RuntimeError(f"cudask worker processes: {what}: "
-                               + " | ".join(_tail(log) for log in logs))
+        if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+            break
+    # Settled: each process has ended or has all its workers joined, or time is up.
+    wait_for(lambda: all(p.poll() is not None or joined >= n for p, joined, n in
+                         zip(procs, _joined(client, procs), gpus, strict=True)),
+             timeout=max(deadline - time.monotonic(), 0), interval=0.2)
+    ended = [i for i, p in enumerate(procs) if p.poll() is not None]
+    for p in procs:
+        p.kill()
+    what = f"worker process(es) {ended} ended" if ended else f"not joined within {timeout} s"
+    raise RuntimeError(f"cudask worker processes: {what}: "
+                       + " | ".join(_tail(log) for log in logs))
+
+
+def _joined(client: Any, procs: Sequence[subprocess.Popen]) -> list[int]:
+    """How many workers of each process have joined the scheduler: a worker is the
+    process's own (no nanny) or one of its descendants (under a nanny)."""
+    owner = {p.pid: i for i, p in enumerate(procs)}
+    counts = [0] * len(procs)
+    for pid in client.run(os.getpid, on_error="ignore").values():
+        try:
+            worker = psutil.Process(pid)
+            lineage = [worker, *worker.parents()]
+        except psutil.Error:  # ended meanwhile
+            continue
+        index = next((owner[q.pid] for q in lineage if q.pid in owner), None)
+        if index is not None:
+            counts[index] += 1
+    return counts
 
 
 def _log_file(log_dir: str | Path | None, i: int) -> IO[str]:

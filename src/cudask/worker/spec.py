@@ -12,6 +12,7 @@ Threading: no state of its own; call it from any thread.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import re
@@ -85,7 +86,9 @@ def device_sizes(o: WorkerOptions, device: Device) -> DeviceSizes:
     pool, maximum = rmm("rmm_pool_size"), rmm("rmm_maximum_pool_size")
     if pool is not None and maximum is not None and maximum < pool:
         raise OptionError(f"rmm_maximum_pool_size={o.rmm_maximum_pool_size!r} is smaller than "
-                          f"rmm_pool_size={o.rmm_pool_size!r}")
+                          f"rmm_pool_size={o.rmm_pool_size!r} on {device.label}, the size the "
+                          "pool starts at; accepted: a maximum at least as large, or none (the "
+                          "pool grows as needed)")
     n = workers_per_gpu(o)
     return DeviceSizes(share(limit, n),
                        share(pool, n, RMM_ALIGNMENT), share(maximum, n, RMM_ALIGNMENT),
@@ -395,21 +398,28 @@ def nanny_options(
     return options
 
 
+WORKER_CLASS_ACCEPTED = ("accepted: a subclass of distributed.Worker or distributed.Nanny, or its "
+                         "import path, e.g. worker_class='distributed.Worker'")
+
+
 def worker_class(value: Any) -> type:
     """worker_class as a class (it may come as an import path from the CLI): a
     distributed.Worker subclass, which each nanny starts, or, as dask-cuda accepts,
     a distributed.Nanny subclass, which is then started instead of the Nanny."""
+    given = value
     if isinstance(value, str):
         from distributed.utils import import_term
 
         try:
             value = import_term(value)
         except (ImportError, AttributeError, ValueError) as exc:
-            raise OptionError(f"worker_class={value!r} cannot be imported ({exc}); give a "
-                              "dotted path such as 'distributed.Worker'") from None
+            raise OptionError(f"worker_class={value!r} cannot be imported ({exc}); "
+                              f"{WORKER_CLASS_ACCEPTED}") from None
     if not (isinstance(value, type) and issubclass(value, (Worker, Nanny))):
-        raise OptionError(f"worker_class={value!r} is not a subclass of distributed.Worker "
-                          "or distributed.Nanny")
+        what = "a module" if inspect.ismodule(value) else (
+            "not a class" if not isinstance(value, type) else "another class")
+        raise OptionError(f"worker_class={given!r} is {what}, not a subclass of "
+                          f"distributed.Worker or distributed.Nanny; {WORKER_CLASS_ACCEPTED}")
     return value
 
 

@@ -6,7 +6,7 @@ cudask_bench.cli.workloads), `soak`, `transfer` and `chart`, whose options are d
 as data in cudask_bench.cli.options, and `small-tasks`, `etl` and `limit` (their options in
 their own modules). Bad input ends in one line naming the value and
 what is accepted, never a traceback. cudask's `cudask` command attaches this group by
-name (cudask.cli.main), importing it only when `cudask bench ...` runs. Does not cover:
+name (cudask.cli.commands), importing it only when `cudask bench ...` runs. Does not cover:
 the benchmarks themselves (cudask_bench.*). Threading: click runs a command in the
 calling thread.
 """
@@ -34,6 +34,9 @@ def bench() -> None:
     process; --against dask-cuda runs the same workload with identical
     parameters on dask_cuda.LocalCUDACluster, from this or another Python
     environment, and reports cudask / dask-cuda ratios measured in the same run.
+
+    Without a GPU, `cudask bench spill --backend dict --array-module numpy` checks
+    the harness on host memory in under a minute.
     """
 
 

@@ -113,7 +113,9 @@ COMMON: tuple[Option, ...] = (
     option("--array-module", type=click.Choice(list(spec.ARRAY_MODULES)), default="cupy",
            show_default=True,
            help="numpy runs the workloads on host memory: a harness check without a GPU, "
-           "not a GPU benchmark (use with --backend dict)."),
+           "not a GPU benchmark (use with --backend dict). Its defaults are then small, so "
+           "that a run ends within a minute: spill --total 256MiB --chunk-size 32MiB, cupy "
+           "--operation dot --size 2000 --chunk-size 500, --repeat 1 and --progress."),
     option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
            help="Write the JSON result here."),
     option("--chart", type=click.Path(dir_okay=False), default=None,

@@ -4,10 +4,11 @@ Covers: every check that can be made before a process starts, in this order: the
 backends and the dask-cuda paths, JIT-unspill modes, matplotlib for --chart, the
 spelling of sizes, this interpreter's libraries, the dask-cuda environment, the GPU
 (`build_plan`; without one, the error names `cpu_check_command`, a run on host memory
-that ends in seconds); --mode against --processes/--warm-runs and the --warmup default
+that ends in seconds, with the smaller defaults of --array-module numpy: `cpu_defaults`); --mode against --processes/--warm-runs and the --warmup default
 (`mode_settings`); running a plan and printing its table (`run_plan`); `command`, which
-turns cudask's user errors into one-line click errors, and SIGINT or SIGTERM into one
-line and exit status 130 or 143 after what the command started is stopped. Does not cover: the options
+turns cudask's user errors into one-line click errors (a bad value exit status 2, as a
+bad flag), and SIGINT or SIGTERM into one line and exit status 130 or 143 after what the
+command started is stopped. Does not cover: the options
 (cudask_bench.cli.options), the harness. Threading: the command's thread only.
 """
 
@@ -38,6 +39,8 @@ def command(f: Callable[[click.Context, dict[str, Any]], None]) -> Callable[...,
         try:
             with stopping.interrupts():
                 f(ctx, kw)
+        except (OptionError, DeviceError) as exc:  # a bad value: a usage error, exit status 2
+            raise click.UsageError(str(exc), ctx=ctx) from None
         except CudaskError as exc:
             raise click.ClickException(str(exc)) from None
         except stopping.Interrupted as exc:
@@ -57,6 +60,15 @@ def size(value: str, name: str) -> int | None:
     return parse_size(value, total=None, name=name)
 
 
+def workload_size(value: str, name: str, example: str) -> int:
+    """A workload's byte size, above 0 ("0" or "none" would mean none, which it cannot)."""
+    nbytes = size(value, name)
+    if nbytes is None:
+        raise OptionError(f"{name}={value!r} is no size; accepted: a byte size above 0 such as "
+                          f"{example!r}")
+    return nbytes
+
+
 def _device_limit(value: str | None, total: int | None) -> tuple[int | None, bool]:
     """(bytes or None for no limit, whether to pass the keyword at all)."""
     if value is None or value.strip().lower() == "default":
@@ -67,18 +79,29 @@ def _device_limit(value: str | None, total: int | None) -> tuple[int | None, boo
     )
 
 
-#: Options of each workload for a check of the harness on a machine without a GPU: the
-#: plain-dict store on host memory, small enough to end in seconds, with progress.
-CPU_CHECK: dict[str, str] = {
-    "spill": "--total 256MiB --chunk-size 32MiB --repeat 1 --progress",
-    "cupy": "--operation dot --size 2000 --chunk-size 500 --repeat 1 --progress",
-    "startup": "--repeat 1 --progress",
+#: The defaults --array-module numpy gives each workload's options that the command line
+#: leaves out: a check of the harness on host memory, small enough to end within a minute on
+#: two cores, with a progress line. With CuPy (on GPUs) the full-size defaults stand.
+CPU_DEFAULTS: dict[str, dict[str, Any]] = {
+    "spill": {"total": "256MiB", "chunk_size": "32MiB", "repeat": 1, "progress": True},
+    "cupy": {"operations": ("dot",), "size": 2000, "array_chunk": 500, "repeat": 1,
+             "progress": True},
+    "startup": {"repeat": 1, "progress": True},
 }
 
 
+def cpu_defaults(ctx: click.Context, kw: dict[str, Any], workload: str) -> None:
+    """With --array-module numpy, CPU_DEFAULTS for the options not given."""
+    if kw["array_module"] != "numpy":
+        return
+    for name, value in CPU_DEFAULTS[workload].items():
+        if not given(ctx, name):
+            kw[name] = value
+
+
 def cpu_check_command(workload: str) -> str:
-    """The command that checks `workload`'s harness without a GPU."""
-    return f"cudask bench {workload} --backend dict --array-module numpy {CPU_CHECK[workload]}"
+    """The command that checks `workload`'s harness without a GPU (CPU_DEFAULTS apply)."""
+    return f"cudask bench {workload} --backend dict --array-module numpy"
 
 
 def _check_device(workload: str, device: str, gpus: dict[str, Any], needs_gpu: bool) -> None:
@@ -87,7 +110,7 @@ def _check_device(workload: str, device: str, gpus: dict[str, Any], needs_gpu: b
     if not gpus.get("available"):
         raise NoGPUError(
             f"cudask bench needs an NVIDIA GPU and NVML finds none ({gpus.get('reason')}); "
-            f"to check the harness without a GPU (host memory, seconds): "
+            f"to check the harness without a GPU (host memory, under a minute): "
             f"{cpu_check_command(workload)}"
         )
     known = [str(d["index"]) for d in gpus["devices"]] + [
@@ -279,12 +302,14 @@ def run_plan(plan: harness.Plan, kw: dict[str, Any]) -> None:
 
 
 __all__ = [
-    "CPU_CHECK",
+    "CPU_DEFAULTS",
     "build_plan",
     "command",
     "cpu_check_command",
+    "cpu_defaults",
     "given",
     "mode_settings",
     "run_plan",
     "size",
+    "workload_size",
 ]

@@ -16,7 +16,15 @@ import click
 from cudask.errors import OptionError
 from cudask_bench import spec
 from cudask_bench.cli.options import COMMAND_DEFAULTS, COMMON, CUPY, MODE, SPILL, with_options
-from cudask_bench.cli.plan import build_plan, command, mode_settings, run_plan, size
+from cudask_bench.cli.plan import (
+    build_plan,
+    command,
+    cpu_defaults,
+    mode_settings,
+    run_plan,
+    size,
+    workload_size,
+)
 
 
 @click.command("spill")
@@ -40,9 +48,11 @@ def spill(ctx: click.Context, kw: dict[str, Any]) -> None:
     --mode warm: --warmup, then --repeat runs in one cluster (steady state).
       create_warm, read_verify_warm, read_sum_warm
     """
+    cpu_defaults(ctx, kw, "spill")
     modes = mode_settings(ctx, kw, "spill")
     total, chunk = spec.check_spill_sizes(
-        size(kw["total"], "--total"), size(kw["chunk_size"], "--chunk-size")
+        workload_size(kw["total"], "--total", "16GiB"),
+        workload_size(kw["chunk_size"], "--chunk-size", "256MiB"),
     )
     # the disk is measured where data go to it: a host limit given (the default "auto" is the
     # worker's share of the host, which 16 GiB of chunks rarely fills)
@@ -91,6 +101,7 @@ def cupy(ctx: click.Context, kw: dict[str, Any]) -> None:
 
     Each result is checked once after the timed runs (not timed).
     """
+    cpu_defaults(ctx, kw, "cupy")
     modes = mode_settings(ctx, kw, "cupy")
     operations = spec.check_operations(kw["operations"])
     shapes = {
@@ -120,6 +131,7 @@ def startup(ctx: click.Context, kw: dict[str, Any]) -> None:
     + connecting a client and running one task. The device limit defaults to
     each backend's own default.
     """
+    cpu_defaults(ctx, kw, "startup")
     plan = build_plan("startup", ctx, kw, {}, {})
     run_plan(plan, kw)
 
