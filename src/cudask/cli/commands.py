@@ -18,13 +18,13 @@ import shutil
 import click
 
 from cudask.cli.alias import alias
-from cudask.cli.config import config
+from cudask.cli.cluster_config import config
 from cudask.cli.demo import demo
-from cudask.cli.errors import UserErrorGroup
 from cudask.cli.info import info
-from cudask.cli.kubernetes import kubernetes
+from cudask.cli.kube_manifest import kubernetes
 from cudask.cli.lazy import LazyCommand, LazyGroup
 from cudask.cli.top import top
+from cudask.cli.user_errors import UserErrorGroup
 from cudask.cli.worker import worker
 
 #: Subcommands of `cudask` from other packages of the distribution, imported when they run.

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
-from cudask.cli.errors import CommandError
+from cudask.cli.user_errors import CommandError
 
 if TYPE_CHECKING:
     from distributed import Client

@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from cudask.cli.errors import UserErrorGroup
+from cudask.cli.user_errors import UserErrorGroup
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cudask.cli.connect import SchedulerTarget, connect, failure_reason, scheduler_options
-from cudask.cli.errors import CommandError
+from cudask.cli.user_errors import CommandError
 from cudask.sizes import format_bytes
 
 if TYPE_CHECKING:

@@ -25,8 +25,8 @@ import dask.config
 from click.core import ParameterSource
 
 from cudask import config
-from cudask.cli.errors import ConfigError
 from cudask.cli.flags import SectionedCommand, help_text
+from cudask.cli.user_errors import ConfigError
 from cudask.options import BY_NAME, Option, WorkerOptions, options_for
 
 logger = logging.getLogger("distributed.cli.cudask_worker")
@@ -123,7 +123,7 @@ def check_flags(given: dict[str, Any], scheduler: str | None = None,
     """Every check that needs no GPU (cudask.deploy.checks), before any GPU is looked
     for: a bad flag, config value or CUDA_VISIBLE_DEVICES is a usage error (exit 2);
     one from an environment variable or a config file says which, without click's
-    usage block (cli.errors.ConfigError). distributed's own settings come first, before
+    usage block (cli.user_errors.ConfigError). distributed's own settings come first, before
     anything imports distributed (which reads some of them when imported)."""
     from cudask.deploy.check_config import check_distributed_config
     from cudask.errors import OptionError

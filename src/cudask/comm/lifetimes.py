@@ -48,7 +48,7 @@ logger = logging.getLogger("cudask.comm")
 
 DEFAULT_LIMIT = 64  # idle lasting mappings kept per receiving process
 # A leased mapping is kept for this part of the lease after each use, then closed by the
-# next sweep (cudask.comm.settings.MIN_LEASE leaves room for a sweep in the rest).
+# next sweep (cudask.comm.ipc_settings.MIN_LEASE leaves room for a sweep in the rest).
 KEEP_FRACTION = 0.25
 
 

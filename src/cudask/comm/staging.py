@@ -25,7 +25,7 @@ through the area.
 
 Does not cover: when to send by handle and the message (cudask.comm.ipc), the
 mappings (cudask.comm.lifetimes), choosing the size
-(`cudask.comm.device-ipc-staging`, cudask.comm.settings).
+(`cudask.comm.device-ipc-staging`, cudask.comm.ipc_settings).
 
 Threading: `stage` (and through it `ensure`) runs in serialization threads and
 on the event loop, `ensure` also in the event loop's executor threads

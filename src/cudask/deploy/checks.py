@@ -33,7 +33,7 @@ from distributed.security import Security
 from distributed.system import MEMORY_LIMIT
 
 from cudask import config
-from cudask.comm.settings import (
+from cudask.comm.ipc_settings import (
     device_ipc_lease,
     device_ipc_min_size,
     device_ipc_staging,

@@ -7,7 +7,7 @@ worker spills from its GPU, the protocol, UCX transports, comm timeouts),
 report with the scheduler's, and the worker and thread counts), `print_cluster_config`
 (the same as a table in the terminal), `wait_workers` and `all_to_all` (tests' and
 benchmarks' helpers), with dask-cuda 26.10's names, keys and return types.
-Does not cover: `cudask config`'s per-worker report (cudask.cli.config).
+Does not cover: `cudask config`'s per-worker report (cudask.cli.cluster_config).
 
 Threading: the client-side functions run in the caller's thread with a Client
 (asynchronous clients get coroutines where dask-cuda's do); `get_worker_config`

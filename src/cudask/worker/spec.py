@@ -27,7 +27,7 @@ from distributed import Nanny, Worker, WorkerPlugin
 from distributed.worker_memory import parse_memory_limit
 
 from cudask import config
-from cudask.comm import settings as comm_settings
+from cudask.comm import ipc_settings as comm_settings
 from cudask.comm.ipc import SERIALIZERS
 from cudask.comm.ucx import transports
 from cudask.devices import Device, worker_visible_devices

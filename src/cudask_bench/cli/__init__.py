@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import click
 
-from cudask.cli.errors import UserErrorGroup
+from cudask.cli.user_errors import UserErrorGroup
 from cudask_bench.cli.chart import chart
 from cudask_bench.cli.etl import etl
 from cudask_bench.cli.limit import limit

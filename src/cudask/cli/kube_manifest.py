@@ -22,8 +22,8 @@ from typing import Any
 import click
 import yaml
 
-from cudask.cli.errors import ConfigError
 from cudask.cli.flags import SectionedCommand
+from cudask.cli.user_errors import ConfigError
 from cudask.cli.worker import click_option
 from cudask.options import BY_NAME, options_for
 
