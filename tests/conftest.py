@@ -28,9 +28,13 @@ def _gpus() -> int:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--fault-table", default=None, metavar="PATH",
-                     help="write the rows recorded by tests/faults (case, outcome, keys checked, "
-                          "keys lost, time to recover) to PATH as JSON, with the machine")
+    parser.addoption(
+        "--fault-table",
+        default=None,
+        metavar="PATH",
+        help="write the rows recorded by tests/faults (case, outcome, keys checked, "
+        "keys lost, time to recover) to PATH as JSON, with the machine",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -74,7 +78,24 @@ def tls_files(tmp_path) -> tuple[str, str]:
     if openssl is None:
         pytest.skip("openssl not installed")
     cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
-    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
-                    "-out", cert, "-days", "1", "-subj", "/CN=localhost"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            key,
+            "-out",
+            cert,
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return cert, key

@@ -36,10 +36,18 @@ print("served")
 
 
 def _python(code: str, *paths: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, paths),
-                                                        os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          timeout=120, check=False)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([*map(str, paths), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_installed_alias_serves_cudask(tmp_path):
@@ -63,9 +71,11 @@ def _fake_dask_cuda_distribution(folder: Path) -> Path:
 
 def test_refused_beside_a_real_dask_cuda(tmp_path):
     real = _fake_dask_cuda_distribution(tmp_path / "site")
-    code = ("import sys; from cudask import dask_cuda_alias as alias\n"
-            f"try:\n    alias.install({str(tmp_path / 'target')!r})\n"
-            "except alias.AliasError as exc:\n    print('refused', exc)\n")
+    code = (
+        "import sys; from cudask import dask_cuda_alias as alias\n"
+        f"try:\n    alias.install({str(tmp_path / 'target')!r})\n"
+        "except alias.AliasError as exc:\n    print('refused', exc)\n"
+    )
     done = _python(code, real)
     assert done.stdout.startswith("refused dask-cuda is installed"), done.stdout + done.stderr
 

@@ -31,11 +31,17 @@ def loaded_after(code: str) -> list[str]:
     """The forbidden modules a fresh interpreter holds after running `code`."""
     script = code + REPORT.format(forbidden=set(FORBIDDEN))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, env=env, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
     marker = proc.stdout.rfind("##modules##")
     assert marker >= 0, proc.stdout + proc.stderr
-    return list(json.loads(proc.stdout[marker + len("##modules##"):]))
+    return list(json.loads(proc.stdout[marker + len("##modules##") :]))
 
 
 IMPORT_EVERYTHING = """
@@ -71,10 +77,14 @@ def test_no_runtime_module_names_the_benchmarks_in_an_import() -> None:
     found = []
     for path in sorted((SRC / "cudask").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            found += [f"{path.name}:{node.lineno}" for n in names
-                      if n.split(".")[0] in FORBIDDEN]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            found += [f"{path.name}:{node.lineno}" for n in names if n.split(".")[0] in FORBIDDEN]
     assert found == []
 
 
@@ -98,9 +108,17 @@ except SystemExit:
 
 
 COMMANDS = [
-    ("--help",), ("--version",), ("info",), ("info", "--json"), ("options",),
-    ("worker", "--help"), ("config", "--help"), ("config",), ("top", "--help"),
-    ("demo", "--help"), ("kubernetes", "--help"),
+    ("--help",),
+    ("--version",),
+    ("info",),
+    ("info", "--json"),
+    ("options",),
+    ("worker", "--help"),
+    ("config", "--help"),
+    ("config",),
+    ("top", "--help"),
+    ("demo", "--help"),
+    ("kubernetes", "--help"),
 ]
 
 

@@ -62,7 +62,9 @@ def test_environment_variables_override(monkeypatch):
         assert config.get("worker.rmm_pool_size") == "20GB"
 
 
-@pytest.mark.parametrize("bad", [{"cudask": {"worker": {"nope": 1}}}, {"cudask": {"worker": {"rmm-async": "x"}}}])
+@pytest.mark.parametrize(
+    "bad", [{"cudask": {"worker": {"nope": 1}}}, {"cudask": {"worker": {"rmm-async": "x"}}}]
+)
 def test_schema_rejects_unknown_and_mistyped(bad):
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, config.load_schema())
@@ -91,8 +93,13 @@ def test_settings_fall_back_to_packaged_defaults_after_a_reset():
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", _RESET_FIRST], capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", _RESET_FIRST],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "kept"
 

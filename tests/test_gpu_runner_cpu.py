@@ -17,16 +17,38 @@ def _run(tmp_path: pathlib.Path, body: str, marker: str) -> subprocess.Completed
     test = tmp_path / "test_probe.py"
     test.write_text("import pytest\n\n" + body)
     report = tmp_path / "report.xml"
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker,
-                    "--junitxml", str(report), str(test)], cwd=tmp_path, check=False,
-                   capture_output=True)
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "ran-tests"), str(report)],
-                          capture_output=True, text=True, check=False)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            marker,
+            "--junitxml",
+            str(report),
+            str(test),
+        ],
+        cwd=tmp_path,
+        check=False,
+        capture_output=True,
+    )
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "ran-tests"), str(report)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
 
 
 def test_all_skipped_is_a_failure_with_the_reason(tmp_path: pathlib.Path) -> None:
-    done = _run(tmp_path, "@pytest.mark.skip(reason='needs 1+ NVIDIA GPU(s)')\n"
-                "def test_gpu():\n    pass\n", "not nothing")
+    done = _run(
+        tmp_path,
+        "@pytest.mark.skip(reason='needs 1+ NVIDIA GPU(s)')\ndef test_gpu():\n    pass\n",
+        "not nothing",
+    )
     assert done.returncode == 1
     assert "no test ran" in done.stdout and "needs 1+ NVIDIA GPU(s)" in done.stdout
 
@@ -37,30 +59,42 @@ def test_passing_tests_prove_something(tmp_path: pathlib.Path) -> None:
 
 
 def test_a_failure_fails(tmp_path: pathlib.Path) -> None:
-    done = _run(tmp_path, "def test_a():\n    pass\n\ndef test_b():\n    assert False\n",
-                "not nothing")
+    done = _run(
+        tmp_path, "def test_a():\n    pass\n\ndef test_b():\n    assert False\n", "not nothing"
+    )
     assert done.returncode == 1 and "1 failed" in done.stdout
 
 
 def test_no_report_fails(tmp_path: pathlib.Path) -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "ran-tests"),
-                           str(tmp_path / "missing.xml")], capture_output=True, text=True,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "ran-tests"), str(tmp_path / "missing.xml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 1 and "nothing was proven" in done.stdout
 
 
 def _matches(installed: pathlib.Path) -> subprocess.CompletedProcess[str]:
     """scripts/wheel-matches-tree run by an interpreter that imports cudask from `installed`."""
     env = {**os.environ, "PYTHONPATH": str(installed)}
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "wheel-matches-tree"), str(ROOT)],
-                          capture_output=True, text=True, check=False, env=env)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "wheel-matches-tree"), str(ROOT)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
 
 
 def test_the_runners_refuse_a_wheel_built_from_other_sources(tmp_path: pathlib.Path) -> None:
     installed = tmp_path / "site"
     for package in ("cudask", "cudask_bench"):
-        shutil.copytree(ROOT / "src" / package, installed / package,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            ROOT / "src" / package,
+            installed / package,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
     (installed / "cudask_bench" / "source.json").write_text("{}")  # the wheel's stamp: not a module
     assert _matches(installed).returncode == 0
     module = installed / "cudask" / "comm" / "ipc.py"

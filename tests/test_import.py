@@ -23,5 +23,10 @@ print(json.dumps({
 def test_import_has_no_side_effects():
     out = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, check=True)
     report = json.loads(out.stdout)
-    assert report == {"env_changed": False, "pynvml": False, "cupy": False, "numba": False,
-                      "distributed": False}
+    assert report == {
+        "env_changed": False,
+        "pynvml": False,
+        "cupy": False,
+        "numba": False,
+        "distributed": False,
+    }

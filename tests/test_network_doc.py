@@ -18,9 +18,20 @@ from cudask.options import BY_NAME, OPTIONS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "network.md"
 #: The options that decide what listens where. A new one in this area must be documented.
-NETWORK = {"protocol", "interface", "host", "worker_port", "listen_address", "contact_address",
-           "dashboard", "dashboard_address", "dashboard_prefix", "tls_ca_file", "tls_cert",
-           "tls_key"}
+NETWORK = {
+    "protocol",
+    "interface",
+    "host",
+    "worker_port",
+    "listen_address",
+    "contact_address",
+    "dashboard",
+    "dashboard_address",
+    "dashboard_prefix",
+    "tls_ca_file",
+    "tls_cert",
+    "tls_key",
+}
 
 
 def documented_defaults() -> dict[str, Any]:
@@ -34,7 +45,8 @@ def test_every_network_option_is_documented_with_its_default() -> None:
     for name, value in documented.items():
         assert BY_NAME[name].default_value() == value, (
             f"docs/network.md says {name} defaults to {value!r}, options.py gives "
-            f"{BY_NAME[name].default_value()!r}: update the doc")
+            f"{BY_NAME[name].default_value()!r}: update the doc"
+        )
 
 
 def test_network_options_still_exist_under_these_names() -> None:

@@ -14,8 +14,9 @@ def test_every_configured_option_has_a_config_key_and_back():
 
 
 def test_defaults_come_from_config():
-    with dask.config.set({"cudask.worker.device-memory-limit": "10GB",
-                          "cudask.worker.threads-per-worker": 4}):
+    with dask.config.set(
+        {"cudask.worker.device-memory-limit": "10GB", "cudask.worker.threads-per-worker": 4}
+    ):
         o = resolve({}, "cluster")
     assert o.device_memory_limit == "10GB" and o.nthreads == 4
 
@@ -70,13 +71,19 @@ def test_missing_optional_library_is_named(monkeypatch, values, library):
     monkeypatch.setattr(options, "_library", lambda m: False if m == library else real(m))
     with pytest.raises(MissingDependencyError) as err:
         resolve(values, "cluster")
-    assert library in str(err.value) and "pip install" in str(err.value) or "install" in str(err.value)
+    assert (
+        library in str(err.value) and "pip install" in str(err.value) or "install" in str(err.value)
+    )
 
 
 def test_lists_accept_strings_and_lists(monkeypatch):
     monkeypatch.setattr(options, "_library", lambda m: True)
     assert resolve({"pre_import": "os, json"}, "cluster").pre_import == ["os", "json"]
-    assert resolve({"pre_import": ["os", "json,sys"]}, "cluster").pre_import == ["os", "json", "sys"]
+    assert resolve({"pre_import": ["os", "json,sys"]}, "cluster").pre_import == [
+        "os",
+        "json",
+        "sys",
+    ]
 
 
 def test_reference_lists_every_option():
@@ -90,7 +97,9 @@ def test_docs_options_md_is_current():
     import pathlib
 
     doc = pathlib.Path(__file__).parent.parent / "docs" / "options.md"
-    assert doc.read_text() == options.reference(), "regenerate: cudask options --markdown > docs/options.md"
+    assert doc.read_text() == options.reference(), (
+        "regenerate: cudask options --markdown > docs/options.md"
+    )
 
 
 def test_paths_accept_pathlike_and_refuse_others(tmp_path):
@@ -104,15 +113,30 @@ def test_paths_accept_pathlike_and_refuse_others(tmp_path):
 def test_none_means_the_default_for_counts_choices_and_booleans():
     o = options.resolve({"threads_per_worker": None, "log_spilling": None}, "cluster")
     assert o.nthreads == 1 and o.log_spilling is False
-    w = options.resolve({"nthreads": None, "multiprocessing_method": None,
-                         "device_memory_limit": None}, "worker")
+    w = options.resolve(
+        {"nthreads": None, "multiprocessing_method": None, "device_memory_limit": None}, "worker"
+    )
     assert w.nthreads == 1 and w.multiprocessing_method == "spawn"
     assert w.device_memory_limit is None  # a size: None is "off"
 
 
-@pytest.mark.parametrize("word, meaning", [
-    (True, True), (False, False), (1, True), (0, False), ("true", True), ("False", False),
-    ("yes", True), ("NO", False), ("on", True), ("Off", False), ("1", True), ("0", False)])
+@pytest.mark.parametrize(
+    "word, meaning",
+    [
+        (True, True),
+        (False, False),
+        (1, True),
+        (0, False),
+        ("true", True),
+        ("False", False),
+        ("yes", True),
+        ("NO", False),
+        ("on", True),
+        ("Off", False),
+        ("1", True),
+        ("0", False),
+    ],
+)
 def test_one_boolean_rule_for_options_and_config_keys(word, meaning):
     """Keywords, flags and every config key read the same words as booleans."""
     from cudask.memory.settings import parse_flag
@@ -127,7 +151,9 @@ def test_one_boolean_rule_for_options_and_config_keys(word, meaning):
 def test_the_boolean_rule_is_in_the_message(word):
     from cudask.memory.settings import parse_flag
 
-    for check in (lambda: resolve({"rmm_async": word if word is not None else "none"}, "cluster"),
-                  lambda: parse_flag(word, "cudask.memory.background-spill")):
+    for check in (
+        lambda: resolve({"rmm_async": word if word is not None else "none"}, "cluster"),
+        lambda: parse_flag(word, "cudask.memory.background-spill"),
+    ):
         with pytest.raises(OptionError, match="true or false .also True/False, yes/no, on/off"):
             check()

@@ -11,8 +11,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _shape(src: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "shape"), str(src), *args],
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "shape"), str(src), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def _package(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -24,8 +29,14 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_a_circle_through_a_function_import_is_found(tmp_path):
-    src = _package(tmp_path, {"__init__.py": "", "a.py": "from pkg import b\n",
-                              "b.py": "def f():\n    from pkg.a import x\n"})
+    src = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "from pkg import b\n",
+            "b.py": "def f():\n    from pkg.a import x\n",
+        },
+    )
     done = _shape(src)
     assert done.returncode == 1 and "pkg.a -> pkg.b" in done.stdout
 

@@ -34,8 +34,9 @@ DEFAULTS_FILE = HERE / "cudask.yaml"
 SCHEMA_FILE = HERE / "cudask-schema.yaml"
 
 #: What `as_bool` reads as a boolean, for messages.
-BOOL_ACCEPTED = ("true or false (also True/False, yes/no, on/off and 1/0, in any case, as "
-                 "YAML reads them)")
+BOOL_ACCEPTED = (
+    "true or false (also True/False, yes/no, on/off and 1/0, in any case, as YAML reads them)"
+)
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0")
 
@@ -145,7 +146,9 @@ def unknown_keys() -> list[tuple[str, str | None]]:
         current = tree.get("cudask")
         if current is None:
             continue
-        leaves = _leaves(current, "cudask") if isinstance(current, Mapping) else [("cudask", current)]
+        leaves = (
+            _leaves(current, "cudask") if isinstance(current, Mapping) else [("cudask", current)]
+        )
         for key, _ in leaves:
             canonical = _canonical(key)
             if canonical in known or canonical in found:
@@ -201,6 +204,18 @@ def origin(key: str, value: Any = dask.config.no_default) -> str | None:
     return f"config key {key}"
 
 
-__all__ = ["BOOL_ACCEPTED", "DEFAULTS_FILE", "REMOVED", "SCHEMA_FILE", "as_bool", "defaults",
-           "get", "known_keys", "load_schema", "origin", "unknown_keys", "user_config",
-           "user_value"]
+__all__ = [
+    "BOOL_ACCEPTED",
+    "DEFAULTS_FILE",
+    "REMOVED",
+    "SCHEMA_FILE",
+    "as_bool",
+    "defaults",
+    "get",
+    "known_keys",
+    "load_schema",
+    "origin",
+    "unknown_keys",
+    "user_config",
+    "user_value",
+]

@@ -70,9 +70,11 @@ def install(target: Path | None = None) -> Path:
     folder = target or _default_target()
     real = real_dask_cuda()
     if real is not None:
-        raise AliasError(f"dask-cuda is installed ({real}): the alias would shadow it; "
-                         "uninstall dask-cuda first (pip uninstall dask-cuda), or keep it and "
-                         "use cudask by its own name")
+        raise AliasError(
+            f"dask-cuda is installed ({real}): the alias would shadow it; "
+            "uninstall dask-cuda first (pip uninstall dask-cuda), or keep it and "
+            "use cudask by its own name"
+        )
     package = folder / "dask_cuda"
     if package.exists() and not _is_alias(package):
         raise AliasError(f"{package} holds another dask_cuda package; remove it first")
@@ -111,14 +113,17 @@ def status() -> str:
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds dask_cuda's public submodules; loading one returns cudask's module."""
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None
-                  ) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Any = None, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname in SUBMODULES:
             return importlib.util.spec_from_loader(fullname, self)
         if fullname.startswith("dask_cuda."):
             raise ModuleNotFoundError(
                 f"No module named {fullname!r}: cudask's alias of dask_cuda serves "
-                f"{', '.join(sorted(SUBMODULES))}", name=fullname)
+                f"{', '.join(sorted(SUBMODULES))}",
+                name=fullname,
+            )
         return None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
@@ -132,8 +137,10 @@ def serve(namespace: dict[str, Any]) -> None:
     """Make the alias package `namespace` stand for dask_cuda (called by its __init__)."""
     real = real_dask_cuda()
     if real is not None:
-        raise AliasError(f"cudask's alias of dask_cuda ({namespace.get('__file__')}) would "
-                         f"shadow the installed dask-cuda ({real}); run `cudask alias remove`")
+        raise AliasError(
+            f"cudask's alias of dask_cuda ({namespace.get('__file__')}) would "
+            f"shadow the installed dask-cuda ({real}); run `cudask alias remove`"
+        )
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
     import cudask
@@ -141,13 +148,24 @@ def serve(namespace: dict[str, Any]) -> None:
     def attribute(name: str) -> Any:
         if name in _TOP:
             return getattr(importlib.import_module(_TOP[name]), name)
-        raise AttributeError(f"cudask's alias of dask_cuda has no {name!r}: it serves "
-                             f"{', '.join(sorted(_TOP))} and the modules "
-                             f"{', '.join(sorted(SUBMODULES))}")
+        raise AttributeError(
+            f"cudask's alias of dask_cuda has no {name!r}: it serves "
+            f"{', '.join(sorted(_TOP))} and the modules "
+            f"{', '.join(sorted(SUBMODULES))}"
+        )
 
-    namespace.update(__version__=API_LEVEL, __cudask_version__=cudask.__version__,
-                     __getattr__=attribute)
+    namespace.update(
+        __version__=API_LEVEL, __cudask_version__=cudask.__version__, __getattr__=attribute
+    )
 
 
-__all__ = ["API_LEVEL", "SUBMODULES", "AliasError", "install", "real_dask_cuda", "remove",
-           "serve", "status"]
+__all__ = [
+    "API_LEVEL",
+    "SUBMODULES",
+    "AliasError",
+    "install",
+    "real_dask_cuda",
+    "remove",
+    "serve",
+    "status",
+]

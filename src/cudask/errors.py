@@ -27,8 +27,9 @@ class OptionError(CudaskError, ValueError):
     option: str | None = None  # also for subclasses whose __init__ does not take them
     origin: str | None = None
 
-    def __init__(self, message: str = "", *, option: str | None = None,
-                 origin: str | None = None) -> None:
+    def __init__(
+        self, message: str = "", *, option: str | None = None, origin: str | None = None
+    ) -> None:
         super().__init__(message)
         self.option = option
         self.origin = origin
@@ -55,8 +56,7 @@ class MissingDependencyError(CudaskError, ImportError):
         self.needed_for = needed_for
         self.install = install
         super().__init__(
-            f"{needed_for} needs {library}, which is not installed. "
-            f"Install it with: {install}"
+            f"{needed_for} needs {library}, which is not installed. Install it with: {install}"
         )
 
 
@@ -65,12 +65,14 @@ class UnknownModuleError(MissingDependencyError, OptionError):
     missing dependency, or a misspelt name; an OptionError as well. `origin`: where
     the option was set, when in the config."""
 
-    def __init__(self, module: str, option: str, accepted: str,
-                 origin: str | None = None) -> None:
+    def __init__(self, module: str, option: str, accepted: str, origin: str | None = None) -> None:
         where = f"{origin}: " if origin else ""
-        CudaskError.__init__(self, f"{where}{option}={module!r}: ModuleNotFoundError: No module "
-                                   f"named {module!r} here (not installed, or misspelt?); "
-                                   f"accepted: {accepted}")
+        CudaskError.__init__(
+            self,
+            f"{where}{option}={module!r}: ModuleNotFoundError: No module "
+            f"named {module!r} here (not installed, or misspelt?); "
+            f"accepted: {accepted}",
+        )
         self.library = module
         self.needed_for = f"{option}={module!r}"
         self.install = f"install {module} where the workers run"

@@ -30,19 +30,30 @@ def make_cuda_context() -> str:
     """Create the CUDA context on device 0 of this process, naming a context that was
     there before; the device's UUID."""
     for ordinal, uuid in active_contexts() or ():
-        logger.warning("a CUDA context already exists on device %d (%s) in this process: it "
-                       "was made before cudask.initialize (docs/cuda-contexts.md)", ordinal, uuid)
+        logger.warning(
+            "a CUDA context already exists on device %d (%s) in this process: it "
+            "was made before cudask.initialize (docs/cuda-contexts.md)",
+            ordinal,
+            uuid,
+        )
     return device0_uuid()
 
 
-def initialize(create_cuda_context: bool = True, enable_tcp_over_ucx: bool | None = None,
-               enable_infiniband: bool | None = None, enable_nvlink: bool | None = None,
-               enable_rdmacm: bool | None = None) -> None:
+def initialize(
+    create_cuda_context: bool = True,
+    enable_tcp_over_ucx: bool | None = None,
+    enable_infiniband: bool | None = None,
+    enable_nvlink: bool | None = None,
+    enable_rdmacm: bool | None = None,
+) -> None:
     """Configure UCX's transports for this process (None leaves a transport to UCX) and,
     with `create_cuda_context`, create the CUDA context on its first visible GPU."""
-    config = get_ucx_config(enable_tcp_over_ucx=enable_tcp_over_ucx,
-                            enable_infiniband=enable_infiniband, enable_nvlink=enable_nvlink,
-                            enable_rdmacm=enable_rdmacm)
+    config = get_ucx_config(
+        enable_tcp_over_ucx=enable_tcp_over_ucx,
+        enable_infiniband=enable_infiniband,
+        enable_nvlink=enable_nvlink,
+        enable_rdmacm=enable_rdmacm,
+    )
     if config is not None:
         dask.config.set({"distributed-ucxx": config})
     if create_cuda_context:
@@ -54,19 +65,31 @@ def _flag(name: str) -> Any:
 
 
 @click.command()
-@click.option("--create-cuda-context/--no-create-cuda-context", default=False,
-              help="Create the CUDA context when the worker starts.")
+@click.option(
+    "--create-cuda-context/--no-create-cuda-context",
+    default=False,
+    help="Create the CUDA context when the worker starts.",
+)
 @_flag("enable-tcp-over-ucx")
 @_flag("enable-infiniband")
 @_flag("enable-nvlink")
 @_flag("enable-rdmacm")
-def dask_setup(worker: Any, create_cuda_context: bool, enable_tcp_over_ucx: bool | None = None,
-               enable_infiniband: bool | None = None, enable_nvlink: bool | None = None,
-               enable_rdmacm: bool | None = None) -> None:
+def dask_setup(
+    worker: Any,
+    create_cuda_context: bool,
+    enable_tcp_over_ucx: bool | None = None,
+    enable_infiniband: bool | None = None,
+    enable_nvlink: bool | None = None,
+    enable_rdmacm: bool | None = None,
+) -> None:
     """`--preload cudask.initialize [--create-cuda-context] [--enable-...]`."""
-    initialize(create_cuda_context=create_cuda_context, enable_tcp_over_ucx=enable_tcp_over_ucx,
-               enable_infiniband=enable_infiniband, enable_nvlink=enable_nvlink,
-               enable_rdmacm=enable_rdmacm)
+    initialize(
+        create_cuda_context=create_cuda_context,
+        enable_tcp_over_ucx=enable_tcp_over_ucx,
+        enable_infiniband=enable_infiniband,
+        enable_nvlink=enable_nvlink,
+        enable_rdmacm=enable_rdmacm,
+    )
 
 
 __all__ = ["dask_setup", "initialize", "make_cuda_context"]

@@ -29,8 +29,7 @@ from cudask import config
 from cudask.errors import OptionError
 from cudask.sizes import ACCEPTED, check_size
 
-Kind = Literal["int", "str", "path", "size", "seconds", "bool", "tristate", "list", "choice",
-               "any"]
+Kind = Literal["int", "str", "path", "size", "seconds", "bool", "tristate", "list", "choice", "any"]
 Surface = Literal["cluster", "worker", "cli"]
 
 ALL: frozenset[Surface] = frozenset({"cluster", "worker", "cli"})
@@ -72,9 +71,11 @@ class Option:
         return self.default
 
 
-
-_LIST_EXAMPLES = {"pre_import": "'numpy,json'", "preload": "['cudask.monitor']",
-                  "rmm_allocator_external_lib_list": "'cupy,torch'"}
+_LIST_EXAMPLES = {
+    "pre_import": "'numpy,json'",
+    "preload": "['cudask.monitor']",
+    "rmm_allocator_external_lib_list": "'cupy,torch'",
+}
 
 
 def _split_list(opt: Option, value: Any) -> list[str] | None:
@@ -82,8 +83,10 @@ def _split_list(opt: Option, value: Any) -> list[str] | None:
     ('numpy,,json', a trailing comma, '') is refused rather than dropped."""
     if value is None or value == "" or value == []:
         return None
-    accepted = (f"accepted: names separated by commas, or a list of names, e.g. "
-                f"{opt.name}={_LIST_EXAMPLES.get(opt.name, repr('a,b'))}")
+    accepted = (
+        f"accepted: names separated by commas, or a list of names, e.g. "
+        f"{opt.name}={_LIST_EXAMPLES.get(opt.name, repr('a,b'))}"
+    )
     if isinstance(value, str):
         entries = [value]
     elif isinstance(value, Iterable) and not isinstance(value, (bytes, dict)):
@@ -120,26 +123,44 @@ def _int(opt: Option, value: Any, text: bool) -> int:
         value = int(value)
     example = f"e.g. {opt.name}={max(opt.minimum or 0, 1)}"
     if isinstance(value, bool) or not isinstance(value, int):
-        what = "not an integer but a string" if isinstance(value, str) and not text \
+        what = (
+            "not an integer but a string"
+            if isinstance(value, str) and not text
             else "not an integer"
-        raise OptionError(f"{opt.name}={value!r} is {what}; accepted: a whole number"
-                          f"{_bounds(opt)}, {example}")
+        )
+        raise OptionError(
+            f"{opt.name}={value!r} is {what}; accepted: a whole number{_bounds(opt)}, {example}"
+        )
     if opt.minimum is not None and value < opt.minimum:
-        raise OptionError(f"{opt.name}={value!r} must be at least {opt.minimum}; accepted: a "
-                          f"whole number{_bounds(opt)}, {example}")
+        raise OptionError(
+            f"{opt.name}={value!r} must be at least {opt.minimum}; accepted: a "
+            f"whole number{_bounds(opt)}, {example}"
+        )
     if opt.maximum is not None and value > opt.maximum:
-        raise OptionError(f"{opt.name}={value!r} must be at most {opt.maximum}; accepted: a "
-                          f"whole number{_bounds(opt)}, {example}")
+        raise OptionError(
+            f"{opt.name}={value!r} must be at most {opt.maximum}; accepted: a "
+            f"whole number{_bounds(opt)}, {example}"
+        )
     return value
 
 
-_EXAMPLES = {"protocol": "tcp", "interface": "eth0", "host": "10.0.0.1",
-             "worker_port": "9000:9003", "listen_address": "tcp://0.0.0.0:9000",
-             "contact_address": "tcp://node1:9000", "dashboard_address": ":8787",
-             "dashboard_prefix": "/worker", "name": "node1", "resources": "GPU=1 MEM=10e9",
-             "death_timeout": "60s", "worker_class": "distributed.Worker",
-             "tls_ca_file": "/etc/dask/ca.pem", "tls_cert": "/etc/dask/worker.pem",
-             "tls_key": "/etc/dask/worker-key.pem"}
+_EXAMPLES = {
+    "protocol": "tcp",
+    "interface": "eth0",
+    "host": "10.0.0.1",
+    "worker_port": "9000:9003",
+    "listen_address": "tcp://0.0.0.0:9000",
+    "contact_address": "tcp://node1:9000",
+    "dashboard_address": ":8787",
+    "dashboard_prefix": "/worker",
+    "name": "node1",
+    "resources": "GPU=1 MEM=10e9",
+    "death_timeout": "60s",
+    "worker_class": "distributed.Worker",
+    "tls_ca_file": "/etc/dask/ca.pem",
+    "tls_cert": "/etc/dask/worker.pem",
+    "tls_key": "/etc/dask/worker-key.pem",
+}
 
 
 def _example(opt: Option) -> str:
@@ -164,17 +185,24 @@ def coerce(opt: Option, value: Any, *, text: bool = True) -> Any:
     unparsed: they are parsed per device). `text`: the value was written as text (a
     flag, an environment variable, a config file), so digits are a number; a keyword
     given '2' for a count is refused, as n_workers='2' is."""
-    if isinstance(value, str) and not value.strip() and opt.kind not in ("list", "bool",
-                                                                          "tristate"):
-        raise OptionError(f"{opt.name}={value!r} is empty; accepted: {accepted_text(opt)}; "
-                          "leave it out for the default")
+    if (
+        isinstance(value, str)
+        and not value.strip()
+        and opt.kind not in ("list", "bool", "tristate")
+    ):
+        raise OptionError(
+            f"{opt.name}={value!r} is empty; accepted: {accepted_text(opt)}; "
+            "leave it out for the default"
+        )
     if opt.kind in ("bool", "tristate"):
         if value is None and opt.kind == "tristate":
             return None
         flag = config.as_bool(value)
         if flag is None:
-            raise OptionError(f"{opt.name}={value!r} is not a boolean; accepted: "
-                              f"{config.BOOL_ACCEPTED}, e.g. {opt.name}=True")
+            raise OptionError(
+                f"{opt.name}={value!r} is not a boolean; accepted: "
+                f"{config.BOOL_ACCEPTED}, e.g. {opt.name}=True"
+            )
         return flag
     if opt.kind == "int":
         return _int(opt, value, text)
@@ -189,12 +217,16 @@ def coerce(opt: Option, value: Any, *, text: bool = True) -> Any:
         return value
     if opt.kind == "path" and value is not None:
         if not isinstance(value, (str, os.PathLike)):
-            raise OptionError(f"{opt.name}={value!r} is not a path; accepted: a string or "
-                              f"os.PathLike, e.g. {opt.name}='/tmp/dask'")
+            raise OptionError(
+                f"{opt.name}={value!r} is not a path; accepted: a string or "
+                f"os.PathLike, e.g. {opt.name}='/tmp/dask'"
+            )
         return os.fspath(value)
     if opt.kind == "str" and value is not None and not isinstance(value, str):
-        raise OptionError(f"{opt.name}={value!r} is not a string; accepted: a string, e.g. "
-                          f"{opt.name}={_example(opt)!r}")
+        raise OptionError(
+            f"{opt.name}={value!r} is not a string; accepted: a string, e.g. "
+            f"{opt.name}={_example(opt)!r}"
+        )
     if opt.kind == "size" and value is not None:
         _check_size(opt, value)
     if opt.kind == "seconds" and value is not None:
@@ -211,8 +243,10 @@ def _seconds(opt: Option, value: Any) -> float:
     except (TypeError, ValueError, KeyError):
         seconds = None
     if seconds is None or not 0 < seconds < math.inf:
-        raise OptionError(f"{opt.name}={value!r} is not a duration; accepted: seconds above 0 "
-                          f"or a string such as '90s' or '2 minutes', e.g. {opt.name}=60")
+        raise OptionError(
+            f"{opt.name}={value!r} is not a duration; accepted: seconds above 0 "
+            f"or a string such as '90s' or '2 minutes', e.g. {opt.name}=60"
+        )
     return float(seconds)
 
 
@@ -221,9 +255,11 @@ def _check_size(opt: Option, value: Any) -> None:
     comes to is worked out per device (device sizes) or per host (memory_limit) later."""
     if opt.name == "memory_limit":
         if isinstance(value, str) and value.strip().lower() == "default":
-            raise OptionError(f"memory_limit={value!r} is not accepted; accepted: bytes, a byte "
-                              "string such as '40GB', a fraction of system memory such as 0.5, "
-                              "'auto' or 0/None for no limit")
+            raise OptionError(
+                f"memory_limit={value!r} is not accepted; accepted: bytes, a byte "
+                "string such as '40GB', a fraction of system memory such as 0.5, "
+                "'auto' or 0/None for no limit"
+            )
         if isinstance(value, float) and value > 1 and value.is_integer():
             return  # a byte count given as a float (1e9), as distributed accepts
     check_size(value, name=opt.name)
@@ -244,7 +280,8 @@ def _protocol(value: str) -> str:
     name = value.removesuffix("://")
     accepted = known_protocols()
     if name not in accepted:
-        raise OptionError(f"protocol={value!r} is not a known protocol; accepted: "
-                          f"{', '.join(accepted)} (e.g. protocol='tcp')")
+        raise OptionError(
+            f"protocol={value!r} is not a known protocol; accepted: "
+            f"{', '.join(accepted)} (e.g. protocol='tcp')"
+        )
     return name
-

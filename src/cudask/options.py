@@ -60,8 +60,9 @@ class WorkerOptions(Mapping[str, Any]):
             raise AttributeError(key) from None
 
 
-def resolve(values: Mapping[str, Any], surface: Surface, *,
-            libraries: bool = True) -> WorkerOptions:
+def resolve(
+    values: Mapping[str, Any], surface: Surface, *, libraries: bool = True
+) -> WorkerOptions:
     """Every option of `surface`, from `values` (keyed by the surface's keyword
     names) or, for options not given, the config default; coerced and validated.
     An explicit None keeps its meaning (e.g. device_memory_limit=None: no spilling),
@@ -72,7 +73,9 @@ def resolve(values: Mapping[str, Any], surface: Surface, *,
     An error in a value from the config names where it was set (config.origin).
     `libraries=False` leaves the optional libraries to a later check_libraries()
     (cudask.deploy.checks.check_input checks every syntax first)."""
-    table = BY_CLUSTER_KEYWORD if surface == "cluster" else {o.name: o for o in options_for(surface)}
+    table = (
+        BY_CLUSTER_KEYWORD if surface == "cluster" else {o.name: o for o in options_for(surface)}
+    )
     unknown = sorted(set(values) - set(table))
     if unknown:
         raise OptionError(
@@ -93,13 +96,17 @@ def resolve(values: Mapping[str, Any], surface: Surface, *,
             value = None  # dask-mpi's default, which it hands every worker class
         text = surface == "cli" or keyword not in values  # a flag, or the config's text
         try:
-            resolved.settings[opt.name] = coerce(opt, value, text=text) \
-                if value is not None else None
+            resolved.settings[opt.name] = (
+                coerce(opt, value, text=text) if value is not None else None
+            )
         except OptionError as exc:
             error = from_config(exc, resolved.origins, opt.name)
             if keyword != opt.name:  # LocalCUDACluster's name for it (threads_per_worker)
-                error = OptionError(str(error).replace(f"{opt.name}=", f"{keyword}="),
-                                    option=opt.name, origin=error.origin)
+                error = OptionError(
+                    str(error).replace(f"{opt.name}=", f"{keyword}="),
+                    option=opt.name,
+                    origin=error.origin,
+                )
             raise error from None
     try:
         check_rules(resolved)
@@ -110,8 +117,9 @@ def resolve(values: Mapping[str, Any], surface: Surface, *,
     return resolved
 
 
-def from_config(exc: OptionError, origins: Mapping[str, str],
-                 option: str | None = None) -> OptionError:
+def from_config(
+    exc: OptionError, origins: Mapping[str, str], option: str | None = None
+) -> OptionError:
     """`exc`, naming where the values it names were set when they came from the
     config (an environment variable, a config file): `option`'s as a prefix, those
     of a rule between options as a suffix."""
@@ -158,38 +166,58 @@ def check_rules(o: WorkerOptions) -> None:
     `o.implied`."""
     v = o.settings
     if v.get("rmm_async") and v.get("rmm_pool_size") is not None:
-        warnings.warn(f"'rmm_pool_size' is not needed when 'rmm_async' is enabled: the async "
-                      f"allocator grows its pool as it needs; rmm_pool_size="
-                      f"{v['rmm_pool_size']!r} sets its initial size, a combination a later "
-                      "release will refuse (leave rmm_pool_size out)", FutureWarning, stacklevel=5)
+        warnings.warn(
+            f"'rmm_pool_size' is not needed when 'rmm_async' is enabled: the async "
+            f"allocator grows its pool as it needs; rmm_pool_size="
+            f"{v['rmm_pool_size']!r} sets its initial size, a combination a later "
+            "release will refuse (leave rmm_pool_size out)",
+            FutureWarning,
+            stacklevel=5,
+        )
     if v.get("rmm_async") and v.get("rmm_managed_memory"):
-        raise OptionError("rmm_async=True and rmm_managed_memory=True cannot be combined; "
-                          "choose one allocator")
+        raise OptionError(
+            "rmm_async=True and rmm_managed_memory=True cannot be combined; choose one allocator"
+        )
     if not is_off(v.get("rmm_release_threshold")) and not v.get("rmm_async"):
-        raise OptionError(f"rmm_release_threshold={v['rmm_release_threshold']!r} needs "
-                          "rmm_async=True (it configures the async allocator)")
-    if not is_off(v.get("rmm_maximum_pool_size")) and is_off(v.get("rmm_pool_size")) \
-            and not v.get("rmm_async"):
-        raise OptionError(f"rmm_maximum_pool_size={v['rmm_maximum_pool_size']!r} needs "
-                          "rmm_pool_size (e.g. rmm_pool_size='20GB') or rmm_async=True")
+        raise OptionError(
+            f"rmm_release_threshold={v['rmm_release_threshold']!r} needs "
+            "rmm_async=True (it configures the async allocator)"
+        )
+    if (
+        not is_off(v.get("rmm_maximum_pool_size"))
+        and is_off(v.get("rmm_pool_size"))
+        and not v.get("rmm_async")
+    ):
+        raise OptionError(
+            f"rmm_maximum_pool_size={v['rmm_maximum_pool_size']!r} needs "
+            "rmm_pool_size (e.g. rmm_pool_size='20GB') or rmm_async=True"
+        )
     _check_pool_sizes(v)
     if v.get("enable_nvlink") and v.get("rmm_managed_memory"):
-        raise OptionError("enable_nvlink=True and rmm_managed_memory=True cannot be combined: "
-                          "CUDA IPC cannot share managed memory")
+        raise OptionError(
+            "enable_nvlink=True and rmm_managed_memory=True cannot be combined: "
+            "CUDA IPC cannot share managed memory"
+        )
     if v.get("enable_rdmacm") and not v.get("enable_infiniband"):
         raise OptionError("enable_rdmacm=True needs enable_infiniband=True")
     if v.get("jit_unspill") and v.get("enable_cudf_spill"):
-        raise OptionError("jit_unspill=True and enable_cudf_spill=True cannot be combined; "
-                          "choose one spilling mechanism")
-    ucx_asked = [k for k in ("enable_tcp_over_ucx", "enable_infiniband", "enable_nvlink",
-                             "enable_rdmacm") if v.get(k)]
+        raise OptionError(
+            "jit_unspill=True and enable_cudf_spill=True cannot be combined; "
+            "choose one spilling mechanism"
+        )
+    ucx_asked = [
+        k
+        for k in ("enable_tcp_over_ucx", "enable_infiniband", "enable_nvlink", "enable_rdmacm")
+        if v.get(k)
+    ]
     if ucx_asked:
         if v.get("protocol") is None:
             v["protocol"] = "ucx"
             o.implied["protocol"] = ucx_asked[0]
         elif v["protocol"] not in UCX_PROTOCOLS:
-            raise ProtocolMismatchError(f"{ucx_asked[0]}=True needs protocol='ucx', not "
-                                        f"protocol={v['protocol']!r}")
+            raise ProtocolMismatchError(
+                f"{ucx_asked[0]}=True needs protocol='ucx', not protocol={v['protocol']!r}"
+            )
     _check_workers_per_gpu(v)
     _check_addresses(v)
     tls = [v.get(k) for k in ("tls_ca_file", "tls_cert", "tls_key")]
@@ -202,18 +230,24 @@ def _check_addresses(v: Mapping[str, Any]) -> None:
     and worker_port name them too. The first words of each message are dask-cuda's."""
     listen = v.get("listen_address")
     if v.get("contact_address") and not listen:
-        raise OptionError(f"Must specify listen_address when contact_address is provided: "
-                          f"contact_address={v['contact_address']!r} is what the worker "
-                          "advertises, listen_address what it binds to (e.g. --listen-address "
-                          "tcp://0.0.0.0:9000 --contact-address tcp://node1:9000)")
+        raise OptionError(
+            f"Must specify listen_address when contact_address is provided: "
+            f"contact_address={v['contact_address']!r} is what the worker "
+            "advertises, listen_address what it binds to (e.g. --listen-address "
+            "tcp://0.0.0.0:9000 --contact-address tcp://node1:9000)"
+        )
     if listen and (v.get("host") or v.get("interface")):
         given = "host" if v.get("host") else "interface"
-        raise OptionError(f"Cannot specify listen_address when host or interface is given: "
-                          f"listen_address={listen!r} and {given}={v[given]!r} both name the "
-                          "address to bind to; give one of them")
+        raise OptionError(
+            f"Cannot specify listen_address when host or interface is given: "
+            f"listen_address={listen!r} and {given}={v[given]!r} both name the "
+            "address to bind to; give one of them"
+        )
     if listen and v.get("worker_port") not in (None, "", 0, "0"):
-        raise OptionError(f"Cannot specify worker_port when listen_address is given: "
-                          f"listen_address={listen!r} names the port too; give one of them")
+        raise OptionError(
+            f"Cannot specify worker_port when listen_address is given: "
+            f"listen_address={listen!r} names the port too; give one of them"
+        )
 
 
 def check_one_worker_options(v: Mapping[str, Any], workers: int) -> None:
@@ -221,10 +255,12 @@ def check_one_worker_options(v: Mapping[str, Any], workers: int) -> None:
     a node starts (its visible GPUs times workers_per_gpu), before any GPU is looked for."""
     if workers > 1 and (v.get("listen_address") or v.get("contact_address")):
         given = "listen_address" if v.get("listen_address") else "contact_address"
-        raise OptionError(f"Cannot specify listen_address or contact_address when using "
-                          f"multiple GPUs: {given}={v[given]!r} names one worker's address, and "
-                          f"this node starts {workers}; give --host with a --worker-port range "
-                          "instead, or one GPU per process (CUDA_VISIBLE_DEVICES)")
+        raise OptionError(
+            f"Cannot specify listen_address or contact_address when using "
+            f"multiple GPUs: {given}={v[given]!r} names one worker's address, and "
+            f"this node starts {workers}; give --host with a --worker-port range "
+            "instead, or one GPU per process (CUDA_VISIBLE_DEVICES)"
+        )
 
 
 def _check_pool_sizes(v: Mapping[str, Any]) -> None:
@@ -235,16 +271,20 @@ def _check_pool_sizes(v: Mapping[str, Any]) -> None:
     if is_off(pool) or is_off(maximum):
         return
     small, large = 1 << 40, 1 << 41  # two GPU sizes: a fraction's bytes differ between them
-    sizes = [[parse_size(x, total=t, name=name, auto=1.0, default=None) for t in (small, large)]
-             for x, name in ((pool, "rmm_pool_size"), (maximum, "rmm_maximum_pool_size"))]
+    sizes = [
+        [parse_size(x, total=t, name=name, auto=1.0, default=None) for t in (small, large)]
+        for x, name in ((pool, "rmm_pool_size"), (maximum, "rmm_maximum_pool_size"))
+    ]
     (pool_small, pool_large), (max_small, max_large) = sizes
     if None in (pool_small, max_small):
         return
     same_kind = (pool_small == pool_large) == (max_small == max_large)
     if same_kind and max_small < pool_small:  # type: ignore[operator]
-        raise OptionError(f"rmm_maximum_pool_size={maximum!r} is smaller than "
-                          f"rmm_pool_size={pool!r}, the size the pool starts at; accepted: a "
-                          "maximum at least as large, or none (the pool grows as needed)")
+        raise OptionError(
+            f"rmm_maximum_pool_size={maximum!r} is smaller than "
+            f"rmm_pool_size={pool!r}, the size the pool starts at; accepted: a "
+            "maximum at least as large, or none (the pool grows as needed)"
+        )
 
 
 def _check_workers_per_gpu(v: Mapping[str, Any]) -> None:
@@ -253,18 +293,24 @@ def _check_workers_per_gpu(v: Mapping[str, Any]) -> None:
     if n == 1:
         return
     if v.get("nanny") is False:
-        raise OptionError(f"workers_per_gpu={n} starts {n} worker processes per GPU, each under "
-                          "a nanny, but nanny=False (--no-nanny, the default in an MPI rank) runs "
-                          "one worker in this process; give nanny=True (--nanny) or "
-                          "workers_per_gpu=1")
+        raise OptionError(
+            f"workers_per_gpu={n} starts {n} worker processes per GPU, each under "
+            "a nanny, but nanny=False (--no-nanny, the default in an MPI rank) runs "
+            "one worker in this process; give nanny=True (--nanny) or "
+            "workers_per_gpu=1"
+        )
     if v.get("listen_address"):
-        raise OptionError(f"listen_address={v['listen_address']!r} binds one worker, but "
-                          f"workers_per_gpu={n} starts {n} per GPU; give --host with a "
-                          "--worker-port range instead, or workers_per_gpu=1")
+        raise OptionError(
+            f"listen_address={v['listen_address']!r} binds one worker, but "
+            f"workers_per_gpu={n} starts {n} per GPU; give --host with a "
+            "--worker-port range instead, or workers_per_gpu=1"
+        )
 
 
-PRELOAD_ACCEPTED = ("a module importable where the workers run, a .py file or an http(s) URL, "
-                    "e.g. preload='cudask.monitor'")
+PRELOAD_ACCEPTED = (
+    "a module importable where the workers run, a .py file or an http(s) URL, "
+    "e.g. preload='cudask.monitor'"
+)
 
 
 def check_libraries(o: WorkerOptions) -> None:
@@ -276,35 +322,50 @@ def check_libraries(o: WorkerOptions) -> None:
     def needed_for(name: str, text: str) -> str:
         return f"{o.origins[name]}: {text}" if name in o.origins else text
 
-    rmm = [k for k in ("rmm_managed_memory", "rmm_async", "rmm_track_allocations")
-           if v.get(k)]
-    rmm += [k for k in ("rmm_pool_size", "rmm_log_directory", "rmm_allocator_external_lib_list")
-            if not is_off(v.get(k))]
+    rmm = [k for k in ("rmm_managed_memory", "rmm_async", "rmm_track_allocations") if v.get(k)]
+    rmm += [
+        k
+        for k in ("rmm_pool_size", "rmm_log_directory", "rmm_allocator_external_lib_list")
+        if not is_off(v.get(k))
+    ]
     if rmm:
         require_library("rmm", needed_for(rmm[0], f"{rmm[0]}={v[rmm[0]]!r} (an RMM option)"))
     for lib in v.get("rmm_allocator_external_lib_list") or ():
         if not _library(lib):
-            raise MissingDependencyError(lib, needed_for("rmm_allocator_external_lib_list",
-                                                         f"rmm_allocator_external_lib_list={lib!r}"),
-                                         f"pip install {'cupy-cuda13x' if lib == 'cupy' else lib}")
+            raise MissingDependencyError(
+                lib,
+                needed_for(
+                    "rmm_allocator_external_lib_list", f"rmm_allocator_external_lib_list={lib!r}"
+                ),
+                f"pip install {'cupy-cuda13x' if lib == 'cupy' else lib}",
+            )
     if v.get("enable_cudf_spill"):
         require_library("cudf", needed_for("enable_cudf_spill", "enable_cudf_spill=True"))
     if v.get("protocol") in UCX_PROTOCOLS:
         by = o.implied.get("protocol")
-        require_library("ucx", needed_for(by, f"{by}=True (a UCX transport, so protocol 'ucx')")
-                        if by else needed_for("protocol", f"protocol={v['protocol']!r}"))
+        require_library(
+            "ucx",
+            needed_for(by, f"{by}=True (a UCX transport, so protocol 'ucx')")
+            if by
+            else needed_for("protocol", f"protocol={v['protocol']!r}"),
+        )
     for module in v.get("pre_import") or ():
         if not _library(module):
-            raise UnknownModuleError(module, "pre_import", "a module importable where the "
-                                     "workers run, e.g. pre_import='json'",
-                                     origin=o.origins.get("pre_import"))
+            raise UnknownModuleError(
+                module,
+                "pre_import",
+                "a module importable where the workers run, e.g. pre_import='json'",
+                origin=o.origins.get("pre_import"),
+            )
     for item in v.get("preload") or ():
         if item.startswith(("http://", "https://")):
             continue  # distributed downloads it when the worker starts
         if item.endswith(".py"):
             if not os.path.isfile(item):
-                raise OptionError(f"preload={item!r}: no such file; accepted: "
-                                  f"{PRELOAD_ACCEPTED}", option="preload")
+                raise OptionError(
+                    f"preload={item!r}: no such file; accepted: {PRELOAD_ACCEPTED}",
+                    option="preload",
+                )
         elif not _library(item):
             raise UnknownModuleError(item, "preload", PRELOAD_ACCEPTED)
 
@@ -351,6 +412,20 @@ def reference() -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["BY_CLUSTER_KEYWORD", "BY_NAME", "GROUPS", "NODE", "OPTIONS", "WorkerOptions",
-           "check_libraries", "check_one_worker_options", "check_rules", "flag_args",
-           "from_config", "options_for", "reference", "require_library", "resolve"]
+__all__ = [
+    "BY_CLUSTER_KEYWORD",
+    "BY_NAME",
+    "GROUPS",
+    "NODE",
+    "OPTIONS",
+    "WorkerOptions",
+    "check_libraries",
+    "check_one_worker_options",
+    "check_rules",
+    "flag_args",
+    "from_config",
+    "options_for",
+    "reference",
+    "require_library",
+    "resolve",
+]

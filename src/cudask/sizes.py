@@ -58,9 +58,11 @@ def parse_size(
         if text in ("auto", "default"):
             meaning = auto if text == "auto" else default
             if total is None and isinstance(meaning, float):
-                raise OptionError(f"{name}={value!r} is not accepted: {text!r} stands for a "
-                                  "fraction of a total, and this size has none; accepted: "
-                                  f"{ACCEPTED_BYTES}")
+                raise OptionError(
+                    f"{name}={value!r} is not accepted: {text!r} stands for a "
+                    "fraction of a total, and this size has none; accepted: "
+                    f"{ACCEPTED_BYTES}"
+                )
             return parse_size(
                 auto if text == "auto" else default,
                 total=total,
@@ -134,8 +136,9 @@ def _nbytes(value: object, total: int | None, name: str) -> int:
         if value < 0:
             raise OptionError(f"{name}={value!r} is negative; accepted: {ACCEPTED}")
         if not 0 < value <= 1:
-            example = (f'{int(value)} or "{format_bytes(int(value))}"' if value.is_integer()
-                       else '"40GB"')
+            example = (
+                f'{int(value)} or "{format_bytes(int(value))}"' if value.is_integer() else '"40GB"'
+            )
             raise OptionError(
                 f"{name}={value!r}: a fraction must lie in (0, 1]; for a byte count "
                 f"give an integer or a byte string, e.g. {example}"
@@ -186,5 +189,12 @@ def check_size(value: SizeValue, *, name: str) -> None:
     parse_size(value, total=1 << 60, name=name)
 
 
-__all__ = ["ACCEPTED", "ACCEPTED_BYTES", "SizeValue", "check_size", "format_bytes", "is_off",
-           "parse_size"]
+__all__ = [
+    "ACCEPTED",
+    "ACCEPTED_BYTES",
+    "SizeValue",
+    "check_size",
+    "format_bytes",
+    "is_off",
+    "parse_size",
+]

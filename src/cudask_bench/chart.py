@@ -45,8 +45,9 @@ class Origin:
     commit: str | None = None
 
     @classmethod
-    def of_file(cls, path: str | os.PathLike[str], name: str | None = None,
-                commit: str | None = None) -> Origin:
+    def of_file(
+        cls, path: str | os.PathLike[str], name: str | None = None, commit: str | None = None
+    ) -> Origin:
         data = Path(path).read_bytes()
         return cls(name or os.fspath(path), hashlib.sha256(data).hexdigest(), commit)
 
@@ -128,14 +129,17 @@ def _title(document: Mapping[str, Any]) -> str:
 
 
 def machine_line(document: Mapping[str, Any]) -> str:
-    """"1× NVIDIA H100 80GB HBM3, driver 580.159.04, CUDA 13.0": the machine `document`
+    """ "1× NVIDIA H100 80GB HBM3, driver 580.159.04, CUDA 13.0": the machine `document`
     (a result) records, under "provenance" or "machine"."""
     machine = (document.get("provenance") or {}).get("machine") or document.get("machine") or {}
     gpus = machine.get("gpus") or {}
     names = [str(d.get("name")) for d in gpus.get("devices") or []]
     used = (machine.get("gpu_used") or {}).get("name")
-    parts = [f"{len(names)}× {names[0]}" if names and len(set(names)) == 1
-             else ", ".join(names) or str(used or "machine not recorded")]
+    parts = [
+        f"{len(names)}× {names[0]}"
+        if names and len(set(names)) == 1
+        else ", ".join(names) or str(used or "machine not recorded")
+    ]
     if used and names and len(names) > 1:
         parts.append(f"ran on {used}")
     if gpus.get("driver"):
@@ -148,7 +152,9 @@ def machine_line(document: Mapping[str, Any]) -> str:
 def _commit(document: Mapping[str, Any], origin: Origin | None) -> str:
     source = (document.get("provenance") or {}).get("source") or {}
     if source.get("commit"):
-        return f"cudask {str(source['commit'])[:7]}" + (" (dirty tree)" if source.get("dirty") else "")
+        return f"cudask {str(source['commit'])[:7]}" + (
+            " (dirty tree)" if source.get("dirty") else ""
+        )
     if origin is not None and origin.commit:
         return f"cudask {origin.commit}"
     return "cudask commit not recorded"
@@ -161,7 +167,8 @@ def caption(document: Mapping[str, Any], origin: Origin | None) -> list[str]:
     modes = provenance.get("figures") or figure_modes(document)
     said = " and ".join(f"{m} ({_MODES[m]})" for m in _MODES if m in set(modes.values()))
     return [
-        f"result: {origin.name}" if origin is not None
+        f"result: {origin.name}"
+        if origin is not None
         else "result: not written to a file (run with --output FILE to keep it)",
         f"{machine_line(document)} · {date[:10]} · {_commit(document, origin)}",
         f"figures: {said or 'neither cold nor warm'}",
@@ -172,8 +179,9 @@ def _label(metric: str, modes: Mapping[str, str]) -> str:
     return f"{metric} ({modes[metric]})" if metric in modes else metric
 
 
-def write_chart(document: Mapping[str, Any], path: str | os.PathLike[str],
-                origin: Origin | None = None) -> None:
+def write_chart(
+    document: Mapping[str, Any], path: str | os.PathLike[str], origin: Origin | None = None
+) -> None:
     """Draw `document` (a result file's content; `origin` says which file) as a PNG at
     `path`, captioned with that file, the machine, the date and the commit."""
     plt = _pyplot()
@@ -203,7 +211,9 @@ def write_chart(document: Mapping[str, Any], path: str | os.PathLike[str],
     labels = [_label(m, modes) for m in metrics]
     slanted = len(metrics) > 4 or max(len(m) for m in labels) > 12
     ax.set_xticklabels(
-        labels, rotation=35 if slanted else 0, ha="right" if slanted else "center",
+        labels,
+        rotation=35 if slanted else 0,
+        ha="right" if slanted else "center",
         rotation_mode="anchor",
     )
     ax.set_ylabel("seconds (median, lower is better)")
@@ -212,8 +222,16 @@ def write_chart(document: Mapping[str, Any], path: str | os.PathLike[str],
     ax.set_title(_title(document))
     ax.legend(fontsize=8)
     below = (0.2 * len(lines) + 0.1) / height
-    fig.text(0.01, 0.01, "\n".join(lines), fontsize=7.5, color="#333333", ha="left",
-             va="bottom", linespacing=1.4)
+    fig.text(
+        0.01,
+        0.01,
+        "\n".join(lines),
+        fontsize=7.5,
+        color="#333333",
+        ha="left",
+        va="bottom",
+        linespacing=1.4,
+    )
     fig.tight_layout(rect=(0, below, 1, 1))
     metadata = {"Title": _title(document), CAPTION_KEY: "\n".join(lines)}
     if origin is not None:
@@ -224,5 +242,13 @@ def write_chart(document: Mapping[str, Any], path: str | os.PathLike[str],
     plt.close(fig)
 
 
-__all__ = ["CAPTION_KEY", "SHA256_KEY", "SOURCE_KEY", "Origin", "caption", "machine_line",
-           "require_matplotlib", "write_chart"]
+__all__ = [
+    "CAPTION_KEY",
+    "SHA256_KEY",
+    "SOURCE_KEY",
+    "Origin",
+    "caption",
+    "machine_line",
+    "require_matplotlib",
+    "write_chart",
+]

@@ -29,8 +29,11 @@ from typing import Any
 def difference(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """How much each counter that changed went up or down from `before` to `after`;
     rates ("-gbps") are left out: their difference means nothing."""
-    return {k: v - before.get(k, 0.0) for k, v in after.items()
-            if v != before.get(k, 0.0) and not k.endswith("gbps")}
+    return {
+        k: v - before.get(k, 0.0)
+        for k, v in after.items()
+        if v != before.get(k, 0.0) and not k.endswith("gbps")
+    }
 
 
 def _key(key: Any) -> Any:
@@ -38,8 +41,12 @@ def _key(key: Any) -> Any:
     return tuple(_key(k) for k in key) if isinstance(key, (list, tuple)) else key
 
 
-def stream_figures(records: Iterable[Mapping[str, Any]] | None, began: float,
-                   ended: float, keys: Collection[Any] | None = None) -> dict[str, float]:
+def stream_figures(
+    records: Iterable[Mapping[str, Any]] | None,
+    began: float,
+    ended: float,
+    keys: Collection[Any] | None = None,
+) -> dict[str, float]:
     """What the workers did between `began` and `ended` (epoch seconds) by the scheduler's
     task stream (`client.get_task_stream`): the tasks (of `keys` only, when given), the
     seconds of each action summed over workers (`compute_s`, `transfer_s`, ...), and the
@@ -59,12 +66,18 @@ def stream_figures(records: Iterable[Mapping[str, Any]] | None, began: float,
                 out[key] = out.get(key, 0.0) + stop - start
                 first, last = min(first, start), max(last, stop)
     busy = max(0.0, last - first)
-    return {**out, "before_first_s": (first - began) if busy else 0.0, "busy_s": busy,
-            "after_last_s": (ended - last) if busy else 0.0}
+    return {
+        **out,
+        "before_first_s": (first - began) if busy else 0.0,
+        "busy_s": busy,
+        "after_last_s": (ended - last) if busy else 0.0,
+    }
 
 
 def incoming(dask_worker: Any) -> list[dict[str, float]]:
-    return [{"total": e["total"], "duration": e["duration"]} for e in dask_worker.transfer_incoming_log]
+    return [
+        {"total": e["total"], "duration": e["duration"]} for e in dask_worker.transfer_incoming_log
+    ]
 
 
 def ipc_stats() -> dict[str, Any]:
@@ -121,8 +134,11 @@ def store_figures(dask_worker: Any) -> dict[str, float]:
 def _moves_and_pinning(metrics: Mapping[str, float]) -> dict[str, float]:
     """The spill and pinned-pool figures of a cudask store's `metrics()` that are not 0
     (cumulative: a figure never falls back to 0)."""
-    return {k: v for k, v in metrics.items()
-            if v and ("provision" in k or "deferred" in k or k.startswith(("spill-", "unspill-")))}
+    return {
+        k: v
+        for k, v in metrics.items()
+        if v and ("provision" in k or "deferred" in k or k.startswith(("spill-", "unspill-")))
+    }
 
 
 def held_figures(dask_worker: Any) -> dict[str, float]:
@@ -134,15 +150,20 @@ def held_figures(dask_worker: Any) -> dict[str, float]:
     metrics = getattr(data, "metrics", None)
     if callable(metrics):
         now = metrics()
-        return {**{k: float(now.get(k, 0.0)) for k in ("device-bytes", "host-bytes")},
-                **_moves_and_pinning(now)}
+        return {
+            **{k: float(now.get(k, 0.0)) for k in ("device-bytes", "host-bytes")},
+            **_moves_and_pinning(now),
+        }
     buffer = getattr(data, "device_buffer", None)
     fast, slow = getattr(buffer, "fast", None), getattr(data, "host_buffer", None)
     if fast is None or not hasattr(fast, "total_weight"):
         return {}
     host = getattr(getattr(slow, "fast", None), "total_weight", None)
-    return {"device-bytes": float(fast.total_weight),
-            **({"host-bytes": float(host)} if host is not None else {}), **store_figures(dask_worker)}
+    return {
+        "device-bytes": float(fast.total_weight),
+        **({"host-bytes": float(host)} if host is not None else {}),
+        **store_figures(dask_worker),
+    }
 
 
 def worker_counters(dask_worker: Any) -> dict[str, float]:
@@ -151,10 +172,25 @@ def worker_counters(dask_worker: Any) -> dict[str, float]:
     from cudask.comm import ipc
 
     log = incoming(dask_worker)
-    fetched = {"fetches": float(len(log)), "fetched-bytes": float(sum(e["total"] for e in log)),
-               "fetch-seconds": float(sum(e["duration"] for e in log))}
-    return {**{f"ipc-{k}": float(v) for k, v in ipc.stats().items()}, **fetched, **store_figures(dask_worker)}
+    fetched = {
+        "fetches": float(len(log)),
+        "fetched-bytes": float(sum(e["total"] for e in log)),
+        "fetch-seconds": float(sum(e["duration"] for e in log)),
+    }
+    return {
+        **{f"ipc-{k}": float(v) for k, v in ipc.stats().items()},
+        **fetched,
+        **store_figures(dask_worker),
+    }
 
 
-__all__ = ["difference", "held_figures", "incoming", "ipc_stats", "store_figures", "stream_figures", "watch_spills",
-           "worker_counters"]
+__all__ = [
+    "difference",
+    "held_figures",
+    "incoming",
+    "ipc_stats",
+    "store_figures",
+    "stream_figures",
+    "watch_spills",
+    "worker_counters",
+]

@@ -54,14 +54,28 @@ def rotation(settings: Sequence[str], repeat: int) -> list[list[str]]:
     return [[settings[(r + i) % n] for i in range(n)] for r in range(repeat)] if n else []
 
 
-def _spawn(plan: EtlPlan, target: Target, module: str, argv: list[str], shim: str | None,
-           progress: harness.ProgressLine, position: str, label: str) -> dict[str, Any]:
+def _spawn(
+    plan: EtlPlan,
+    target: Target,
+    module: str,
+    argv: list[str],
+    shim: str | None,
+    progress: harness.ProgressLine,
+    position: str,
+    label: str,
+) -> dict[str, Any]:
     def on_progress(done: int, total: int, text: str) -> None:
         progress.update(position, label, done, total, text)
 
     progress.update(position, label, 0, 1, "starting")
-    result = harness.spawn_runner(target, ["--plan", plan.to_json(), *argv], shim=shim,
-                                  timeout=plan.timeout, on_progress=on_progress, module=module)
+    result = harness.spawn_runner(
+        target,
+        ["--plan", plan.to_json(), *argv],
+        shim=shim,
+        timeout=plan.timeout,
+        on_progress=on_progress,
+        module=module,
+    )
     progress.end_line()
     print(child_line(position, label, result), flush=True)  # a run cut short shows how far it got
     return result
@@ -71,16 +85,25 @@ def child_line(position: str, label: str, result: Mapping[str, Any]) -> str:
     """One child's outcome as one line: each run's total and peak, or the error."""
     if result.get("status") != "ok":
         return f"[{position}] {label}: FAILED: {result.get('error')}"
-    runs = [f"{r.get('kind')} FAILED: {r['error']}" if r.get("error") else
-            f"{r.get('kind')} {_n(r.get('total_s'), 0)} s"
-            + (f" (peak {r['peak_bytes'] / GB:.2f} GB)" if r.get("peak_bytes") is not None else "")
-            for r in result.get("runs", [])]
-    return f"[{position}] {label}: " + ("; ".join(runs) + " (answers checked at the end)" if runs else "ok")
+    runs = [
+        f"{r.get('kind')} FAILED: {r['error']}"
+        if r.get("error")
+        else f"{r.get('kind')} {_n(r.get('total_s'), 0)} s"
+        + (f" (peak {r['peak_bytes'] / GB:.2f} GB)" if r.get("peak_bytes") is not None else "")
+        for r in result.get("runs", [])
+    ]
+    return f"[{position}] {label}: " + (
+        "; ".join(runs) + " (answers checked at the end)" if runs else "ok"
+    )
 
 
-def run_etl(plan: EtlPlan, targets: Mapping[str, Target],
-            progress: harness.ProgressLine | None = None, argv: Sequence[str] = (),
-            checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def run_etl(
+    plan: EtlPlan,
+    targets: Mapping[str, Target],
+    progress: harness.ProgressLine | None = None,
+    argv: Sequence[str] = (),
+    checkpoint: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Write the data, run every setting on every format, return the document; after
     the data and after each child, hand `checkpoint` the document so far (status
     "partial", `failed_so_far`, no `finished_at`)."""
@@ -88,7 +111,8 @@ def run_etl(plan: EtlPlan, targets: Mapping[str, Target],
     started, t0 = _dt.datetime.now(_dt.UTC), time.perf_counter()
     order, env = rotation(plan.settings, plan.repeat), harness_environment()
     results: dict[str, dict[str, list[dict[str, Any]]]] = {
-        fmt: {name: [] for name in plan.settings} for fmt in plan.formats}
+        fmt: {name: [] for name in plan.settings} for fmt in plan.formats
+    }
     local = Target(sys.executable)
     shim: str | None = None
     root = tempfile.mkdtemp(prefix="cudask-bench-etl-data-", dir=plan.data_dir)
@@ -96,13 +120,30 @@ def run_etl(plan: EtlPlan, targets: Mapping[str, Target],
         if any(t.foreign for t in targets.values()):
             with stopping.deferred():  # made and recorded, or not made
                 shim = make_shim()
-        data = _spawn(plan, local, "cudask_bench.etl_data", ["--root", root], None, progress,
-                      "data", "writing the files")
+        data = _spawn(
+            plan,
+            local,
+            "cudask_bench.etl_data",
+            ["--root", root],
+            None,
+            progress,
+            "data",
+            "writing the files",
+        )
 
         def save() -> None:  # the document so far: status "partial", whether any failed
             if checkpoint is not None:
-                doc = document(plan, data, copy.deepcopy(results), order, targets, started,
-                               time.perf_counter() - t0, argv, env)
+                doc = document(
+                    plan,
+                    data,
+                    copy.deepcopy(results),
+                    order,
+                    targets,
+                    started,
+                    time.perf_counter() - t0,
+                    argv,
+                    env,
+                )
                 doc.pop("finished_at")
                 with stopping.deferred():  # handed over whole
                     checkpoint(doc | {"status": "partial", "failed_so_far": doc["status"] != "ok"})
@@ -115,19 +156,33 @@ def run_etl(plan: EtlPlan, targets: Mapping[str, Target],
                 for name in names:
                     done += 1
                     earlier = results[fmt][name]
-                    if data.get("status") != "ok" or (earlier and earlier[-1].get("status") != "ok"):
+                    if data.get("status") != "ok" or (
+                        earlier and earlier[-1].get("status") != "ok"
+                    ):
                         continue  # no data, or a setting that failed fails the same way again
-                    label = f"{name} {fmt}" + (f" (repetition {rep + 1})" if plan.repeat > 1 else "")
-                    earlier.append(_spawn(plan, targets[setting_named(name).backend], "cudask_bench.etl_run",
-                                          ["--root", root, "--setting", name, "--format", fmt],
-                                          shim, progress, f"{done}/{total}", label))
+                    label = f"{name} {fmt}" + (
+                        f" (repetition {rep + 1})" if plan.repeat > 1 else ""
+                    )
+                    earlier.append(
+                        _spawn(
+                            plan,
+                            targets[setting_named(name).backend],
+                            "cudask_bench.etl_run",
+                            ["--root", root, "--setting", name, "--format", fmt],
+                            shim,
+                            progress,
+                            f"{done}/{total}",
+                            label,
+                        )
+                    )
                     save()
     finally:
         shutil.rmtree(root, ignore_errors=True)
         if shim is not None:
             remove_shim(shim)
-    return document(plan, data, results, order, targets, started, time.perf_counter() - t0, argv,
-                    env)
+    return document(
+        plan, data, results, order, targets, started, time.perf_counter() - t0, argv, env
+    )
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -145,14 +200,19 @@ def figures(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     done = [r for r in runs if not r.get("error")]
     if not done:
         return None
-    return {"runs": len(done), "total_s": _median([r["total_s"] for r in done]),
-            "phases_s": {p: _median([r["phases"].get(p, {}).get("seconds") for r in done])
-                         for p in PHASES},
-            "peak_bytes": _largest([r.get("peak_bytes") for r in done]),
-            "phase_peak_bytes": {p: _largest([r["phases"].get(p, {}).get("peak_bytes")
-                                              for r in done]) for p in PHASES},
-            "phase_working_set_bytes": _phase_largest(done, "working_set_bytes"),
-            "phase_working_set_nvml_bytes": _phase_largest(done, "working_set_nvml_bytes")}
+    return {
+        "runs": len(done),
+        "total_s": _median([r["total_s"] for r in done]),
+        "phases_s": {
+            p: _median([r["phases"].get(p, {}).get("seconds") for r in done]) for p in PHASES
+        },
+        "peak_bytes": _largest([r.get("peak_bytes") for r in done]),
+        "phase_peak_bytes": {
+            p: _largest([r["phases"].get(p, {}).get("peak_bytes") for r in done]) for p in PHASES
+        },
+        "phase_working_set_bytes": _phase_largest(done, "working_set_bytes"),
+        "phase_working_set_nvml_bytes": _phase_largest(done, "working_set_nvml_bytes"),
+    }
 
 
 def _phase_largest(runs: Sequence[Mapping[str, Any]], field: str) -> dict[str, int | None]:
@@ -170,8 +230,11 @@ def bound(fig: dict[str, Any], limit: int, floor: Mapping[str, Any] | None = Non
     tasks = {p: _largest([own.get(p), seen.get(p)]) for p in PHASES}
     fig["phase_task_bytes"] = tasks
     fig["phase_bound_bytes"] = {p: None if n is None else limit + n for p, n in tasks.items()}
-    known = [(peaks[p], b) for p, b in fig["phase_bound_bytes"].items()
-             if b is not None and peaks.get(p) is not None]
+    known = [
+        (peaks[p], b)
+        for p, b in fig["phase_bound_bytes"].items()
+        if b is not None and peaks.get(p) is not None
+    ]
     fig["within"] = all(peak <= SLACK * b for peak, b in known) if known else None
 
 
@@ -181,17 +244,27 @@ def _floor_tasks(floor: Mapping[str, Any] | None) -> dict[str, Any] | None:
     figs = [f for f in ((floor or {}).get("cold"), (floor or {}).get("warm")) if f]
     if not figs:
         return None
-    return {"phase_working_set_nvml_bytes": {p: _largest(
-        [(f.get("phase_working_set_nvml_bytes") or {}).get(p) for f in figs]) for p in PHASES}}
+    return {
+        "phase_working_set_nvml_bytes": {
+            p: _largest([(f.get("phase_working_set_nvml_bytes") or {}).get(p) for f in figs])
+            for p in PHASES
+        }
+    }
 
 
-def setting_entry(name: str, children: list[dict[str, Any]],
-                  reference: Mapping[str, Any] | None) -> dict[str, Any]:
+def setting_entry(
+    name: str, children: list[dict[str, Any]], reference: Mapping[str, Any] | None
+) -> dict[str, Any]:
     """One setting on one format: its children's results, each run checked."""
     setting = setting_named(name)
-    entry: dict[str, Any] = {"setting": name, "description": setting.description,
-                             "backend": setting.backend, "status": "ok", "error": None,
-                             "children": children}
+    entry: dict[str, Any] = {
+        "setting": name,
+        "description": setting.description,
+        "backend": setting.backend,
+        "status": "ok",
+        "error": None,
+        "children": children,
+    }
     for child in children:
         for run in child.get("runs") or []:
             wrong = compare(reference, run.get("answers") or {}) if reference else ["no reference"]
@@ -212,21 +285,34 @@ def setting_entry(name: str, children: list[dict[str, Any]],
 
 def harness_environment() -> dict[str, Any]:
     """The machine and this process's library versions (about a second: read once a run)."""
-    return {"machine": environment.machine(),
-            "harness": {"python": sys.executable, "versions": environment.versions()}}
+    return {
+        "machine": environment.machine(),
+        "harness": {"python": sys.executable, "versions": environment.versions()},
+    }
 
 
-def document(plan: EtlPlan, data: Mapping[str, Any], results: Mapping[str, Mapping[str, list[Any]]],
-             order: list[list[str]], targets: Mapping[str, Target], started: _dt.datetime,
-             wall: float, argv: Sequence[str], env: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def document(
+    plan: EtlPlan,
+    data: Mapping[str, Any],
+    results: Mapping[str, Mapping[str, list[Any]]],
+    order: list[list[str]],
+    targets: Mapping[str, Target],
+    started: _dt.datetime,
+    wall: float,
+    argv: Sequence[str],
+    env: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The result document (before provenance: cudask_bench.report.write_json adds it);
     `env`: `harness_environment()`, read here when not given."""
     formats = data.get("formats") or {}
     out: dict[str, dict[str, Any]] = {}
     for fmt, by_name in results.items():
         reference = (formats.get(fmt) or {}).get("reference")
-        out[fmt] = {name: setting_entry(name, children, reference)
-                    for name, children in by_name.items() if children}
+        out[fmt] = {
+            name: setting_entry(name, children, reference)
+            for name, children in by_name.items()
+            if children
+        }
         floor = out[fmt].get("floor")
         seen = _floor_tasks(floor)
         for entry in out[fmt].values():
@@ -240,20 +326,31 @@ def document(plan: EtlPlan, data: Mapping[str, Any], results: Mapping[str, Mappi
     entries = [e for by_name in out.values() for e in by_name.values()]
     ok = data.get("status") == "ok" and all(e["status"] == "ok" and e["correct"] for e in entries)
     return {
-        "workload": "etl", "command": shlex.join(argv), "status": "ok" if ok else "failed",
+        "workload": "etl",
+        "command": shlex.join(argv),
+        "status": "ok" if ok else "failed",
         "started_at": started.isoformat(timespec="seconds"),
-        "finished_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "wall_s": wall,
-        "plan": asdict(plan), "order": order, "skipped": dict(plan.skipped), "data": dict(data),
-        "targets": {b: {"python": t.python, "pythonpath": list(t.pythonpath)}
-                    for b, t in targets.items()},
-        "results": out, **(env if env is not None else harness_environment()),
+        "finished_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "wall_s": wall,
+        "plan": asdict(plan),
+        "order": order,
+        "skipped": dict(plan.skipped),
+        "data": dict(data),
+        "targets": {
+            b: {"python": t.python, "pythonpath": list(t.pythonpath)} for b, t in targets.items()
+        },
+        "results": out,
+        **(env if env is not None else harness_environment()),
     }
 
 
 def failures(doc: Mapping[str, Any]) -> list[str]:
-    """"setting format: why" for each setting that failed or answered wrong."""
-    out = [] if (doc.get("data") or {}).get("status") == "ok" else [
-        f"data: {(doc.get('data') or {}).get('error')}"]
+    """ "setting format: why" for each setting that failed or answered wrong."""
+    out = (
+        []
+        if (doc.get("data") or {}).get("status") == "ok"
+        else [f"data: {(doc.get('data') or {}).get('error')}"]
+    )
     for fmt, by_name in doc["results"].items():
         for name, e in by_name.items():
             if e["status"] != "ok" or not e["correct"]:
@@ -274,12 +371,16 @@ def _row(name: str, e: Mapping[str, Any]) -> str:
     else:
         cells += [" " * 7] * (len(PHASES) + 3)
     if warm:
-        cells += [_n(warm["total_s"], 7), _n(warm["peak_bytes"], 7, scale=GB),
-                  _n(warm.get("x_floor"), 7)]
+        cells += [
+            _n(warm["total_s"], 7),
+            _n(warm["peak_bytes"], 7, scale=GB),
+            _n(warm.get("x_floor"), 7),
+        ]
     else:
         cells += [" " * 7] * 3
-    answer = "right" if e["correct"] else ("-" if e["status"] != "ok" and not e.get("cold")
-                                           else "WRONG")
+    answer = (
+        "right" if e["correct"] else ("-" if e["status"] != "ok" and not e.get("cold") else "WRONG")
+    )
     text = " ".join(cells) + f"  {answer}"
     if e["status"] != "ok":
         text += f"\n{'':<21} failed: {str(e['error'])[:200]}"
@@ -303,26 +404,40 @@ def summary(doc: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"etl {fmt}: {plan['files']} files x {plan['rows_per_file']:,} rows, "
             f"{format_bytes(device)} on the device ({device / limit:.1f}x the "
-            f"{format_bytes(limit)} limit)" + (f", {format_bytes(disk)} on disk" if disk else "")
+            f"{format_bytes(limit)} limit)"
+            + (f", {format_bytes(disk)} on disk" if disk else "")
             + f"; data by {data.get('generator', '?')}, frames {plan['frames']}"
             + ("; graphs fused (collection.optimize())" if plan.get("fuse") else "")
-            + (" (distributed.LocalCluster standing in for every setting)"
-               if plan["frames"] == "pandas" else ""))
-        lines.append("  cold: first run of a fresh cluster from the first submit (median of "
-                     f"{plan['repeat']}); warm: the {plan['warm_runs']} run(s) after it; peak: "
-                     "NVML used above the idle cluster, GB")
-        lines.append(f"{'setting':<21} {'cold s':>7} " + " ".join(f"{p:>7}" for p in PHASES)
-                     + f" {'peak':>7} {'x floor':>7} {'warm s':>7} {'peak':>7} {'x floor':>7}"
-                     + "  answers")
+            + (
+                " (distributed.LocalCluster standing in for every setting)"
+                if plan["frames"] == "pandas"
+                else ""
+            )
+        )
+        lines.append(
+            "  cold: first run of a fresh cluster from the first submit (median of "
+            f"{plan['repeat']}); warm: the {plan['warm_runs']} run(s) after it; peak: "
+            "NVML used above the idle cluster, GB"
+        )
+        lines.append(
+            f"{'setting':<21} {'cold s':>7} "
+            + " ".join(f"{p:>7}" for p in PHASES)
+            + f" {'peak':>7} {'x floor':>7} {'warm s':>7} {'peak':>7} {'x floor':>7}"
+            + "  answers"
+        )
         lines += [_row(name, e) for name, e in by_name.items()]
-        verdicts = [f"{name} {_yes((e.get('cold') or {}).get('within'))}/"
-                    f"{_yes((e.get('warm') or {}).get('within'))}"
-                    for name, e in by_name.items() if setting_named(name).limited]
+        verdicts = [
+            f"{name} {_yes((e.get('cold') or {}).get('within'))}/"
+            f"{_yes((e.get('warm') or {}).get('within'))}"
+            for name, e in by_name.items()
+            if setting_named(name).limited
+        ]
         if verdicts:
-            lines.append(f"  peak within {SLACK:.2f}x (limit + the largest task's inputs, output "
-                         "and, as NVML saw them with no limit, temporaries) in every phase, "
-                         "cold/warm: "
-                         + ", ".join(verdicts))
+            lines.append(
+                f"  peak within {SLACK:.2f}x (limit + the largest task's inputs, output "
+                "and, as NVML saw them with no limit, temporaries) in every phase, "
+                "cold/warm: " + ", ".join(verdicts)
+            )
     if doc.get("skipped"):
         lines += [f"skipped {name}: {why}" for name, why in doc["skipped"].items()]
     return lines

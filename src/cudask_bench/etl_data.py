@@ -62,16 +62,31 @@ class Setting:
         return {f"cudask.{key}": value for key, value in self.config}
 
 
-SETTINGS: dict[str, Setting] = {s.name: s for s in (
-    Setting("floor", "cudask", False, description="cudask, no device limit"),
-    Setting("dask-cuda", "dask-cuda", True, description="dask-cuda, its default spilling"),
-    Setting("dask-cuda-cudf-spill", "dask-cuda", True, cudf_spill=True,
-            description="dask-cuda, enable_cudf_spill=True"),
-    Setting("cudask", "cudask", True, description="cudask, its store"),
-    Setting("cudask-jit", "cudask", True, jit_unspill=True, description="cudask, jit_unspill=True"),
-    Setting("cudask-cudf-spill", "cudask", True, cudf_spill=True,
-            description="cudask, enable_cudf_spill=True"),
-)}
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in (
+        Setting("floor", "cudask", False, description="cudask, no device limit"),
+        Setting("dask-cuda", "dask-cuda", True, description="dask-cuda, its default spilling"),
+        Setting(
+            "dask-cuda-cudf-spill",
+            "dask-cuda",
+            True,
+            cudf_spill=True,
+            description="dask-cuda, enable_cudf_spill=True",
+        ),
+        Setting("cudask", "cudask", True, description="cudask, its store"),
+        Setting(
+            "cudask-jit", "cudask", True, jit_unspill=True, description="cudask, jit_unspill=True"
+        ),
+        Setting(
+            "cudask-cudf-spill",
+            "cudask",
+            True,
+            cudf_spill=True,
+            description="cudask, enable_cudf_spill=True",
+        ),
+    )
+}
 
 
 _MISSING = object()
@@ -92,9 +107,11 @@ def setting_named(name: str) -> Setting:
     base = SETTINGS.get(base_name)
     cudask_names = [s.name for s in SETTINGS.values() if s.backend == "cudask"]
     if base is None or base.backend != "cudask" or not pairs:
-        raise ValueError(f"{name!r}: accepted: {', '.join(SETTINGS)}, or a cudask setting "
-                         f"({', '.join(cudask_names)}) with @KEY=VALUE config values, "
-                         "e.g. 'cudask@memory.pinned-pool-size=16GiB'")
+        raise ValueError(
+            f"{name!r}: accepted: {', '.join(SETTINGS)}, or a cudask setting "
+            f"({', '.join(cudask_names)}) with @KEY=VALUE config values, "
+            "e.g. 'cudask@memory.pinned-pool-size=16GiB'"
+        )
     import dask
     import yaml
 
@@ -105,13 +122,22 @@ def setting_named(name: str) -> Setting:
         key, sep, text = pair.partition("=")
         known = dask.config.get(f"cudask.{key}", _MISSING) if sep and text else _MISSING
         if not key.startswith(OWN_KEYS) or known is _MISSING or isinstance(known, dict):
-            raise ValueError(f"{name!r}: {pair!r} is not KEY=VALUE with KEY a cudask.memory or "
-                             "cudask.worker.rmm-* config key without 'cudask.' (e.g. "
-                             "memory.pinned-pool-size=16GiB, worker.rmm-async=true)")
+            raise ValueError(
+                f"{name!r}: {pair!r} is not KEY=VALUE with KEY a cudask.memory or "
+                "cudask.worker.rmm-* config key without 'cudask.' (e.g. "
+                "memory.pinned-pool-size=16GiB, worker.rmm-async=true)"
+            )
         config.append((key, yaml.safe_load(text)))
     described = ", ".join(f"{k}={v}" for k, v in config)
-    return Setting(name, base.backend, base.limited, base.jit_unspill, base.cudf_spill,
-                   f"{base.description}, {described}", tuple(config))
+    return Setting(
+        name,
+        base.backend,
+        base.limited,
+        base.jit_unspill,
+        base.cudf_spill,
+        f"{base.description}, {described}",
+        tuple(config),
+    )
 
 
 @dataclass(frozen=True)
@@ -155,8 +181,9 @@ class EtlPlan:
     def from_json(cls, text: str) -> EtlPlan:
         raw = json.loads(text)
         known = {f.name for f in fields(cls)}
-        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
-                                  for k, v in raw.items() if k in known}
+        values: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known
+        }
         return cls(**values)
 
 
@@ -180,9 +207,12 @@ def dim_file(root: str, fmt: str) -> str:
 
 def _columns(xp: Any, seed: int, rows: int, keys: int) -> dict[str, Any]:
     rs = xp.random.RandomState(seed)
-    return {"key": rs.randint(0, keys, size=rows).astype("int64"),
-            "x": rs.random_sample(rows), "y": rs.random_sample(rows) * 100.0,
-            "v": rs.randint(0, 1000, size=rows).astype("int32")}
+    return {
+        "key": rs.randint(0, keys, size=rows).astype("int64"),
+        "x": rs.random_sample(rows),
+        "y": rs.random_sample(rows) * 100.0,
+        "v": rs.randint(0, 1000, size=rows).astype("int32"),
+    }
 
 
 def _write(frame: Any, path: str, fmt: str) -> None:
@@ -218,9 +248,13 @@ def generate(plan: EtlPlan, root: str, step: Any = None) -> dict[str, Any]:
     for fmt in plan.formats:
         os.makedirs(os.path.join(root, fmt, "fact"), exist_ok=True)
     rs = numpy.random.RandomState(plan.seed)
-    dim = pandas.DataFrame({"key": numpy.arange(plan.keys, dtype="int64"),
-                            "w": rs.random_sample(plan.keys),
-                            "cat": rs.randint(0, plan.categories, size=plan.keys).astype("int32")})
+    dim = pandas.DataFrame(
+        {
+            "key": numpy.arange(plan.keys, dtype="int64"),
+            "w": rs.random_sample(plan.keys),
+            "cat": rs.randint(0, plan.categories, size=plan.keys).astype("int32"),
+        }
+    )
     for fmt in plan.formats:
         _write(dim, dim_file(root, fmt), fmt)
     for i in range(plan.files):
@@ -250,8 +284,10 @@ def read_columns(path: str, fmt: str, dtypes: Mapping[str, str]) -> dict[str, An
         import pyarrow.csv
 
         types = {n: pyarrow.from_numpy_dtype(numpy.dtype(t)) for n, t in dtypes.items()}
-        table = pyarrow.csv.read_csv(path, convert_options=pyarrow.csv.ConvertOptions(
-            column_types=types, include_columns=names))
+        table = pyarrow.csv.read_csv(
+            path,
+            convert_options=pyarrow.csv.ConvertOptions(column_types=types, include_columns=names),
+        )
     return {n: table.column(n).to_numpy().astype(dtypes[n], copy=False) for n in names}
 
 
@@ -283,16 +319,21 @@ def reference(plan: EtlPlan, root: str, fmt: str) -> dict[str, Any]:
         by_cat[2] += numpy.bincount(cat, minlength=plan.categories)
         for name in sums:
             sums[name] += c[name].sum(dtype="int64" if name in ("key", "v") else "float64")
-    chosen_rows = pandas.concat(parts) if parts else pandas.DataFrame(
-        {n: numpy.empty(0, dtype=t) for n, t in FACT_DTYPES.items()})
+    chosen_rows = (
+        pandas.concat(parts)
+        if parts
+        else pandas.DataFrame({n: numpy.empty(0, dtype=t) for n, t in FACT_DTYPES.items()})
+    )
     sample = chosen_rows.groupby("key").agg({"x": "sum", "y": "sum", "v": "count"})
     return {
         "rows": rows,
         "groups": int(numpy.count_nonzero(counts)),
         "sample": sample_answer(sample),
-        "by_category": {str(c): {"x": float(by_cat[0][c]), "w": float(by_cat[1][c]),
-                                 "count": int(by_cat[2][c])}
-                        for c in range(plan.categories) if by_cat[2][c]},
+        "by_category": {
+            str(c): {"x": float(by_cat[0][c]), "w": float(by_cat[1][c]), "count": int(by_cat[2][c])}
+            for c in range(plan.categories)
+            if by_cat[2][c]
+        },
         "means": {n: float(s) / rows if rows else None for n, s in sums.items()},
     }
 
@@ -303,15 +344,19 @@ def reference(plan: EtlPlan, root: str, fmt: str) -> dict[str, Any]:
 def sample_answer(frame: Any) -> dict[str, dict[str, float]]:
     """A groupby answer (index key; columns x, y sums and v count) as plain data."""
     frame = frame.to_pandas() if hasattr(frame, "to_pandas") else frame
-    return {str(int(k)): {"x": float(r["x"]), "y": float(r["y"]), "count": int(r["v"])}
-            for k, r in frame.sort_index().iterrows()}
+    return {
+        str(int(k)): {"x": float(r["x"]), "y": float(r["y"]), "count": int(r["v"])}
+        for k, r in frame.sort_index().iterrows()
+    }
 
 
 def category_answer(frame: Any) -> dict[str, dict[str, float]]:
     """The merge's answer (index cat; columns x, w sums and y count) as plain data."""
     frame = frame.to_pandas() if hasattr(frame, "to_pandas") else frame
-    return {str(int(c)): {"x": float(r["x"]), "w": float(r["w"]), "count": int(r["y"])}
-            for c, r in frame.sort_index().iterrows()}
+    return {
+        str(int(c)): {"x": float(r["x"]), "w": float(r["w"]), "count": int(r["y"])}
+        for c, r in frame.sort_index().iterrows()
+    }
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -355,29 +400,41 @@ def prepare(plan: EtlPlan, root: str, step: Any = None) -> dict[str, Any]:
     formats: dict[str, Any] = {}
     for fmt in plan.formats:
         paths = [*fact_files(root, fmt), dim_file(root, fmt)]
-        formats[fmt] = {"disk_bytes": sum(os.path.getsize(p) for p in paths),
-                        "fact_files": len(paths) - 1, "reference": reference(plan, root, fmt)}
+        formats[fmt] = {
+            "disk_bytes": sum(os.path.getsize(p) for p in paths),
+            "fact_files": len(paths) - 1,
+            "reference": reference(plan, root, fmt),
+        }
         if step is not None:
             step(f"{fmt} reference computed")
-    return {**made, "generate_s": written - start, "reference_s": time.perf_counter() - written,
-            "rows": plan.rows, "device_bytes": plan.device_bytes,
-            "dim_rows": plan.keys, "dim_device_bytes": plan.keys * DIM_ROW_BYTES,
-            "formats": formats}
+    return {
+        **made,
+        "generate_s": written - start,
+        "reference_s": time.perf_counter() - written,
+        "rows": plan.rows,
+        "device_bytes": plan.device_bytes,
+        "dim_rows": plan.keys,
+        "dim_device_bytes": plan.keys * DIM_ROW_BYTES,
+        "formats": formats,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from cudask_bench import stopping
     from cudask_bench.run import Progress
 
-    p = argparse.ArgumentParser(prog="python -m cudask_bench.etl_data",
-                                description="Write the files of `cudask bench etl` and their "
-                                "reference answers. Normally started by `cudask bench etl`.")
+    p = argparse.ArgumentParser(
+        prog="python -m cudask_bench.etl_data",
+        description="Write the files of `cudask bench etl` and their "
+        "reference answers. Normally started by `cudask bench etl`.",
+    )
     p.add_argument("--plan", required=True, help="the EtlPlan as JSON")
     p.add_argument("--root", required=True, help="the directory to write under")
 
     def work(args: argparse.Namespace) -> dict[str, Any]:
         plan = EtlPlan.from_json(args.plan)
         return prepare(plan, args.root, Progress(plan.files + len(plan.formats)))
+
     return stopping.runner_main(p, work, argv)
 
 

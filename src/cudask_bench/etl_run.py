@@ -68,8 +68,12 @@ class MemorySampler:
     seconds in a daemon thread and on `mark`; no GPU (`device` None, or no NVML) reads
     None."""
 
-    def __init__(self, device: str | None, interval: float = SAMPLE_INTERVAL,
-                 read: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        device: str | None,
+        interval: float = SAMPLE_INTERVAL,
+        read: Callable[[], int] | None = None,
+    ) -> None:
         self.interval = interval
         self.reason: str | None = None
         self._read: Callable[[], int] | None = read
@@ -86,8 +90,11 @@ class MemorySampler:
             import pynvml
 
             pynvml.nvmlInit()
-            handle = (pynvml.nvmlDeviceGetHandleByUUID(device) if device.startswith(("GPU-", "MIG-"))
-                      else pynvml.nvmlDeviceGetHandleByIndex(int(device)))
+            handle = (
+                pynvml.nvmlDeviceGetHandleByUUID(device)
+                if device.startswith(("GPU-", "MIG-"))
+                else pynvml.nvmlDeviceGetHandleByIndex(int(device))
+            )
             self._read = lambda: int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
             self._read()
         except Exception as exc:  # noqa: BLE001 - no NVML here: figures without memory
@@ -110,8 +117,9 @@ class MemorySampler:
 
     def start(self) -> None:
         if self._read is not None and self._thread is None:
-            self._thread = threading.Thread(target=self._loop, daemon=True,
-                                            name="cudask-bench-nvml-sampler")
+            self._thread = threading.Thread(
+                target=self._loop, daemon=True, name="cudask-bench-nvml-sampler"
+            )
             self._thread.start()
 
     def stop(self) -> None:
@@ -187,8 +195,10 @@ def _read(plan: EtlPlan, root: str, fmt: str) -> tuple[Any, Any]:
     else:
         import dask.dataframe as reader
     if fmt == "csv":  # a glob: what every read_csv takes
-        return (reader.read_csv(os.path.join(root, fmt, "fact", "*.csv"), dtype=FACT_DTYPES),
-                reader.read_csv(dim_file(root, fmt), dtype=DIM_DTYPES))
+        return (
+            reader.read_csv(os.path.join(root, fmt, "fact", "*.csv"), dtype=FACT_DTYPES),
+            reader.read_csv(dim_file(root, fmt), dtype=DIM_DTYPES),
+        )
     return reader.read_parquet(fact_files(root, fmt)), reader.read_parquet(dim_file(root, fmt))
 
 
@@ -215,8 +225,16 @@ def _phases(client: Any, plan: EtlPlan, df: Any, dim: Any) -> Any:
     yield "mean", {"means": {str(k): float(v) for k, v in means.items()}}
 
 
-def one_run(client: Any, plan: EtlPlan, root: str, fmt: str, sampler: MemorySampler,
-            idle: int | None, kind: str, progress: Callable[[str], None]) -> dict[str, Any]:
+def one_run(
+    client: Any,
+    plan: EtlPlan,
+    root: str,
+    fmt: str,
+    sampler: MemorySampler,
+    idle: int | None,
+    kind: str,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
     """One run of the work; the graph of the read is built before the clock starts.
     Between two phases the clock stops while the worker's store counters are read."""
     run: dict[str, Any] = {"kind": kind, "phases": {}, "answers": {}, "error": None}
@@ -235,8 +253,10 @@ def one_run(client: Any, plan: EtlPlan, root: str, fmt: str, sampler: MemorySamp
         for name, answers in work:
             sampler.mark()
             now, windows[name] = time.perf_counter(), (epoch, time.time())
-            phase: dict[str, Any] = {"seconds": now - last,
-                                     "peak_bytes": _above(sampler.peak(last, now), idle)}
+            phase: dict[str, Any] = {
+                "seconds": now - last,
+                "peak_bytes": _above(sampler.peak(last, now), idle),
+            }
             run["phases"][name] = phase
             run["answers"].update(answers)
             after = _counters(client)
@@ -251,7 +271,8 @@ def one_run(client: Any, plan: EtlPlan, root: str, fmt: str, sampler: MemorySamp
         work.close()
     end = time.perf_counter()
     run["total_s"] = sum(p["seconds"] for p in run["phases"].values()) + (
-        end - last if run["error"] else 0.0)
+        end - last if run["error"] else 0.0
+    )
     run["wall_s"] = end - start
     run["peak_bytes"] = _above(sampler.peak(start, end), idle)
     stream = client.get_task_stream(start=began, stop=time.time())
@@ -262,8 +283,13 @@ def one_run(client: Any, plan: EtlPlan, root: str, fmt: str, sampler: MemorySamp
     return run
 
 
-def _working_sets(run: dict[str, Any], found: list[working_set.Record], stream: Any,
-                  sampler: MemorySampler, windows: dict[str, tuple[float, float]]) -> None:
+def _working_sets(
+    run: dict[str, Any],
+    found: list[working_set.Record],
+    stream: Any,
+    sampler: MemorySampler,
+    windows: dict[str, tuple[float, float]],
+) -> None:
     """Each phase's largest task: its inputs and output as the worker sized them, and its
     inputs plus the larger of its output and what NVML saw it add while it computed (and
     of how many tasks NVML saw that)."""
@@ -271,9 +297,11 @@ def _working_sets(run: dict[str, Any], found: list[working_set.Record], stream: 
     sized, seen = working_set.largest(found, windows), working_set.largest(found, windows, grown)
     counted = working_set.measured(found, windows, grown)
     for phase_name in windows:
-        run["phases"][phase_name].update(working_set_bytes=sized[phase_name],
-                                         working_set_nvml_bytes=seen[phase_name],
-                                         working_set_nvml_tasks=counted[phase_name])
+        run["phases"][phase_name].update(
+            working_set_bytes=sized[phase_name],
+            working_set_nvml_bytes=seen[phase_name],
+            working_set_nvml_tasks=counted[phase_name],
+        )
 
 
 def _store_counters(dask_worker: Any) -> dict[str, float]:
@@ -285,8 +313,13 @@ def _store_counters(dask_worker: Any) -> dict[str, float]:
         out["/".join(str(p) for p in (k if isinstance(k, tuple) else (k,)))] = float(v)
     metrics = getattr(data, "metrics", None)
     if callable(metrics):
-        out.update({k: float(v) for k, v in metrics().items()
-                    if k.startswith(("pageable-", "pinned-provision-", "spill-on-demand-"))})
+        out.update(
+            {
+                k: float(v)
+                for k, v in metrics().items()
+                if k.startswith(("pageable-", "pinned-provision-", "spill-on-demand-"))
+            }
+        )
     return out
 
 
@@ -300,7 +333,9 @@ def _counters(client: Any) -> dict[str, float]:
 SPANS = {"compute": "compute_s", "disk-read": "store_read_s", "disk-write": "store_write_s"}
 
 
-def _task_seconds(records: Any, windows: dict[str, tuple[float, float]]) -> dict[str, dict[str, float]]:
+def _task_seconds(
+    records: Any, windows: dict[str, tuple[float, float]]
+) -> dict[str, dict[str, float]]:
     """Per phase window (epoch seconds), the seconds of each of SPANS (counters.stream_figures)."""
     out = {}
     for name, (a, b) in windows.items():
@@ -326,10 +361,15 @@ def _released(client: Any, timeout: float = 120.0) -> dict[str, Any]:
 
 def cluster_kwargs(setting: Setting, plan: EtlPlan, local_directory: str) -> dict[str, Any]:
     """The one-worker cluster of `setting`, spelled as each cluster class takes it."""
-    kwargs: dict[str, Any] = {"n_workers": 1, "threads_per_worker": 1,
-                              "memory_limit": plan.memory_limit, "protocol": "tcp",
-                              "dashboard_address": None, "silence_logs": logging.ERROR,
-                              "local_directory": local_directory}
+    kwargs: dict[str, Any] = {
+        "n_workers": 1,
+        "threads_per_worker": 1,
+        "memory_limit": plan.memory_limit,
+        "protocol": "tcp",
+        "dashboard_address": None,
+        "silence_logs": logging.ERROR,
+        "local_directory": local_directory,
+    }
     if plan.frames == "pandas":
         return {**kwargs, "processes": True}
     kwargs["CUDA_VISIBLE_DEVICES"] = plan.device
@@ -358,24 +398,37 @@ def _config_values(keys: list[str]) -> dict[str, Any]:
     return {key: dask.config.get(key, None) for key in keys}
 
 
-def execute(plan: EtlPlan, root: str, setting: Setting, fmt: str, result: dict[str, Any],
-            progress: Callable[[str], None]) -> None:
+def execute(
+    plan: EtlPlan,
+    root: str,
+    setting: Setting,
+    fmt: str,
+    result: dict[str, Any],
+    progress: Callable[[str], None],
+) -> None:
     """Run the setting on the `fmt` files into `result` (a failure keeps what ran)."""
     from distributed import Client
 
     from cudask_bench import tasks
 
     sampler = MemorySampler(plan.device if plan.frames == "cudf" else None)
-    memory: dict[str, Any] = {"nvml": sampler.reason or "sampled every "
-                              f"{sampler.interval * 1000:.0f} ms", "before_cluster_bytes": sampler.mark()}
+    memory: dict[str, Any] = {
+        "nvml": sampler.reason or f"sampled every {sampler.interval * 1000:.0f} ms",
+        "before_cluster_bytes": sampler.mark(),
+    }
     result["memory"] = memory
     cluster_class, facts = _cluster_class(setting, plan)
     sampler.start()
     try:
         with tempfile.TemporaryDirectory(prefix="cudask-bench-etl-") as local:
             kwargs = cluster_kwargs(setting, plan, local)
-            result["cluster"] = {**facts, "kwargs": {k: v if isinstance(v, (int, float, str, bool, type(None)))
-                                                    else repr(v) for k, v in kwargs.items()}}
+            result["cluster"] = {
+                **facts,
+                "kwargs": {
+                    k: v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
+                    for k, v in kwargs.items()
+                },
+            }
             cluster = None
             try:
                 with stopping.deferred():  # SIGTERM waits until the cluster is there to close
@@ -386,14 +439,16 @@ def execute(plan: EtlPlan, root: str, setting: Setting, fmt: str, result: dict[s
                     client.get_task_stream(count=1)  # the scheduler records from now on
                     client.register_plugin(working_set.WorkingSets())
                     if setting.config:  # what the worker runs with, not only this process
-                        result["worker_config"] = next(iter(client.run(
-                            _config_values, list(setting.dask_config())).values()))
+                        result["worker_config"] = next(
+                            iter(client.run(_config_values, list(setting.dask_config())).values())
+                        )
                     memory["cluster_up_bytes"] = sampler.idle()
                     progress("cluster up")
                     _runs(client, plan, root, fmt, sampler, memory, result, progress)
                     result["store"] = next(iter(client.run(tasks.store_facts).values()), {})
-                    result["worker_versions"] = next(iter(
-                        client.run(environment.versions).values()))
+                    result["worker_versions"] = next(
+                        iter(client.run(environment.versions).values())
+                    )
             finally:
                 if cluster is not None:
                     cluster.close()
@@ -401,8 +456,16 @@ def execute(plan: EtlPlan, root: str, setting: Setting, fmt: str, result: dict[s
         sampler.stop()
 
 
-def _runs(client: Any, plan: EtlPlan, root: str, fmt: str, sampler: MemorySampler,
-          memory: dict[str, Any], result: dict[str, Any], progress: Callable[[str], None]) -> None:
+def _runs(
+    client: Any,
+    plan: EtlPlan,
+    root: str,
+    fmt: str,
+    sampler: MemorySampler,
+    memory: dict[str, Any],
+    result: dict[str, Any],
+    progress: Callable[[str], None],
+) -> None:
     idle: int | None = None
     for i in range(1 + plan.warm_runs):
         kind = "cold" if i == 0 else f"warm {i}"
@@ -427,22 +490,36 @@ def _setting(name: str) -> Setting:
 def main(argv: Sequence[str] | None = None) -> int:
     from cudask_bench.run import Progress, check_honesty
 
-    p = argparse.ArgumentParser(prog="python -m cudask_bench.etl_run",
-                                description="Run one setting of `cudask bench etl` on one "
-                                "format and write a JSON result. Normally started by "
-                                "`cudask bench etl`.")
+    p = argparse.ArgumentParser(
+        prog="python -m cudask_bench.etl_run",
+        description="Run one setting of `cudask bench etl` on one "
+        "format and write a JSON result. Normally started by "
+        "`cudask bench etl`.",
+    )
     p.add_argument("--plan", required=True, help="the EtlPlan as JSON")
     p.add_argument("--root", required=True, help="the data directory (cudask_bench.etl_data)")
-    p.add_argument("--setting", required=True, type=_setting,
-                   help="a setting of cudask_bench.etl_data (setting_named)")
+    p.add_argument(
+        "--setting",
+        required=True,
+        type=_setting,
+        help="a setting of cudask_bench.etl_data (setting_named)",
+    )
     p.add_argument("--format", required=True, choices=["csv", "parquet"])
     p.add_argument("--json", required=True, help="where to write the result")
     args = p.parse_args(argv)
     stopping.runner_lifeline()
     plan, setting = EtlPlan.from_json(args.plan), args.setting
-    result: dict[str, Any] = {"setting": setting.name, "format": args.format,
-                              "backend": setting.backend, "frames": plan.frames, "pid": os.getpid(),
-                              "python": sys.executable, "status": "ok", "error": None, "runs": []}
+    result: dict[str, Any] = {
+        "setting": setting.name,
+        "format": args.format,
+        "backend": setting.backend,
+        "frames": plan.frames,
+        "pid": os.getpid(),
+        "python": sys.executable,
+        "status": "ok",
+        "error": None,
+        "runs": [],
+    }
     code = 0
     try:
         try:
@@ -450,8 +527,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             with dask.config.set(setting.dask_config()):  # the setting's own cudask.* values
                 result["config"] = _config_values(list(setting.dask_config()))
-                execute(plan, args.root, setting, args.format, result,
-                        Progress(1 + len(PHASES) * (1 + plan.warm_runs)))
+                execute(
+                    plan,
+                    args.root,
+                    setting,
+                    args.format,
+                    result,
+                    Progress(1 + len(PHASES) * (1 + plan.warm_runs)),
+                )
         finally:
             check_honesty(setting.backend if plan.frames == "cudf" else "local", result)
     except stopping.Interrupted as exc:
@@ -468,5 +551,4 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["PHASES", "MemorySampler", "PhaseFailed", "cluster_kwargs", "execute", "main",
-           "one_run"]
+__all__ = ["PHASES", "MemorySampler", "PhaseFailed", "cluster_kwargs", "execute", "main", "one_run"]

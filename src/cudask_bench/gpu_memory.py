@@ -27,8 +27,11 @@ def nvml_used(device: str) -> Callable[[], int]:
     import pynvml
 
     pynvml.nvmlInit()
-    handle: Any = (pynvml.nvmlDeviceGetHandleByUUID(device) if not device.isdigit()
-                   else pynvml.nvmlDeviceGetHandleByIndex(int(device)))
+    handle: Any = (
+        pynvml.nvmlDeviceGetHandleByUUID(device)
+        if not device.isdigit()
+        else pynvml.nvmlDeviceGetHandleByIndex(int(device))
+    )
 
     def read() -> int:
         return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
@@ -63,8 +66,9 @@ class MemorySampler:
 
     def start(self) -> Self:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="gpu-memory-sampler",
-                                            daemon=True)
+            self._thread = threading.Thread(
+                target=self._loop, name="gpu-memory-sampler", daemon=True
+            )
             self._thread.start()
         return self
 

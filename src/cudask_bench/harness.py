@@ -105,8 +105,15 @@ def spawn_runner(
     """
     workdir = tempfile.mkdtemp(prefix="cudask-bench-run-")
     try:
-        return _run_in(workdir, target, argv, shim=shim, timeout=timeout,
-                       on_progress=on_progress, module=module)
+        return _run_in(
+            workdir,
+            target,
+            argv,
+            shim=shim,
+            timeout=timeout,
+            on_progress=on_progress,
+            module=module,
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -128,8 +135,13 @@ def _run_in(
     started = time.perf_counter()
     with stopping.deferred():  # an interrupt waits until the process is ours to stop
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env=env, text=True, bufsize=1,
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            text=True,
+            bufsize=1,
             start_new_session=True,  # its workers share its process group: one kill ends all
         )
     timed_out = False
@@ -253,8 +265,13 @@ def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
             progress.update(position, label, done, total, text)
 
         progress.update(position, label, 0, 1, "starting")
-        return spawn_runner(plan.targets[variant.backend], argv, shim=shim,
-                            timeout=plan.timeout, on_progress=on_progress)
+        return spawn_runner(
+            plan.targets[variant.backend],
+            argv,
+            shim=shim,
+            timeout=plan.timeout,
+            on_progress=on_progress,
+        )
 
     def finish(index: int, runs: list[dict[str, Any]]) -> None:
         variant = plan.variants[index]
@@ -274,8 +291,11 @@ def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
             for index, variant in enumerate(plan.variants):
                 if runs[index] and runs[index][-1].get("status") != "ok":
                     continue  # a failing configuration fails the same way again
-                label = variant.name if len(rounds) == 1 else (
-                    f"{variant.name} process {number + 1}/{len(rounds)}")
+                label = (
+                    variant.name
+                    if len(rounds) == 1
+                    else (f"{variant.name} process {number + 1}/{len(rounds)}")
+                )
                 runs[index].append(run_once(index, label, warmup, repeat))
         for index in range(count):
             finish(index, runs[index])
@@ -291,8 +311,12 @@ def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
         "wall_s": time.perf_counter() - t0,
         "machine": machine,
         "harness": {"python": sys.executable, "versions": environment.versions()},
-        "parameters": {**plan.parameters, "repeat": plan.repeat, "warmup": plan.warmup,
-                       "processes": len(rounds)},
+        "parameters": {
+            **plan.parameters,
+            "repeat": plan.repeat,
+            "warmup": plan.warmup,
+            "processes": len(rounds),
+        },
         "variants": entries,
     }
     if measured_disk is not None:

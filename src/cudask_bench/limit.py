@@ -67,7 +67,7 @@ def _chunk(module: str, run: int, block_info: Any = None) -> Any:
     import importlib
 
     xp = importlib.import_module(module)
-    (start, stop), = block_info[None]["array-location"]
+    ((start, stop),) = block_info[None]["array-location"]
     return xp.arange(start, stop, dtype="int64") % 1000
 
 
@@ -120,8 +120,11 @@ def expected(plan: LimitPlan) -> dict[str, int]:
 
 def working_sets(plan: LimitPlan) -> dict[str, int]:
     """Device bytes the running tasks of each phase hold (one task per thread)."""
-    per_task = {"persist": plan.chunk_size, "sum": plan.chunk_size,
-                "tasks": 2 * plan.chunk_size + plan.temporary}
+    per_task = {
+        "persist": plan.chunk_size,
+        "sum": plan.chunk_size,
+        "tasks": 2 * plan.chunk_size + plan.temporary,
+    }
     return {p: plan.threads_per_worker * n for p, n in per_task.items()}
 
 
@@ -131,8 +134,14 @@ def _array(plan: LimitPlan, module: str, run: int) -> Any:
 
     n = plan.chunk_size // 8
     # NumPy meta: building the graph here makes no CUDA context in this process
-    return da.map_blocks(_chunk, module, run, chunks=((n,) * plan.chunks,), dtype="int64",
-                         meta=numpy.empty((0,), dtype="int64"))
+    return da.map_blocks(
+        _chunk,
+        module,
+        run,
+        chunks=((n,) * plan.chunks,),
+        dtype="int64",
+        meta=numpy.empty((0,), dtype="int64"),
+    )
 
 
 class _Clock:
@@ -162,15 +171,22 @@ def run_phases(client: Any, plan: LimitPlan, sampler: Any, module: str, run: int
         wait(held)
     with clock("sum"):
         got_sum = client.compute(dask.delayed(_host_int)(held.sum()), sync=True)
-    y = held.map_blocks(_with_temporary, plan.temporary, module, dtype="int64",
-                        meta=numpy.empty((0,), dtype="int64"))
+    y = held.map_blocks(
+        _with_temporary,
+        plan.temporary,
+        module,
+        dtype="int64",
+        meta=numpy.empty((0,), dtype="int64"),
+    )
     with clock("tasks"):
         got_tasks = client.compute(dask.delayed(_host_int)(y.sum()), sync=True)
     del held, y
     _wait_until_empty(client)
-    return {"seconds": clock.seconds,
-            "peaks": {p: sampler.peaks[f"{clock.tag}-{p}"] for p in PHASES},
-            "result": {"sum": int(got_sum), "tasks": int(got_tasks)}}
+    return {
+        "seconds": clock.seconds,
+        "peaks": {p: sampler.peaks[f"{clock.tag}-{p}"] for p in PHASES},
+        "result": {"sum": int(got_sum), "tasks": int(got_tasks)},
+    }
 
 
 def _wait_until_empty(client: Any, timeout: float = 120.0) -> None:
@@ -192,9 +208,13 @@ def measure(client: Any, plan: LimitPlan, sampler: Any, module: str = "cupy") ->
         peaks = [r["peaks"][p] - idle for r in runs]
         warm = [r["seconds"][p] for r in runs[1:]]
         out["phases"][p] = {
-            "cold_s": runs[0]["seconds"][p], "warm_s": min(warm) if warm else None,
-            "peak_bytes": peaks[0], "warm_peak_bytes": max(peaks[1:], default=None),
-            "bound_bytes": bounds[p], "within": max(peaks) <= SLACK * bounds[p]}
+            "cold_s": runs[0]["seconds"][p],
+            "warm_s": min(warm) if warm else None,
+            "peak_bytes": peaks[0],
+            "warm_peak_bytes": max(peaks[1:], default=None),
+            "bound_bytes": bounds[p],
+            "within": max(peaks) <= SLACK * bounds[p],
+        }
     out["results"] = [r["result"] for r in runs]
     out["correct"] = all(r["result"] == want for r in runs)
     out["samples"] = sampler.samples
@@ -203,9 +223,12 @@ def measure(client: Any, plan: LimitPlan, sampler: Any, module: str = "cupy") ->
 
 def _cluster(plan: LimitPlan, backend: str) -> Any:
     kwargs: dict[str, Any] = {
-        "CUDA_VISIBLE_DEVICES": plan.gpu, "device_memory_limit": plan.device_memory_limit,
-        "threads_per_worker": plan.threads_per_worker, "dashboard_address": ":0",
-        "silence_logs": 40}
+        "CUDA_VISIBLE_DEVICES": plan.gpu,
+        "device_memory_limit": plan.device_memory_limit,
+        "threads_per_worker": plan.threads_per_worker,
+        "dashboard_address": ":0",
+        "silence_logs": 40,
+    }
     if backend == "dask-cuda":
         from dask_cuda import LocalCUDACluster as DaskCudaCluster
 
@@ -227,8 +250,12 @@ def run_backend(plan: LimitPlan, backend: str) -> dict[str, Any]:
         with MemorySampler(nvml_used(plan.nvml_device or plan.gpu), plan.interval) as sampler:
             figures = measure(client, plan, sampler)
         store: dict[str, float] = next(iter(client.run(_store_metrics).values()), {})
-    return {"backend": backend, "cluster_start_s": start_s, **figures,
-            "store": {k: v for k, v in store.items() if k.startswith(("spill-", "device-"))}}
+    return {
+        "backend": backend,
+        "cluster_start_s": start_s,
+        **figures,
+        "store": {k: v for k, v in store.items() if k.startswith(("spill-", "device-"))},
+    }
 
 
 # ---------------------------------------------------------------- the plan
@@ -245,23 +272,33 @@ def run_plan(plan: LimitPlan) -> dict[str, Any]:
         for backend in order(plan.backends, r):
             rows.append({"round": r, **_child(plan, backend)})
     ok = [row for row in rows if "error" not in row]
-    return {"plan": asdict(plan), "expected": expected(plan), "runs": rows,
-            "correct": len(ok) == len(rows) and all(row["correct"] for row in ok),
-            "within": bool(ok) and all(row["phases"][p]["within"] for row in ok
-                                       if row["backend"] == "cudask" for p in PHASES)}
+    return {
+        "plan": asdict(plan),
+        "expected": expected(plan),
+        "runs": rows,
+        "correct": len(ok) == len(rows) and all(row["correct"] for row in ok),
+        "within": bool(ok)
+        and all(
+            row["phases"][p]["within"] for row in ok if row["backend"] == "cudask" for p in PHASES
+        ),
+    }
 
 
 def _child(plan: LimitPlan, backend: str) -> dict[str, Any]:
-    python = plan.dask_cuda_python if backend == "dask-cuda" and plan.dask_cuda_python \
+    python = (
+        plan.dask_cuda_python
+        if backend == "dask-cuda" and plan.dask_cuda_python
         else sys.executable
+    )
     env = dict(os.environ)
     if python != sys.executable:  # cudask_bench from this checkout, on the other Python's path
         here = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
     argv = [python, "-m", "cudask_bench.limit", json.dumps(asdict(plan)), backend]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=plan.timeout,
-                              env=env, check=False)
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=plan.timeout, env=env, check=False
+        )
     except subprocess.TimeoutExpired:
         return {"backend": backend, "error": f"timed out after {plan.timeout:.0f} s"}
     lines = done.stdout.strip().splitlines()
@@ -275,14 +312,18 @@ def summary(report: Mapping[str, Any]) -> list[str]:
     """The lines the command prints."""
     plan = report["plan"]
     gb = 1e9
-    lines = [(f"device_memory_limit {plan['device_memory_limit'] / gb:.2f} GB on GPU {plan['gpu']}: "
-              f"{plan['chunks']} chunks of {plan['chunk_size'] >> 20} MiB, a "
-              f"{plan['temporary'] >> 20} MiB temporary per task; peaks are NVML's used memory "
-              "above the idle worker, in GB; cold = first run, warm = best of "
-              f"{plan['warm_runs']}"),
-             f"{'backend':>10} {'round':>5}  " + "  ".join(
-                 f"{p + ' s':>10} {'warm':>6} {'peak':>6} {'bound':>6}" for p in PHASES)
-             + "  results"]
+    lines = [
+        (
+            f"device_memory_limit {plan['device_memory_limit'] / gb:.2f} GB on GPU {plan['gpu']}: "
+            f"{plan['chunks']} chunks of {plan['chunk_size'] >> 20} MiB, a "
+            f"{plan['temporary'] >> 20} MiB temporary per task; peaks are NVML's used memory "
+            "above the idle worker, in GB; cold = first run, warm = best of "
+            f"{plan['warm_runs']}"
+        ),
+        f"{'backend':>10} {'round':>5}  "
+        + "  ".join(f"{p + ' s':>10} {'warm':>6} {'peak':>6} {'bound':>6}" for p in PHASES)
+        + "  results",
+    ]
     for row in report["runs"]:
         if "error" in row:
             lines.append(f"{row['backend']:>10} {row['round']:>5}  failed: {row['error']}")
@@ -291,12 +332,19 @@ def summary(report: Mapping[str, Any]) -> list[str]:
         for p in PHASES:
             f = row["phases"][p]
             mark = "" if f["within"] else "!"
-            cells.append(f"{f['cold_s']:>10.2f} {_num(f['warm_s'], 6)} "
-                         f"{f['peak_bytes'] / gb:>5.2f}{mark or ' '} {f['bound_bytes'] / gb:>6.2f}")
-        lines.append(f"{row['backend']:>10} {row['round']:>5}  " + "  ".join(cells)
-                     + ("  right" if row["correct"] else "  WRONG"))
-    lines.append(f"cudask within {SLACK:.2f}x the bound in every phase: "
-                 + ("yes" if report["within"] else "NO (marked !)"))
+            cells.append(
+                f"{f['cold_s']:>10.2f} {_num(f['warm_s'], 6)} "
+                f"{f['peak_bytes'] / gb:>5.2f}{mark or ' '} {f['bound_bytes'] / gb:>6.2f}"
+            )
+        lines.append(
+            f"{row['backend']:>10} {row['round']:>5}  "
+            + "  ".join(cells)
+            + ("  right" if row["correct"] else "  WRONG")
+        )
+    lines.append(
+        f"cudask within {SLACK:.2f}x the bound in every phase: "
+        + ("yes" if report["within"] else "NO (marked !)")
+    )
     lines.append("results right in every run: " + ("yes" if report["correct"] else "NO"))
     return lines
 
@@ -316,5 +364,16 @@ if __name__ == "__main__":
     main(sys.argv[1:])
 
 
-__all__ = ["BACKENDS", "PHASES", "LimitPlan", "expected", "measure", "order", "run_backend",
-           "run_phases", "run_plan", "summary", "working_sets"]
+__all__ = [
+    "BACKENDS",
+    "PHASES",
+    "LimitPlan",
+    "expected",
+    "measure",
+    "order",
+    "run_backend",
+    "run_phases",
+    "run_plan",
+    "summary",
+    "working_sets",
+]

@@ -37,8 +37,7 @@ class Measurement:
     #: per measured time, the worker's I/O in that run (`traffic_between`), when counted
     traffic: list[dict[str, int]] = dataclasses.field(default_factory=list)
 
-    def record(self, seconds: float, warmup: bool,
-               traffic: dict[str, int] | None = None) -> None:
+    def record(self, seconds: float, warmup: bool, traffic: dict[str, int] | None = None) -> None:
         (self.warmup_times if warmup else self.times).append(seconds)
         if traffic is not None and not warmup:
             self.traffic.append(dict(traffic))
@@ -81,15 +80,22 @@ def summarize(entry: dict[str, Any]) -> dict[str, Any]:
 #: The worker's I/O in one run, from the differences of its /proc/self/io counters:
 #: bytes through write and read system calls (its spilled files; page-cache hits
 #: included), and bytes the kernel sent to or fetched from the storage device.
-TRAFFIC = {"written_bytes": "wchar", "read_bytes": "rchar",
-           "storage_written_bytes": "write_bytes", "storage_read_bytes": "read_bytes"}
+TRAFFIC = {
+    "written_bytes": "wchar",
+    "read_bytes": "rchar",
+    "storage_written_bytes": "write_bytes",
+    "storage_read_bytes": "read_bytes",
+}
 
 
 def traffic_between(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     """One run's I/O (TRAFFIC's names) from the counters read before and after it;
     {} where they were not read."""
-    return {name: after[key] - before[key] for name, key in TRAFFIC.items()
-            if key in before and key in after}
+    return {
+        name: after[key] - before[key]
+        for name, key in TRAFFIC.items()
+        if key in before and key in after
+    }
 
 
 def summarize_traffic(times: list[float], traffic: list[dict[str, int]]) -> dict[str, Any]:
@@ -100,8 +106,9 @@ def summarize_traffic(times: list[float], traffic: list[dict[str, int]]) -> dict
         values = [t[name] for t in traffic if name in t]
         out[name] = statistics.median(values) if values else None
     for rate, name in (("write_GBps", "written_bytes"), ("read_GBps", "read_bytes")):
-        rates = [t[name] / s / 1e9 for t, s in zip(traffic, times, strict=True)
-                 if name in t and s > 0]
+        rates = [
+            t[name] / s / 1e9 for t, s in zip(traffic, times, strict=True) if name in t and s > 0
+        ]
         out[rate] = statistics.median(rates) if rates else None
     return out
 
@@ -143,5 +150,13 @@ def schedule(mode: str, *, warmup: int, repeat: int, warm_runs: int) -> list[Ste
     raise BenchFailure(f"mode {mode!r} is not known; accepted: {', '.join(MODES)}")
 
 
-__all__ = ["TRAFFIC", "BenchFailure", "Measurement", "Step", "schedule", "summarize",
-           "summarize_traffic", "traffic_between"]
+__all__ = [
+    "TRAFFIC",
+    "BenchFailure",
+    "Measurement",
+    "Step",
+    "schedule",
+    "summarize",
+    "summarize_traffic",
+    "traffic_between",
+]

@@ -22,9 +22,9 @@ def _chunks(data: bytes) -> Iterator[tuple[bytes, bytes, int]]:
         raise ValueError("not a PNG file (its first 8 bytes are not the PNG signature)")
     at = len(SIGNATURE)
     while at + 12 <= len(data):
-        (length,) = struct.unpack(">I", data[at:at + 4])
-        kind = data[at + 4:at + 8]
-        yield kind, data[at + 8:at + 8 + length], at
+        (length,) = struct.unpack(">I", data[at : at + 4])
+        kind = data[at + 4 : at + 8]
+        yield kind, data[at + 8 : at + 8 + length], at
         at += 12 + length
 
 
@@ -59,8 +59,10 @@ def add(data: bytes, items: Mapping[str, str]) -> bytes:
     for key in items:
         if not 1 <= len(key) <= 79 or not key.isascii():
             raise ValueError(f"PNG text keyword {key!r}: accepted are 1-79 ASCII characters")
-    extra = b"".join(_chunk(b"iTXt", key.encode("latin-1") + b"\0\0\0\0\0" + text.encode())
-                     for key, text in items.items())
+    extra = b"".join(
+        _chunk(b"iTXt", key.encode("latin-1") + b"\0\0\0\0\0" + text.encode())
+        for key, text in items.items()
+    )
     return data[:end] + extra + data[end:]
 
 

@@ -63,8 +63,13 @@ ENV_NAMES: tuple[str, ...] = ("DASK_CONFIG", "CUDA_VISIBLE_DEVICES")
 
 def _git(directory: Path, *args: str) -> str | None:
     try:
-        proc = subprocess.run(["git", "-C", str(directory), *args], capture_output=True,
-                              text=True, timeout=30, check=False)
+        proc = subprocess.run(
+            ["git", "-C", str(directory), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout if proc.returncode == 0 else None
@@ -80,8 +85,13 @@ def git_source(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
         return None
     status = _git(where, "status", "--porcelain", "--untracked-files=no")
     changed = [line[3:] for line in (status or "").splitlines() if line.strip()]
-    return {"commit": commit.strip(), "dirty": bool(changed) if status is not None else None,
-            "changed": changed[:20], "from": "git checkout", "checkout": top.strip()}
+    return {
+        "commit": commit.strip(),
+        "dirty": bool(changed) if status is not None else None,
+        "changed": changed[:20],
+        "from": "git checkout",
+        "checkout": top.strip(),
+    }
 
 
 def _package_dir(name: str) -> Path | None:
@@ -97,8 +107,10 @@ def _package_dir(name: str) -> Path | None:
 def source(stamp_file: Path = STAMP_FILE, package: str = "cudask") -> dict[str, Any]:
     """The code that ran: its git checkout, else the wheel's stamp, else why unknown."""
     directory = _package_dir(package)
-    tracked = directory is not None and _git(directory, "ls-files", "--error-unmatch",
-                                             "__init__.py") is not None
+    tracked = (
+        directory is not None
+        and _git(directory, "ls-files", "--error-unmatch", "__init__.py") is not None
+    )
     found = git_source(directory) if tracked and directory is not None else None
     if found is not None:  # (a package installed inside some checkout is not tracked there)
         return found
@@ -106,8 +118,12 @@ def source(stamp_file: Path = STAMP_FILE, package: str = "cudask") -> dict[str, 
         stamp = json.loads(stamp_file.read_text())
     except (OSError, ValueError):
         where = str(directory) if directory is not None else f"{package} is not importable"
-        return {"commit": None, "dirty": None, "from": None,
-                "reason": f"not a git checkout and no {stamp_file.name} stamp ({where})"}
+        return {
+            "commit": None,
+            "dirty": None,
+            "from": None,
+            "reason": f"not a git checkout and no {stamp_file.name} stamp ({where})",
+        }
     return {**stamp, "from": "wheel stamp"}
 
 
@@ -116,8 +132,12 @@ def make_stamp(root: str | os.PathLike[str]) -> dict[str, Any]:
     found = git_source(root)
     if found is None:
         return {"commit": None, "dirty": None, "built_at": _now()}
-    return {"commit": found["commit"], "dirty": found["dirty"], "changed": found["changed"],
-            "built_at": _now()}
+    return {
+        "commit": found["commit"],
+        "dirty": found["dirty"],
+        "changed": found["changed"],
+        "built_at": _now(),
+    }
 
 
 def _now() -> str:
@@ -145,8 +165,11 @@ def configuration() -> dict[str, Any]:
         where = config.origin(key)
         if where is not None:
             changed[key] = {"value": dask.config.get(key, default=None), "origin": where}
-    environ = {name: value for name, value in sorted(os.environ.items())
-               if name.startswith(ENV_PREFIXES) or name in ENV_NAMES}
+    environ = {
+        name: value
+        for name, value in sorted(os.environ.items())
+        if name.startswith(ENV_PREFIXES) or name in ENV_NAMES
+    }
     return {"cudask": effective, "changed": changed, "environment": environ}
 
 
@@ -157,8 +180,9 @@ def library_versions(paths: Iterable[str] | None = None) -> dict[str, str | None
     for label, names in LIBRARIES.items():
         out[label] = None
         for name in names:
-            where: dict[str, Any] = {"name": name} if search is None else {
-                "name": name, "path": search}
+            where: dict[str, Any] = (
+                {"name": name} if search is None else {"name": name, "path": search}
+            )
             found = [d.version for d in importlib.metadata.distributions(**where)]
             if found:
                 out[label] = found[0]
@@ -196,19 +220,33 @@ def figure_modes(document: Mapping[str, Any]) -> dict[str, str]:
     cupy and startup; key paths for transfer and etl)."""
     workload = document.get("workload")
     if workload == "etl":
-        return {f"results.{fmt}.{name}.{mode}": mode
-                for fmt, by_name in (document.get("results") or {}).items()
-                for name in by_name for mode in ("cold", "warm")}
+        return {
+            f"results.{fmt}.{name}.{mode}": mode
+            for fmt, by_name in (document.get("results") or {}).items()
+            for name in by_name
+            for mode in ("cold", "warm")
+        }
     if workload == "limit":  # each run's phases: cold and warm seconds and peaks
-        modes = {"cold_s": "cold", "peak_bytes": "cold", "warm_s": "warm",
-                 "warm_peak_bytes": "warm"}
+        modes = {
+            "cold_s": "cold",
+            "peak_bytes": "cold",
+            "warm_s": "warm",
+            "warm_peak_bytes": "warm",
+        }
         runs = (document.get("report") or {}).get("runs") or []
-        return {f"runs.{i}.phases.{phase}.{key}": mode for i, run in enumerate(runs)
-                for phase in run.get("phases") or {} for key, mode in modes.items()}
+        return {
+            f"runs.{i}.phases.{phase}.{key}": mode
+            for i, run in enumerate(runs)
+            for phase in run.get("phases") or {}
+            for key, mode in modes.items()
+        }
     if workload == "transfer":
         settings = (document.get("report") or {}).get("settings") or {}
-        return {path: mode for name, tree in settings.items()
-                for path, mode in _transfer_modes(tree, f"settings.{name}")}
+        return {
+            path: mode
+            for name, tree in settings.items()
+            for path, mode in _transfer_modes(tree, f"settings.{name}")
+        }
     mode = (document.get("parameters") or {}).get("mode") or "warm"
     metrics: dict[str, None] = {}
     for variant in document.get("variants") or []:
@@ -272,6 +310,18 @@ def write(path: str | os.PathLike[str], document: dict[str, Any]) -> None:
         partial.unlink(missing_ok=True)
 
 
-__all__ = ["ENV_NAMES", "ENV_PREFIXES", "LIBRARIES", "STAMP_FILE", "configuration",
-           "figure_modes", "git_source", "library_versions", "make_stamp",
-           "other_environments", "source", "stamp", "write"]
+__all__ = [
+    "ENV_NAMES",
+    "ENV_PREFIXES",
+    "LIBRARIES",
+    "STAMP_FILE",
+    "configuration",
+    "figure_modes",
+    "git_source",
+    "library_versions",
+    "make_stamp",
+    "other_environments",
+    "source",
+    "stamp",
+    "write",
+]

@@ -47,7 +47,13 @@ def merge_runs(
                 entry[key] = failed[0][key]
     first = next((r for r in runs if r.get("status") == "ok"), runs[0] if runs else {})
     for key in (
-        "versions", "worker_versions", "worker", "cluster", "store", "stores", "cudask_modules"
+        "versions",
+        "worker_versions",
+        "worker",
+        "cluster",
+        "store",
+        "stores",
+        "cudask_modules",
     ):
         if key in first:
             entry[key] = first[key]
@@ -82,8 +88,9 @@ def merge_runs(
     return entry
 
 
-def add_disk_ratios(variants: Sequence[Mapping[str, Any]],
-                    reference: Mapping[str, Any] | None) -> None:
+def add_disk_ratios(
+    variants: Sequence[Mapping[str, Any]], reference: Mapping[str, Any] | None
+) -> None:
     """Each measurement's disk rates as a fraction of the disk's own sequential figures
     (cudask_bench.disk.reference), in its "disk" entry: `write_vs_disk`, `read_vs_disk`,
     and which figures (`disk_method`)."""
@@ -94,8 +101,10 @@ def add_disk_ratios(variants: Sequence[Mapping[str, Any]],
             traffic = m.get("disk")
             if not traffic:
                 continue
-            for rate, name, ref in (("write_GBps", "write_vs_disk", "write_GBps"),
-                                    ("read_GBps", "read_vs_disk", "read_GBps")):
+            for rate, name, ref in (
+                ("write_GBps", "write_vs_disk", "write_GBps"),
+                ("read_GBps", "read_vs_disk", "read_GBps"),
+            ):
                 value, against = traffic.get(rate), reference.get(ref)
                 traffic[name] = value / against if value is not None and against else None
             traffic["disk_method"] = reference["method"]
@@ -173,11 +182,15 @@ def _mode_lines(parameters: Mapping[str, Any]) -> list[str]:
     line = f"{mode}: {spec.MODE_DESCRIPTIONS[mode]}"
     if mode == "cold":
         runs = parameters.get("warm_runs")
-        line += (f"; *{spec.WARM_SUFFIX}: the next {runs} run{'' if runs == 1 else 's'} "
-                 "in the same cluster")
+        line += (
+            f"; *{spec.WARM_SUFFIX}: the next {runs} run{'' if runs == 1 else 's'} "
+            "in the same cluster"
+        )
         if parameters.get("operations"):
-            line += (f"; *{spec.INPUT_SUFFIX}: creating the input, *{spec.TOTAL_SUFFIX}: "
-                     "input + operation")
+            line += (
+                f"; *{spec.INPUT_SUFFIX}: creating the input, *{spec.TOTAL_SUFFIX}: "
+                "input + operation"
+            )
     return [line]
 
 
@@ -248,8 +261,10 @@ def _traffic_cell(traffic: Mapping[str, Any]) -> str:
     from a megabyte on, their rates over it and their fractions of the disk's own
     figures."""
     parts = []
-    for label, nbytes, rate, ratio in (("w", "written_bytes", "write_GBps", "write_vs_disk"),
-                                       ("r", "read_bytes", "read_GBps", "read_vs_disk")):
+    for label, nbytes, rate, ratio in (
+        ("w", "written_bytes", "write_GBps", "write_vs_disk"),
+        ("r", "read_bytes", "read_GBps", "read_vs_disk"),
+    ):
         n = traffic.get(nbytes)
         if n is None:
             continue
@@ -277,13 +292,16 @@ def _disk_lines(document: Mapping[str, Any]) -> list[str]:
     ref = disk.reference(result)
     method = "O_DIRECT" if ref and ref["method"] == "direct" else "buffered"
     against = f"; (x): of the disk's {method} figure" if ref else ""
-    heading = ("worker's disk I/O per pass (median; w: written, r: read, through system "
-               f"calls; GB/s over the pass{against}):")
+    heading = (
+        "worker's disk I/O per pass (median; w: written, r: read, through system "
+        f"calls; GB/s over the pass{against}):"
+    )
     lines += ["", heading]
     rows = [["pass", *[v["name"] for v in variants]]]
     for metric in metrics:
-        rows.append([metric, *[_traffic_cell(t) if (t := traffic(v, metric)) else "-"
-                               for v in variants]])
+        rows.append(
+            [metric, *[_traffic_cell(t) if (t := traffic(v, metric)) else "-" for v in variants]]
+        )
     return lines + _grid(rows)
 
 
@@ -292,5 +310,11 @@ def write_json(document: Mapping[str, Any], path: str | os.PathLike[str]) -> Non
     provenance.write(path, dict(document))
 
 
-__all__ = ["add_disk_ratios", "comparisons", "fmt_seconds", "format_table", "merge_runs",
-           "write_json"]
+__all__ = [
+    "add_disk_ratios",
+    "comparisons",
+    "fmt_seconds",
+    "format_table",
+    "merge_runs",
+    "write_json",
+]

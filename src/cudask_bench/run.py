@@ -255,10 +255,13 @@ def fresh_cluster(
 
     with tempfile.TemporaryDirectory(prefix="cudask-bench-") as local_directory:
         kwargs = cluster_kwargs(args, cluster_class, local_directory)
-        result["cluster"].setdefault("kwargs", {
-            k: (v if isinstance(v, (int, float, str, bool, type(None))) else repr(v))
-            for k, v in kwargs.items()
-        })
+        result["cluster"].setdefault(
+            "kwargs",
+            {
+                k: (v if isinstance(v, (int, float, str, bool, type(None))) else repr(v))
+                for k, v in kwargs.items()
+            },
+        )
         cluster = None
         try:
             times.start = time.perf_counter()
@@ -299,7 +302,10 @@ def record_store(client: Any, result: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_startup(
-    args: argparse.Namespace, cluster_class: Any, import_s: float, result: dict[str, Any],
+    args: argparse.Namespace,
+    cluster_class: Any,
+    import_s: float,
+    result: dict[str, Any],
     progress: Progress,
 ) -> dict[str, Measurement]:
     """Time the import, the cluster, the first round trip, the first array task, closing."""
@@ -347,17 +353,34 @@ def run_in_cluster(
 
     steps = steps_of(args)
     if args.workload == "spill":
-        return workloads.run_spill(client, module=args.array_module, total=args.total,
-                                   chunk_size=args.chunk_size, steps=steps, progress=progress)
-    shapes = {op: spec.operation_shape(op, args.size, args.array_chunk, args.second_size)
-              for op in operations}
-    return workloads.run_cupy(client, module=args.array_module, operations=operations,
-                              shapes=shapes, steps=steps, progress=progress,
-                              time_input=args.mode == "cold")
+        return workloads.run_spill(
+            client,
+            module=args.array_module,
+            total=args.total,
+            chunk_size=args.chunk_size,
+            steps=steps,
+            progress=progress,
+        )
+    shapes = {
+        op: spec.operation_shape(op, args.size, args.array_chunk, args.second_size)
+        for op in operations
+    }
+    return workloads.run_cupy(
+        client,
+        module=args.array_module,
+        operations=operations,
+        shapes=shapes,
+        steps=steps,
+        progress=progress,
+        time_input=args.mode == "cold",
+    )
 
 
 def run_workload(
-    args: argparse.Namespace, cluster_class: Any, result: dict[str, Any], progress: Progress,
+    args: argparse.Namespace,
+    cluster_class: Any,
+    result: dict[str, Any],
+    progress: Progress,
     measured: dict[str, Measurement],
 ) -> None:
     """spill or cupy into `measured`, cluster by cluster (`cluster_groups`).

@@ -43,7 +43,9 @@ def _distinct_keys(frame: Any) -> int:
     return int(frame["key"].nunique())
 
 
-def _moved(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+def _moved(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
     """Per worker, how much each counter that changed went up or down from `before` to
     `after` (rates, "-gbps", are left out: their difference means nothing)."""
     out = {}
@@ -54,7 +56,9 @@ def _moved(before: dict[str, dict[str, float]], after: dict[str, dict[str, float
     return out
 
 
-def frame_shuffle(client: Any, rows: int, partitions: int, method: str, module: str = "cudf") -> dict[str, Any]:
+def frame_shuffle(
+    client: Any, rows: int, partitions: int, method: str, module: str = "cudf"
+) -> dict[str, Any]:
     """Shuffle `rows` rows in `partitions` partitions on `client`'s workers by `method`."""
     if method not in METHODS or module not in MODULES:
         raise ValueError(f"method={method!r}, module={module!r}; accepted: {METHODS} and {MODULES}")
@@ -64,30 +68,50 @@ def frame_shuffle(client: Any, rows: int, partitions: int, method: str, module: 
 
     per = rows // partitions
     total = per * partitions
-    out: dict[str, Any] = {"method": method, "rows": total, "partitions": partitions, "bytes": total * 16}
+    out: dict[str, Any] = {
+        "method": method,
+        "rows": total,
+        "partitions": partitions,
+        "bytes": total * 16,
+    }
     try:
-        frame = client.persist(dd.from_map(_partition, range(partitions), rows=per, module=module,
-                                           meta=_partition(0, 0, module), enforce_metadata=False))
+        frame = client.persist(
+            dd.from_map(
+                _partition,
+                range(partitions),
+                rows=per,
+                module=module,
+                meta=_partition(0, 0, module),
+                enforce_metadata=False,
+            )
+        )
         wait(frame)
         before = client.run(worker_counters)
         start = time.perf_counter()
         if method == "explicit":
             from cudask.comm.explicit import shuffle
 
-            shuffled = shuffle(frame, "key", client=client)  # eager: returns with the partitions held
+            shuffled = shuffle(
+                frame, "key", client=client
+            )  # eager: returns with the partitions held
         else:
             shuffled = client.persist(frame.shuffle(on="key", shuffle_method=method))
             wait(shuffled)
         out["seconds"] = time.perf_counter() - start
         out["workers"] = _moved(before, client.run(worker_counters))
         out["GBps"] = total * 16 / out["seconds"] / 1e9
-        count, value_sum, distinct = dask.compute(shuffled.shape[0], shuffled["value"].sum(),
-                                                  frame["key"].nunique())
-        held = client.compute([dask.delayed(_distinct_keys)(p) for p in shuffled.to_delayed()], sync=True)
+        count, value_sum, distinct = dask.compute(
+            shuffled.shape[0], shuffled["value"].sum(), frame["key"].nunique()
+        )
+        held = client.compute(
+            [dask.delayed(_distinct_keys)(p) for p in shuffled.to_delayed()], sync=True
+        )
     except Exception as exc:  # noqa: BLE001 - recorded; the run goes on to the next method
         out["error"] = f"{type(exc).__name__}: {exc}"
         return out
     expected = total * (total - 1) / 2
-    out["rows_ok"] = int(count) == total and abs(float(value_sum) - expected) <= 1e-9 * max(expected, 1)
+    out["rows_ok"] = int(count) == total and abs(float(value_sum) - expected) <= 1e-9 * max(
+        expected, 1
+    )
     out["keys_ok"] = sum(held) == int(distinct)
     return out

@@ -56,22 +56,23 @@ def _block(n: int, module: str, block_info: Any = None) -> Any:
     import importlib
 
     xp = importlib.import_module(module)
-    (start, stop), = block_info[None]["array-location"]
+    ((start, stop),) = block_info[None]["array-location"]
     return xp.arange(start, stop, dtype="int64")
 
 
 def expected(plan: SmallTasksPlan) -> dict[str, int]:
     """The sums every setting must give."""
     n = plan.chunks * (plan.chunk_size // 8)
-    return {"tiny": plan.tasks * (plan.tasks + 1) // 2, "chunks_sum": n * n,
-            "chunks_diff": n - 1}
+    return {"tiny": plan.tasks * (plan.tasks + 1) // 2, "chunks_sum": n * n, "chunks_diff": n - 1}
 
 
 def _tiny_run(client: Any, plan: SmallTasksPlan, run: int) -> tuple[float, int]:
     from distributed import wait
 
     start = time.perf_counter()
-    futures = client.map(_tiny, range(plan.tasks), key=[f"tiny-{run}-{i}" for i in range(plan.tasks)])
+    futures = client.map(
+        _tiny, range(plan.tasks), key=[f"tiny-{run}-{i}" for i in range(plan.tasks)]
+    )
     wait(futures)
     seconds = time.perf_counter() - start
     total = sum(client.gather(futures))
@@ -90,8 +91,14 @@ def _chunks_graph(plan: SmallTasksPlan, module: str) -> tuple[Any, Any, int]:
 
     n = plan.chunk_size // 8
     # NumPy meta: building the graph here must not make a CUDA context in this process
-    x = da.map_blocks(_block, n, module, chunks=((n,) * plan.chunks,), dtype="int64",
-                      meta=numpy.empty((0,), dtype="int64"))
+    x = da.map_blocks(
+        _block,
+        n,
+        module,
+        chunks=((n,) * plan.chunks,),
+        dtype="int64",
+        meta=numpy.empty((0,), dtype="int64"),
+    )
     total, diff = (x * 2 + 1).sum(), (x[1:] - x[:-1]).sum()
     keys = set(total.__dask_graph__()) | set(diff.__dask_graph__())
     as_ints = dask.delayed(_host_int)(total), dask.delayed(_host_int)(diff)
@@ -115,15 +122,23 @@ def measure(client: Any, plan: SmallTasksPlan, module: str = "cupy") -> dict[str
     out["tiny"]["result"] = {"tiny": times[0][1], "same_every_run": len({r for _, r in times}) == 1}
     runs = [_chunks_run(client, plan, module) for _ in range(plan.repeat + 1)]
     out["chunks"] = _figures([r[0] for r in runs], runs[0][3])
-    out["chunks"]["result"] = {"chunks_sum": runs[0][1], "chunks_diff": runs[0][2],
-                               "same_every_run": len({r[1:3] for r in runs}) == 1}
+    out["chunks"]["result"] = {
+        "chunks_sum": runs[0][1],
+        "chunks_diff": runs[0][2],
+        "same_every_run": len({r[1:3] for r in runs}) == 1,
+    }
     return out
 
 
 def _figures(seconds: Sequence[float], tasks: int) -> dict[str, Any]:
     warm = statistics.median(seconds[1:]) if len(seconds) > 1 else None
-    return {"tasks": tasks, "cold_s": seconds[0], "warm_s": warm, "times_s": list(seconds),
-            "warm_tasks_per_s": tasks / warm if warm else None}
+    return {
+        "tasks": tasks,
+        "cold_s": seconds[0],
+        "warm_s": warm,
+        "times_s": list(seconds),
+        "warm_tasks_per_s": tasks / warm if warm else None,
+    }
 
 
 def run_setting(plan: SmallTasksPlan, per_gpu: int) -> dict[str, Any]:
@@ -137,15 +152,22 @@ def run_setting(plan: SmallTasksPlan, per_gpu: int) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     if plan.device_memory_limit is not None:
         kwargs["device_memory_limit"] = plan.device_memory_limit
-    with LocalCUDACluster(CUDA_VISIBLE_DEVICES=plan.gpus, workers_per_gpu=per_gpu,
-                          threads_per_worker=plan.threads_per_worker, dashboard_address=":0",
-                          silence_logs=40, **kwargs) as cluster, Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            CUDA_VISIBLE_DEVICES=plan.gpus,
+            workers_per_gpu=per_gpu,
+            threads_per_worker=plan.threads_per_worker,
+            dashboard_address=":0",
+            silence_logs=40,
+            **kwargs,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         names = sorted(str(w["name"]) for w in workers_info(client).values())
         return {"workers_per_gpu": per_gpu, "workers": names, **measure(client, plan)}
 
 
-def run_plan(plan: SmallTasksPlan,
-             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run_plan(plan: SmallTasksPlan, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every setting in a fresh process, then whether their results agree and each
     one's warm speed-up over the first setting; `progress` gets a line as each
     setting ends."""
@@ -155,8 +177,10 @@ def run_plan(plan: SmallTasksPlan,
         rows.append(_child(plan, n))
         if progress is not None:
             state = "failed" if "error" in rows[-1] else "done"
-            progress(f"small-tasks: {n} worker(s) per GPU {state} in "
-                     f"{time.perf_counter() - started:.0f} s")
+            progress(
+                f"small-tasks: {n} worker(s) per GPU {state} in "
+                f"{time.perf_counter() - started:.0f} s"
+            )
     want = expected(plan)
     for row in rows:
         if "error" in row:
@@ -171,15 +195,31 @@ def run_plan(plan: SmallTasksPlan,
             a, b = base[name]["warm_tasks_per_s"], row[name]["warm_tasks_per_s"]
             row[name]["speedup"] = b / a if a and b else None
     ok = [r for r in rows if "error" not in r]
-    return {"plan": asdict(plan), "expected": want, "settings": rows,
-            "identical": bool(ok) and len(ok) == len(rows) and all(r["correct"] for r in ok)}
+    return {
+        "plan": asdict(plan),
+        "expected": want,
+        "settings": rows,
+        "identical": bool(ok) and len(ok) == len(rows) and all(r["correct"] for r in ok),
+    }
 
 
 def _child(plan: SmallTasksPlan, per_gpu: int) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "cudask_bench.small_tasks", json.dumps(asdict(plan)), str(per_gpu)]
+    argv = [
+        sys.executable,
+        "-m",
+        "cudask_bench.small_tasks",
+        json.dumps(asdict(plan)),
+        str(per_gpu),
+    ]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=plan.timeout,
-                              env=dict(os.environ), check=False)
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=plan.timeout,
+            env=dict(os.environ),
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         return {"workers_per_gpu": per_gpu, "error": f"timed out after {plan.timeout:.0f} s"}
     lines = done.stdout.strip().splitlines()
@@ -192,11 +232,17 @@ def _child(plan: SmallTasksPlan, per_gpu: int) -> dict[str, Any]:
 def summary(report: Mapping[str, Any]) -> list[str]:
     """The lines the command prints."""
     plan = report["plan"]
-    lines = [(f"small tasks on GPU(s) {plan['gpus']}: {plan['tasks']} tiny tasks; "
-             f"{plan['chunks']} chunks of {plan['chunk_size'] >> 10} KiB; cold = first run, "
-             f"warm = median of {plan['repeat']}"),
-             (f"{'workers/GPU':>11}  {'tiny cold s':>11}  {'warm s':>7}  {'tasks/s':>8}  "
-             f"{'x':>5}  {'chunks cold s':>13}  {'warm s':>7}  {'tasks/s':>8}  {'x':>5}  results")]
+    lines = [
+        (
+            f"small tasks on GPU(s) {plan['gpus']}: {plan['tasks']} tiny tasks; "
+            f"{plan['chunks']} chunks of {plan['chunk_size'] >> 10} KiB; cold = first run, "
+            f"warm = median of {plan['repeat']}"
+        ),
+        (
+            f"{'workers/GPU':>11}  {'tiny cold s':>11}  {'warm s':>7}  {'tasks/s':>8}  "
+            f"{'x':>5}  {'chunks cold s':>13}  {'warm s':>7}  {'tasks/s':>8}  {'x':>5}  results"
+        ),
+    ]
     for row in report["settings"]:
         if "error" in row:
             lines.append(f"{row['workers_per_gpu']:>11}  failed: {row['error']}")
@@ -204,8 +250,12 @@ def summary(report: Mapping[str, Any]) -> list[str]:
         cells = [f"{row['workers_per_gpu']:>11}"]
         for name, width in (("tiny", 11), ("chunks", 13)):
             f = row[name]
-            cells += [f"{f['cold_s']:>{width}.2f}", _num(f["warm_s"], 7, ".2f"),
-                      _num(f["warm_tasks_per_s"], 8, ".0f"), _num(f.get("speedup"), 5, ".2f")]
+            cells += [
+                f"{f['cold_s']:>{width}.2f}",
+                _num(f["warm_s"], 7, ".2f"),
+                _num(f["warm_tasks_per_s"], 8, ".0f"),
+                _num(f.get("speedup"), 5, ".2f"),
+            ]
         cells.append("right" if row.get("correct") else "WRONG")
         lines.append("  ".join(cells))
     lines.append("results identical in every setting: " + ("yes" if report["identical"] else "NO"))

@@ -38,8 +38,12 @@ KINDS = (*DEVICE_KINDS, "host")
 SIZES = (1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB)
 OVERTIME = 600.0  # seconds past plan.duration to reach plan.min_kills
 STEPS = {"create": 34, "read": 25, "combine": 10, "spill": 8, "delete": 18, "kill": 5}
-MOVED = ("spill-device-to-host-bytes", "unspill-host-to-device-bytes",
-         "spill-host-to-disk-bytes", "unspill-disk-to-host-bytes")
+MOVED = (
+    "spill-device-to-host-bytes",
+    "unspill-host-to-device-bytes",
+    "spill-host-to-disk-bytes",
+    "unspill-disk-to-host-bytes",
+)
 
 
 @dataclass(frozen=True)
@@ -59,13 +63,17 @@ class SoakPlan:
     def __post_init__(self) -> None:
         kills = self.min_kills
         if type(kills) is not int or kills < 0 or (kills and self.kill_every <= 0):
-            raise ValueError(f"min_kills={kills!r} with kill_every={self.kill_every!r}; "
-                             "accepted: a whole number >= 0, and 0 unless kill_every > 0")
+            raise ValueError(
+                f"min_kills={kills!r} with kill_every={self.kill_every!r}; "
+                "accepted: a whole number >= 0, and 0 unless kill_every > 0"
+            )
         if kills * self.kill_every > self.duration + OVERTIME:
-            raise ValueError(f"min_kills={kills} kills, one at most every {self.kill_every:g} s, "
-                             f"take longer than duration + {OVERTIME:.0f} s of overtime "
-                             f"({self.duration + OVERTIME:g} s); accepted: min_kills x "
-                             "kill_every within that")
+            raise ValueError(
+                f"min_kills={kills} kills, one at most every {self.kill_every:g} s, "
+                f"take longer than duration + {OVERTIME:.0f} s of overtime "
+                f"({self.duration + OVERTIME:g} s); accepted: min_kills x "
+                "kill_every within that"
+            )
 
 
 def _fresh(spec: tuple[Any, ...]) -> str:
@@ -91,8 +99,9 @@ def _wait(wait: Any, futures: list[Any], errors: list[str], timeout: float = 600
     try:
         wait(futures, timeout=timeout)
     except TimeoutError:
-        errors.append(f"{sum(f.status == 'pending' for f in futures)} tasks not done after "
-                      f"{timeout:.0f} s")
+        errors.append(
+            f"{sum(f.status == 'pending' for f in futures)} tasks not done after {timeout:.0f} s"
+        )
 
 
 def _spill(nbytes: int, dask_worker: Any = None) -> int:
@@ -113,11 +122,18 @@ def run_soak(plan: SoakPlan, progress: Any = None) -> dict[str, Any]:
 
     from cudask import LocalCUDACluster
 
-    with dask.config.set({"distributed.worker.memory.target": plan.host_fraction}), \
-            LocalCUDACluster(n_workers=plan.n_workers, threads_per_worker=2,
-                             device_memory_limit=plan.device_memory_limit,
-                             memory_limit=plan.memory_limit, jit_unspill=plan.jit_unspill,
-                             dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        dask.config.set({"distributed.worker.memory.target": plan.host_fraction}),
+        LocalCUDACluster(
+            n_workers=plan.n_workers,
+            threads_per_worker=2,
+            device_memory_limit=plan.device_memory_limit,
+            memory_limit=plan.memory_limit,
+            jit_unspill=plan.jit_unspill,
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         return soak_on(client, plan, progress)
 
 
@@ -131,7 +147,9 @@ class _Soak:
     rng: random.Random
     counts: Counter[str] = field(default_factory=Counter)
     moved: Counter[str] = field(default_factory=Counter)
-    held: dict[Any, tuple[tuple[Any, ...], int]] = field(default_factory=dict)  # future -> (spec, bytes)
+    held: dict[Any, tuple[tuple[Any, ...], int]] = field(
+        default_factory=dict
+    )  # future -> (spec, bytes)
     expected: dict[Any, Any] = field(default_factory=dict)  # future -> future of its fresh digest
     reads: list[tuple[Any, Any]] = field(default_factory=list)  # (digest, fresh-digest) futures
     created: int = 0
@@ -171,8 +189,9 @@ class _Soak:
             step = "create"
         if step == "combine" and len(made) < 2:
             step = "create"
-        if step == "kill" and (not plan.kill_every
-                               or time.monotonic() - self.last_kill < plan.kill_every):
+        if step == "kill" and (
+            not plan.kill_every or time.monotonic() - self.last_kill < plan.kill_every
+        ):
             step = "read" if self.held else "create"
         return step
 
@@ -187,10 +206,15 @@ class _Soak:
         self.created += size
 
     def create(self) -> None:
-        spec: tuple[Any, ...] = ("make", self.next_id, self.rng.choice(SIZES),
-                                 self.rng.choice(self.plan.kinds))
-        self.hold(self.client.submit(make_value, *spec[1:], key=f"soak-{self.next_id}"),
-                  spec, spec[2])
+        spec: tuple[Any, ...] = (
+            "make",
+            self.next_id,
+            self.rng.choice(SIZES),
+            self.rng.choice(self.plan.kinds),
+        )
+        self.hold(
+            self.client.submit(make_value, *spec[1:], key=f"soak-{self.next_id}"), spec, spec[2]
+        )
 
     def read(self) -> None:
         f = self.rng.choice(list(self.held))
@@ -237,16 +261,25 @@ def soak_on(client: Any, plan: SoakPlan, progress: Any = None) -> dict[str, Any]
     from distributed import wait
 
     soak = _Soak(client, plan, random.Random(plan.seed))
-    steps = {"create": soak.create, "read": soak.read, "combine": soak.combine,
-             "spill": soak.spill, "delete": soak.delete, "kill": soak.kill}
+    steps = {
+        "create": soak.create,
+        "read": soak.read,
+        "combine": soak.combine,
+        "spill": soak.spill,
+        "delete": soak.delete,
+        "kill": soak.kill,
+    }
     while (step := soak.next_step()) != "":
         if step is None:
             continue
         soak.counts[step] += 1
         steps[step]()
         if sum(soak.counts.values()) % 40 == 0:  # keep the scheduler's queue short
-            _wait(wait, [e for _, e in soak.reads[-40:]] + list(soak.expected.values())[-40:],
-                  soak.errors)
+            _wait(
+                wait,
+                [e for _, e in soak.reads[-40:]] + list(soak.expected.values())[-40:],
+                soak.errors,
+            )
         if progress is not None:
             progress(time.monotonic() - soak.start, soak.counts)
     return _report(soak, wait)
@@ -256,8 +289,10 @@ def _settle_all(soak: _Soak, wait: Any) -> tuple[int, dict[Any, Any]]:
     """Wait for every digest; (reads that differed, {held future: its fresh digest})."""
     plan, errors = soak.plan, soak.errors
     if soak.kills < plan.min_kills:
-        errors.append(f"{soak.kills} of {plan.min_kills} kills in {plan.duration + OVERTIME:.0f} s "
-                      f"(one at most every {plan.kill_every:.0f} s)")
+        errors.append(
+            f"{soak.kills} of {plan.min_kills} kills in {plan.duration + OVERTIME:.0f} s "
+            f"(one at most every {plan.kill_every:.0f} s)"
+        )
     _wait(wait, list(soak.expected.values()) + [d for pair in soak.reads for d in pair], errors)
     differing = 0
     deadline = time.monotonic() + 600

@@ -251,8 +251,7 @@ def build_variants(
     """
     for backend in backends:
         check_choice("--backend", backend, BACKENDS)
-    flags = {"cudask": jit_flags(jit_mode),
-             "dask-cuda": jit_flags(against_jit_mode or jit_mode)}
+    flags = {"cudask": jit_flags(jit_mode), "dask-cuda": jit_flags(against_jit_mode or jit_mode)}
     variants: list[Variant] = []
 
     def add(variant: Variant) -> None:

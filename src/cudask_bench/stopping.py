@@ -182,8 +182,12 @@ def runner_lifeline(grace: float = 30.0) -> None:
     process group, where it leads one) if it is still running `grace` seconds later."""
     _STATE.received, _STATE.raised, _STATE.deferring = None, False, 0
     signal.signal(signal.SIGTERM, _handler)
-    threading.Thread(target=_watch_parent, args=(os.getppid(), grace), daemon=True,
-                     name="cudask-bench-parent-watch").start()
+    threading.Thread(
+        target=_watch_parent,
+        args=(os.getppid(), grace),
+        daemon=True,
+        name="cudask-bench-parent-watch",
+    ).start()
 
 
 def record_run(work: Callable[[], dict[str, Any]], path: str) -> int:
@@ -198,15 +202,20 @@ def record_run(work: Callable[[], dict[str, Any]], path: str) -> int:
         result.update(status="failed", error=f"stopped by {exc.name}")
         code = exc.exit_code
     except Exception as exc:  # noqa: BLE001 - the parent needs the reason, not a crash
-        result.update(status="failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        result.update(
+            status="failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()
+        )
         code = 1
     with deferred(), open(path, "w") as fh:  # written whole: a signal now waits for it
         json.dump(result, fh, default=str)
     return code
 
 
-def runner_main(parser: argparse.ArgumentParser, work: Callable[[argparse.Namespace], dict[str, Any]],
-                argv: Sequence[str] | None = None) -> int:
+def runner_main(
+    parser: argparse.ArgumentParser,
+    work: Callable[[argparse.Namespace], dict[str, Any]],
+    argv: Sequence[str] | None = None,
+) -> int:
     """A runner's whole `main`: `parser`, with `--json` (where the result goes) added here,
     parses `argv`; then `runner_lifeline` and `record_run` of `work(args)`."""
     parser.add_argument("--json", required=True, help="where to write the result")

@@ -86,17 +86,27 @@ def settings(protocols: tuple[str, ...], dask_cuda: Setting | None) -> tuple[Set
     interpreter and path) over each protocol."""
     out = []
     if "tcp" in protocols:
-        out += [Setting("cudask-ipc", "cudask", "tcp", device_ipc=True),
-                Setting("cudask-ipc-no-staging", "cudask", "tcp", device_ipc=True, env=NO_STAGING),
-                Setting("cudask-ipc-gc-freeze", "cudask", "tcp", device_ipc=True, env=GC_FREEZE),
-                Setting("cudask-ipc-spill-ahead", "cudask", "tcp", device_ipc=True, env=SPILL_AHEAD),
-                Setting("cudask-ipc-no-on-demand", "cudask", "tcp", device_ipc=True, env=NO_ON_DEMAND),
-                Setting("cudask-tcp", "cudask", "tcp")]
+        out += [
+            Setting("cudask-ipc", "cudask", "tcp", device_ipc=True),
+            Setting("cudask-ipc-no-staging", "cudask", "tcp", device_ipc=True, env=NO_STAGING),
+            Setting("cudask-ipc-gc-freeze", "cudask", "tcp", device_ipc=True, env=GC_FREEZE),
+            Setting("cudask-ipc-spill-ahead", "cudask", "tcp", device_ipc=True, env=SPILL_AHEAD),
+            Setting("cudask-ipc-no-on-demand", "cudask", "tcp", device_ipc=True, env=NO_ON_DEMAND),
+            Setting("cudask-tcp", "cudask", "tcp"),
+        ]
     if "ucx" in protocols:
         out.append(Setting("cudask-ucx", "cudask", "ucx"))
     if dask_cuda is not None:
-        out += [Setting(f"dask-cuda-{p}", "dask-cuda", p, python=dask_cuda.python,
-                        pythonpath=dask_cuda.pythonpath) for p in protocols]
+        out += [
+            Setting(
+                f"dask-cuda-{p}",
+                "dask-cuda",
+                p,
+                python=dask_cuda.python,
+                pythonpath=dask_cuda.pythonpath,
+            )
+            for p in protocols
+        ]
     return tuple(out)
 
 
@@ -109,7 +119,9 @@ class TransferPlan:
     blocks: int
     device_memory_limit: str
     settings: tuple[Setting, ...]
-    pools: tuple[str | None, ...] = (None,)  # each worker's RMM pool (None: none), CuPy allocating from it
+    pools: tuple[str | None, ...] = (
+        None,
+    )  # each worker's RMM pool (None: none), CuPy allocating from it
     rounds: int = 1
     warmup: int = 0  # runs of the first case before the rounds, left out of the figures
     warm_runs: int = 1  # all-to-all runs after the cold one in the same cluster
@@ -177,12 +189,21 @@ def _point_to_point(client: Any, a: str, b: str, size: int, repeat: int) -> dict
         log = client.run(incoming, workers=[b])[b][before:]
         moved = sum(e["total"] for e in log)
         seconds = sum(e["duration"] for e in log)
-        runs.append({"bytes": moved, "transfer_s": seconds, "task_s": task_s,
-                     "GBps": moved / seconds / 1e9 if seconds else None})
+        runs.append(
+            {
+                "bytes": moved,
+                "transfer_s": seconds,
+                "task_s": task_s,
+                "GBps": moved / seconds / 1e9 if seconds else None,
+            }
+        )
         del x
     warm = [r["GBps"] for r in runs[1:] if r["GBps"]]
-    return {"cold": runs[0], "warm_median_GBps": statistics.median(warm) if warm else None,
-            "runs": runs}
+    return {
+        "cold": runs[0],
+        "warm_median_GBps": statistics.median(warm) if warm else None,
+        "runs": runs,
+    }
 
 
 def all_to_all(client: Any, n: int, blocks: int) -> dict[str, Any]:
@@ -202,8 +223,9 @@ def all_to_all(client: Any, n: int, blocks: int) -> dict[str, Any]:
     from distributed import get_task_stream, wait
 
     side = (n // blocks,) * blocks
-    x = client.persist(da.map_blocks(_cells, n=n, dtype="f8", chunks=(side, (n,)),
-                                     meta=cupy.empty((0, 0))))
+    x = client.persist(
+        da.map_blocks(_cells, n=n, dtype="f8", chunks=(side, (n,)), meta=cupy.empty((0, 0)))
+    )
     wait(x)
     # the scheduler's records from here on, by its record count (a window of wall-clock
     # times can miss records of a short run), taken once the sum below has run
@@ -215,18 +237,35 @@ def all_to_all(client: Any, n: int, blocks: int) -> dict[str, Any]:
         seconds = time.perf_counter() - start
         ended = time.time()
         layouts = {"row-blocks": client.who_has(x), "column-blocks": client.who_has(y)}
-        held = {w: {**figures, **{name: float(sum(w in where for where in who.values()))
-                                  for name, who in layouts.items()}}
-                for w, figures in client.run(held_figures).items()}
+        held = {
+            w: {
+                **figures,
+                **{
+                    name: float(sum(w in where for where in who.values()))
+                    for name, who in layouts.items()
+                },
+            }
+            for w, figures in client.run(held_figures).items()
+        }
         total = float(y.sum().compute())
     own = set(rechunked.__dask_graph__()) - set(x.__dask_graph__())  # the rechunk's tasks
-    plan = {"threshold": dask.config.get("array.rechunk.threshold"),
-            "chunk_size": dask.config.get("array.chunk-size"), "tasks": len(own)}
+    plan = {
+        "threshold": dask.config.get("array.rechunk.threshold"),
+        "chunk_size": dask.config.get("array.chunk-size"),
+        "tasks": len(own),
+    }
     expected = n * n * (n * n - 1) / 2
-    return {"n": n, "blocks": blocks, "bytes": n * n * 8, "seconds": seconds,
-            "GBps": n * n * 8 / seconds / 1e9, "sum_ok": abs(total - expected) <= 1e-9 * expected,
-            "workers": stream_figures(stream.data, began, ended, own),
-            "held": held, "rechunk": plan}
+    return {
+        "n": n,
+        "blocks": blocks,
+        "bytes": n * n * 8,
+        "seconds": seconds,
+        "GBps": n * n * 8 / seconds / 1e9,
+        "sum_ok": abs(total - expected) <= 1e-9 * expected,
+        "workers": stream_figures(stream.data, began, ended, own),
+        "held": held,
+        "rechunk": plan,
+    }
 
 
 def warm_all_to_all(client: Any, plan: TransferPlan) -> dict[str, Any]:
@@ -235,8 +274,11 @@ def warm_all_to_all(client: Any, plan: TransferPlan) -> dict[str, Any]:
     its `seconds_each` every run's time and `sum_ok` whether every run's sum was right."""
     runs = [all_to_all(client, plan.n, plan.blocks) for _ in range(plan.warm_runs)]
     middle = sorted(runs, key=lambda r: r["seconds"])[(len(runs) - 1) // 2]
-    return {**middle, "seconds_each": [r["seconds"] for r in runs],
-            "sum_ok": all(r["sum_ok"] for r in runs)}
+    return {
+        **middle,
+        "seconds_each": [r["seconds"] for r in runs],
+        "sum_ok": all(r["sum_ok"] for r in runs),
+    }
 
 
 @dataclass(frozen=True)
@@ -259,11 +301,12 @@ def cases(plan: TransferPlan) -> tuple[Case, ...]:
 def rotations(items: tuple[Case, ...], rounds: int) -> list[list[Case]]:
     """The order of each round: round r starts with the r-th case (modulo their number)."""
     n = len(items)
-    return [list(items[r % n:] + items[:r % n]) for r in range(rounds)] if n else []
+    return [list(items[r % n :] + items[: r % n]) for r in range(rounds)] if n else []
 
 
-def run_setting(setting: Setting, plan: TransferPlan, pool: str | None = None,
-                tag: str = "") -> dict[str, Any]:
+def run_setting(
+    setting: Setting, plan: TransferPlan, pool: str | None = None, tag: str = ""
+) -> dict[str, Any]:
     """Start the setting's workers (with `pool`) and measure."""
     name = Case(setting, pool).name + tag
     log_dir = Path(plan.log_dir) / f"transfer-{name}" if plan.log_dir else None
@@ -273,8 +316,14 @@ def run_setting(setting: Setting, plan: TransferPlan, pool: str | None = None,
         return _measure(plan, pool, log_dir, command, launch_env, setting.protocol)
 
 
-def _measure(plan: TransferPlan, pool: str | None, log_dir: Path | None,
-             command: list[str] | None, env: dict[str, str], protocol: str) -> dict[str, Any]:
+def _measure(
+    plan: TransferPlan,
+    pool: str | None,
+    log_dir: Path | None,
+    command: list[str] | None,
+    env: dict[str, str],
+    protocol: str,
+) -> dict[str, Any]:
     """Worker processes started with `command` and `env`, measured: the all-to-all
     first (its cold run is the fresh cluster's first work), then point to point."""
     from cudask.testing.processes import worker_processes
@@ -282,24 +331,36 @@ def _measure(plan: TransferPlan, pool: str | None, log_dir: Path | None,
     # distributed keeps a worker's last `low-level-log-length` fetches (1000); the
     # bench reads differences of that log, so it keeps every fetch of the run
     env = {**env, "DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH": str(LOG_LENGTH)}
-    with worker_processes(plan.placement, env=env, log_dir=log_dir, command=command,
-                          protocol=protocol,
-                          args=["--device-memory-limit", plan.device_memory_limit,
-                                *(["--rmm-pool-size", pool, "--set-rmm-allocator-for-libs", "cupy"]
-                                  if pool else [])]
-                          ) as client:
+    with worker_processes(
+        plan.placement,
+        env=env,
+        log_dir=log_dir,
+        command=command,
+        protocol=protocol,
+        args=[
+            "--device-memory-limit",
+            plan.device_memory_limit,
+            *(["--rmm-pool-size", pool, "--set-rmm-allocator-for-libs", "cupy"] if pool else []),
+        ],
+    ) as client:
         a, b = sorted(client.nthreads())[:2]
         client.run(watch_spills)  # dask-cuda's store: its spills counted as cudask's count theirs
         client.get_task_stream(count=1)  # the scheduler records its task stream from now on
         out: dict[str, Any] = {"all_to_all": all_to_all(client, plan.n, plan.blocks)}
         out["all_to_all_warm"] = warm_all_to_all(client, plan)
-        out["point_to_point"] = {str(size): _point_to_point(client, a, b, size, plan.repeat)
-                                 for size in plan.sizes}
+        out["point_to_point"] = {
+            str(size): _point_to_point(client, a, b, size, plan.repeat) for size in plan.sizes
+        }
         if plan.shuffle_rows:
             out["shuffle"] = {
-                method: {run: frame_shuffle(client, plan.shuffle_rows, plan.blocks, method, plan.shuffle_module)
-                         for run in ("cold", "warm")}
-                for method in plan.shuffle_methods}
+                method: {
+                    run: frame_shuffle(
+                        client, plan.shuffle_rows, plan.blocks, method, plan.shuffle_module
+                    )
+                    for run in ("cold", "warm")
+                }
+                for method in plan.shuffle_methods
+            }
         out["ipc"] = client.run(ipc_stats)
         out["store"] = client.run(store_figures)
         return out
@@ -308,8 +369,11 @@ def _measure(plan: TransferPlan, pool: str | None, log_dir: Path | None,
 Runner = Callable[[Setting, TransferPlan, str | None, str], dict[str, Any]]
 
 
-def run_transfer(plan: TransferPlan, run: Runner = run_setting,
-                 progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def run_transfer(
+    plan: TransferPlan,
+    run: Runner = run_setting,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """`plan.warmup` runs of the first case, then every case once per round, in each
     round's rotated order: {"plan", "order", "warmup": [...], "settings": {case:
     {"rounds": [...], cold and warm across them}}, "targets"};
@@ -323,10 +387,22 @@ def run_transfer(plan: TransferPlan, run: Runner = run_setting,
     warmups: list[dict[str, Any]] = []
 
     def report() -> dict[str, Any]:
-        done = {c.name: {"setting": c.setting.name, "pool": c.pool, "rounds": runs[c.name],
-                         **aggregate(runs[c.name])} for c in all_cases}
-        return {"plan": asdict(plan), "order": [[c.name for c in rnd] for rnd in order],
-                "warmup": warmups, "settings": done, "targets": targets(done, plan.pools)}
+        done = {
+            c.name: {
+                "setting": c.setting.name,
+                "pool": c.pool,
+                "rounds": runs[c.name],
+                **aggregate(runs[c.name]),
+            }
+            for c in all_cases
+        }
+        return {
+            "plan": asdict(plan),
+            "order": [[c.name for c in rnd] for rnd in order],
+            "warmup": warmups,
+            "settings": done,
+            "targets": targets(done, plan.pools),
+        }
 
     def one(case: Case, entry: dict[str, Any], tag: str) -> dict[str, Any]:
         if plan.budget_s and time.monotonic() - started > plan.budget_s:

@@ -38,26 +38,54 @@ CASE_TIMEOUT_S = 600.0
 
 def setting_from(data: Mapping[str, Any]) -> Setting:
     """A Setting from its `asdict` form (lists back to tuples)."""
-    return Setting(**{**data, "pythonpath": tuple(data["pythonpath"]),
-                      "env": tuple((str(k), str(v)) for k, v in data["env"])})
+    return Setting(
+        **{
+            **data,
+            "pythonpath": tuple(data["pythonpath"]),
+            "env": tuple((str(k), str(v)) for k, v in data["env"]),
+        }
+    )
 
 
 def plan_from(data: Mapping[str, Any]) -> TransferPlan:
     """A TransferPlan from its `asdict` form (lists back to tuples)."""
-    return TransferPlan(**{**data, "placement": tuple(data["placement"]), "sizes": tuple(data["sizes"]),
-                           "settings": tuple(setting_from(s) for s in data["settings"]),
-                           "pools": tuple(data["pools"]), "shuffle_methods": tuple(data["shuffle_methods"])})
+    return TransferPlan(
+        **{
+            **data,
+            "placement": tuple(data["placement"]),
+            "sizes": tuple(data["sizes"]),
+            "settings": tuple(setting_from(s) for s in data["settings"]),
+            "pools": tuple(data["pools"]),
+            "shuffle_methods": tuple(data["shuffle_methods"]),
+        }
+    )
 
 
-def run_case(setting: Setting, plan: TransferPlan, pool: str | None = None, tag: str = "") -> dict[str, Any]:
+def run_case(
+    setting: Setting, plan: TransferPlan, pool: str | None = None, tag: str = ""
+) -> dict[str, Any]:
     """The case measured in a runner process of its own: its figures, or {"error": why}."""
-    argv = ["--plan", json.dumps(asdict(plan)), "--setting", json.dumps(asdict(setting)),
-            "--pool", json.dumps(pool), f"--tag={tag}"]
-    result = harness.spawn_runner(Target(sys.executable), argv, shim=None, timeout=CASE_TIMEOUT_S,
-                                  on_progress=lambda done, total, label: None,
-                                  module="cudask_bench.transfer_case")
+    argv = [
+        "--plan",
+        json.dumps(asdict(plan)),
+        "--setting",
+        json.dumps(asdict(setting)),
+        "--pool",
+        json.dumps(pool),
+        f"--tag={tag}",
+    ]
+    result = harness.spawn_runner(
+        Target(sys.executable),
+        argv,
+        shim=None,
+        timeout=CASE_TIMEOUT_S,
+        on_progress=lambda done, total, label: None,
+        module="cudask_bench.transfer_case",
+    )
     if result.get("status") != "ok" or not isinstance(result.get("figures"), dict):
-        failed: dict[str, Any] = {"error": str(result.get("error") or "the case's runner gave no figures")[:2000]}
+        failed: dict[str, Any] = {
+            "error": str(result.get("error") or "the case's runner gave no figures")[:2000]
+        }
         if result.get("log_tail"):  # the runner's last lines: its scheduler, client and traceback
             failed["log_tail"] = list(result["log_tail"])[-20:]
         if result.get("traceback"):
@@ -67,9 +95,11 @@ def run_case(setting: Setting, plan: TransferPlan, pool: str | None = None, tag:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cudask_bench.transfer_case",
-                                description="Measure one case of `cudask bench transfer` and write "
-                                "a JSON result. Normally started by `cudask bench transfer`.")
+    p = argparse.ArgumentParser(
+        prog="python -m cudask_bench.transfer_case",
+        description="Measure one case of `cudask bench transfer` and write "
+        "a JSON result. Normally started by `cudask bench transfer`.",
+    )
     p.add_argument("--plan", required=True, help="the TransferPlan as JSON")
     p.add_argument("--setting", required=True, help="the Setting as JSON")
     p.add_argument("--pool", required=True, help="the RMM pool as JSON (null: none)")
@@ -78,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def work(args: argparse.Namespace) -> dict[str, Any]:
         setting, plan = setting_from(json.loads(args.setting)), plan_from(json.loads(args.plan))
         return {"figures": run_setting(setting, plan, json.loads(args.pool), args.tag)}
+
     return stopping.runner_main(p, work, argv)
 
 

@@ -66,13 +66,17 @@ def records(dask_scheduler: Any) -> list[Record]:
 
 def compute_spans(stream: Iterable[Mapping[str, Any]] | None) -> list[tuple[str, float, float]]:
     """(key as str, start, stop) of every "compute" span of a task stream (epoch seconds)."""
-    return [(str(record.get("key")), float(span["start"]), float(span["stop"]))
-            for record in stream or () for span in record.get("startstops", ())
-            if span.get("action") == "compute"]
+    return [
+        (str(record.get("key")), float(span["start"]), float(span["stop"]))
+        for record in stream or ()
+        for span in record.get("startstops", ())
+        if span.get("action") == "compute"
+    ]
 
 
-def growth(samples: list[tuple[float, int]],
-           spans: Iterable[tuple[str, float, float]]) -> dict[str, int]:
+def growth(
+    samples: list[tuple[float, int]], spans: Iterable[tuple[str, float, float]]
+) -> dict[str, int]:
     """Per key, the most NVML's used memory rose while the task computed: the largest
     sample inside a span (start <= t <= stop) less the last sample before the span, if
     that sample came after the previous span ended (else what the previous task left
@@ -84,7 +88,7 @@ def growth(samples: list[tuple[float, int]],
     previous_stop = float("-inf")
     for key, start, stop in sorted(spans, key=lambda span: span[1]):
         first = bisect.bisect_left(times, start)
-        inside = [v for _, v in ordered[first:bisect.bisect_right(times, stop)]]
+        inside = [v for _, v in ordered[first : bisect.bisect_right(times, stop)]]
         clean = first > 0 and times[first - 1] > previous_stop
         previous_stop = max(previous_stop, stop)
         if not inside or not clean:
@@ -94,8 +98,11 @@ def growth(samples: list[tuple[float, int]],
     return out
 
 
-def largest(found: list[Record], windows: Mapping[str, tuple[float, float]],
-            grown: Mapping[str, int] | None = None) -> dict[str, int]:
+def largest(
+    found: list[Record],
+    windows: Mapping[str, tuple[float, float]],
+    grown: Mapping[str, int] | None = None,
+) -> dict[str, int]:
     """Per phase window (epoch seconds), the largest working set of a task that ended in
     it: its inputs plus its output, or plus what it `grown` where that is larger."""
     out = dict.fromkeys(windows, 0)
@@ -106,8 +113,9 @@ def largest(found: list[Record], windows: Mapping[str, tuple[float, float]],
     return out
 
 
-def measured(found: list[Record], windows: Mapping[str, tuple[float, float]],
-             grown: Mapping[str, int]) -> dict[str, int]:
+def measured(
+    found: list[Record], windows: Mapping[str, tuple[float, float]], grown: Mapping[str, int]
+) -> dict[str, int]:
     """Per phase window, how many of the tasks that ended in it have a rise in `grown`."""
     out = dict.fromkeys(windows, 0)
     for when, key, _, _ in found:
@@ -121,5 +129,13 @@ def _phases_of(when: float, windows: Mapping[str, tuple[float, float]]) -> list[
     return [name for name, (a, b) in windows.items() if a <= when <= b]
 
 
-__all__ = ["NAME", "Record", "WorkingSets", "compute_spans", "growth", "largest", "measured",
-           "records"]
+__all__ = [
+    "NAME",
+    "Record",
+    "WorkingSets",
+    "compute_spans",
+    "growth",
+    "largest",
+    "measured",
+    "records",
+]

@@ -89,8 +89,9 @@ def _io(client: Any) -> dict[str, int]:
     return total
 
 
-def _timed(client: Any, module: str, submit: Callable[..., Any],
-           *args: Any) -> tuple[float, Any, dict[str, int]]:
+def _timed(
+    client: Any, module: str, submit: Callable[..., Any], *args: Any
+) -> tuple[float, Any, dict[str, int]]:
     """Seconds from `submit(*args)` to its results (device synchronized), the results,
     and the workers' I/O meanwhile (counters read before and after, outside the time)."""
     before = _io(client)
@@ -104,29 +105,44 @@ def _timed(client: Any, module: str, submit: Callable[..., Any],
 def _create(client: Any, module: str, bases: list[int], elements: int, rep: int) -> list[Any]:
     from distributed import wait
 
-    futures = [client.submit(make_chunk, module, base, elements, key=f"bench-chunk-{rep}-{i}")
-               for i, base in enumerate(bases)]
+    futures = [
+        client.submit(make_chunk, module, base, elements, key=f"bench-chunk-{rep}-{i}")
+        for i, base in enumerate(bases)
+    ]
     wait(futures)
     return futures
 
 
-def _verify(client: Any, module: str, futures: list[Any], bases: list[int], elements: int,
-            rep: int) -> list[str | None]:
+def _verify(
+    client: Any, module: str, futures: list[Any], bases: list[int], elements: int, rep: int
+) -> list[str | None]:
     """What is wrong with each chunk (None: every element right)."""
-    checks = [client.submit(verify_chunk, fut, module, base, elements, key=f"bench-verify-{rep}-{i}")
-              for i, (fut, base) in enumerate(zip(futures, bases, strict=True))]
-    return [None if n == 0 else "wrong shape/dtype" if n < 0 else f"{n} of {elements} differ"
-            for n in client.gather(checks)]
+    checks = [
+        client.submit(verify_chunk, fut, module, base, elements, key=f"bench-verify-{rep}-{i}")
+        for i, (fut, base) in enumerate(zip(futures, bases, strict=True))
+    ]
+    return [
+        None if n == 0 else "wrong shape/dtype" if n < 0 else f"{n} of {elements} differ"
+        for n in client.gather(checks)
+    ]
 
 
-def _sum(client: Any, module: str, futures: list[Any], bases: list[int], elements: int,
-         rep: int) -> list[str | None]:
+def _sum(
+    client: Any, module: str, futures: list[Any], bases: list[int], elements: int, rep: int
+) -> list[str | None]:
     """What is wrong with each chunk's sum (None: its closed form)."""
-    sums = client.gather([client.submit(sum_chunk, fut, module, key=f"bench-sum-{rep}-{i}")
-                          for i, fut in enumerate(futures)])
-    return [None if got == expected_sum(base, elements) else
-            f"sum {got}, expected {expected_sum(base, elements)}"
-            for got, base in zip(sums, bases, strict=True)]
+    sums = client.gather(
+        [
+            client.submit(sum_chunk, fut, module, key=f"bench-sum-{rep}-{i}")
+            for i, fut in enumerate(futures)
+        ]
+    )
+    return [
+        None
+        if got == expected_sum(base, elements)
+        else f"sum {got}, expected {expected_sum(base, elements)}"
+        for got, base in zip(sums, bases, strict=True)
+    ]
 
 
 def _check(what: str, problems: list[str | None]) -> None:
@@ -156,29 +172,35 @@ def run_spill(
     measured: dict[str, Measurement] = {}
 
     def record(name: str, step: Step, seconds: float, traffic: dict[str, int]) -> None:
-        m = measured.setdefault(name + step.suffix,
-                                Measurement(nbytes=nbytes, parameters=dict(params)))
+        m = measured.setdefault(
+            name + step.suffix, Measurement(nbytes=nbytes, parameters=dict(params))
+        )
         m.record(seconds, step.warmup, traffic)
 
     for rep, step in enumerate(steps):
         bases = [spill_base(rep, i, chunks) for i in range(chunks)]
-        seconds, futures, traffic = _timed(client, module, _create, client, module, bases,
-                                           elements, rep)
+        seconds, futures, traffic = _timed(
+            client, module, _create, client, module, bases, elements, rep
+        )
         record("create", step, seconds, traffic)
         progress(f"create {step.label}")
         for name, what, label, passed in (
-                ("read_verify", "read-back verification", "read+verify", _verify),
-                ("read_sum", "read-back sum", "read+sum", _sum)):
-            seconds, problems, traffic = _timed(client, module, passed, client, module, futures,
-                                                bases, elements, rep)
+            ("read_verify", "read-back verification", "read+verify", _verify),
+            ("read_sum", "read-back sum", "read+sum", _sum),
+        ):
+            seconds, problems, traffic = _timed(
+                client, module, passed, client, module, futures, bases, elements, rep
+            )
             record(name, step, seconds, traffic)
             progress(f"{label} {step.label}")
             _check(what, problems)
         del futures
         _drain(client)
     for m in measured.values():
-        m.check = (f"all {chunks} chunks x {elements} elements equal base+index, and each "
-                   "chunk's sum its closed form, in every run")
+        m.check = (
+            f"all {chunks} chunks x {elements} elements equal base+index, and each "
+            "chunk's sum its closed form, in every run"
+        )
     return measured
 
 
@@ -199,8 +221,15 @@ def run_cupy(
     results: dict[str, Measurement] = {}
     for op in operations:
         results.update(
-            run_operation(client, module=module, op=op, shape=shapes[op], steps=steps,
-                          progress=progress, time_input=time_input)
+            run_operation(
+                client,
+                module=module,
+                op=op,
+                shape=shapes[op],
+                steps=steps,
+                progress=progress,
+                time_input=time_input,
+            )
         )
     return results
 

@@ -168,7 +168,9 @@ def test_against_dask_cuda_not_installed() -> None:
     assert "dask-cuda" in line and "--dask-cuda-python" in line
 
 
-def test_jit_unspill_against_new_dask_cuda(tmp_path: Path, fake_dask_cuda: Callable[..., Path]) -> None:
+def test_jit_unspill_against_new_dask_cuda(
+    tmp_path: Path, fake_dask_cuda: Callable[..., Path]
+) -> None:
     path = fake_dask_cuda(tmp_path / "dc", "26.10.00", proxy_object=False)
     line = one_line_error(
         *invoke(
@@ -212,41 +214,54 @@ def test_against_jit_unspill_off_passes_the_new_dask_cuda_check(
     assert "JIT-unspill" not in out
 
 
-@pytest.mark.parametrize(("args", "named"), [
-    (["--duration", "banana"], "'banana' is not a time"),
-    (["--duration", "0"], "'0' must be more than 0 seconds"),
-    (["--kill-every", "soon"], "'soon' is not a time"),
-    (["--min-kills", "2", "--kill-every", "0"], "--min-kills=2 with --kill-every=0.0"),
-    (["--min-kills", "40", "--duration", "60"], "take longer than --duration + 600 s"),
-    (["--min-kills", "-1"], "-1 is not in the range"),
-    (["--device-memory-limit", "0"], "--device-memory-limit: '0'"),
-    (["--max-held", "lots"], "--max-held='lots'"),
-    (["--host-fraction", "1.5"], "1.5; accepted: a fraction"),
-    (["--n-workers", "0"], "0 is not in the range"),
-])
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--duration", "banana"], "'banana' is not a time"),
+        (["--duration", "0"], "'0' must be more than 0 seconds"),
+        (["--kill-every", "soon"], "'soon' is not a time"),
+        (["--min-kills", "2", "--kill-every", "0"], "--min-kills=2 with --kill-every=0.0"),
+        (["--min-kills", "40", "--duration", "60"], "take longer than --duration + 600 s"),
+        (["--min-kills", "-1"], "-1 is not in the range"),
+        (["--device-memory-limit", "0"], "--device-memory-limit: '0'"),
+        (["--max-held", "lots"], "--max-held='lots'"),
+        (["--host-fraction", "1.5"], "1.5; accepted: a fraction"),
+        (["--n-workers", "0"], "0 is not in the range"),
+    ],
+)
 def test_soak_bad_input(args: list[str], named: str) -> None:
     code, out = invoke("soak", *args)
     assert code == 2, out
     assert named in one_line_error(code, out)
 
 
-@pytest.mark.parametrize(("args", "named"), [
-    (["--sizes", "64MiB,banana"], "'banana'; accepted: sizes of at least 8 bytes"),
-    (["--sizes", "4"], "'4'; accepted"),
-    (["--n", "1000", "--blocks", "7"], "--n 1000 is not a multiple of --blocks 7"),
-    (["--repeat", "-1"], "-1 is not in the range"),
-    (["--device-memory-limit", "lots"], "--device-memory-limit='lots'"),
-    (["--protocols", "tcp,udp"], "'tcp,udp'; accepted: tcp, ucx"),
-    (["--dask-cuda-path", "/tmp"], "--dask-cuda-python / --dask-cuda-path need --against dask-cuda"),
-    (["--shuffle-methods", "tasks,bogus"], "'tasks,bogus'; accepted: tasks, p2p, explicit"),
-    (["--shuffle-rows", "-1"], "-1 is not in the range"),
-    (["--rmm-pool-size", "none,lots"], "--rmm-pool-size='lots'"),
-    (["--rmm-pool-size", "40GB,none,40GB"], "'40GB,none,40GB' names a pool twice; accepted"),
-    (["--rounds", "0"], "0 is not in the range"),
-    (["--protocols", "tcp", "--settings", "cudask-ipc,bogus"],
-     ("'cudask-ipc,bogus'; accepted: cudask-ipc, cudask-ipc-no-staging, "
-      "cudask-ipc-gc-freeze, cudask-ipc-spill-ahead, cudask-ipc-no-on-demand, cudask-tcp (with these")),
-])
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--sizes", "64MiB,banana"], "'banana'; accepted: sizes of at least 8 bytes"),
+        (["--sizes", "4"], "'4'; accepted"),
+        (["--n", "1000", "--blocks", "7"], "--n 1000 is not a multiple of --blocks 7"),
+        (["--repeat", "-1"], "-1 is not in the range"),
+        (["--device-memory-limit", "lots"], "--device-memory-limit='lots'"),
+        (["--protocols", "tcp,udp"], "'tcp,udp'; accepted: tcp, ucx"),
+        (
+            ["--dask-cuda-path", "/tmp"],
+            "--dask-cuda-python / --dask-cuda-path need --against dask-cuda",
+        ),
+        (["--shuffle-methods", "tasks,bogus"], "'tasks,bogus'; accepted: tasks, p2p, explicit"),
+        (["--shuffle-rows", "-1"], "-1 is not in the range"),
+        (["--rmm-pool-size", "none,lots"], "--rmm-pool-size='lots'"),
+        (["--rmm-pool-size", "40GB,none,40GB"], "'40GB,none,40GB' names a pool twice; accepted"),
+        (["--rounds", "0"], "0 is not in the range"),
+        (
+            ["--protocols", "tcp", "--settings", "cudask-ipc,bogus"],
+            (
+                "'cudask-ipc,bogus'; accepted: cudask-ipc, cudask-ipc-no-staging, "
+                "cudask-ipc-gc-freeze, cudask-ipc-spill-ahead, cudask-ipc-no-on-demand, cudask-tcp (with these"
+            ),
+        ),
+    ],
+)
 def test_transfer_bad_input(args: list[str], named: str) -> None:
     code, out = invoke("transfer", *args)
     assert code == 2, out
@@ -258,8 +273,10 @@ def test_transfer_shuffle_without_dask_cudf(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(environment, "has_module", lambda name: name != "dask_cudf")
     code, out = invoke("transfer", "--shuffle-rows", "1000")
-    assert ("--shuffle-rows 1000 needs dask_cudf, which is not installed. Install it with: pip install "
-            "dask-cudf-cu13  (or --shuffle-rows 0)") in one_line_error(code, out)
+    assert (
+        "--shuffle-rows 1000 needs dask_cudf, which is not installed. Install it with: pip install "
+        "dask-cudf-cu13  (or --shuffle-rows 0)"
+    ) in one_line_error(code, out)
     monkeypatch.setattr(environment, "has_module", lambda name: True)
     code, out = invoke("transfer", "--shuffle-rows", "3")
     assert "3; accepted: 0 (no shuffle) or at least --blocks (8) rows" in one_line_error(code, out)
@@ -279,27 +296,42 @@ def test_transfer_placement_names_the_machine(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(environment, "gpus", lambda: {"available": True, "devices": [{"index": 0}]})
     for placement in ("0", "0,1", "0,x", "0+1", "0+0", "0+00", "0,\u00b2"):
         code, out = invoke("transfer", "--placement", placement)
-        assert code == 2 and f"{placement!r}; accepted: two or more GPU indices below 1" in \
-            one_line_error(code, out), out
+        assert (
+            code == 2
+            and f"{placement!r}; accepted: two or more GPU indices below 1"
+            in one_line_error(code, out)
+        ), out
 
 
-@pytest.mark.parametrize(("given", "expected"), [(None, ("0,1",)), ("0,1", ("0", "1")),
-                                                 ("1+0,0", ("1,0", "0")), ("00 + 1", ("0,1",))])
-def test_transfer_placement_to_worker_processes(monkeypatch: pytest.MonkeyPatch, given: str | None,
-                                                expected: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [(None, ("0,1",)), ("0,1", ("0", "1")), ("1+0,0", ("1,0", "0")), ("00 + 1", ("0,1",))],
+)
+def test_transfer_placement_to_worker_processes(
+    monkeypatch: pytest.MonkeyPatch, given: str | None, expected: tuple[str, ...]
+) -> None:
     """By default one worker process over both GPUs (a worker per GPU, as users start them)."""
     from cudask_bench import transfer as transfer_run
 
-    monkeypatch.setattr(environment, "gpus", lambda: {"available": True, "devices": [{"index": 0}, {"index": 1}]})
+    monkeypatch.setattr(
+        environment, "gpus", lambda: {"available": True, "devices": [{"index": 0}, {"index": 1}]}
+    )
     monkeypatch.setattr(environment, "has_module", lambda name: True)
     plans: list[transfer_run.TransferPlan] = []
-    monkeypatch.setattr(transfer_run, "run_transfer",
-                        lambda plan, **kw: plans.append(plan) or {"plan": {}, "settings": {}})
-    code, out = invoke("transfer", "--shuffle-rows", "0", *(["--placement", given] if given else []))
+    monkeypatch.setattr(
+        transfer_run,
+        "run_transfer",
+        lambda plan, **kw: plans.append(plan) or {"plan": {}, "settings": {}},
+    )
+    code, out = invoke(
+        "transfer", "--shuffle-rows", "0", *(["--placement", given] if given else [])
+    )
     assert code == 0, out
     assert plans[0].placement == expected
 
 
 def test_transfer_against_a_missing_dask_cuda(tmp_path: Path) -> None:
-    code, out = invoke("transfer", "--against", "dask-cuda", "--dask-cuda-path", str(tmp_path / "nope"))
+    code, out = invoke(
+        "transfer", "--against", "dask-cuda", "--dask-cuda-path", str(tmp_path / "nope")
+    )
     assert "--dask-cuda-path=" in one_line_error(code, out) and "is not a directory" in out

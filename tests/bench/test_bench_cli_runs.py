@@ -49,8 +49,14 @@ def test_whole_run_on_dict_backend(tmp_path: Path) -> None:
     # one warm-up process, then one process per measured repetition: three runners
     assert variant["runs"] == 3 and len(set(variant["pids"])) == 3 and None not in variant["pids"]
     m = variant["measurements"]
-    assert list(m) == ["create", "read_verify", "read_sum", "create_warm", "read_verify_warm",
-                       "read_sum_warm"]
+    assert list(m) == [
+        "create",
+        "read_verify",
+        "read_sum",
+        "create_warm",
+        "read_verify_warm",
+        "read_sum_warm",
+    ]
     create = m["create"]
     assert len(create["times"]) == 2 and create["bytes"] == 4 * 2**20
     assert len(create["warmup_times"]) == 1  # the warm-up process: kept, never in a median
@@ -75,8 +81,20 @@ def test_warm_mode_on_dict_backend(tmp_path: Path) -> None:
     """--mode warm: today's steady state in one process, every metric named *_warm."""
     out = tmp_path / "warm.json"
     code, text = invoke(
-        "spill", *CPU, "--mode", "warm", "--total", "2MiB", "--chunk-size", "1MiB",
-        "--repeat", "2", "--warmup", "1", "--output", str(out),
+        "spill",
+        *CPU,
+        "--mode",
+        "warm",
+        "--total",
+        "2MiB",
+        "--chunk-size",
+        "1MiB",
+        "--repeat",
+        "2",
+        "--warmup",
+        "1",
+        "--output",
+        str(out),
     )
     assert code == 0, text
     assert "warm: steady state after warm-ups" in text
@@ -97,8 +115,20 @@ def test_spill_measures_the_disk_and_each_passs_disk_io(tmp_path: Path) -> None:
     I/O and its ratio to the disk's figure; --disk-size 0 measures nothing."""
     out = tmp_path / "disk.json"
     code, text = invoke(
-        "spill", *CPU, "--mode", "warm", "--total", "2MiB", "--chunk-size", "1MiB",
-        "--repeat", "1", "--disk-size", "8MiB", "--output", str(out),
+        "spill",
+        *CPU,
+        "--mode",
+        "warm",
+        "--total",
+        "2MiB",
+        "--chunk-size",
+        "1MiB",
+        "--repeat",
+        "1",
+        "--disk-size",
+        "8MiB",
+        "--output",
+        str(out),
     )
     assert code == 0, text
     doc = json.loads(out.read_text())
@@ -119,8 +149,20 @@ def test_spill_measures_the_disk_and_each_passs_disk_io(tmp_path: Path) -> None:
     assert re.match(r"create_warm +w \d", lines[heading + 3]), text
     assert lines[heading + 5].startswith("read_sum_warm"), text
     code, text = invoke(
-        "spill", *CPU, "--mode", "warm", "--total", "1MiB", "--chunk-size", "1MiB",
-        "--repeat", "1", "--disk-size", "0", "--output", str(out),
+        "spill",
+        *CPU,
+        "--mode",
+        "warm",
+        "--total",
+        "1MiB",
+        "--chunk-size",
+        "1MiB",
+        "--repeat",
+        "1",
+        "--disk-size",
+        "0",
+        "--output",
+        str(out),
     )
     assert code == 0, text
     assert "disk" not in json.loads(out.read_text()) and "sequential" not in text
@@ -131,8 +173,22 @@ def test_cupy_cold_on_dict_backend(tmp_path: Path) -> None:
     """Cold cupy: a process per repetition, and in it a fresh cluster per operation."""
     out = tmp_path / "cupy.json"
     code, text = invoke(
-        "cupy", *CPU, "--operation", "sum,dot", "--size", "200", "--chunk-size", "50",
-        "--repeat", "1", "--warmup", "1", "--warm-runs", "1", "--output", str(out),
+        "cupy",
+        *CPU,
+        "--operation",
+        "sum,dot",
+        "--size",
+        "200",
+        "--chunk-size",
+        "50",
+        "--repeat",
+        "1",
+        "--warmup",
+        "1",
+        "--warm-runs",
+        "1",
+        "--output",
+        str(out),
     )
     assert code == 0, text
     assert "*_input: creating the input, *_total: input + operation" in text
@@ -140,19 +196,36 @@ def test_cupy_cold_on_dict_backend(tmp_path: Path) -> None:
     [variant] = doc["variants"]
     assert variant["runs"] == 2 and len(set(variant["pids"])) == 2
     m = variant["measurements"]
-    assert list(m) == ["sum_input", "sum", "sum_total", "sum_warm",
-                       "dot_input", "dot", "dot_total", "dot_warm"]
+    assert list(m) == [
+        "sum_input",
+        "sum",
+        "sum_total",
+        "sum_warm",
+        "dot_input",
+        "dot",
+        "dot_total",
+        "dot_warm",
+    ]
     for op in ("sum", "dot"):
         assert all(len(m[op + s]["times"]) == 1 for s in ("_input", "", "_total", "_warm"))
         assert all(len(m[op + s]["warmup_times"]) == 1 for s in ("_input", "", "_total", "_warm"))
         assert m[op + "_total"]["median"] == pytest.approx(
-            m[op + "_input"]["median"] + m[op]["median"])
+            m[op + "_input"]["median"] + m[op]["median"]
+        )
         assert m[op]["check"]
     assert set(variant["stores"]) == {"sum", "dot"}  # a cluster each
     # the table lists the cold figures first
     rows = [line.split()[0] for line in text.splitlines() if line.startswith(("sum", "dot"))]
-    assert rows[:8] == ["sum_input", "sum", "sum_total", "dot_input", "dot", "dot_total",
-                        "sum_warm", "dot_warm"]
+    assert rows[:8] == [
+        "sum_input",
+        "sum",
+        "sum_total",
+        "dot_input",
+        "dot",
+        "dot_total",
+        "sum_warm",
+        "dot_warm",
+    ]
 
 
 @pytest.mark.timeout(600)

@@ -216,11 +216,34 @@ def test_transfer_tiny(tmp_path: Path) -> None:
     names = ["cudask-ipc", "cudask-tcp"] + (["dask-cuda-tcp"] if HAS_DASK_CUDA else [])
     against = ["--against", "dask-cuda"] if HAS_DASK_CUDA else []
     shuffle_rows = "100000" if HAS_DASK_CUDF else "0"
-    result = CliRunner().invoke(bench, ["transfer", "--sizes", "8MiB", "--repeat", "1", "--n", "2048",
-                                        "--blocks", "4", "--shuffle-rows", shuffle_rows, "--protocols", "tcp",
-                                        "--settings", ",".join(names), "--rounds", "2", "--warm-runs", "2",
-                                        *against, "--output", str(out)],
-                                prog_name="cudask bench")
+    result = CliRunner().invoke(
+        bench,
+        [
+            "transfer",
+            "--sizes",
+            "8MiB",
+            "--repeat",
+            "1",
+            "--n",
+            "2048",
+            "--blocks",
+            "4",
+            "--shuffle-rows",
+            shuffle_rows,
+            "--protocols",
+            "tcp",
+            "--settings",
+            ",".join(names),
+            "--rounds",
+            "2",
+            "--warm-runs",
+            "2",
+            *against,
+            "--output",
+            str(out),
+        ],
+        prog_name="cudask bench",
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())["report"]
     assert list(report["settings"]) == names
@@ -232,19 +255,28 @@ def test_transfer_tiny(tmp_path: Path) -> None:
             assert len(r["all_to_all_warm"]["seconds_each"]) == 2, r["all_to_all_warm"]
             stream = r["all_to_all"]["workers"]  # the scheduler's task stream of the cold run
             assert stream["tasks"] > 0 and stream["compute_s"] > 0 and stream["busy_s"] > 0, stream
-            held = r["all_to_all"]["held"]  # each worker's blocks and device bytes after the cold run
+            held = r["all_to_all"][
+                "held"
+            ]  # each worker's blocks and device bytes after the cold run
             for layout in ("row-blocks", "column-blocks"):  # every block somewhere (some on both)
                 assert 4 <= sum(w[layout] for w in held.values()) <= 8, held
             assert sum(w["device-bytes"] for w in held.values()) >= 2 * 2048 * 2048 * 8, held
-            if HAS_DASK_CUDF:  # dask-cuDF frames shuffled by tasks, P2P and explicit comms, cold and warm
+            if (
+                HAS_DASK_CUDF
+            ):  # dask-cuDF frames shuffled by tasks, P2P and explicit comms, cold and warm
                 runs = [run for method in r["shuffle"].values() for run in method.values()]
-                assert len(runs) == 6 and all(run.get("rows_ok") and run.get("keys_ok") for run in runs), runs
+                assert len(runs) == 6 and all(
+                    run.get("rows_ok") and run.get("keys_ok") for run in runs
+                ), runs
             else:
                 assert "shuffle" not in r
             cold = r["point_to_point"][str(8 << 20)]["cold"]
             assert cold["bytes"] >= 8 << 20, cold
             received = sum(w["received"] for w in r["ipc"].values())
-            assert (received >= 2) if setting == "cudask-ipc" else (received == 0), (setting, r["ipc"])
+            assert (received >= 2) if setting == "cudask-ipc" else (received == 0), (
+                setting,
+                r["ipc"],
+            )
         assert case["cold"]["all_to_all_s"] > 0 and case["warm"]["all_to_all_s"] > 0, case
     assert (tmp_path / "transfer-cudask-ipc-r0" / "worker-0.log").exists()
     assert (tmp_path / "transfer-cudask-ipc-r1" / "worker-0.log").exists()

@@ -42,7 +42,9 @@ def test_machine_facts() -> None:
     assert v["dask"] and v["distributed"] and v["numpy"] and v["cudask"]
 
 
-def test_resolve_dask_cuda_2604_with_jit(tmp_path: Path, fake_dask_cuda: Callable[..., Path]) -> None:
+def test_resolve_dask_cuda_2604_with_jit(
+    tmp_path: Path, fake_dask_cuda: Callable[..., Path]
+) -> None:
     path = fake_dask_cuda(tmp_path / "dc", "26.04.00", proxy_object=True)
     target = targets.resolve_dask_cuda(None, str(path), jit_unspill=True, array_module="numpy")
     assert target.pythonpath == (str(path),)
@@ -50,7 +52,9 @@ def test_resolve_dask_cuda_2604_with_jit(tmp_path: Path, fake_dask_cuda: Callabl
     assert target.probe["dask_cuda_has_proxy_object"] is True
 
 
-def test_resolve_dask_cuda_refuses_jit_on_2610(tmp_path: Path, fake_dask_cuda: Callable[..., Path]) -> None:
+def test_resolve_dask_cuda_refuses_jit_on_2610(
+    tmp_path: Path, fake_dask_cuda: Callable[..., Path]
+) -> None:
     path = fake_dask_cuda(tmp_path / "dc", "26.10.00", proxy_object=False)
     targets.resolve_dask_cuda(None, str(path), jit_unspill=False, array_module="numpy")
     with pytest.raises(OptionError, match="removed JIT-unspill in 26.06"):
@@ -58,7 +62,9 @@ def test_resolve_dask_cuda_refuses_jit_on_2610(tmp_path: Path, fake_dask_cuda: C
 
 
 @pytest.mark.skipif(environment.has_module("cupy"), reason="CuPy is installed here")
-def test_resolve_dask_cuda_needs_cupy_there(tmp_path: Path, fake_dask_cuda: Callable[..., Path]) -> None:
+def test_resolve_dask_cuda_needs_cupy_there(
+    tmp_path: Path, fake_dask_cuda: Callable[..., Path]
+) -> None:
     path = fake_dask_cuda(tmp_path / "dc", "26.10.00", proxy_object=False)
     with pytest.raises(MissingDependencyError, match="cupy"):
         targets.resolve_dask_cuda(None, str(path), jit_unspill=False, array_module="cupy")
@@ -133,7 +139,9 @@ def test_runner_dask_cuda_missing(tmp_path: Path) -> None:
     assert not [m for m in result["cudask_modules"] if m.startswith("cudask.deploy")]
 
 
-def test_runner_rejects_jit_on_new_dask_cuda(tmp_path: Path, fake_dask_cuda: Callable[..., Path]) -> None:
+def test_runner_rejects_jit_on_new_dask_cuda(
+    tmp_path: Path, fake_dask_cuda: Callable[..., Path]
+) -> None:
     """The runner checks too: a dask-cuda without JIT-unspill is refused by name."""
     path = fake_dask_cuda(tmp_path / "dc", "26.10.00", proxy_object=False)
     (path / "dask_cuda" / "__init__.py").write_text(
@@ -171,8 +179,10 @@ def test_honesty_check() -> None:
         check_honesty("dict", {}, [*runner, "cudask.deploy.local"])
     several: dict[str, Any] = {  # cold cupy: a cluster per operation
         "store": {"cudask_modules": ["cudask"]},
-        "stores": {"sum": {"cudask_modules": ["cudask"]},
-                   "dot": {"cudask_modules": ["cudask.worker.plugins"]}},
+        "stores": {
+            "sum": {"cudask_modules": ["cudask"]},
+            "dot": {"cudask_modules": ["cudask.worker.plugins"]},
+        },
     }
     with pytest.raises(RunnerError, match="cudask.worker.plugins"):
         check_honesty("dask-cuda", several, runner)
@@ -253,27 +263,49 @@ def test_startup_rounds_go_through_the_variants_in_turn(monkeypatch: pytest.Monk
 
     def runner(target: object, argv: list[str], **kwargs: object) -> dict[str, Any]:
         backend = argv[argv.index("--backend") + 1]
-        limit = argv[argv.index("--device-memory-limit") + 1] if "--device-memory-limit" in argv \
+        limit = (
+            argv[argv.index("--device-memory-limit") + 1]
+            if "--device-memory-limit" in argv
             else "default"
+        )
         order.append(f"{backend}:{limit}")
         failed = backend == "cudask" and limit == "default"
-        return {"status": "failed" if failed else "ok", "error": "boom" if failed else None,
-                "measurements": {"startup": {"times": [] if "--repeat" in argv and
-                                             argv[argv.index("--repeat") + 1] == "0" else [1.0],
-                                             "warmup_times": []}},
-                "process_wall_s": 0.1}
+        return {
+            "status": "failed" if failed else "ok",
+            "error": "boom" if failed else None,
+            "measurements": {
+                "startup": {
+                    "times": []
+                    if "--repeat" in argv and argv[argv.index("--repeat") + 1] == "0"
+                    else [1.0],
+                    "warmup_times": [],
+                }
+            },
+            "process_wall_s": 0.1,
+        }
 
     monkeypatch.setattr(harness, "spawn_runner", runner)
     monkeypatch.setattr(harness.environment, "machine", dict)
-    variants = [spec.Variant("dict"), spec.Variant("cudask", None),
-                spec.Variant("cudask", limit_set=False)]
+    variants = [
+        spec.Variant("dict"),
+        spec.Variant("cudask", None),
+        spec.Variant("cudask", limit_set=False),
+    ]
     target = targets.Target(sys.executable)
     plan = harness.Plan(
-        workload="startup", variants=variants,
+        workload="startup",
+        variants=variants,
         targets={"dict": target, "cudask": target},
-        runner_options={"array_module": "numpy", "device": "0", "memory_limit": "auto",
-                        "rmm_pool_size": None, "protocol": "tcp"},
-        repeat=2, warmup=1, parameters={},
+        runner_options={
+            "array_module": "numpy",
+            "device": "0",
+            "memory_limit": "auto",
+            "rmm_pool_size": None,
+            "protocol": "tcp",
+        },
+        repeat=2,
+        warmup=1,
+        parameters={},
     )
     doc = harness.execute(plan, harness.ProgressLine(False))
     assert order == ["dict:0", "cudask:0", "cudask:default"] + ["dict:0", "cudask:0"] * 2
@@ -293,20 +325,37 @@ def test_processes_take_turns_and_pool_their_repetitions(monkeypatch: pytest.Mon
         order.append("jit" if jit else "plain")
         value = 2.0 if jit else 1.0
         repeat = int(argv[argv.index("--repeat") + 1])
-        return {"status": "ok", "measurements": {"sum": {"times": [value + 0.01 * len(order)] * repeat,
-                                                         "warmup_times": [9.0]}},
-                "process_wall_s": 0.1}
+        return {
+            "status": "ok",
+            "measurements": {
+                "sum": {"times": [value + 0.01 * len(order)] * repeat, "warmup_times": [9.0]}
+            },
+            "process_wall_s": 0.1,
+        }
 
     monkeypatch.setattr(harness, "spawn_runner", runner)
     monkeypatch.setattr(harness.environment, "machine", dict)
     target = targets.Target(sys.executable)
     plan = harness.Plan(
-        workload="cupy", variants=[spec.Variant("cudask", 1 << 30), spec.Variant("cudask", 1 << 30, jit_unspill=True)],
+        workload="cupy",
+        variants=[
+            spec.Variant("cudask", 1 << 30),
+            spec.Variant("cudask", 1 << 30, jit_unspill=True),
+        ],
         targets={"cudask": target},
-        runner_options={"array_module": "numpy", "device": "0", "memory_limit": "auto",
-                        "rmm_pool_size": None, "protocol": "tcp", "operations": ["sum"],
-                        "mode": "warm"},
-        repeat=2, warmup=1, parameters={}, processes=3,
+        runner_options={
+            "array_module": "numpy",
+            "device": "0",
+            "memory_limit": "auto",
+            "rmm_pool_size": None,
+            "protocol": "tcp",
+            "operations": ["sum"],
+            "mode": "warm",
+        },
+        repeat=2,
+        warmup=1,
+        parameters={},
+        processes=3,
     )
     doc = harness.execute(plan, harness.ProgressLine(False))
     assert order == ["plain", "jit"] * 3
@@ -333,10 +382,17 @@ def test_cold_rounds_take_turns_one_process_per_repetition(
         jit = "jit" if "--jit-unspill" in argv else "plain"
         calls.append((jit, value("--warmup"), value("--repeat"), value("--mode")))
         measured = value("--warmup") == "0"
-        times = {"times": [1.0], "warmup_times": []} if measured else {
-            "times": [], "warmup_times": [5.0]}
-        return {"status": "ok", "pid": len(calls), "process_wall_s": 0.1,
-                "measurements": {"create": times, "create_warm": times}}
+        times = (
+            {"times": [1.0], "warmup_times": []}
+            if measured
+            else {"times": [], "warmup_times": [5.0]}
+        )
+        return {
+            "status": "ok",
+            "pid": len(calls),
+            "process_wall_s": 0.1,
+            "measurements": {"create": times, "create_warm": times},
+        }
 
     monkeypatch.setattr(harness, "spawn_runner", runner)
     monkeypatch.setattr(harness.environment, "machine", dict)
@@ -345,15 +401,29 @@ def test_cold_rounds_take_turns_one_process_per_repetition(
         workload="spill",
         variants=[spec.Variant("cudask", 1 << 30), spec.Variant("cudask", 1 << 30, True)],
         targets={"cudask": target},
-        runner_options={"array_module": "numpy", "device": "0", "memory_limit": "auto",
-                        "rmm_pool_size": None, "protocol": "tcp", "total": 8,
-                        "chunk_size": 8, "mode": "cold", "warm_runs": 2},
-        repeat=2, warmup=1, parameters={}, processes=5,
+        runner_options={
+            "array_module": "numpy",
+            "device": "0",
+            "memory_limit": "auto",
+            "rmm_pool_size": None,
+            "protocol": "tcp",
+            "total": 8,
+            "chunk_size": 8,
+            "mode": "cold",
+            "warm_runs": 2,
+        },
+        repeat=2,
+        warmup=1,
+        parameters={},
+        processes=5,
     )
     assert harness.plan_rounds(plan) == [(1, 0), (0, 1), (0, 1)]
     doc = harness.execute(plan, harness.ProgressLine(False))
-    assert calls == [("plain", "1", "0", "cold"), ("jit", "1", "0", "cold")] + [
-        ("plain", "0", "1", "cold"), ("jit", "0", "1", "cold")] * 2
+    assert (
+        calls
+        == [("plain", "1", "0", "cold"), ("jit", "1", "0", "cold")]
+        + [("plain", "0", "1", "cold"), ("jit", "0", "1", "cold")] * 2
+    )
     plain, jit = doc["variants"]
     assert plain["runs"] == 3 and plain["pids"] == [1, 3, 5] and jit["pids"] == [2, 4, 6]
     assert plain["measurements"]["create"]["times"] == [1.0, 1.0]

@@ -97,7 +97,8 @@ def test_table_says_the_mode_and_puts_cold_before_warm(
     for v in synthetic_document["variants"]:
         m = v["measurements"]
         v["measurements"] = {
-            **{k + "_warm": dict(x, median=x["median"] / 2) for k, x in m.items()}, **m
+            **{k + "_warm": dict(x, median=x["median"] / 2) for k, x in m.items()},
+            **m,
         }
     synthetic_document["parameters"].update(mode="cold", warm_runs=2)
     table = report.format_table(synthetic_document)
@@ -106,12 +107,20 @@ def test_table_says_the_mode_and_puts_cold_before_warm(
         "cold: first run on a fresh cluster, timed from the first submit; "
         "*_warm: the next 2 runs in the same cluster"
     )
-    rows = [line.split()[0] for line in lines[2:] if line.split()
-            and line.split()[0] in {"create", "read_verify", "create_warm", "read_verify_warm"}]
+    rows = [
+        line.split()[0]
+        for line in lines[2:]
+        if line.split()
+        and line.split()[0] in {"create", "read_verify", "create_warm", "read_verify_warm"}
+    ]
     assert rows[:4] == ["create", "read_verify", "create_warm", "read_verify_warm"]
     pairs = report.comparisons(synthetic_document["variants"])
-    assert {c["metric"] for c in pairs} == {"create", "read_verify", "create_warm",
-                                            "read_verify_warm"}
+    assert {c["metric"] for c in pairs} == {
+        "create",
+        "read_verify",
+        "create_warm",
+        "read_verify_warm",
+    }
     synthetic_document["parameters"]["mode"] = "warm"
     assert report.format_table(synthetic_document).splitlines()[1] == (
         "warm: steady state after warm-ups"
@@ -123,7 +132,8 @@ def test_table_says_the_mode_and_puts_cold_before_warm(
 def test_comparisons_cover_cupy_cold_metrics(synthetic_document: dict[str, Any]) -> None:
     for v in synthetic_document["variants"]:
         v["measurements"] = {
-            f"sum{suffix}": dict(x) for x in v["measurements"].values()
+            f"sum{suffix}": dict(x)
+            for x in v["measurements"].values()
             for suffix in ("_input", "", "_total", "_warm")
         }
     pairs = report.comparisons(synthetic_document["variants"])
@@ -162,7 +172,9 @@ def test_chart_png(tmp_path: Path, synthetic_document: dict[str, Any]) -> None:
     assert text["Description"].startswith("result: not written to a file")
     source = tmp_path / "r.json"
     source.write_text(json.dumps(synthetic_document))
-    write_chart(synthetic_document, tmp_path / "c.png", Origin.of_file(source, "runs/r.json", "abc1234"))
+    write_chart(
+        synthetic_document, tmp_path / "c.png", Origin.of_file(source, "runs/r.json", "abc1234")
+    )
     text = pngtext.read((tmp_path / "c.png").read_bytes())
     assert text["Source"] == "runs/r.json"
     assert text["Source-SHA256"] == hashlib.sha256(source.read_bytes()).hexdigest()

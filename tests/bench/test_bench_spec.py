@@ -56,7 +56,11 @@ def test_variants_dask_cuda_jit_mode_of_its_own() -> None:
         against_jit_mode="on",
         baseline=False,
     )
-    assert [v.name for v in variants] == ["cudask 4 GiB", "cudask 4 GiB +jit", "dask-cuda 4 GiB +jit"]
+    assert [v.name for v in variants] == [
+        "cudask 4 GiB",
+        "cudask 4 GiB +jit",
+        "dask-cuda 4 GiB +jit",
+    ]
 
 
 def test_variants_backend_default_limit() -> None:
@@ -144,13 +148,32 @@ def test_runner_argv() -> None:
     )
     assert "--device-memory-limit" not in default and "--mode" not in default
     with pytest.raises(OptionError, match="needs a mode; accepted: cold, warm"):
-        spec.runner_argv(spec.Variant("dict"), "spill", array_module="numpy", device="0",
-                         memory_limit="auto", rmm_pool_size=None, protocol="tcp", repeat=1,
-                         warmup=0, total=8, chunk_size=8)
+        spec.runner_argv(
+            spec.Variant("dict"),
+            "spill",
+            array_module="numpy",
+            device="0",
+            memory_limit="auto",
+            rmm_pool_size=None,
+            protocol="tcp",
+            repeat=1,
+            warmup=0,
+            total=8,
+            chunk_size=8,
+        )
     with pytest.raises(OptionError, match="--mode='hot'"):
-        spec.runner_argv(spec.Variant("dict"), "cupy", array_module="numpy", device="0",
-                         memory_limit="auto", rmm_pool_size=None, protocol="tcp", repeat=1,
-                         warmup=0, mode="hot")
+        spec.runner_argv(
+            spec.Variant("dict"),
+            "cupy",
+            array_module="numpy",
+            device="0",
+            memory_limit="auto",
+            rmm_pool_size=None,
+            protocol="tcp",
+            repeat=1,
+            warmup=0,
+            mode="hot",
+        )
 
 
 def test_runner_parses_what_the_harness_writes() -> None:
@@ -193,8 +216,10 @@ def test_planned_steps() -> None:
 
     spill = ("--workload", "spill", "--total", "8", "--chunk-size", "8")
     # warm: cluster up + (create, read+verify, read+sum) x (warm-ups + repetitions)
-    assert planned_steps(_runner_args(*spill, "--mode", "warm", "--repeat", "3",
-                                      "--warmup", "1")) == 1 + 3 * 4
+    assert (
+        planned_steps(_runner_args(*spill, "--mode", "warm", "--repeat", "3", "--warmup", "1"))
+        == 1 + 3 * 4
+    )
     # cold: cluster up + (create, read+verify, read+sum) x (the cold run + warm runs)
     assert planned_steps(_runner_args(*spill, "--mode", "cold", "--warm-runs", "2")) == 1 + 3 * 3
     cupy = ("--workload", "cupy", "--operation", "sum", "--operation", "dot")

@@ -21,24 +21,46 @@ from cudask_bench import environment
 
 BENCH = [sys.executable, "-m", "cudask.cli", "bench"]
 #: Small chunks, but repetitions enough to outlast the test by far.
-LONG_SPILL = ["spill", "--backend", "dict", "--array-module", "numpy", "--total", "16MiB",
-              "--chunk-size", "4MiB", "--mode", "warm", "--repeat", "1000000"]
+LONG_SPILL = [
+    "spill",
+    "--backend",
+    "dict",
+    "--array-module",
+    "numpy",
+    "--total",
+    "16MiB",
+    "--chunk-size",
+    "4MiB",
+    "--mode",
+    "warm",
+    "--repeat",
+    "1000000",
+]
 HAS_GPU = environment.gpus().get("available", False)
 
 
 #: Runs the command in its arguments (same process, through exec) with SIGINT's default
 #: action: a shell starts a background job with SIGINT ignored, and the bench leaves an
 #: ignored SIGINT ignored; here it gets SIGINT as from a terminal.
-DEFAULT_SIGINT = [sys.executable, "-c", (
-    "import os, signal, sys; "
-    "signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])")]
+DEFAULT_SIGINT = [
+    sys.executable,
+    "-c",
+    (
+        "import os, signal, sys; "
+        "signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+    ),
+]
 
 
 def _start(args: list[str], tmp: Path) -> subprocess.Popen[str]:
     tmp.mkdir()
-    return subprocess.Popen([*DEFAULT_SIGINT, *BENCH, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "TMPDIR": str(tmp)})
+    return subprocess.Popen(
+        [*DEFAULT_SIGINT, *BENCH, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
 
 
 def _wait_for(condition: Callable[[], object], timeout: float, what: str) -> object:
@@ -59,8 +81,11 @@ def _runner_with_workers(bench: subprocess.Popen[str]) -> list[psutil.Process]:
         for child in psutil.Process(bench.pid).children():
             try:
                 if "cudask_bench.run" in child.cmdline():
-                    workers = [p for p in child.children(recursive=True)
-                               if "spawn_main" in " ".join(p.cmdline())]
+                    workers = [
+                        p
+                        for p in child.children(recursive=True)
+                        if "spawn_main" in " ".join(p.cmdline())
+                    ]
                     if workers:
                         return [child, *child.children(recursive=True)]
             except psutil.NoSuchProcess:
@@ -89,8 +114,10 @@ def test_interrupt_stops_runner_and_workers_and_removes_temporary_files(
             bench.kill()
     assert bench.returncode == 128 + sig, (out, err)
     last = err.strip().splitlines()[-1]
-    assert last.endswith(f"bench spill: interrupted by {sig.name}; its processes are stopped "
-                         "and its temporary files removed"), err
+    assert last.endswith(
+        f"bench spill: interrupted by {sig.name}; its processes are stopped "
+        "and its temporary files removed"
+    ), err
     _, alive = psutil.wait_procs(processes, timeout=60)
     assert not alive, [p.cmdline() for p in alive]
     assert sorted(os.listdir(tmp)) == []
@@ -112,22 +139,41 @@ time.sleep(3600)
 def test_runner_stops_when_its_parent_is_killed(tmp_path: Path) -> None:
     """SIGKILL gives the harness no chance to stop its runner: the runner sees its
     parent gone and stops, closing its workers and removing its local directory."""
-    argv = ["--backend", "dict", "--workload", "spill", "--array-module", "numpy",
-            "--mode", "warm", "--repeat", "1000000", "--total", str(2**24),
-            "--chunk-size", str(2**22), "--json", str(tmp_path / "result.json")]
+    argv = [
+        "--backend",
+        "dict",
+        "--workload",
+        "spill",
+        "--array-module",
+        "numpy",
+        "--mode",
+        "warm",
+        "--repeat",
+        "1000000",
+        "--total",
+        str(2**24),
+        "--chunk-size",
+        str(2**22),
+        "--json",
+        str(tmp_path / "result.json"),
+    ]
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path / "log"), *argv],
-                              stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "TMPDIR": str(tmp)})
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(tmp_path / "log"), *argv],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
     try:
         assert parent.stdout is not None
         runner = psutil.Process(int(parent.stdout.readline()))
 
         def workers() -> list[psutil.Process]:
             assert runner.is_running(), (tmp_path / "log").read_text()
-            return [p for p in runner.children(recursive=True)
-                    if "spawn_main" in " ".join(p.cmdline())]
+            return [
+                p for p in runner.children(recursive=True) if "spawn_main" in " ".join(p.cmdline())
+            ]
 
         _wait_for(workers, 120, "a runner with a worker process")
         processes = [runner, *runner.children(recursive=True)]
@@ -150,21 +196,33 @@ def test_suggested_cpu_command_finishes_with_progress(tmp_path: Path, workload: 
     --help` gives for spill): it ends well within two minutes (a minute on an idle
     machine) and shows a progress line, --array-module numpy's defaults giving a small
     workload and --progress."""
-    asked = subprocess.run([*BENCH, workload, "--array-module", "numpy"], capture_output=True,
-                           text=True, timeout=120, check=False)
+    asked = subprocess.run(
+        [*BENCH, workload, "--array-module", "numpy"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert asked.returncode == 1 and "NVML finds none" in asked.stderr, asked.stderr
     marker = "without a GPU (host memory, under a minute): "
     suggested = shlex.split(asked.stderr.strip().split(marker, 1)[1])
     assert suggested[:3] == ["cudask", "bench", workload]
     if workload == "spill":
-        shown = subprocess.run([*BENCH, "--help"], capture_output=True, text=True, timeout=120,
-                               check=True).stdout
+        shown = subprocess.run(
+            [*BENCH, "--help"], capture_output=True, text=True, timeout=120, check=True
+        ).stdout
         assert " ".join(suggested) in " ".join(shown.split()), shown
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     start = time.monotonic()
-    run = subprocess.run([*BENCH, *suggested[2:]], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "TMPDIR": str(tmp)}, check=False)
+    run = subprocess.run(
+        [*BENCH, *suggested[2:]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TMPDIR": str(tmp)},
+        check=False,
+    )
     took = time.monotonic() - start
     assert run.returncode == 0, run.stderr
     assert took < 120
@@ -214,14 +272,22 @@ def test_a_runner_s_outcome_is_recorded_whatever_ends_it(tmp_path: Path) -> None
 
     path = str(tmp_path / "result.json")
     assert stopping.record_run(lambda: {"figures": {"s": 1.0}}, path) == 0
-    assert json.loads(Path(path).read_text()) == {"status": "ok", "error": None, "figures": {"s": 1.0}}
+    assert json.loads(Path(path).read_text()) == {
+        "status": "ok",
+        "error": None,
+        "figures": {"s": 1.0},
+    }
 
     def fail() -> dict:
         raise RuntimeError("no GPU")
 
     assert stopping.record_run(fail, path) == 1
     failed = json.loads(Path(path).read_text())
-    assert failed["status"] == "failed" and failed["error"] == "RuntimeError: no GPU" and "fail" in failed["traceback"]
+    assert (
+        failed["status"] == "failed"
+        and failed["error"] == "RuntimeError: no GPU"
+        and "fail" in failed["traceback"]
+    )
 
     def interrupted() -> dict:
         raise stopping.Interrupted(signal.SIGTERM)

@@ -17,23 +17,38 @@ def test_transfer_settings_and_dask_cuda_workers(tmp_path: Path) -> None:
 
     dc = Setting("dask-cuda", "dask-cuda", "tcp", pythonpath=(str(tmp_path),))
     names = [s.name for s in settings(("tcp", "ucx"), dc)]
-    assert names == ["cudask-ipc", "cudask-ipc-no-staging", "cudask-ipc-gc-freeze",
-                     "cudask-ipc-spill-ahead", "cudask-ipc-no-on-demand", "cudask-tcp", "cudask-ucx",
-                     "dask-cuda-tcp", "dask-cuda-ucx"]
-    assert [s.name for s in settings(("tcp",), None)] == ["cudask-ipc",
-                                                          "cudask-ipc-no-staging", "cudask-ipc-gc-freeze",
-                                                          "cudask-ipc-spill-ahead",
-                                                          "cudask-ipc-no-on-demand", "cudask-tcp"]
+    assert names == [
+        "cudask-ipc",
+        "cudask-ipc-no-staging",
+        "cudask-ipc-gc-freeze",
+        "cudask-ipc-spill-ahead",
+        "cudask-ipc-no-on-demand",
+        "cudask-tcp",
+        "cudask-ucx",
+        "dask-cuda-tcp",
+        "dask-cuda-ucx",
+    ]
+    assert [s.name for s in settings(("tcp",), None)] == [
+        "cudask-ipc",
+        "cudask-ipc-no-staging",
+        "cudask-ipc-gc-freeze",
+        "cudask-ipc-spill-ahead",
+        "cudask-ipc-no-on-demand",
+        "cudask-tcp",
+    ]
     ipc, unstaged, frozen, ahead, unhooked, tcp = settings(("tcp",), None)
     with worker_launch(ipc) as launch:
         assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True"})
     for setting, (variable, value) in (
-            (unstaged, ("DASK_CUDASK__COMM__DEVICE_IPC_STAGING", "0")),
-            (frozen, ("DASK_CUDASK__WORKER__GC_FREEZE", "True")),
-            (ahead, ("DASK_CUDASK__MEMORY__SPILL_TARGET", "0.9")),
-            (unhooked, ("DASK_CUDASK__MEMORY__SPILL_ON_DEMAND", "False"))):
+        (unstaged, ("DASK_CUDASK__COMM__DEVICE_IPC_STAGING", "0")),
+        (frozen, ("DASK_CUDASK__WORKER__GC_FREEZE", "True")),
+        (ahead, ("DASK_CUDASK__MEMORY__SPILL_TARGET", "0.9")),
+        (unhooked, ("DASK_CUDASK__MEMORY__SPILL_ON_DEMAND", "False")),
+    ):
         with worker_launch(setting) as launch:
-            assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True", variable: value}), setting
+            assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "True", variable: value}), (
+                setting
+            )
     with worker_launch(tcp) as launch:
         assert launch == (None, {"DASK_CUDASK__COMM__DEVICE_IPC": "False"})
     with worker_launch(settings(("tcp",), dc)[-1]) as (command, env):
@@ -54,11 +69,19 @@ def test_transfer_reports_the_store_figures() -> None:
 
     class Store(dict):
         def metrics(self) -> dict[str, float]:
-            return {"device-bytes": 5.0, "pinned-provision-bytes": 8.0, "pinned-provision-seconds": 0.5,
-                    "spill-device-to-host-bytes": 0.0, "unspill-host-to-device-count": 2.0}
+            return {
+                "device-bytes": 5.0,
+                "pinned-provision-bytes": 8.0,
+                "pinned-provision-seconds": 0.5,
+                "spill-device-to-host-bytes": 0.0,
+                "unspill-host-to-device-count": 2.0,
+            }
 
     assert store_figures(SimpleNamespace(data=Store())) == {
-        "pinned-provision-bytes": 8.0, "pinned-provision-seconds": 0.5, "unspill-host-to-device-count": 2.0}
+        "pinned-provision-bytes": 8.0,
+        "pinned-provision-seconds": 0.5,
+        "unspill-host-to-device-count": 2.0,
+    }
     assert store_figures(SimpleNamespace(data={})) == {}  # dask-cuda's or a plain store
 
 
@@ -94,11 +117,18 @@ def test_what_a_store_holds_is_read_from_cudask_s_metrics_or_dask_cuda_s_buffers
 
     from cudask_bench.counters import held_figures, watch_spills
 
-    metrics = {"device-bytes": 3e9, "host-bytes": 1.6e9, "device-keys": 2.0,
-               "spill-device-to-host-bytes": 1.6e9}
+    metrics = {
+        "device-bytes": 3e9,
+        "host-bytes": 1.6e9,
+        "device-keys": 2.0,
+        "spill-device-to-host-bytes": 1.6e9,
+    }
     cudask_like = SimpleNamespace(data=SimpleNamespace(metrics=lambda: metrics))
-    assert held_figures(cudask_like) == {"device-bytes": 3e9, "host-bytes": 1.6e9,
-                                         "spill-device-to-host-bytes": 1.6e9}
+    assert held_figures(cudask_like) == {
+        "device-bytes": 3e9,
+        "host-bytes": 1.6e9,
+        "spill-device-to-host-bytes": 1.6e9,
+    }
     host: zict.Buffer[str, bytes] = zict.Buffer({}, {}, n=100, weight=lambda k, v: len(v))
     device: zict.Buffer[str, bytes] = zict.Buffer({}, host, n=10, weight=lambda k, v: len(v))
     dask_cuda_like = SimpleNamespace(data=SimpleNamespace(device_buffer=device, host_buffer=host))

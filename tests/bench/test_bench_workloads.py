@@ -165,11 +165,20 @@ def test_every_repetition_computes_its_result(client: Any) -> None:
     shapes = {"transpose_sum": spec.operation_shape("transpose_sum", 200, 50, None)}
     with get_task_stream(client) as stream:
         steps = measure.schedule("warm", warmup=1, repeat=4, warm_runs=0)
-        result = workloads.run_cupy(client, module="numpy", operations=["transpose_sum"],
-                                    shapes=shapes, steps=steps, progress=lambda s: None)
+        result = workloads.run_cupy(
+            client,
+            module="numpy",
+            operations=["transpose_sum"],
+            shapes=shapes,
+            steps=steps,
+            progress=lambda s: None,
+        )
     assert result["transpose_sum_warm"].status == "ok"
-    final = [t["key"] for t in stream.data
-             if isinstance(t["key"], tuple) and t["key"][0].startswith("sum-aggregate")]
+    final = [
+        t["key"]
+        for t in stream.data
+        if isinstance(t["key"], tuple) and t["key"][0].startswith("sum-aggregate")
+    ]
     assert len(final) == 5 and len(set(final)) == 1  # the same key, computed every time
 
 
@@ -222,11 +231,23 @@ def test_cold_spill_on_numpy(client: Any) -> None:
         steps=measure.schedule("cold", warmup=0, repeat=1, warm_runs=1),
         progress=events.append,
     )
-    assert list(result) == ["create", "read_verify", "read_sum", "create_warm",
-                            "read_verify_warm", "read_sum_warm"]
+    assert list(result) == [
+        "create",
+        "read_verify",
+        "read_sum",
+        "create_warm",
+        "read_verify_warm",
+        "read_sum_warm",
+    ]
     assert all(len(m.times) == 1 and m.check for m in result.values())
-    assert events == ["create cold", "read+verify cold", "read+sum cold", "create warm 1/1",
-                      "read+verify warm 1/1", "read+sum warm 1/1"]
+    assert events == [
+        "create cold",
+        "read+verify cold",
+        "read+sum cold",
+        "create warm 1/1",
+        "read+verify warm 1/1",
+        "read+sum warm 1/1",
+    ]
 
 
 def test_chunk_sums_match_their_closed_form() -> None:
@@ -250,17 +271,28 @@ def test_spill_counts_the_disk_io_of_a_worker_spilling_to_disk(tmp_path: Any) ->
     store = {"device_memory_limit": None, "memory_limit": 8 << 20}
     with (
         dask.config.set({"distributed.worker.memory.spill-compression": False}),
-        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
-                     memory_limit=0, data=(fake_store, store),
-                     local_directory=str(tmp_path)) as cluster,
+        LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            memory_limit=0,
+            data=(fake_store, store),
+            local_directory=str(tmp_path),
+        ) as cluster,
         Client(cluster) as client,
     ):
         result = workloads.run_spill(
-            client, module="numpy", total=32 << 20, chunk_size=1 << 20,
+            client,
+            module="numpy",
+            total=32 << 20,
+            chunk_size=1 << 20,
             steps=measure.schedule("cold", warmup=0, repeat=1, warm_runs=0),
-            progress=lambda label: None)
-    (create,), (verify,), (summed,) = (result[k].traffic
-                                       for k in ("create", "read_verify", "read_sum"))
+            progress=lambda label: None,
+        )
+    (create,), (verify,), (summed,) = (
+        result[k].traffic for k in ("create", "read_verify", "read_sum")
+    )
     assert create["written_bytes"] >= 20 << 20, create
     assert verify["read_bytes"] >= 20 << 20 and summed["read_bytes"] >= 20 << 20, verify
     disk = result["create"].to_json()["disk"]

@@ -24,10 +24,31 @@ def test_etl_floor_and_cudask_right_with_spilling(tmp_path: Path, fmt: str) -> N
     pytest.importorskip("dask_cudf")
     out, data = tmp_path / "etl.json", tmp_path / "data"
     data.mkdir()
-    result = CliRunner().invoke(cli, [
-        "bench", "etl", "--settings", "floor,cudask", "--format", fmt, "--files", "3",
-        "--rows-per-file", "1000000", "--device-memory-limit", "25MB", "--warm-runs", "1",
-        "--timeout", "120", "--data-dir", str(data), "-o", str(out)])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "bench",
+            "etl",
+            "--settings",
+            "floor,cudask",
+            "--format",
+            fmt,
+            "--files",
+            "3",
+            "--rows-per-file",
+            "1000000",
+            "--device-memory-limit",
+            "25MB",
+            "--warm-runs",
+            "1",
+            "--timeout",
+            "120",
+            "--data-dir",
+            str(data),
+            "-o",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert doc["status"] == "ok" and doc["data"]["generator"] == "cudf"
@@ -54,4 +75,7 @@ def test_etl_floor_and_cudask_right_with_spilling(tmp_path: Path, fmt: str) -> N
     assert store["data_type"].startswith("cudask."), store["data_type"]
     floor = doc["results"][fmt]["floor"]["children"][0]["store"]
     assert floor["cumulative_metrics"].get("device-to-host/bytes", 0) == 0, floor
-    assert "right" in result.output and set(doc["provenance"]["figures"].values()) == {"cold", "warm"}
+    assert "right" in result.output and set(doc["provenance"]["figures"].values()) == {
+        "cold",
+        "warm",
+    }

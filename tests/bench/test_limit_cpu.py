@@ -18,9 +18,16 @@ from cudask_bench import limit as lim
 from cudask_bench.gpu_memory import MemorySampler
 from cudask_bench.provenance import figure_modes
 
-PLAN = lim.LimitPlan(backends=("cudask", "dask-cuda"), rounds=2, device_memory_limit=1000,
-                     chunks=6, chunk_size=1 << 12, temporary=1 << 14, warm_runs=1,
-                     interval=0.001)
+PLAN = lim.LimitPlan(
+    backends=("cudask", "dask-cuda"),
+    rounds=2,
+    device_memory_limit=1000,
+    chunks=6,
+    chunk_size=1 << 12,
+    temporary=1 << 14,
+    warm_runs=1,
+    interval=0.001,
+)
 
 
 def test_sampler_keeps_the_peak_of_each_phase() -> None:
@@ -58,9 +65,13 @@ def test_expected_sums_and_working_sets() -> None:
 
 def test_measure_gives_right_sums_and_peaks_above_idle() -> None:
     readings = iter(range(10**6))
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                      dashboard_address=":0") as cluster, Client(cluster) as client, \
-            MemorySampler(lambda: 10**6 + next(readings), interval=0.001) as sampler:
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+        MemorySampler(lambda: 10**6 + next(readings), interval=0.001) as sampler,
+    ):
         figures = lim.measure(client, PLAN, sampler, module="numpy")
     assert figures["correct"], figures["results"]
     assert figures["results"] == [lim.expected(PLAN)] * 2  # cold and one warm run
@@ -69,16 +80,28 @@ def test_measure_gives_right_sums_and_peaks_above_idle() -> None:
         assert f["cold_s"] > 0 and f["warm_s"] > 0 and f["peak_bytes"] > 0
         assert f["bound_bytes"] == 1000 + lim.working_sets(PLAN)[phase]
         # the reader grows by one each call: the peaks are far below the bounds
-        assert f["within"] is (max(f["peak_bytes"], f["warm_peak_bytes"])
-                               <= lim.SLACK * f["bound_bytes"])
+        assert f["within"] is (
+            max(f["peak_bytes"], f["warm_peak_bytes"]) <= lim.SLACK * f["bound_bytes"]
+        )
 
 
 def _row(backend: str, peak: int = 900, **result: Any) -> dict[str, Any]:
-    phase = {"cold_s": 1.5, "warm_s": 1.0, "peak_bytes": peak, "warm_peak_bytes": peak,
-             "bound_bytes": 1000, "within": peak <= 1100}
+    phase = {
+        "cold_s": 1.5,
+        "warm_s": 1.0,
+        "peak_bytes": peak,
+        "warm_peak_bytes": peak,
+        "bound_bytes": 1000,
+        "within": peak <= 1100,
+    }
     want = lim.expected(PLAN)
-    return {"backend": backend, "idle_bytes": 7, "phases": dict.fromkeys(lim.PHASES, phase),
-            "results": [{**want, **result}], "correct": not result}
+    return {
+        "backend": backend,
+        "idle_bytes": 7,
+        "phases": dict.fromkeys(lim.PHASES, phase),
+        "results": [{**want, **result}],
+        "correct": not result,
+    }
 
 
 def test_plan_rotates_backends_and_checks_every_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,12 +136,15 @@ def test_provenance_names_cold_and_warm_figures() -> None:
     assert len(modes) == 4 * len(lim.PHASES)
 
 
-@pytest.mark.parametrize("args, said", [
-    (["--chunk-size", "12"], "'12'; accepted: a size of at least 8 bytes, a multiple of 8"),
-    (["--data", "1MiB"], "'1MiB' is less than one chunk"),
-    (["--device-memory-limit", "lots"], "'lots'; accepted: a size of at least 1 bytes"),
-    (["--gpu", "0,,1"], "CUDA_VISIBLE_DEVICES='0,,1' has an empty entry"),
-])
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--chunk-size", "12"], "'12'; accepted: a size of at least 8 bytes, a multiple of 8"),
+        (["--data", "1MiB"], "'1MiB' is less than one chunk"),
+        (["--device-memory-limit", "lots"], "'lots'; accepted: a size of at least 1 bytes"),
+        (["--gpu", "0,,1"], "CUDA_VISIBLE_DEVICES='0,,1' has an empty entry"),
+    ],
+)
 def test_bad_input_is_one_line(args: list[str], said: str) -> None:
     result = CliRunner().invoke(cli, ["bench", "limit", *args])
     assert result.exit_code in (1, 2) and said in result.output, result.output

@@ -24,10 +24,16 @@ needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not i
 
 
 def _git(where: Path, *args: str) -> str:
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin:/usr/local/bin"}
-    return subprocess.run(["git", "-C", str(where), *args], check=True, capture_output=True,
-                          text=True, env=env).stdout.strip()
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "PATH": "/usr/bin:/bin:/usr/local/bin",
+    }
+    return subprocess.run(
+        ["git", "-C", str(where), *args], check=True, capture_output=True, text=True, env=env
+    ).stdout.strip()
 
 
 def _checkout(root: Path) -> str:
@@ -107,14 +113,19 @@ def test_configuration_names_overrides_and_where_they_were_set(
 ) -> None:
     monkeypatch.setenv("DASK_CUDASK__MEMORY__PINNED_POOL_SIZE", "1GiB")
     monkeypatch.setenv("UNRELATED_VARIABLE", "x")
-    with dask.config.set({"cudask.memory.pinned-pool-size": "1GiB",
-                          "cudask.memory.spill-target": 0.8}):
+    with dask.config.set(
+        {"cudask.memory.pinned-pool-size": "1GiB", "cudask.memory.spill-target": 0.8}
+    ):
         conf = provenance.configuration()
     assert conf["cudask"]["memory"]["pinned-pool-size"] == "1GiB"
     changed = conf["changed"]
     assert changed["cudask.memory.pinned-pool-size"] == {
-        "value": "1GiB", "origin": "environment variable DASK_CUDASK__MEMORY__PINNED_POOL_SIZE"}
-    assert changed["cudask.memory.spill-target"]["origin"] == "config key cudask.memory.spill-target"
+        "value": "1GiB",
+        "origin": "environment variable DASK_CUDASK__MEMORY__PINNED_POOL_SIZE",
+    }
+    assert (
+        changed["cudask.memory.spill-target"]["origin"] == "config key cudask.memory.spill-target"
+    )
     assert conf["environment"]["DASK_CUDASK__MEMORY__PINNED_POOL_SIZE"] == "1GiB"
     assert "UNRELATED_VARIABLE" not in conf["environment"]
 
@@ -133,26 +144,48 @@ def test_library_versions_here_and_in_another_folder(tmp_path: Path) -> None:
 def _bench_document(mode: str | None, workload: str = "spill") -> dict[str, Any]:
     metrics = {"create": {}, "read_verify": {}, "create_warm": {}, "read_verify_warm": {}}
     parameters = {} if mode is None else {"mode": mode}
-    return {"format": "cudask-bench/1", "workload": workload, "parameters": parameters,
-            "variants": [{"name": "cudask", "measurements": metrics}]}
+    return {
+        "format": "cudask-bench/1",
+        "workload": workload,
+        "parameters": parameters,
+        "variants": [{"name": "cudask", "measurements": metrics}],
+    }
 
 
 def test_figures_are_cold_or_warm() -> None:
     cold = provenance.figure_modes(_bench_document("cold"))
-    assert cold == {"create": "cold", "read_verify": "cold", "create_warm": "warm",
-                    "read_verify_warm": "warm"}
+    assert cold == {
+        "create": "cold",
+        "read_verify": "cold",
+        "create_warm": "warm",
+        "read_verify_warm": "warm",
+    }
     assert set(provenance.figure_modes(_bench_document("warm")).values()) == {"warm"}
     assert set(provenance.figure_modes(_bench_document(None)).values()) == {"warm"}  # pre --mode
     assert set(provenance.figure_modes(_bench_document(None, "startup")).values()) == {"cold"}
-    transfer = {"workload": "transfer", "report": {"plan": {"n": 1}, "settings": {"ipc": {
-        "point_to_point": {"64": {"cold": {}, "warm_median_GBps": 1.0, "runs": []}},
-        "all_to_all": {}, "all_to_all_warm": {}, "shuffle": {"tasks": {"cold": {}, "warm": {}}},
-        "ipc": {"w": {"sent": 1}}}}}}
+    transfer = {
+        "workload": "transfer",
+        "report": {
+            "plan": {"n": 1},
+            "settings": {
+                "ipc": {
+                    "point_to_point": {"64": {"cold": {}, "warm_median_GBps": 1.0, "runs": []}},
+                    "all_to_all": {},
+                    "all_to_all_warm": {},
+                    "shuffle": {"tasks": {"cold": {}, "warm": {}}},
+                    "ipc": {"w": {"sent": 1}},
+                }
+            },
+        },
+    }
     assert provenance.figure_modes(transfer) == {
         "settings.ipc.point_to_point.64.cold": "cold",
         "settings.ipc.point_to_point.64.warm_median_GBps": "warm",
-        "settings.ipc.all_to_all": "cold", "settings.ipc.all_to_all_warm": "warm",
-        "settings.ipc.shuffle.tasks.cold": "cold", "settings.ipc.shuffle.tasks.warm": "warm"}
+        "settings.ipc.all_to_all": "cold",
+        "settings.ipc.all_to_all_warm": "warm",
+        "settings.ipc.shuffle.tasks.cold": "cold",
+        "settings.ipc.shuffle.tasks.warm": "warm",
+    }
 
 
 def test_write_json_records_provenance(tmp_path: Path) -> None:

@@ -18,8 +18,12 @@ from cudask_bench.shuffle import METHODS, frame_shuffle
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[Any]:
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
-            Client(cluster) as c:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as c,
+    ):
         yield c
 
 
@@ -29,7 +33,9 @@ def test_a_shuffle_keeps_rows_and_groups_keys(client: Any, method: str) -> None:
     assert "error" not in out, out
     assert out["rows"] == 100_000 and out["bytes"] == 1_600_000 and out["seconds"] > 0
     assert out["rows_ok"] and out["keys_ok"], out
-    assert isinstance(out["workers"], dict), out  # what moved per worker: nothing by IPC on host frames
+    assert isinstance(out["workers"], dict), (
+        out
+    )  # what moved per worker: nothing by IPC on host frames
     assert not any(k.startswith("ipc-") for moved in out["workers"].values() for k in moved), out
 
 
@@ -39,9 +45,12 @@ def test_keys_split_across_partitions_are_found(client: Any) -> None:
 
     from cudask_bench.shuffle import _distinct_keys, _partition
 
-    frame = dd.from_map(_partition, range(4), rows=50_000, module="pandas", meta=_partition(0, 0, "pandas"))
-    held = client.compute([client.submit(_distinct_keys, p) for p in client.compute(frame.to_delayed())],
-                          sync=True)
+    frame = dd.from_map(
+        _partition, range(4), rows=50_000, module="pandas", meta=_partition(0, 0, "pandas")
+    )
+    held = client.compute(
+        [client.submit(_distinct_keys, p) for p in client.compute(frame.to_delayed())], sync=True
+    )
     assert sum(held) > frame["key"].nunique().compute(scheduler=client.get)
 
 
@@ -56,9 +65,15 @@ def test_moved_counters_are_differences() -> None:
     from cudask_bench.shuffle import _moved
 
     before = {"a": {"ipc-received": 2.0, "ipc-mappings-open": 1.0}, "b": {"ipc-received": 0.0}}
-    after = {"a": {"ipc-received": 5.0, "ipc-mappings-open": 1.0, "spill-device-to-host-count": 1.0,
-                   "pinned-provision-gbps": 12.0},  # a rate: no difference taken
-             "b": {"ipc-received": 0.0}}
+    after = {
+        "a": {
+            "ipc-received": 5.0,
+            "ipc-mappings-open": 1.0,
+            "spill-device-to-host-count": 1.0,
+            "pinned-provision-gbps": 12.0,
+        },  # a rate: no difference taken
+        "b": {"ipc-received": 0.0},
+    }
     assert _moved(before, after) == {"a": {"ipc-received": 3.0, "spill-device-to-host-count": 1.0}}
 
 

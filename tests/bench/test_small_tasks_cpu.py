@@ -18,14 +18,20 @@ PLAN = st.SmallTasksPlan(settings=(1, 2), tasks=200, chunks=24, chunk_size=1 << 
 
 
 def test_measure_gives_the_expected_sums() -> None:
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         figures = st.measure(client, PLAN, module="numpy")
     want = st.expected(PLAN)
     assert figures["tiny"]["result"] == {"tiny": want["tiny"], "same_every_run": True}
-    assert figures["chunks"]["result"] == {"chunks_sum": want["chunks_sum"],
-                                           "chunks_diff": want["chunks_diff"],
-                                           "same_every_run": True}
+    assert figures["chunks"]["result"] == {
+        "chunks_sum": want["chunks_sum"],
+        "chunks_diff": want["chunks_diff"],
+        "same_every_run": True,
+    }
     assert figures["tiny"]["tasks"] == 200 and figures["chunks"]["tasks"] > PLAN.chunks
     assert len(figures["tiny"]["times_s"]) == 2 and figures["tiny"]["warm_tasks_per_s"] > 0
 
@@ -33,12 +39,25 @@ def test_measure_gives_the_expected_sums() -> None:
 def _row(n: int, rate: float, **result: Any) -> dict[str, Any]:
     want = st.expected(PLAN)
     tiny = {"tiny": want["tiny"], "same_every_run": True}
-    chunks = {"chunks_sum": want["chunks_sum"], "chunks_diff": want["chunks_diff"],
-              "same_every_run": True, **result}
-    figures = {"tasks": 100, "cold_s": 2.0, "warm_s": 100 / rate, "times_s": [2.0, 100 / rate],
-               "warm_tasks_per_s": rate}
-    return {"workers_per_gpu": n, "workers": [], "tiny": {**figures, "result": tiny},
-            "chunks": {**figures, "result": chunks}}
+    chunks = {
+        "chunks_sum": want["chunks_sum"],
+        "chunks_diff": want["chunks_diff"],
+        "same_every_run": True,
+        **result,
+    }
+    figures = {
+        "tasks": 100,
+        "cold_s": 2.0,
+        "warm_s": 100 / rate,
+        "times_s": [2.0, 100 / rate],
+        "warm_tasks_per_s": rate,
+    }
+    return {
+        "workers_per_gpu": n,
+        "workers": [],
+        "tiny": {**figures, "result": tiny},
+        "chunks": {**figures, "result": chunks},
+    }
 
 
 def test_report_checks_results_and_speedups(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -56,15 +75,20 @@ def test_report_checks_results_and_speedups(monkeypatch: pytest.MonkeyPatch) -> 
     report = st.run_plan(PLAN, progress=said.append)
     assert not report["identical"] and "failed: boom" in "\n".join(st.summary(report))
     assert [line.rsplit(" in ", 1)[0] for line in said] == [
-        "small-tasks: 1 worker(s) per GPU done", "small-tasks: 2 worker(s) per GPU failed"]
+        "small-tasks: 1 worker(s) per GPU done",
+        "small-tasks: 2 worker(s) per GPU failed",
+    ]
 
 
-@pytest.mark.parametrize("args, said", [
-    (["--workers-per-gpu", "1,0"], "'1,0'; accepted: distinct whole numbers"),
-    (["--workers-per-gpu", "2,2"], "'2,2'; accepted: distinct whole numbers"),
-    (["--chunk-size", "12"], "'12'; accepted: a size of at least 8 bytes, a multiple of 8"),
-    (["--gpus", "0,,1"], "CUDA_VISIBLE_DEVICES='0,,1' has an empty entry"),
-])
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--workers-per-gpu", "1,0"], "'1,0'; accepted: distinct whole numbers"),
+        (["--workers-per-gpu", "2,2"], "'2,2'; accepted: distinct whole numbers"),
+        (["--chunk-size", "12"], "'12'; accepted: a size of at least 8 bytes, a multiple of 8"),
+        (["--gpus", "0,,1"], "CUDA_VISIBLE_DEVICES='0,,1' has an empty entry"),
+    ],
+)
 def test_bad_input_is_one_line(args: list[str], said: str) -> None:
     result = CliRunner().invoke(cli, ["bench", "small-tasks", *args])
     assert result.exit_code in (1, 2) and said in result.output, result.output

@@ -16,9 +16,25 @@ pytestmark = pytest.mark.gpu
 def test_small_tasks_with_one_and_two_workers_per_gpu(tmp_path) -> None:
     pytest.importorskip("cupy")
     out = tmp_path / "small.json"
-    result = CliRunner().invoke(cli, ["bench", "small-tasks", "--workers-per-gpu", "1,2",
-                                      "--tasks", "500", "--chunks", "64", "--repeat", "1",
-                                      "--timeout", "600", "-o", str(out)])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "bench",
+            "small-tasks",
+            "--workers-per-gpu",
+            "1,2",
+            "--tasks",
+            "500",
+            "--chunks",
+            "64",
+            "--repeat",
+            "1",
+            "--timeout",
+            "600",
+            "-o",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "results identical in every setting: yes" in result.output
     report = json.loads(out.read_text())["report"]

@@ -17,13 +17,25 @@ from cudask_bench import transfer as transfer_run
 from cudask_bench.transfer import Setting, TransferPlan
 from cudask_bench.transfer_case import plan_from, run_case, setting_from
 
-DASK_CUDA = Setting("dask-cuda", "dask-cuda", "ucx", python="/opt/dc/bin/python", pythonpath=("/opt/dc",))
+DASK_CUDA = Setting(
+    "dask-cuda", "dask-cuda", "ucx", python="/opt/dc/bin/python", pythonpath=("/opt/dc",)
+)
 
 
 def _plan() -> TransferPlan:
-    return TransferPlan(placement=("0", "0"), sizes=(1 << 20,), repeat=1, n=64, blocks=4,
-                        device_memory_limit="1GB", settings=transfer_run.settings(("tcp",), DASK_CUDA),
-                        pools=(None, "2GB"), rounds=2, warm_runs=3, shuffle_methods=("tasks",))
+    return TransferPlan(
+        placement=("0", "0"),
+        sizes=(1 << 20,),
+        repeat=1,
+        n=64,
+        blocks=4,
+        device_memory_limit="1GB",
+        settings=transfer_run.settings(("tcp",), DASK_CUDA),
+        pools=(None, "2GB"),
+        rounds=2,
+        warm_runs=3,
+        shuffle_methods=("tasks",),
+    )
 
 
 def test_a_plan_and_its_settings_go_through_json_unchanged() -> None:
@@ -39,7 +51,9 @@ def _runner_dirs() -> set[Path]:
     return set(Path(tempfile.gettempdir()).glob("cudask-bench-run-*"))
 
 
-@pytest.mark.skipif(environment.gpus().get("available", False), reason="a GPU is present: the case runs")
+@pytest.mark.skipif(
+    environment.gpus().get("available", False), reason="a GPU is present: the case runs"
+)
 def test_a_case_that_cannot_start_its_workers_is_its_error_and_leaves_nothing() -> None:
     """No GPU here: the case's `cudask worker` processes exit, and the runner says so."""
     before, running = _runner_dirs(), {p.pid for p in psutil.Process().children(recursive=True)}

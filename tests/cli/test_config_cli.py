@@ -11,8 +11,9 @@ from cudask.cli.main import cli
 
 
 def test_config_reports_each_worker():
-    with LocalCluster(n_workers=2, processes=False, threads_per_worker=1,
-                      dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=2, processes=False, threads_per_worker=1, dashboard_address=":0"
+    ) as cluster:
         result = CliRunner().invoke(cli, ["config", cluster.scheduler_address, "--json"])
         assert result.exit_code == 0, result.output
         reports = json.loads(result.output)
@@ -34,8 +35,12 @@ def test_config_says_why_device_ipc_is_off(monkeypatch):
 
     monkeypatch.setattr(ipc, "_state", ipc._State())
     monkeypatch.setattr(plugins, "gpus_without_peer_access", lambda uuid: ["GPU-b"])
-    with LocalCluster(n_workers=1, processes=False, threads_per_worker=1,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=1, processes=False, threads_per_worker=1, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         client.register_plugin(plugins.DeviceIPC("GPU-a", 1 << 20, map_ahead=False))
         result = CliRunner().invoke(cli, ["config", cluster.scheduler_address, "--json"])
         (report,) = json.loads(result.output).values()
@@ -46,15 +51,40 @@ def test_config_over_tls(tls_files):
     from distributed.security import Security
 
     cert, key = tls_files
-    security = Security(tls_ca_file=cert, tls_scheduler_cert=cert, tls_scheduler_key=key,
-                        tls_worker_cert=cert, tls_worker_key=key, tls_client_cert=cert,
-                        tls_client_key=key, require_encryption=True)
-    with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, protocol="tls",
-                      security=security, dashboard_address=":0") as cluster:
+    security = Security(
+        tls_ca_file=cert,
+        tls_scheduler_cert=cert,
+        tls_scheduler_key=key,
+        tls_worker_cert=cert,
+        tls_worker_key=key,
+        tls_client_cert=cert,
+        tls_client_key=key,
+        require_encryption=True,
+    )
+    with LocalCluster(
+        n_workers=1,
+        processes=False,
+        threads_per_worker=1,
+        protocol="tls",
+        security=security,
+        dashboard_address=":0",
+    ) as cluster:
         address = cluster.scheduler_address
         assert address.startswith("tls://")
-        result = CliRunner().invoke(cli, ["config", address, "--json", "--tls-ca-file", cert,
-                                          "--tls-cert", cert, "--tls-key", key])
+        result = CliRunner().invoke(
+            cli,
+            [
+                "config",
+                address,
+                "--json",
+                "--tls-ca-file",
+                cert,
+                "--tls-cert",
+                cert,
+                "--tls-key",
+                key,
+            ],
+        )
         assert result.exit_code == 0, result.output
         (report,) = json.loads(result.output).values()
         assert report["protocol"] == "tls"

@@ -57,8 +57,15 @@ def fake_dask_cuda(root: Path, version: str = "26.10.0") -> Path:
 
 def run(path: list[Path], *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(p) for p in [*path, SRC]))
-    return subprocess.run([sys.executable, "-W", "default", *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-W", "default", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 @pytest.fixture
@@ -130,8 +137,11 @@ def test_loaders_follow_what_is_installed(monkeypatch: pytest.MonkeyPatch) -> No
     runs = dask_cuda_owner.dask_cuda_runs()
     assert runs is not None and runs.startswith("cudask")
 
-    monkeypatch.setattr(dask_cuda_owner, "entry_points",
-                        lambda group: _eps(DISTRIBUTED, ("cuda", "dask_cuda.cli:cuda"), ours))
+    monkeypatch.setattr(
+        dask_cuda_owner,
+        "entry_points",
+        lambda group: _eps(DISTRIBUTED, ("cuda", "dask_cuda.cli:cuda"), ours),
+    )
     aside = dask_cli.cuda
     assert aside.name == dask_cli.STANDING_ASIDE and aside.hidden
     assert dask_cli.cudask is dask_cudask

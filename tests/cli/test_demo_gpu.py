@@ -11,9 +11,24 @@ pytestmark = pytest.mark.gpu
 
 def test_demo_spills_and_reports_every_gpu():
     pytest.importorskip("cupy")
-    out = subprocess.run([sys.executable, "-m", "cudask.cli", "demo", "--device-memory-limit", "1GB",
-                          "--size", "2", "--dashboard-address", ":0"],
-                         check=False, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cudask.cli",
+            "demo",
+            "--device-memory-limit",
+            "1GB",
+            "--size",
+            "2",
+            "--dashboard-address",
+            ":0",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout
     assert "dashboard" in text

@@ -21,7 +21,7 @@ def _sections(text: str) -> dict[str, str]:
 def test_worker_help_groups_every_flag_under_its_section() -> None:
     text = CliRunner().invoke(cli, ["worker", "--help"], terminal_width=200).output
     sections = _sections(text)
-    assert list(sections)[-len(GROUPS) - 1:] == [*GROUPS.values(), "Other options"], list(sections)
+    assert list(sections)[-len(GROUPS) - 1 :] == [*GROUPS.values(), "Other options"], list(sections)
     for opt in options_for("cli"):
         assert opt.cli_flag in sections[GROUPS[opt.group]], (opt.name, opt.group)
     assert "--help" in sections["Other options"]
@@ -35,8 +35,7 @@ def test_worker_help_names_options_as_flags() -> None:
 
 
 def test_kubernetes_help_puts_the_pods_first() -> None:
-    text = CliRunner().invoke(cli, ["kubernetes", "manifest", "--help"],
-                              terminal_width=200).output
+    text = CliRunner().invoke(cli, ["kubernetes", "manifest", "--help"], terminal_width=200).output
     sections = _sections(text)
     assert next(iter(sections)) == "Pods", list(sections)
     assert "--image" in sections["Pods"] and "--device-memory-limit" in sections[GROUPS["memory"]]
@@ -48,9 +47,11 @@ def test_options_reads_in_a_terminal_and_as_markdown() -> None:
     lines = plain.output.splitlines()
     assert all(len(line) <= 100 for line in lines), max(lines, key=len)
     for opt in OPTIONS:
-        assert any(line.lstrip().startswith(opt.cluster_keyword if "cluster" in opt.surfaces
-                                            else opt.name) and opt.cli_flag in line
-                   for line in lines), opt.name
+        assert any(
+            line.lstrip().startswith(opt.cluster_keyword if "cluster" in opt.surfaces else opt.name)
+            and opt.cli_flag in line
+            for line in lines
+        ), opt.name
     markdown = CliRunner().invoke(cli, ["options", "--markdown"])
     assert markdown.exit_code == 0 and markdown.output == reference()
 

@@ -19,7 +19,9 @@ def test_render_dgx():
 
 
 def test_render_mig_and_soc():
-    m = discover(FakeBackend([fake_gpu(0, mig=2, cpus=[0]), fake_gpu(1, memory_total=None, cpus=[0])]))
+    m = discover(
+        FakeBackend([fake_gpu(0, mig=2, cpus=[0]), fake_gpu(1, memory_total=None, cpus=[0])])
+    )
     text = info_mod.render(m)
     assert "0.1" in text and "MIG-" in text and "shared (SoC)" in text
 

@@ -25,30 +25,57 @@ from cudask.cli.top import COLUMNS, fit, render_text, short_uuid, total_cells
 from cudask.testing import wait_for
 
 # ------------------------------------------------------------------ synthetic snapshots
-GPU_FIELDS = ("gpu_utilization", "gpu_memory_used_bytes", "gpu_memory_total_bytes",
-              "pcie_tx_gbps", "pcie_rx_gbps", "nvlink_tx_gbps", "nvlink_rx_gbps")
+GPU_FIELDS = (
+    "gpu_utilization",
+    "gpu_memory_used_bytes",
+    "gpu_memory_total_bytes",
+    "pcie_tx_gbps",
+    "pcie_rx_gbps",
+    "nvlink_tx_gbps",
+    "nvlink_rx_gbps",
+)
 
 
 def row(i: int, **changes: Any) -> dict[str, Any]:
     r: dict[str, Any] = {
-        "name": f"gpu{i:02d}", "address": f"tcp://10.0.{i // 8}.1:{40000 + i}",
-        "host": f"node{i // 8}", "gpu_uuid": f"GPU-{i:08x}-1111-2222-3333-444455556666",
-        "gpu_name": "NVIDIA H100 80GB HBM3", "cudask": True,
-        "device_bytes": (10 + i) * 2**30, "device_limit_bytes": 64 * 2**30,
-        "host_bytes": 3 * 2**30, "disk_bytes": 0.0,
-        "pinned_reserved_bytes": 2 * 2**30, "pinned_in_use_bytes": 2**30,
-        "spilled_bytes_total": 5e11, "unspilled_bytes_total": 2e11,
-        "spill_gbps": 21.5, "unspill_gbps": 18.25, "gpu_utilization": 87.0,
-        "gpu_memory_used_bytes": 70 * 2**30, "gpu_memory_total_bytes": 80 * 2**30,
-        "pcie_tx_gbps": 12.5, "pcie_rx_gbps": 20.0, "nvlink_tx_gbps": None, "nvlink_rx_gbps": None,
+        "name": f"gpu{i:02d}",
+        "address": f"tcp://10.0.{i // 8}.1:{40000 + i}",
+        "host": f"node{i // 8}",
+        "gpu_uuid": f"GPU-{i:08x}-1111-2222-3333-444455556666",
+        "gpu_name": "NVIDIA H100 80GB HBM3",
+        "cudask": True,
+        "device_bytes": (10 + i) * 2**30,
+        "device_limit_bytes": 64 * 2**30,
+        "host_bytes": 3 * 2**30,
+        "disk_bytes": 0.0,
+        "pinned_reserved_bytes": 2 * 2**30,
+        "pinned_in_use_bytes": 2**30,
+        "spilled_bytes_total": 5e11,
+        "unspilled_bytes_total": 2e11,
+        "spill_gbps": 21.5,
+        "unspill_gbps": 18.25,
+        "gpu_utilization": 87.0,
+        "gpu_memory_used_bytes": 70 * 2**30,
+        "gpu_memory_total_bytes": 80 * 2**30,
+        "pcie_tx_gbps": 12.5,
+        "pcie_rx_gbps": 20.0,
+        "nvlink_tx_gbps": None,
+        "nvlink_rx_gbps": None,
     }
     r.update(changes)
     return r
 
 
-def snap(rows: list[dict[str, Any]], reason: str | None = None, plugin: bool = True) -> dict[str, Any]:
-    return {"time": 1.7e9, "workers": rows, "cudask_workers": sum(r["cudask"] for r in rows),
-            "reason": reason, "plugin": plugin}
+def snap(
+    rows: list[dict[str, Any]], reason: str | None = None, plugin: bool = True
+) -> dict[str, Any]:
+    return {
+        "time": 1.7e9,
+        "workers": rows,
+        "cudask_workers": sum(r["cudask"] for r in rows),
+        "reason": reason,
+        "plugin": plugin,
+    }
 
 
 def lines_of(text: str) -> list[str]:
@@ -62,9 +89,20 @@ def test_render_one_row_per_gpu_worker_with_totals(n: int) -> None:
     body = [line for line in lines if line.startswith("gpu")]
     assert len(body) == n
     first = body[0]
-    for cell in ("gpu00", "node0", "GPU-00000000", "10.00 GiB / 64.00 GiB", "16%", "3.00 GiB",
-                 "2.00 GiB / 1.00 GiB", "21.50", "18.25", "87%", "70.00 GiB / 80.00 GiB",
-                 "12.5 / 20.0"):
+    for cell in (
+        "gpu00",
+        "node0",
+        "GPU-00000000",
+        "10.00 GiB / 64.00 GiB",
+        "16%",
+        "3.00 GiB",
+        "2.00 GiB / 1.00 GiB",
+        "21.50",
+        "18.25",
+        "87%",
+        "70.00 GiB / 80.00 GiB",
+        "12.5 / 20.0",
+    ):
         assert cell in first, (cell, first)
     (totals,) = [line for line in lines if line.startswith(f"{n} GPU workers")]
     assert f"{(n + 7) // 8} host" in totals
@@ -123,8 +161,10 @@ def test_narrow_terminal_hides_columns_by_rank() -> None:
     core = [i for i, (_, _, rank) in enumerate(COLUMNS) if rank == 0]
     assert fit(cells, 1) == core
     by_rank = sorted((rank, i) for i, (_, _, rank) in enumerate(COLUMNS) if rank)
-    one_less = fit(cells, sum(max(len(x) for x in h.split("\n")) for h, _, _ in COLUMNS)
-                   + 2 * (len(COLUMNS) - 1) - 1)
+    one_less = fit(
+        cells,
+        sum(max(len(x) for x in h.split("\n")) for h, _, _ in COLUMNS) + 2 * (len(COLUMNS) - 1) - 1,
+    )
     assert one_less == [i for i in every if i != by_rank[0][1]]
 
 
@@ -163,11 +203,14 @@ def test_no_scheduler_names_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "--scheduler-file" in result.output and "address" in result.output
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "cannot read the scheduler file"),
-    ("not json", "is not JSON"),
-    ('{"id": "x"}', 'has no "address"'),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "cannot read the scheduler file"),
+        ("not json", "is not JSON"),
+        ('{"id": "x"}', 'has no "address"'),
+    ],
+)
 def test_bad_scheduler_file(tmp_path: Path, content: str | None, message: str) -> None:
     path = tmp_path / "scheduler.json"
     if content is not None:
@@ -202,14 +245,19 @@ def cudask_command() -> list[str]:
 def test_unreachable_scheduler_one_line_at_once() -> None:
     """A refused connection fails at once, not after --timeout (here 120 s)."""
     started = time.monotonic()
-    out = subprocess.run([*cudask_command(), "top", "tcp://127.0.0.1:1", "--once",
-                          "--timeout", "120"],
-                         capture_output=True, text=True, timeout=240, check=False)
+    out = subprocess.run(
+        [*cudask_command(), "top", "tcp://127.0.0.1:1", "--once", "--timeout", "120"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     elapsed = time.monotonic() - started
     assert out.returncode == 1, out.stderr
     lines = out.stderr.strip().splitlines()
-    assert lines == [("cudask top: cannot reach the scheduler at tcp://127.0.0.1:1: "
-                      "Connection refused")], out.stderr
+    assert lines == [
+        ("cudask top: cannot reach the scheduler at tcp://127.0.0.1:1: Connection refused")
+    ], out.stderr
     assert out.stdout == ""
     assert elapsed < 60, elapsed  # the process's start included, on a busy machine
 
@@ -232,21 +280,47 @@ def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any,
 
     def make_store() -> TieredStore:
         store = TieredStore(
-            device_memory_limit=4 << 20, memory_limit=1 << 30, backend=FakeCopyBackend(),
-            settings=store_settings(4 << 20, 1 << 30, background=False, pinned_preallocate=False,
-                                    pinned_pool_size=16 << 20, pinned_slab_size=1 << 20),
+            device_memory_limit=4 << 20,
+            memory_limit=1 << 30,
+            backend=FakeCopyBackend(),
+            settings=store_settings(
+                4 << 20,
+                1 << 30,
+                background=False,
+                pinned_preallocate=False,
+                pinned_pool_size=16 << 20,
+                pinned_slab_size=1 << 20,
+            ),
             local_directory=str(root / f"spill{len(stores)}"),
         )
         stores.append(store)
         return store
 
-    with (LocalCluster(n_workers=2, processes=False, threads_per_worker=1, protocol="tcp",
-                       scheduler_port=0, dashboard_address=":0", data=make_store) as cluster,
-          Client(cluster) as client):
+    with (
+        LocalCluster(
+            n_workers=2,
+            processes=False,
+            threads_per_worker=1,
+            protocol="tcp",
+            scheduler_port=0,
+            dashboard_address=":0",
+            data=make_store,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         client.register_plugin(StoreMetrics())
-        futures = [client.submit(FakeDeviceArray.empty, 1 << 20, "u1", pure=False,
-                                 workers=[address], allow_other_workers=False)
-                   for address in cluster.scheduler.workers for _ in range(6)]
+        futures = [
+            client.submit(
+                FakeDeviceArray.empty,
+                1 << 20,
+                "u1",
+                pure=False,
+                workers=[address],
+                allow_other_workers=False,
+            )
+            for address in cluster.scheduler.workers
+            for _ in range(6)
+        ]
         wait(futures)
         assert len(stores) == 2
         yield cluster, stores
@@ -270,8 +344,10 @@ def test_once_json_matches_the_stores(gpu_cluster: tuple[Any, list[Any]]) -> Non
     def matches(data: dict[str, Any]) -> bool:
         rows = {r["address"]: r for r in data["workers"]}
         return set(rows) == set(expected) and all(
-            rows[a]["device_bytes"] == m["device-bytes"] and rows[a]["host_bytes"] == m["host-bytes"]
-            for a, m in expected.items())
+            rows[a]["device_bytes"] == m["device-bytes"]
+            and rows[a]["host_bytes"] == m["host-bytes"]
+            for a, m in expected.items()
+        )
 
     data = json_once()
     deadline = time.monotonic() + 60  # heartbeats bring the stores' figures
@@ -299,19 +375,24 @@ def test_once_table_and_scheduler_file(gpu_cluster: tuple[Any, list[Any]], tmp_p
         assert str(worker.name) in result.output
 
 
-def test_env_address_yields_to_a_scheduler_file(gpu_cluster: tuple[Any, list[Any]],
-                                                tmp_path: Path) -> None:
+def test_env_address_yields_to_a_scheduler_file(
+    gpu_cluster: tuple[Any, list[Any]], tmp_path: Path
+) -> None:
     cluster, _ = gpu_cluster
     path = tmp_path / "scheduler.json"
     path.write_text(json.dumps({"address": cluster.scheduler_address}))
-    result = CliRunner().invoke(cli, ["top", "--scheduler-file", str(path), "--once", "--json"],
-                                env={"DASK_SCHEDULER_ADDRESS": "tcp://127.0.0.1:1"})
+    result = CliRunner().invoke(
+        cli,
+        ["top", "--scheduler-file", str(path), "--once", "--json"],
+        env={"DASK_SCHEDULER_ADDRESS": "tcp://127.0.0.1:1"},
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["cudask_workers"] == 2
 
 
-def test_ctrl_c_exits_zero_without_traceback(gpu_cluster: tuple[Any, list[Any]],
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ctrl_c_exits_zero_without_traceback(
+    gpu_cluster: tuple[Any, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     cluster, _ = gpu_cluster
     scheduler = cluster.scheduler
     before = set(scheduler.clients)
@@ -326,10 +407,16 @@ def test_ctrl_c_exits_zero_without_traceback(gpu_cluster: tuple[Any, list[Any]],
     env = {**os.environ, "COLUMNS": "250"}
     proc = subprocess.Popen(
         [*cudask_command(), "top", cluster.scheduler_address, "--interval", "0.2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
-        connected = wait_for(lambda: bool(set(scheduler.clients) - before)
-                             and "cudask-monitor" in scheduler.plugins, timeout=90)
+        connected = wait_for(
+            lambda: bool(set(scheduler.clients) - before) and "cudask-monitor" in scheduler.plugins,
+            timeout=90,
+        )
         assert connected and proc.poll() is None, proc.communicate(timeout=30)
         from cudask.monitor.state import snapshot
 
@@ -352,8 +439,9 @@ def test_ctrl_c_exits_zero_without_traceback(gpu_cluster: tuple[Any, list[Any]],
 def test_no_cudask_workers_shows_the_reason() -> None:
     from distributed import LocalCluster
 
-    with LocalCluster(n_workers=1, processes=False, threads_per_worker=1,
-                      dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=1, processes=False, threads_per_worker=1, dashboard_address=":0"
+    ) as cluster:
         result = invoke(cluster.scheduler_address, "--once", "--json")
         assert result.exit_code == 0, result.output
         data = json.loads(result.output)

@@ -33,12 +33,18 @@ def test_dask_cuda_group_has_the_same_commands():
         (["--nthreads", "0"], "at least 1"),
         (["--tls-ca-file", "ca.pem"], "TLS needs all"),
         (["--contact-address", "tcp://node1:9000"], "Must specify listen_address"),
-        (["--listen-address", "tcp://0.0.0.0:9000", "--worker-port", "9000"],
-         "Cannot specify worker_port when listen_address is given"),
-        (["--listen-address", "tcp://0.0.0.0:9000", "--host", "127.0.0.1"],
-         "Cannot specify listen_address when host or interface is given"),
-        (["--listen-address", "tcp://0.0.0.0:9000", "--interface", "lo"],
-         "Cannot specify listen_address when host or interface is given"),
+        (
+            ["--listen-address", "tcp://0.0.0.0:9000", "--worker-port", "9000"],
+            "Cannot specify worker_port when listen_address is given",
+        ),
+        (
+            ["--listen-address", "tcp://0.0.0.0:9000", "--host", "127.0.0.1"],
+            "Cannot specify listen_address when host or interface is given",
+        ),
+        (
+            ["--listen-address", "tcp://0.0.0.0:9000", "--interface", "lo"],
+            "Cannot specify listen_address when host or interface is given",
+        ),
     ],
 )
 def test_bad_flags_give_one_line_no_traceback(args, message):
@@ -60,16 +66,24 @@ def test_no_scheduler(monkeypatch):
 
 
 def test_entry_points_installed():
-    out = subprocess.run(["dask", "cuda", "worker", "--help"], capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        ["dask", "cuda", "worker", "--help"], capture_output=True, text=True, check=False
+    )
     assert out.returncode == 0 and "--device-memory-limit" in out.stdout
-    out = subprocess.run([sys.executable, "-m", "cudask.cli", "worker", "--help"],
-                         capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "cudask.cli", "worker", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert out.returncode == 0 and "--rmm-pool-size" in out.stdout
 
 
 def test_no_gpu_is_a_plain_error_exit_1():
     # CI machines have no GPU: the worker command must say so without a traceback.
-    out = subprocess.run(["cudask", "worker", "tcp://127.0.0.1:8786"], capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        ["cudask", "worker", "tcp://127.0.0.1:8786"], capture_output=True, text=True, check=False
+    )
     if "no NVIDIA GPU" not in out.stderr:
         pytest.skip("this machine has a GPU")
     assert out.returncode == 1 and "Traceback" not in out.stderr
@@ -78,11 +92,32 @@ def test_no_gpu_is_a_plain_error_exit_1():
 def test_dask_jobqueue_worker_command_line_is_accepted():
     # dask-jobqueue runs `python -m cudask.cli worker` (its worker_command) with these flags;
     # every one must parse (here the run stops at the missing GPU, before any process).
-    args = ["worker", "tcp://127.0.0.1:8786", "--name", "dummy-name", "--nthreads", "1",
-            "--memory-limit", "7.45GiB", "--nanny", "--death-timeout", "60",
-            "--local-directory", "/tmp", "--interface", "lo", "--protocol", "tcp"]
-    out = subprocess.run([sys.executable, "-m", "cudask.cli", *args], capture_output=True,
-                         text=True, timeout=60, check=False)
+    args = [
+        "worker",
+        "tcp://127.0.0.1:8786",
+        "--name",
+        "dummy-name",
+        "--nthreads",
+        "1",
+        "--memory-limit",
+        "7.45GiB",
+        "--nanny",
+        "--death-timeout",
+        "60",
+        "--local-directory",
+        "/tmp",
+        "--interface",
+        "lo",
+        "--protocol",
+        "tcp",
+    ]
+    out = subprocess.run(
+        [sys.executable, "-m", "cudask.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     if "no NVIDIA GPU" not in out.stderr:
         pytest.skip("this machine has a GPU")
     assert out.returncode == 1 and "No such option" not in out.stderr
@@ -112,8 +147,10 @@ def test_one_worker_options_with_two_gpus(monkeypatch, args, message):
 def test_scheduler_file_beats_the_environment(tmp_path):
     """--scheduler-file on the command line wins over DASK_SCHEDULER_ADDRESS (as for
     `cudask top`): no conflict, and the address in the environment is not checked."""
-    result = CliRunner().invoke(cli, ["worker", "--scheduler-file", str(tmp_path / "s.json"),
-                                      "--nthreads", "0"],
-                                env={"DASK_SCHEDULER_ADDRESS": "banana"})
+    result = CliRunner().invoke(
+        cli,
+        ["worker", "--scheduler-file", str(tmp_path / "s.json"), "--nthreads", "0"],
+        env={"DASK_SCHEDULER_ADDRESS": "banana"},
+    )
     assert result.exit_code == 2, result.output
     assert "nthreads=0" in result.output and "banana" not in result.output

@@ -101,7 +101,8 @@ def _sum(x: FakeDeviceArray) -> float:
 
 
 def test_the_workers_of_a_host_map_each_others_slabs_before_any_transfer(
-        monkeypatch: pytest.MonkeyPatch, as_child: dict[str, Any]) -> None:
+    monkeypatch: pytest.MonkeyPatch, as_child: dict[str, Any]
+) -> None:
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(ndarray=FakeDeviceArray))
     monkeypatch.setattr(ipc, "_state", ipc._State())
     monkeypatch.setattr(lifetimes, "_pools", [])
@@ -121,18 +122,29 @@ def test_the_workers_of_a_host_map_each_others_slabs_before_any_transfer(
         await original(self, offer, source)
 
     monkeypatch.setattr(ahead.MapAhead, "_map", recording)
-    with LocalCluster(n_workers=2, processes=False, protocol="tcp", dashboard_address=":0",
-                      threads_per_worker=1, serializers=REPLY,
-                      deserializers=REPLY) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=2,
+            processes=False,
+            protocol="tcp",
+            dashboard_address=":0",
+            threads_per_worker=1,
+            serializers=REPLY,
+            deserializers=REPLY,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         client.register_plugin(_StartMapAhead())
         assert wait_for(lambda: ipc.stats()["mappings-opened-ahead"] == 1, timeout=120)
         a, b = list(workers_info(client))
         # both sides mapped: the handler an introducer's offer, an introducer the answer
-        assert wait_for(lambda: "its offer" in mapped_from and bool(set(mapped_from) & {a, b}),
-                        timeout=120), mapped_from
+        assert wait_for(
+            lambda: "its offer" in mapped_from and bool(set(mapped_from) & {a, b}), timeout=120
+        ), mapped_from
         x = client.submit(_slab_piece, workers=[a])
         assert client.submit(_sum, x, workers=[b]).result(timeout=120) == float(
-            slab[4096:12288].astype("f8").sum())
+            slab[4096:12288].astype("f8").sum()
+        )
         stats = ipc.stats()
     # Both workers offered the same slab (one process here); it was opened once, ahead.
     assert _BACKEND.opened.count(b"slab") == 1 and slabs.shared
@@ -141,19 +153,28 @@ def test_the_workers_of_a_host_map_each_others_slabs_before_any_transfer(
 
 
 def test_a_worker_that_did_not_advertise_the_exchange_is_not_asked(
-        monkeypatch: pytest.MonkeyPatch, as_child: dict[str, Any],
-        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch: pytest.MonkeyPatch, as_child: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(ipc, "_state", ipc._State())
     _ASKED.clear()
-    with caplog.at_level(logging.DEBUG), \
-            LocalCluster(n_workers=2, processes=False, protocol="tcp", dashboard_address=":0",
-                         threads_per_worker=1) as cluster, Client(cluster) as client:
+    with (
+        caplog.at_level(logging.DEBUG),
+        LocalCluster(
+            n_workers=2,
+            processes=False,
+            protocol="tcp",
+            dashboard_address=":0",
+            threads_per_worker=1,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         first = min(w.name for w in cluster.workers.values())
         client.register_plugin(_StartMapAhead(only=first))
         # done once the one exchange advertised itself and its introduction ended
         assert wait_for(lambda: len(_EXCHANGES) == 1 and not _EXCHANGES[0].tasks, timeout=120)
         advertised = client.run_on_scheduler(
-            lambda dask_scheduler: dict(dask_scheduler.task_metadata.get(ahead.KEY, {})))
+            lambda dask_scheduler: dict(dask_scheduler.task_metadata.get(ahead.KEY, {}))
+        )
     assert list(advertised.values()) == [as_child], advertised
     assert _ASKED == [] and "No handler" not in caplog.text
 
@@ -176,7 +197,8 @@ class _Scheduler:
 
 
 def test_only_running_processes_of_this_host_that_advertised_are_asked(
-        as_child: dict[str, Any]) -> None:
+    as_child: dict[str, Any],
+) -> None:
     later = as_child["sender"]["started"] + 100
     ended = {**as_child, "sender": {**as_child["sender"], "started": later}}
     advertised = {
@@ -184,8 +206,10 @@ def test_only_running_processes_of_this_host_that_advertised_are_asked(
         "tcp://gone:1": as_child,  # left the cluster: not among the scheduler's workers
         "tcp://reused:1": ended,  # its process ended (the pid now another's)
         "tcp://elsewhere:1": {**as_child, "node": "another host"},
-        "tcp://this-process:1": {"node": ipc.node_identity(),
-                                 "sender": lifetimes.this_process().as_header()},
+        "tcp://this-process:1": {
+            "node": ipc.node_identity(),
+            "sender": lifetimes.this_process().as_header(),
+        },
         "tcp://junk:1": {"node": ipc.node_identity(), "sender": {"pid": float("inf")}},
         "tcp://none:1": None,
     }
@@ -197,7 +221,8 @@ def test_only_running_processes_of_this_host_that_advertised_are_asked(
 
 
 def test_the_handler_answers_only_a_process_it_may_map(
-        monkeypatch: pytest.MonkeyPatch, as_child: dict[str, Any]) -> None:
+    monkeypatch: pytest.MonkeyPatch, as_child: dict[str, Any]
+) -> None:
     mapped: list[Any] = []
 
     async def record(self: ahead.MapAhead, offer: Any, source: str) -> None:
@@ -208,9 +233,11 @@ def test_the_handler_answers_only_a_process_it_may_map(
 
     async def answers() -> list[Any]:
         exchange = ahead.MapAhead(types.SimpleNamespace(handlers={}))
-        got = [await exchange.answer(peer=as_child, offer={"handles": [b"theirs"]}),
-               await exchange.answer(peer={**as_child, "node": "another host"}, offer={"x": 1}),
-               await exchange.answer(peer=None, offer={"x": 1})]
+        got = [
+            await exchange.answer(peer=as_child, offer={"handles": [b"theirs"]}),
+            await exchange.answer(peer={**as_child, "node": "another host"}, offer={"x": 1}),
+            await exchange.answer(peer=None, offer={"x": 1}),
+        ]
         await asyncio.gather(*exchange.tasks)
         return got
 
@@ -219,14 +246,23 @@ def test_the_handler_answers_only_a_process_it_may_map(
 
 
 def test_a_worker_prepares_its_offer_only_once_it_meets_a_peer(
-        monkeypatch: pytest.MonkeyPatch, as_child: dict[str, Any]) -> None:
+    monkeypatch: pytest.MonkeyPatch, as_child: dict[str, Any]
+) -> None:
     """`prepare` (the staging area, cudask.worker.plugins.DeviceIPC) runs when a worker
     first meets a peer of its host, before its offer: a worker alone on its host never
     runs it; once a second joins, both do."""
     monkeypatch.setattr(lifetimes, "_pools", [])
     _PREPARED.clear()
-    with LocalCluster(n_workers=1, processes=False, protocol="tcp", dashboard_address=":0",
-                      threads_per_worker=1) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=1,
+            processes=False,
+            protocol="tcp",
+            dashboard_address=":0",
+            threads_per_worker=1,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         client.register_plugin(_StartMapAhead(prepare=True))
         # the lone worker's introduction has ended: it found no peer
         assert wait_for(lambda: len(_EXCHANGES) == 1 and not _EXCHANGES[0].tasks, timeout=120)

@@ -15,12 +15,22 @@ from cudask.comm import cudf_wire
 
 
 def _spilling_header() -> dict[str, Any]:
-    buffer = {"type-serialized-name": "SpillableBuffer",
-              "owner-type-serialized-name": "SpillableBufferOwner", "frame_count": 1}
+    buffer = {
+        "type-serialized-name": "SpillableBuffer",
+        "owner-type-serialized-name": "SpillableBufferOwner",
+        "frame_count": 1,
+    }
     return {
         "type-serialized-name": "DataFrame",
-        "columns": [{"plc_column": {"data": dict(buffer), "mask": dict(buffer),
-                                    "subheaders": [{"data": dict(buffer)}]}}],
+        "columns": [
+            {
+                "plc_column": {
+                    "data": dict(buffer),
+                    "mask": dict(buffer),
+                    "subheaders": [{"data": dict(buffer)}],
+                }
+            }
+        ],
         "index": ({"type-serialized-name": "RangeIndex"},),
         "note": "SpillableBuffer",  # not a class-name key: kept
     }
@@ -31,8 +41,11 @@ def test_portable_header_names_plain_classes_everywhere() -> None:
     out = cudf_wire.portable_header(header)
     column = out["columns"][0]["plc_column"]
     for buffer in (column["data"], column["mask"], column["subheaders"][0]["data"]):
-        assert buffer == {"type-serialized-name": "Buffer",
-                          "owner-type-serialized-name": "BufferOwner", "frame_count": 1}
+        assert buffer == {
+            "type-serialized-name": "Buffer",
+            "owner-type-serialized-name": "BufferOwner",
+            "frame_count": 1,
+        }
     assert out["type-serialized-name"] == "DataFrame"
     assert out["index"] == ({"type-serialized-name": "RangeIndex"},)
     assert out["note"] == "SpillableBuffer"

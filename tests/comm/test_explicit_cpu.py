@@ -24,14 +24,19 @@ from cudask_bench.shuffle import _distinct_keys, _partition
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[Any]:
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
-            Client(cluster) as c:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as c,
+    ):
         yield c
 
 
 def _frame(partitions: int = 4, rows: int = 5000) -> Any:
-    return dd.from_map(_partition, range(partitions), rows=rows, module="pandas",
-                       meta=_partition(0, 0, "pandas"))
+    return dd.from_map(
+        _partition, range(partitions), rows=rows, module="pandas", meta=_partition(0, 0, "pandas")
+    )
 
 
 def _buffers(dask_worker: Any) -> dict:
@@ -47,14 +52,22 @@ def test_rows_kept_and_keys_grouped(client: Any, npartitions: int | None) -> Non
     held = sum(_distinct_keys(p) for p in parts)
     assert held == df["key"].nunique().compute()  # no key in two partitions
     ours = out.compute().sort_values("value").reset_index(drop=True)
-    theirs = df.shuffle(on="key", shuffle_method="tasks").compute().sort_values("value").reset_index(drop=True)
+    theirs = (
+        df.shuffle(on="key", shuffle_method="tasks")
+        .compute()
+        .sort_values("value")
+        .reset_index(drop=True)
+    )
     assert ours.equals(theirs) and len(ours) == 20000
     assert all(b == {} for b in client.run(_buffers).values())
 
 
 def test_bad_input_is_named_before_any_work(client: Any) -> None:
     df = _frame()
-    with pytest.raises(ValueError, match=r"on='nope': \['nope'\] not among the DataFrame's columns \['key', 'value'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"on='nope': \['nope'\] not among the DataFrame's columns \['key', 'value'\]",
+    ):
         shuffle(df, "nope", client=client)
     with pytest.raises(ValueError, match="npartitions=0; accepted: a positive integer"):
         shuffle(df, ["key"], npartitions=0, client=client)
@@ -107,8 +120,16 @@ def test_a_paused_owner_builds_its_partitions_once_resumed() -> None:
     """Output partitions are strictly bound to the worker holding their pieces: a
     paused owner delays them (it is not skipped for a worker without the pieces)."""
     # memory_limit=0: no memory monitor to resume the paused worker on its own
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      memory_limit=0) as cluster, Client(cluster) as c:
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            memory_limit=0,
+        ) as cluster,
+        Client(cluster) as c,
+    ):
         _, b = sorted(workers_info(c))
         c.run(_pause, workers=[b])
         thread, result = _run_in_thread(lambda: shuffle(_frame(), "key", client=c).compute())
@@ -121,8 +142,16 @@ def test_a_paused_owner_builds_its_partitions_once_resumed() -> None:
 
 def test_an_owner_leaving_is_a_clear_error_not_a_hang() -> None:
     # memory_limit=0: no memory monitor to resume the paused worker on its own
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      memory_limit=0) as cluster, Client(cluster) as c:
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            memory_limit=0,
+        ) as cluster,
+        Client(cluster) as c,
+    ):
         _, b = sorted(workers_info(c))
         c.run(_pause, workers=[b])  # b holds its pieces and builds nothing while paused
         thread, result = _run_in_thread(lambda: shuffle(_frame(), "key", client=c))
@@ -163,7 +192,9 @@ def _customers(i: int) -> Any:
     import numpy as np
     import pandas as pd
 
-    keys = np.arange(i * 1000, (i + 1) * 1000)  # 0..2999: some orders have no customer, some customers no order
+    keys = np.arange(
+        i * 1000, (i + 1) * 1000
+    )  # 0..2999: some orders have no customer, some customers no order
     return pd.DataFrame({"key": keys, "name": [f"c{k}" for k in keys]}).iloc[::2]
 
 
@@ -224,9 +255,16 @@ def test_a_failed_send_holds_only_its_own_staging_slots(monkeypatch: pytest.Monk
     area = staging.Staging(4096, 1 << 16)
     monkeypatch.setattr(staging, "_area", area)
     peers = {"tcp://b": _Peer(area, lost=False), "tcp://c": _Peer(area, lost=True)}
-    worker = types.SimpleNamespace(address="tcp://a", data={"x": _partition(0, 100, "pandas")},
-                                   rpc=peers.__getitem__, plugins={NAME: ExplicitComms()})
+    worker = types.SimpleNamespace(
+        address="tcp://a",
+        data={"x": _partition(0, 100, "pandas")},
+        rpc=peers.__getitem__,
+        plugins={NAME: ExplicitComms()},
+    )
     with pytest.raises(OSError, match="lost"):
-        asyncio.run(explicit._send("s", {"tcp://a": {"x": 0}}, ["key"], 3, ["tcp://a", *peers],
-                                   set(), worker))
+        asyncio.run(
+            explicit._send(
+                "s", {"tcp://a": {"x": 0}}, ["key"], 3, ["tcp://a", *peers], set(), worker
+            )
+        )
     assert area.in_use() == 1024

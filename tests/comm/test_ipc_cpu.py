@@ -51,7 +51,9 @@ def _roundtrip(x: Any, context: dict[str, Any]) -> tuple[str, Any]:
     return header["serializer"], deserialize(header, frames, deserializers=REPLY)
 
 
-def test_a_local_contiguous_array_goes_by_handle_and_arrives_identical(backend: FakeIPCBackend) -> None:
+def test_a_local_contiguous_array_goes_by_handle_and_arrives_identical(
+    backend: FakeIPCBackend,
+) -> None:
     pool = np.arange(4096, dtype="f8")  # one allocation holding two arrays, as a memory pool does
     a = backend.allocate(pool)[1024:2048]
     f = FakeDeviceArray(np.asfortranarray(np.arange(600, dtype="i4").reshape(20, 30)))
@@ -115,13 +117,23 @@ def test_a_device_serializable_frame_goes_by_handle(backend: FakeIPCBackend) -> 
     """cuDF frames: each device buffer by handle (one mapping per allocation), host
     frames as they are, an empty column without memory to export."""
     pool = backend.allocate(np.arange(2048, dtype="f8"))
-    frame = Frame({"a": pool[:1024], "b": pool[1024:], "c": backend.allocate(np.arange(100, dtype="i4")),
-                   "empty": FakeDeviceArray(np.empty(0, dtype="f8"))})
+    frame = Frame(
+        {
+            "a": pool[:1024],
+            "b": pool[1024:],
+            "c": backend.allocate(np.arange(100, dtype="i4")),
+            "empty": FakeDeviceArray(np.empty(0, dtype="f8")),
+        }
+    )
     kind, _ = _roundtrip(frame, LOCAL)
     assert kind != "cudask-ipc"  # outside a send that keeps its frames alive: the usual way
     with ipc.keep_alive():
         kind, out = _roundtrip(frame, LOCAL)
-    assert kind == "cudask-ipc" and type(out) is Frame and list(out.columns) == ["a", "b", "c", "empty"]
+    assert (
+        kind == "cudask-ipc"
+        and type(out) is Frame
+        and list(out.columns) == ["a", "b", "c", "empty"]
+    )
     for name, column in frame.columns.items():
         assert np.array_equal(host(out.columns[name]), host(column)), name
         assert host(out.columns[name]).ctypes.data != host(column).ctypes.data or not column.size
@@ -138,7 +150,10 @@ class CompactingFrame(Frame):
     backend: FakeIPCBackend
 
     def device_serialize(self) -> tuple[dict[str, Any], list[Any]]:
-        copies = {name: self.backend.allocate(column._array.copy()) for name, column in self.columns.items()}
+        copies = {
+            name: self.backend.allocate(column._array.copy())
+            for name, column in self.columns.items()
+        }
         CompactingFrame.made.extend(weakref.ref(c) for c in copies.values())
         return {"names": list(copies)}, [memoryview(b"meta"), *copies.values()]
 
@@ -150,7 +165,9 @@ def test_copies_made_for_a_send_live_until_it_ends(backend: FakeIPCBackend) -> N
         header, _ = ipc.dumps(frame, LOCAL)
         assert "device-serialized" in header
         gc.collect()
-        assert [r() is not None for r in CompactingFrame.made] == [True]  # exported memory still alive
+        assert [r() is not None for r in CompactingFrame.made] == [
+            True
+        ]  # exported memory still alive
     gc.collect()
     assert [r() is None for r in CompactingFrame.made] == [True]  # released once the send is over
 
@@ -164,24 +181,34 @@ def test_a_small_or_remote_frame_goes_the_usual_way(backend: FakeIPCBackend) -> 
     assert backend.opened == [] and ipc.stats()["sent"] == 0
 
 
-def test_everything_else_falls_through_to_distributeds_serializers(backend: FakeIPCBackend,
-                                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_everything_else_falls_through_to_distributeds_serializers(
+    backend: FakeIPCBackend, caplog: pytest.LogCaptureFixture
+) -> None:
     big = backend.allocate(np.ones((64, 64), dtype="f8"))
     small = backend.allocate(np.ones(8, dtype="f8"))
     structured = backend.allocate(np.zeros(512, dtype=[("a", "f8"), ("b", "i4")]))
     host = np.ones(4096)
-    for x, context in ((big, REMOTE), (big, {}), (big, {"recipient": {"address": "inproc://x/1"}}),
-                       (small, LOCAL), (structured, LOCAL), (host, LOCAL)):
+    for x, context in (
+        (big, REMOTE),
+        (big, {}),
+        (big, {"recipient": {"address": "inproc://x/1"}}),
+        (small, LOCAL),
+        (structured, LOCAL),
+        (host, LOCAL),
+    ):
         header, _ = serialize(x, serializers=REPLY, context=context)
         assert header["serializer"] != "cudask-ipc", (x, context)
-    unexported = FakeDeviceArray(np.ones(4096))  # memory the backend cannot export (e.g. cudaMallocAsync)
+    unexported = FakeDeviceArray(
+        np.ones(4096)
+    )  # memory the backend cannot export (e.g. cudaMallocAsync)
     with caplog.at_level(logging.INFO, logger="cudask.comm"):
         for _ in range(3):
             header, _ = serialize(unexported, serializers=REPLY, context=LOCAL)
             assert header["serializer"] != "cudask-ipc"
     assert [r.getMessage() for r in caplog.records].count(
         "cudask: device data sent through host memory: its memory cannot be exported for IPC "
-        "(cudaErrorInvalidValue: not exportable) (logged once)") == 1
+        "(cudaErrorInvalidValue: not exportable) (logged once)"
+    ) == 1
     assert ipc.stats()["declined"] == 3 and backend.opened == []
     ipc.disable()
     header, _ = serialize(big, serializers=REPLY, context=LOCAL)
@@ -190,11 +217,10 @@ def test_everything_else_falls_through_to_distributeds_serializers(backend: Fake
 
 def test_arrays_of_one_allocation_share_one_mapping(backend: FakeIPCBackend) -> None:
     pool = np.arange(8192, dtype="u1")
-    parts = [backend.allocate(pool)[i * 2048:(i + 1) * 2048] for i in range(1)]
-    parts += [FakeDeviceArray(pool[i * 2048:(i + 1) * 2048]) for i in range(1, 4)]
+    parts = [backend.allocate(pool)[i * 2048 : (i + 1) * 2048] for i in range(1)]
+    parts += [FakeDeviceArray(pool[i * 2048 : (i + 1) * 2048]) for i in range(1, 4)]
     # As get_data sends a task's value: to_serialize, so collections are walked.
-    header, frames = serialize(to_serialize(tuple(parts)), serializers=REPLY,
-                               context=LOCAL)
+    header, frames = serialize(to_serialize(tuple(parts)), serializers=REPLY, context=LOCAL)
     out = deserialize(header, frames, deserializers=REPLY)
     assert b"".join(host(o).tobytes() for o in out) == pool.tobytes()
     assert backend.opened == [b"h0"] * 4 and ipc.stats()["received"] == 4
@@ -205,17 +231,19 @@ def test_arrays_of_one_allocation_share_one_mapping(backend: FakeIPCBackend) -> 
 
 
 def test_a_handle_from_another_host_is_a_clear_error(backend: FakeIPCBackend) -> None:
-    header, frames = serialize(backend.allocate(np.ones(4096)), serializers=REPLY,
-                               context=LOCAL)
+    header, frames = serialize(backend.allocate(np.ones(4096)), serializers=REPLY, context=LOCAL)
     header["node"] = "another-boot-id"
-    with pytest.raises(RuntimeError, match="only works within one host; set cudask.comm.device-ipc: false"):
+    with pytest.raises(
+        RuntimeError, match="only works within one host; set cudask.comm.device-ipc: false"
+    ):
         deserialize(header, frames, deserializers=REPLY)
     assert backend.opened == []
 
 
-def test_a_failed_copy_leaves_no_mapping(backend: FakeIPCBackend, monkeypatch: pytest.MonkeyPatch) -> None:
-    header, frames = serialize(backend.allocate(np.ones(4096)), serializers=REPLY,
-                               context=LOCAL)
+def test_a_failed_copy_leaves_no_mapping(
+    backend: FakeIPCBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    header, frames = serialize(backend.allocate(np.ones(4096)), serializers=REPLY, context=LOCAL)
 
     def fail(dst: int, src: int, nbytes: int) -> None:
         raise RuntimeError("cudaErrorIllegalAddress (injected)")
@@ -228,8 +256,9 @@ def test_a_failed_copy_leaves_no_mapping(backend: FakeIPCBackend, monkeypatch: p
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_a_hold_catches_the_next_transfer_in_flight(backend: FakeIPCBackend, tmp_path: Any,
-                                                    method: str) -> None:
+def test_a_hold_catches_the_next_transfer_in_flight(
+    backend: FakeIPCBackend, tmp_path: Any, method: str
+) -> None:
     """What tests/comm/test_ipc_gpu.py's worker killed mid-transfer relies on: the hold
     sits on the path an array by handle takes, once, where the transfer is under way:
     the sender making the handle (nothing counted yet), or the receiver holding it
@@ -289,9 +318,18 @@ def test_worker_to_worker_over_tcp(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "cupy", FAKE_CUPY)
     monkeypatch.setattr(ipc, "_state", ipc._State())
     ipc.enable(_BACKEND, min_size=1024)
-    with LocalCluster(n_workers=2, processes=False, protocol="tcp", dashboard_address=":0",
-                      threads_per_worker=1, serializers=REPLY,
-                      deserializers=REPLY) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=2,
+            processes=False,
+            protocol="tcp",
+            dashboard_address=":0",
+            threads_per_worker=1,
+            serializers=REPLY,
+            deserializers=REPLY,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         a, b = list(workers_info(client))
         x = client.submit(_make, 100_000, workers=[a])
         total, ptr = client.submit(_total, x, workers=[b]).result(timeout=120)
@@ -310,22 +348,29 @@ def test_rechunk_method_is_tasks_unless_the_user_chose(caplog: pytest.LogCapture
         with caplog.at_level(logging.INFO, logger="cudask"):
             assert prefer_task_rechunk() and not prefer_task_rechunk()  # said once
         assert dask.config.get("array.rechunk.method") == "tasks"
-        assert sum("array.rechunk.method set to 'tasks'" in r.getMessage() for r in caplog.records) == 1
+        assert (
+            sum("array.rechunk.method set to 'tasks'" in r.getMessage() for r in caplog.records)
+            == 1
+        )
     with dask.config.set({"array.rechunk.method": "p2p"}):
         assert not prefer_task_rechunk()
         assert dask.config.get("array.rechunk.method") == "p2p"
 
 
-def test_a_mapping_refused_names_the_switch(backend: FakeIPCBackend, monkeypatch: pytest.MonkeyPatch) -> None:
-    header, frames = serialize(backend.allocate(np.ones(4096)), serializers=REPLY,
-                               context=LOCAL)
+def test_a_mapping_refused_names_the_switch(
+    backend: FakeIPCBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    header, frames = serialize(backend.allocate(np.ones(4096)), serializers=REPLY, context=LOCAL)
 
     def refuse(handle: bytes) -> int:
         raise RuntimeError("cudaErrorMapBufferObjectFailed")
 
     monkeypatch.setattr(backend, "open", refuse)
-    with pytest.raises(RuntimeError, match=r"cannot map .*cudaErrorMapBufferObjectFailed.*"
-                                           r"set cudask.comm.device-ipc: false"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"cannot map .*cudaErrorMapBufferObjectFailed.*"
+        r"set cudask.comm.device-ipc: false",
+    ):
         deserialize(header, frames, deserializers=REPLY)
     assert ipc.mapped() == 0
 
@@ -339,14 +384,35 @@ def test_a_worker_without_cudask_answers_and_asks_as_usual() -> None:
 
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=1, processes=False, protocol="tcp", dashboard_address=":0",
-                      threads_per_worker=1, serializers=list(ipc.SERIALIZERS),
-                      deserializers=list(ipc.SERIALIZERS), worker_class=GPUWorker) as cluster, \
-            Client(cluster) as client:
-        plain = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker",
-                                  cluster.scheduler_address, "--name", "plain", "--nthreads", "1",
-                                  "--no-nanny", "--no-dashboard"],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with (
+        LocalCluster(
+            n_workers=1,
+            processes=False,
+            protocol="tcp",
+            dashboard_address=":0",
+            threads_per_worker=1,
+            serializers=list(ipc.SERIALIZERS),
+            deserializers=list(ipc.SERIALIZERS),
+            worker_class=GPUWorker,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        plain = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "distributed.cli.dask_worker",
+                cluster.scheduler_address,
+                "--name",
+                "plain",
+                "--nthreads",
+                "1",
+                "--no-nanny",
+                "--no-dashboard",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         try:
             client.wait_for_workers(2, timeout=120)
             workers = {v["name"]: k for k, v in workers_info(client).items()}
@@ -354,10 +420,12 @@ def test_a_worker_without_cudask_answers_and_asks_as_usual() -> None:
             # NumPy's own functions: the plain worker cannot import this test module
             on_plain = client.submit(np.arange, 100_000, workers=[workers["plain"]])
             on_cudask = client.submit(np.arange, 1000, workers=[cudask_worker])
-            assert client.submit(np.sum, on_plain, workers=[cudask_worker]).result(timeout=120) == \
-                sum(range(100_000))
-            assert client.submit(np.sum, on_cudask, workers=[workers["plain"]]).result(timeout=120) == \
-                sum(range(1000))
+            assert client.submit(np.sum, on_plain, workers=[cudask_worker]).result(
+                timeout=120
+            ) == sum(range(100_000))
+            assert client.submit(np.sum, on_cudask, workers=[workers["plain"]]).result(
+                timeout=120
+            ) == sum(range(1000))
         finally:
             plain.terminate()
             plain.wait(60)
@@ -367,8 +435,9 @@ def _refuse(handle: bytes) -> int:
     raise RuntimeError("cudaErrorNotPermitted: operation not permitted")
 
 
-def test_a_refused_mapping_falls_back_to_host_memory(monkeypatch: pytest.MonkeyPatch,
-                                                     caplog: pytest.LogCaptureFixture) -> None:
+def test_a_refused_mapping_falls_back_to_host_memory(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """A worker that cannot map its peer's memory (separate IPC namespaces) says so once,
     stops asking for the family and fetches the key again through host memory: the
     task completes with the right value, nothing is lost and nothing hangs."""
@@ -378,16 +447,26 @@ def test_a_refused_mapping_falls_back_to_host_memory(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(ipc, "_state", ipc._State())
     monkeypatch.setattr(_BACKEND, "open", _refuse)
     ipc.enable(_BACKEND, min_size=1024)
-    with caplog.at_level(logging.WARNING, logger="cudask"), \
-            LocalCluster(n_workers=2, processes=False, protocol="tcp", dashboard_address=":0",
-                         threads_per_worker=1, serializers=list(ipc.SERIALIZERS),
-                         deserializers=list(ipc.SERIALIZERS), worker_class=GPUWorker) as cluster, \
-            Client(cluster) as client:
+    with (
+        caplog.at_level(logging.WARNING, logger="cudask"),
+        LocalCluster(
+            n_workers=2,
+            processes=False,
+            protocol="tcp",
+            dashboard_address=":0",
+            threads_per_worker=1,
+            serializers=list(ipc.SERIALIZERS),
+            deserializers=list(ipc.SERIALIZERS),
+            worker_class=GPUWorker,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         a, b = list(workers_info(client))
         xs = [client.submit(_make, 100_000 + i, workers=[a], pure=False) for i in range(3)]
         totals = client.gather([client.submit(_total, x, workers=[b]) for x in xs])
-        assert [t for t, _ in totals] == [float(np.arange(100_000 + i, dtype="f8").sum())
-                                          for i in range(3)]
+        assert [t for t, _ in totals] == [
+            float(np.arange(100_000 + i, dtype="f8").sum()) for i in range(3)
+        ]
         asked = client.run(lambda dask_worker: ipc.FAMILY in dask_worker.rpc.deserializers)
         assert asked == {a: True, b: False}  # only the worker that was refused stopped asking
     said = [r.getMessage() for r in caplog.records if r.name.startswith("cudask")]

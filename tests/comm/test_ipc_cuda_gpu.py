@@ -45,7 +45,9 @@ def _free_cupy_blocks() -> Iterator[None]:
 
 def _source(whole: Any, layout: str) -> Any:
     """The view of `whole` that takes the copy's way named by `layout`."""
-    return {"contiguous": whole, "rows-of-wider": whole[:, 1000:2500], "transposed": whole.T}[layout]
+    return {"contiguous": whole, "rows-of-wider": whole[:, 1000:2500], "transposed": whole.T}[
+        layout
+    ]
 
 
 def _backend() -> Any:

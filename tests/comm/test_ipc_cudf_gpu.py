@@ -46,7 +46,9 @@ def test_explicit_shuffle_of_dask_cudf_frames() -> None:
     from cudask_bench.shuffle import _distinct_keys, _partition
 
     with worker_processes(["0", "0"], args=["--device-memory-limit", "16GB"]) as client:
-        df = dd.from_map(_partition, range(8), rows=500_000, module="cudf", meta=_partition(0, 0, "cudf"))
+        df = dd.from_map(
+            _partition, range(8), rows=500_000, module="cudf", meta=_partition(0, 0, "cudf")
+        )
         out = shuffle(df, "key", client=client)
         parts = client.compute(out.to_delayed(), sync=True)
         assert sum(_distinct_keys(p) for p in parts) == int(df["key"].nunique().compute())
@@ -69,4 +71,8 @@ def test_explicit_merge_of_dask_cudf_frames() -> None:
         ours = merge(left, right, "key", how="left", client=client).compute()
         theirs = left.compute().merge(right.compute(), on="key", how="left")
     order = ["key", "amount"]
-    assert ours.sort_values(order).reset_index(drop=True).equals(theirs.sort_values(order).reset_index(drop=True))
+    assert (
+        ours.sort_values(order)
+        .reset_index(drop=True)
+        .equals(theirs.sort_values(order).reset_index(drop=True))
+    )

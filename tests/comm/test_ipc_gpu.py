@@ -39,9 +39,18 @@ def _ipc_stats() -> dict[str, Any]:
 def _exchange(client: Any, a: str, b: str) -> list[tuple[str, str, str]]:
     """Values of each kind made on `a` and digested on `b` (and on `a`)."""
     out = []
-    for i, (kind, nbytes) in enumerate((("f8", 256 * MiB), ("i1", 64 * MiB), ("view", 64 * MiB),
-                                        ("dict", 64 * MiB), ("f8", 4096), ("host", 8 * MiB),
-                                        ("block", 64 * MiB), ("reversed", 32 * MiB))):
+    for i, (kind, nbytes) in enumerate(
+        (
+            ("f8", 256 * MiB),
+            ("i1", 64 * MiB),
+            ("view", 64 * MiB),
+            ("dict", 64 * MiB),
+            ("f8", 4096),
+            ("host", 8 * MiB),
+            ("block", 64 * MiB),
+            ("reversed", 32 * MiB),
+        )
+    ):
         x = client.submit(make_value, i, nbytes, kind, workers=[a], pure=False)
         there = client.submit(digest, x, workers=[a], pure=False)
         here = client.submit(digest, x, workers=[b], pure=False)
@@ -73,8 +82,11 @@ def test_two_workers_on_one_gpu(mode: str) -> None:
         # went the usual way.
         assert sent["sent"] == received["received"] == 6, (sent, received)
         assert sent["declined"] == 0, sent
-        assert received["received-bytes"] == sent["sent-bytes"] == (
-            256 * MiB + 64 * MiB + view + 32 * MiB + view // 2 + 32 * MiB), (sent, received)
+        assert (
+            received["received-bytes"]
+            == sent["sent-bytes"]
+            == (256 * MiB + 64 * MiB + view + 32 * MiB + view // 2 + 32 * MiB)
+        ), (sent, received)
     elif mode == "ipc-jit":
         # Proxies on the device: at least the five plain arrays by handle.
         assert sent["sent"] == received["received"] >= 5, (sent, received)
@@ -102,8 +114,12 @@ def test_two_gpus_by_peer_access() -> None:
 
     from cudask import LocalCUDACluster
 
-    with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", dashboard_address=":0",
-                          device_memory_limit="32GB") as cluster, Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            CUDA_VISIBLE_DEVICES="0,1", dashboard_address=":0", device_memory_limit="32GB"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         a, b = sorted(workers_info(client))
         results = _exchange(client, a, b)
         x = client.submit(_fill, 2048 * MiB, workers=[a], pure=False)
@@ -165,7 +181,11 @@ def _passing() -> int:
 
     mappings = ipc._state.mappings
     with mappings._lock:
-        kept = [m.sender for m in mappings._open.values() if m.sender is not None and m.expires == math.inf]
+        kept = [
+            m.sender
+            for m in mappings._open.values()
+            if m.sender is not None and m.expires == math.inf
+        ]
         passing = len(mappings._open) - len(kept)
     return passing + sum(1 for sender in kept if not lifetimes.alive(sender))
 
@@ -180,7 +200,9 @@ def _mapped_from(pid: int) -> int:
 
     mappings = ipc._state.mappings
     with mappings._lock:
-        return sum(1 for m in mappings._open.values() if m.sender is not None and m.sender.pid == pid)
+        return sum(
+            1 for m in mappings._open.values() if m.sender is not None and m.sender.pid == pid
+        )
 
 
 def _pid() -> int:
@@ -192,8 +214,11 @@ def _pid() -> int:
 # victim, the IPC call held, bytes per value: just over the staging area (1 GiB), so the
 # value goes from its own allocation, or small enough to be staged every round while the
 # slots of the rounds before, whose sends failed, stay held (staging.FAILED_HOLD)
-KILLS = {"sender": ("export", (1 << 30) + (1 << 20)), "receiver": ("open", (1 << 30) + (1 << 20)),
-         "receiver-staged": ("copy", 64 * MiB)}
+KILLS = {
+    "sender": ("export", (1 << 30) + (1 << 20)),
+    "receiver": ("open", (1 << 30) + (1 << 20)),
+    "receiver-staged": ("copy", 64 * MiB),
+}
 
 
 @pytest.mark.gpu
@@ -221,29 +246,51 @@ def test_a_worker_killed_mid_transfer(victim: str, tmp_path: Path) -> None:
         names = {a: "w0", b: "w1"}
         for round_ in range(3):
             # each worker (a restarted one too) has met the other: areas made and mapped ahead
-            assert wait_for(lambda: all(client.run(_introduced).values())
-                            and all(s["staging-bytes"] > 0 for s in client.run(_staging_stats).values()),
-                            timeout=120)
+            assert wait_for(
+                lambda: (
+                    all(client.run(_introduced).values())
+                    and all(s["staging-bytes"] > 0 for s in client.run(_staging_stats).values())
+                ),
+                timeout=120,
+            )
             staged = client.run(_staging_stats, workers=[a])[a]["staged"]
-            xs = [client.submit(make_value, 100 + 10 * round_ + i, nbytes, "f8", workers=[a],
-                                allow_other_workers=True, pure=False) for i in range(3)]
+            xs = [
+                client.submit(
+                    make_value,
+                    100 + 10 * round_ + i,
+                    nbytes,
+                    "f8",
+                    workers=[a],
+                    allow_other_workers=True,
+                    pure=False,
+                )
+                for i in range(3)
+            ]
             wait(xs)
-            there = client.gather([client.submit(digest, x, workers=[a], allow_other_workers=True,
-                                                 pure=False) for x in xs])
+            there = client.gather(
+                [
+                    client.submit(digest, x, workers=[a], allow_other_workers=True, pure=False)
+                    for x in xs
+                ]
+            )
             target = a if victim == "sender" else b
             pid = client.run(_pid, workers=[target])[target]
             sent = client.run(_ipc_stats, workers=[a])[a]["sent"]
             marker = tmp_path / f"holding-{round_}"
             client.run(hold_next, method, str(marker), workers=[target])
-            here = [client.submit(digest, x, workers=[b], allow_other_workers=True, pure=False)
-                    for x in xs]
+            here = [
+                client.submit(digest, x, workers=[b], allow_other_workers=True, pure=False)
+                for x in xs
+            ]
             assert wait_for(marker.exists, timeout=120), "no transfer by IPC began"
             assert marker.read_text() == str(pid)  # the victim is the one holding it
             if victim != "sender":  # the sender, not held, answers: it sent the handle
                 assert client.run(_ipc_stats, workers=[a])[a]["sent"] > sent
             os.kill(pid, signal.SIGKILL)
             assert client.gather(here) == there
-            if victim == "receiver-staged":  # the sender lives on: its area took this round's values
+            if (
+                victim == "receiver-staged"
+            ):  # the sender lives on: its area took this round's values
                 assert client.run(_staging_stats, workers=[a])[a]["staged"] > staged
             client.wait_for_workers(2, timeout=180)
             workers = list(workers_info(client))
@@ -256,9 +303,15 @@ def test_a_worker_killed_mid_transfer(victim: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("placement", [["0", "0"], pytest.param(["0", "1"], marks=pytest.mark.multigpu),
-                                       pytest.param(["0,1"], marks=pytest.mark.multigpu)],
-                         ids=["one-gpu", "two-gpus", "two-gpus-one-process"])
+@pytest.mark.parametrize(
+    "placement",
+    [
+        ["0", "0"],
+        pytest.param(["0", "1"], marks=pytest.mark.multigpu),
+        pytest.param(["0,1"], marks=pytest.mark.multigpu),
+    ],
+    ids=["one-gpu", "two-gpus", "two-gpus-one-process"],
+)
 def test_pool_slabs_stay_mapped(placement: list[str]) -> None:
     """With an RMM pool that CuPy allocates from, each worker maps the other's pool
     slab when they start (cudask.comm.ahead: opening a mapping of a slab costs
@@ -270,11 +323,20 @@ def test_pool_slabs_stay_mapped(placement: list[str]) -> None:
     import os
     import signal
 
-    args = ["--device-memory-limit", "16GB", "--rmm-pool-size", "4GiB", "--set-rmm-allocator-for-libs", "cupy"]
+    args = [
+        "--device-memory-limit",
+        "16GB",
+        "--rmm-pool-size",
+        "4GiB",
+        "--set-rmm-allocator-for-libs",
+        "cupy",
+    ]
     with worker_processes(placement, args=args) as client:
         a, b = sorted(workers_info(client))
-        assert wait_for(lambda: all(s["mappings-opened-ahead"] == 1
-                                    for s in client.run(_ipc_stats).values()), timeout=120)
+        assert wait_for(
+            lambda: all(s["mappings-opened-ahead"] == 1 for s in client.run(_ipc_stats).values()),
+            timeout=120,
+        )
         for i in range(4):  # one message each: each finds the mapping made ahead
             x = client.submit(make_value, 300 + i, 256 * MiB, "f8", workers=[a], pure=False)
             there = client.submit(digest, x, workers=[a], pure=False).result(timeout=120)
@@ -305,8 +367,11 @@ def _keys(dask_worker: Any) -> int:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("placement", [["0", "0"], pytest.param(["0", "1"], marks=pytest.mark.multigpu)],
-                         ids=["one-gpu", "two-gpus"])
+@pytest.mark.parametrize(
+    "placement",
+    [["0", "0"], pytest.param(["0", "1"], marks=pytest.mark.multigpu)],
+    ids=["one-gpu", "two-gpus"],
+)
 def test_leased_chunks_stay_mapped(placement: list[str]) -> None:
     """Without an RMM pool, the worker's CuPy allocates from cudask's leasing pool:
     the receiver maps a sent chunk once and keeps it for the next transfers, every
@@ -315,7 +380,10 @@ def test_leased_chunks_stay_mapped(placement: list[str]) -> None:
     a quarter of the lease, and the sender then frees the chunk, none closed late."""
     pytest.importorskip("cupy")
     # mappings kept 7.5 s after each use; no staging area, which would carry these values
-    env = {"DASK_CUDASK__COMM__DEVICE_IPC_LEASE": "30s", "DASK_CUDASK__COMM__DEVICE_IPC_STAGING": "0"}
+    env = {
+        "DASK_CUDASK__COMM__DEVICE_IPC_LEASE": "30s",
+        "DASK_CUDASK__COMM__DEVICE_IPC_STAGING": "0",
+    }
     with worker_processes(placement, env=env, args=["--device-memory-limit", "16GB"]) as client:
         a, b = sorted(workers_info(client))
         assert client.run(_lease_stats, workers=[a])[a]["lease-seconds"] == 30.0
@@ -331,8 +399,10 @@ def test_leased_chunks_stay_mapped(placement: list[str]) -> None:
         client.run(_give_back_cached_blocks, workers=[a])
         assert client.run(_lease_stats, workers=[a])[a]["chunks-retired-bytes"] >= 256 * MiB
         assert wait_for(lambda: client.run(_mapped, workers=[b])[b] == 0, timeout=120)
-        assert wait_for(lambda: client.run(_lease_stats, workers=[a])[a]["chunks-retired-bytes"] == 0,
-                        timeout=120)
+        assert wait_for(
+            lambda: client.run(_lease_stats, workers=[a])[a]["chunks-retired-bytes"] == 0,
+            timeout=120,
+        )
         assert client.run(_lease_stats, workers=[a])[a]["chunks-freed-late"] >= 1
         assert client.run(_ipc_stats, workers=[b])[b]["mappings-closed-late"] == 0
 
@@ -344,8 +414,11 @@ def _staging_stats() -> dict[str, float]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("placement", [["0", "0"], pytest.param(["0", "1"], marks=pytest.mark.multigpu)],
-                         ids=["one-gpu", "two-gpus"])
+@pytest.mark.parametrize(
+    "placement",
+    [["0", "0"], pytest.param(["0", "1"], marks=pytest.mark.multigpu)],
+    ids=["one-gpu", "two-gpus"],
+)
 def test_a_staging_area_is_mapped_once(placement: list[str]) -> None:
     """With a staging area, each value that fits goes as a copy in it: the receiver
     maps the sender's area once (at start or on the first value) whatever chunk of
@@ -356,20 +429,34 @@ def test_a_staging_area_is_mapped_once(placement: list[str]) -> None:
     with worker_processes(placement, env=env, args=["--device-memory-limit", "16GB"]) as client:
         a, b = sorted(workers_info(client))
         # made once the workers have met (cudask.comm.ahead)
-        assert wait_for(lambda: client.run(_staging_stats, workers=[a])[a]["staging-bytes"]
-                        == 512 * MiB, timeout=120)
+        assert wait_for(
+            lambda: client.run(_staging_stats, workers=[a])[a]["staging-bytes"] == 512 * MiB,
+            timeout=120,
+        )
         kept = []
-        for i, (kind, nbytes) in enumerate((("f8", 64 * MiB), ("view", 96 * MiB), ("block", 128 * MiB),
-                                            ("reversed", 32 * MiB), ("f8", 768 * MiB))):
+        for i, (kind, nbytes) in enumerate(
+            (
+                ("f8", 64 * MiB),
+                ("view", 96 * MiB),
+                ("block", 128 * MiB),
+                ("reversed", 32 * MiB),
+                ("f8", 768 * MiB),
+            )
+        ):
             x = client.submit(make_value, 600 + i, nbytes, kind, workers=[a], pure=False)
             kept.append(x)  # held: each later value lands in another chunk
             there = client.submit(digest, x, workers=[a], pure=False).result(timeout=120)
-            assert client.submit(digest, x, workers=[b], pure=False).result(timeout=120) == there, kind
+            assert client.submit(digest, x, workers=[b], pure=False).result(timeout=120) == there, (
+                kind
+            )
         # every slot given back once its send ended (the sender's keep_alive may still be ending)
-        assert wait_for(lambda: client.run(_staging_stats, workers=[a])[a]["staging-in-use"] == 0,
-                        timeout=120)
+        assert wait_for(
+            lambda: client.run(_staging_stats, workers=[a])[a]["staging-in-use"] == 0, timeout=120
+        )
         staged = client.run(_staging_stats, workers=[a])[a]
-        assert staged["staged"] == 4 and staged["staging-failed"] == 0, staged  # the 768 MiB one: direct
+        assert staged["staged"] == 4 and staged["staging-failed"] == 0, (
+            staged
+        )  # the 768 MiB one: direct
         stats = client.run(_ipc_stats, workers=[b])[b]
         assert stats["received"] == 5, stats
         # the area once (ahead, or by the first value) and the large value's own chunk
@@ -393,9 +480,11 @@ def test_a_worker_alone_on_its_host_makes_no_staging_area() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rmm", [["--rmm-async"], ["--rmm-managed-memory"],
-                                 ["--rmm-async", "--rmm-pool-size", "2GB"]],
-                         ids=["async", "managed", "async-pool"])
+@pytest.mark.parametrize(
+    "rmm",
+    [["--rmm-async"], ["--rmm-managed-memory"], ["--rmm-async", "--rmm-pool-size", "2GB"]],
+    ids=["async", "managed", "async-pool"],
+)
 def test_memory_cuda_cannot_export_goes_through_the_area(rmm: list[str]) -> None:
     """CuPy allocating from RMM's cudaMallocAsync or managed memory, which CUDA IPC
     cannot export: a value that fits the staging area goes as a copy in it, one that
@@ -406,14 +495,17 @@ def test_memory_cuda_cannot_export_goes_through_the_area(rmm: list[str]) -> None
     args = ["--device-memory-limit", "16GB", *rmm, "--set-rmm-allocator-for-libs", "cupy"]
     with worker_processes(["0", "0"], env=env, args=args) as client:
         a, b = sorted(workers_info(client))
-        assert wait_for(lambda: client.run(_staging_stats, workers=[a])[a]["staging-bytes"]
-                        == 512 * MiB, timeout=120)
+        assert wait_for(
+            lambda: client.run(_staging_stats, workers=[a])[a]["staging-bytes"] == 512 * MiB,
+            timeout=120,
+        )
         for i, nbytes in enumerate((64 * MiB, 768 * MiB)):
             x = client.submit(make_value, 700 + i, nbytes, "f8", workers=[a], pure=False)
             there = client.submit(digest, x, workers=[a], pure=False).result(timeout=120)
             assert client.submit(digest, x, workers=[b], pure=False).result(timeout=120) == there
-        assert wait_for(lambda: client.run(_staging_stats, workers=[a])[a]["staging-in-use"] == 0,
-                        timeout=120)
+        assert wait_for(
+            lambda: client.run(_staging_stats, workers=[a])[a]["staging-in-use"] == 0, timeout=120
+        )
         assert client.run(_staging_stats, workers=[a])[a]["staged"] == 1
         sender = client.run(_ipc_stats, workers=[a])[a]
         assert sender["declined"] == 1 and sender["sent"] == 1, sender  # the 768 MiB value
@@ -437,9 +529,15 @@ def test_a_sent_pool_outlives_its_worker(sent: bool, monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(lifetimes, "_pools", [])
     monkeypatch.setattr(lifetimes, "_kept", [])  # dropped, pool and all, when the test ends
-    plugin = RMMSetup(pool_size=256 * MiB, maximum_pool_size=None, managed_memory=False,
-                      async_alloc=False, release_threshold=None, log_directory=None,
-                      track_allocations=False)
+    plugin = RMMSetup(
+        pool_size=256 * MiB,
+        maximum_pool_size=None,
+        managed_memory=False,
+        async_alloc=False,
+        release_threshold=None,
+        log_directory=None,
+        track_allocations=False,
+    )
     plugin.setup(types.SimpleNamespace(name="w0"))
     recorded = plugin.slabs
     assert recorded is not None and len(recorded.bases) == 1, recorded  # the initial pool

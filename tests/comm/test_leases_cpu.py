@@ -71,8 +71,14 @@ class Device:
 
 def _chunks(device: Device, clock: Clock, lease: float = 10.0) -> leases.Chunks:
     """A pool's record whose `wrap` gives what a pool keeps: an object holding the owner."""
-    return leases.Chunks(lease, device.allocate, lambda memory, nbytes, owner: types.SimpleNamespace(
-        ptr=int(memory.ptr), owner=owner), lambda exc: isinstance(exc, OutOfMemory), clock, clock.sleep)
+    return leases.Chunks(
+        lease,
+        device.allocate,
+        lambda memory, nbytes, owner: types.SimpleNamespace(ptr=int(memory.ptr), owner=owner),
+        lambda exc: isinstance(exc, OutOfMemory),
+        clock,
+        clock.sleep,
+    )
 
 
 def test_a_chunk_never_sent_is_freed_when_the_pool_drops_it() -> None:
@@ -124,10 +130,14 @@ def test_an_allocation_refused_twice_waits_for_a_retired_chunk() -> None:
     chunks.extend([first.ptr])
     del first
     gc.collect()
-    with pytest.raises(OutOfMemory):  # the first refusal goes through: the pool frees its cache first
+    with pytest.raises(
+        OutOfMemory
+    ):  # the first refusal goes through: the pool frees its cache first
         chunks.malloc(8192)
     clock.now += 0.5
-    second = chunks.malloc(8192)  # refused again: the device is full of the retired chunk until t=110
+    second = chunks.malloc(
+        8192
+    )  # refused again: the device is full of the retired chunk until t=110
     assert clock.slept == pytest.approx(9.5) and device.used == 8192 and len(device.freed) == 1
     assert chunks.live() == 1 and second.ptr in device.buffers
 
@@ -142,7 +152,11 @@ def test_a_refusal_that_retired_chunks_could_not_hold_does_not_wait() -> None:
     for _ in range(2):
         with pytest.raises(OutOfMemory):  # 8 KiB: more than the retired 4 KiB
             chunks.malloc(8192)
-    assert not hasattr(clock, "slept") and chunks.retired_bytes() == 4096 and other.ptr in device.buffers
+    assert (
+        not hasattr(clock, "slept")
+        and chunks.retired_bytes() == 4096
+        and other.ptr in device.buffers
+    )
 
 
 def test_other_errors_and_a_full_device_without_retired_chunks_raise() -> None:
@@ -151,7 +165,9 @@ def test_other_errors_and_a_full_device_without_retired_chunks_raise() -> None:
     held = chunks.malloc(4096)
     with pytest.raises(OutOfMemory):
         chunks.malloc(4096)  # nothing retired to wait for
-    broken = leases.Chunks(10.0, lambda n: 1 / 0, lambda m, n, o: m, lambda e: True, clock, clock.sleep)
+    broken = leases.Chunks(
+        10.0, lambda n: 1 / 0, lambda m, n, o: m, lambda e: True, clock, clock.sleep
+    )
     with pytest.raises(ZeroDivisionError):
         broken.malloc(16)
     assert held.ptr in device.buffers and not hasattr(clock, "slept")
@@ -195,8 +211,12 @@ def test_a_leased_mapping_is_kept_for_a_quarter_of_the_lease_after_each_use() ->
     assert mappings.sweep(mapper) == 0 and mappings.kept() == 1
     clock.now = 109.0
     assert mappings.sweep(mapper) == 1 and mapper.closed == [base] and len(mappings) == 0
-    assert mappings.counts == {"mappings-opened": 1, "mappings-opened-ahead": 0, "mappings-reused": 1,
-                              "mappings-closed-late": 0}
+    assert mappings.counts == {
+        "mappings-opened": 1,
+        "mappings-opened-ahead": 0,
+        "mappings-reused": 1,
+        "mappings-closed-late": 0,
+    }
 
 
 def test_an_expired_mapping_is_mapped_anew_before_use() -> None:
@@ -208,7 +228,8 @@ def test_an_expired_mapping_is_mapped_anew_before_use() -> None:
 
 
 def test_a_mapping_closed_after_its_sender_may_free_it_is_counted_and_said(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     clock, mapper, mappings, _ = _used_once()
     clock.now = 119.0  # a sweep that ran late, still within the lease
     assert mappings.sweep(mapper) == 1 and mappings.counts["mappings-closed-late"] == 0
@@ -217,7 +238,10 @@ def test_a_mapping_closed_after_its_sender_may_free_it_is_counted_and_said(
     clock.now = 139.5  # past the sender's earliest free (119 + 20)
     with caplog.at_level("WARNING", logger="cudask.comm"):
         assert mappings.sweep(mapper) == 1
-    assert mappings.counts["mappings-closed-late"] == 1 and "give cudask.comm.device-ipc-lease" in caplog.text
+    assert (
+        mappings.counts["mappings-closed-late"] == 1
+        and "give cudask.comm.device-ipc-lease" in caplog.text
+    )
 
 
 # ---------------------------------------------------------------- through ipc
@@ -257,7 +281,11 @@ def test_a_chunk_sent_inside_keep_alive_is_leased_and_stays_mapped(wired: Any) -
         assert chunks._until[block.ptr] == clock.now + 10.0  # leased from the end of the send
     assert backend.opened == [b"chunk"] and backend.closed == []
     stats = ipc.stats()
-    assert stats["mappings-opened"] == 1 and stats["mappings-reused"] == 2 and stats["mappings-kept"] == 1
+    assert (
+        stats["mappings-opened"] == 1
+        and stats["mappings-reused"] == 2
+        and stats["mappings-kept"] == 1
+    )
     clock.now += 2.5
     assert ipc.sweep() == 1 and ipc.mapped() == 0  # closed at a quarter of the lease
     assert ipc.stats()["mappings-closed-late"] == 0
@@ -316,12 +344,19 @@ def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
     cupy = types.ModuleType("cupy")
     cupy.get_default_memory_pool = lambda: default  # type: ignore[attr-defined]
     cupy.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
-        MemoryPool=FakeMemoryPool, Memory=Memory,
-        UnownedMemory=lambda ptr, size, owner, device_id: types.SimpleNamespace(ptr=ptr, owner=owner),
-        MemoryPointer=lambda memory, offset: types.SimpleNamespace(mem=memory, ptr=memory.ptr + offset),
-        get_allocator=lambda: state["allocator"], set_allocator=lambda a: state.__setitem__("allocator", a),
+        MemoryPool=FakeMemoryPool,
+        Memory=Memory,
+        UnownedMemory=lambda ptr, size, owner, device_id: types.SimpleNamespace(
+            ptr=ptr, owner=owner
+        ),
+        MemoryPointer=lambda memory, offset: types.SimpleNamespace(
+            mem=memory, ptr=memory.ptr + offset
+        ),
+        get_allocator=lambda: state["allocator"],
+        set_allocator=lambda a: state.__setitem__("allocator", a),
         runtime=types.SimpleNamespace(getDevice=lambda: 0, CUDARuntimeError=OutOfMemory),
-        memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemory))
+        memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemory),
+    )
     cupy.device = device  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     monkeypatch.setattr(leases, "_installed", None)

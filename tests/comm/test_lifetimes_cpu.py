@@ -77,11 +77,12 @@ def test_slabs_are_lasting_while_allocated() -> None:
     assert not lifetimes.sending(ptr) and slabs.bases == set() and upstream.buffers == {}
 
 
-def test_a_pool_slab_stays_mapped_until_its_sender_ends(backend: FakeIPCBackend,
-                                                        sender: subprocess.Popen) -> None:
+def test_a_pool_slab_stays_mapped_until_its_sender_ends(
+    backend: FakeIPCBackend, sender: subprocess.Popen
+) -> None:
     slabs, slab = _pool_slab(backend, 1 << 16)
     slab[:] = np.arange(slab.size) % 251
-    pieces = [FakeDeviceArray(slab[i * 8192:(i + 1) * 8192]) for i in range(3)]
+    pieces = [FakeDeviceArray(slab[i * 8192 : (i + 1) * 8192]) for i in range(3)]
     for piece in pieces:
         header, frames = serialize(piece, serializers=REPLY, context=LOCAL)
         assert header["serializer"] == ipc.FAMILY and header["lasting"]
@@ -89,7 +90,11 @@ def test_a_pool_slab_stays_mapped_until_its_sender_ends(backend: FakeIPCBackend,
         assert out._array.tobytes() == piece._array.tobytes()
     assert backend.opened == [b"slab"] and backend.closed == []  # opened once, kept
     stats = ipc.stats()
-    assert stats["mappings-opened"] == 1 and stats["mappings-reused"] == 2 and stats["mappings-kept"] == 1
+    assert (
+        stats["mappings-opened"] == 1
+        and stats["mappings-reused"] == 2
+        and stats["mappings-kept"] == 1
+    )
     assert ipc.sweep() == 0 and ipc.mapped() == 1  # its sender still runs
     sender.kill()
     sender.wait()
@@ -97,8 +102,9 @@ def test_a_pool_slab_stays_mapped_until_its_sender_ends(backend: FakeIPCBackend,
     slabs.deallocate(slab.ctypes.data, slab.nbytes, None)
 
 
-def test_other_memory_is_unmapped_after_each_message(backend: FakeIPCBackend,
-                                                     sender: subprocess.Popen) -> None:
+def test_other_memory_is_unmapped_after_each_message(
+    backend: FakeIPCBackend, sender: subprocess.Popen
+) -> None:
     x = backend.allocate(np.arange(4096, dtype="f8"))  # cudaMalloc'd: its sender may free it
     for _ in range(2):
         header, frames = serialize(x, serializers=REPLY, context=LOCAL)
@@ -107,8 +113,9 @@ def test_other_memory_is_unmapped_after_each_message(backend: FakeIPCBackend,
     assert backend.opened == [b"h0", b"h0"] and len(backend.closed) == 2 and ipc.mapped() == 0
 
 
-def test_a_sender_in_another_pid_namespace_is_not_kept(backend: FakeIPCBackend,
-                                                       sender: subprocess.Popen) -> None:
+def test_a_sender_in_another_pid_namespace_is_not_kept(
+    backend: FakeIPCBackend, sender: subprocess.Popen
+) -> None:
     slabs, slab = _pool_slab(backend, 8192)
     header, frames = serialize(FakeDeviceArray(slab), serializers=REPLY, context=LOCAL)
     header = _as_sent_by(header, sender)
@@ -150,7 +157,9 @@ def test_idle_kept_mappings_beyond_the_limit_close_oldest_first() -> None:
     assert sorted(mapper.closed) == [1, 2, 3, 4] and len(mappings) == 0
 
 
-def test_closing_the_worker_closes_kept_mappings(backend: FakeIPCBackend, sender: subprocess.Popen) -> None:
+def test_closing_the_worker_closes_kept_mappings(
+    backend: FakeIPCBackend, sender: subprocess.Popen
+) -> None:
     slabs, slab = _pool_slab(backend, 8192)
     header, frames = serialize(FakeDeviceArray(slab), serializers=REPLY, context=LOCAL)
     deserialize(_as_sent_by(header, sender), frames, deserializers=REPLY)
@@ -185,7 +194,8 @@ def test_a_slab_sent_after_teardown_does_not_keep_the_pool() -> None:
 
 
 def test_an_offered_slab_is_mapped_ahead_and_found_by_the_first_message(
-        backend: FakeIPCBackend, sender: subprocess.Popen) -> None:
+    backend: FakeIPCBackend, sender: subprocess.Popen
+) -> None:
     slabs, slab = _pool_slab(backend, 1 << 16)
     slab[:] = np.arange(slab.size) % 251
     offer = ipc.offer()
@@ -207,16 +217,20 @@ def test_an_offered_slab_is_mapped_ahead_and_found_by_the_first_message(
 
 
 def test_nothing_is_mapped_ahead_from_another_host_namespace_this_process_or_no_offer(
-        backend: FakeIPCBackend, sender: subprocess.Popen) -> None:
+    backend: FakeIPCBackend, sender: subprocess.Popen
+) -> None:
     assert ipc.offer() is None  # no pool, nothing to offer
     slabs, slab = _pool_slab(backend, 8192)
     offered = ipc.offer()
     assert offered is not None and ipc.accepts(_as_sent_by(offered, sender))
     offer = _as_sent_by(offered, sender)
-    refused = [{**offer, "node": "another host"},
-               {**offer, "sender": {**offer["sender"], "pidns": offer["sender"]["pidns"] + 1}},
-               offered,  # this process's own: it cannot map its memory by IPC handle
-               {**offer, "sender": {"pid": "not a pid"}}, None]
+    refused = [
+        {**offer, "node": "another host"},
+        {**offer, "sender": {**offer["sender"], "pidns": offer["sender"]["pidns"] + 1}},
+        offered,  # this process's own: it cannot map its memory by IPC handle
+        {**offer, "sender": {"pid": "not a pid"}},
+        None,
+    ]
     for one in refused:
         assert not ipc.accepts(one) and ipc.map_ahead(one) == 0, one
     assert backend.opened == []
@@ -276,11 +290,14 @@ def test_an_opening_ahead_holds_up_only_a_use_of_its_own_handle() -> None:
 def test_an_opening_ahead_that_spans_the_workers_close_is_closed() -> None:
     mappings, mapper = lifetimes.Mappings(), _SlowMapper()
     result: list[bool] = []
-    ahead = _in_thread(lambda: result.append(
-        mappings.map_ahead(mapper, b"slow", lifetimes.this_process())))
+    ahead = _in_thread(
+        lambda: result.append(mappings.map_ahead(mapper, b"slow", lifetimes.this_process()))
+    )
     assert mapper.started.wait(60)
     mappings.close_all(mapper)
     mapper.release.set()
     ahead.join(60)
     assert result == [False] and len(mappings) == 0 and mapper.closed == [1001]
-    assert mappings.map_ahead(mapper, b"slow", lifetimes.this_process())  # a later worker maps again
+    assert mappings.map_ahead(
+        mapper, b"slow", lifetimes.this_process()
+    )  # a later worker maps again

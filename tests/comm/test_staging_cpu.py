@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from distributed.protocol.serialize import deserialize, serialize
 
-from cudask.comm import ipc, leases, lifetimes, settings, staging
+from cudask.comm import ipc, ipc_settings, leases, lifetimes, staging
 from cudask.errors import OptionError
 from cudask.testing.fake_cuda import FakeDeviceArray, FakeIPCBackend
 
@@ -75,18 +75,28 @@ def test_an_array_goes_through_the_area_which_its_receiver_maps_once(wired: Fake
     for x in (whole, whole[:, 8:24], backend.allocate(np.asfortranarray(values))):
         header, out = _send(x)
         assert header["handle"] == b"staging" and header["lasting"] and header["lease"] == 0.0
-        assert out._array.tobytes("A") == x._array.tobytes("A") and np.array_equal(out._array, x._array)
+        assert out._array.tobytes("A") == x._array.tobytes("A") and np.array_equal(
+            out._array, x._array
+        )
         assert out._array.flags.f_contiguous == (header["order"] == "F")
         assert staging.stats()["staging-in-use"] == 0  # given back once the send ended
     assert backend.opened == [b"staging"] and backend.closed == []  # mapped once, kept
     stats = ipc.stats()
-    assert stats["mappings-opened"] == 1 and stats["mappings-reused"] == 2 and stats["mappings-kept"] == 1
+    assert (
+        stats["mappings-opened"] == 1
+        and stats["mappings-reused"] == 2
+        and stats["mappings-kept"] == 1
+    )
     assert staging.stats()["staged"] == 3
     offer = ipc.offer()
-    assert offer is not None and offer["handles"] == [b"staging"]  # mapped ahead by the host's workers
+    assert offer is not None and offer["handles"] == [
+        b"staging"
+    ]  # mapped ahead by the host's workers
 
 
-def test_what_does_not_fit_or_is_sent_outside_keep_alive_goes_as_before(wired: FakeIPCBackend) -> None:
+def test_what_does_not_fit_or_is_sent_outside_keep_alive_goes_as_before(
+    wired: FakeIPCBackend,
+) -> None:
     backend = wired
     big = backend.allocate(np.ones(1 << 14, dtype="f8"))  # 128 KiB: more than the area
     small = backend.allocate(np.ones(1024, dtype="f8"))
@@ -110,15 +120,18 @@ def test_an_array_in_a_lasting_allocation_is_not_staged(wired: FakeIPCBackend) -
 
 def test_the_option_is_a_size() -> None:
     with dask.config.set({"cudask.comm.device-ipc-staging": "64MiB"}):
-        assert settings.device_ipc_staging() == 64 << 20
-    assert settings.device_ipc_staging() == 1 << 30  # the default
-    with dask.config.set({"cudask.comm.device-ipc-staging": "lots"}), \
-            pytest.raises(OptionError, match=r"cudask.comm.device-ipc-staging='lots' is not a size"):
-        settings.device_ipc_staging()
+        assert ipc_settings.device_ipc_staging() == 64 << 20
+    assert ipc_settings.device_ipc_staging() == 1 << 30  # the default
+    with (
+        dask.config.set({"cudask.comm.device-ipc-staging": "lots"}),
+        pytest.raises(OptionError, match=r"cudask.comm.device-ipc-staging='lots' is not a size"),
+    ):
+        ipc_settings.device_ipc_staging()
 
 
-def test_a_failed_copy_sends_the_array_from_its_own_allocation(wired: FakeIPCBackend,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_copy_sends_the_array_from_its_own_allocation(
+    wired: FakeIPCBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     backend = wired
 
     def broken(x: Any, address: int, order: str) -> None:
@@ -162,15 +175,17 @@ def test_memory_that_cannot_be_exported_goes_through_the_area(wired: FakeIPCBack
     assert ipc.stats()["declined"] == 2 and staging.stats()["staging-in-use"] == 0
 
 
-def test_a_failed_send_holds_its_slots_for_a_while(wired: FakeIPCBackend,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_send_holds_its_slots_for_a_while(
+    wired: FakeIPCBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A send that fails (the connection closed before the peer answered) may leave a
     receiver copying from its slots: they stay taken `FAILED_HOLD` seconds, then the
     next slot taken frees them. A send that ends well gives its slots back at once."""
     backend = wired
     now = [0.0]
-    area = staging.Staging(staging._area.base, staging._area.nbytes, staging._area.handle,
-                           clock=lambda: now[0])
+    area = staging.Staging(
+        staging._area.base, staging._area.nbytes, staging._area.handle, clock=lambda: now[0]
+    )
     monkeypatch.setattr(staging, "_area", area)
     x = backend.allocate(np.ones(1024, dtype="f8"))  # 8 KiB
     with pytest.raises(OSError, match="closed"), ipc.keep_alive():
@@ -192,8 +207,8 @@ def test_a_failed_send_holds_its_slots_for_a_while(wired: FakeIPCBackend,
 
 
 def test_a_deferred_area_is_made_when_first_needed_and_a_refusal_is_not_retried(
-        wired: FakeIPCBackend, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+    wired: FakeIPCBackend, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """`defer` makes nothing; the first `ensure` (a peer met) or first send makes the
     area once; a refusal is logged once and not tried again."""
     backend = wired
@@ -223,7 +238,8 @@ def test_a_deferred_area_is_made_when_first_needed_and_a_refusal_is_not_retried(
 
 
 def test_an_area_that_cannot_be_exported_is_freed(
-        wired: FakeIPCBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    wired: FakeIPCBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Allocated but refused a handle: the area is freed, none is made, nothing is retried."""
     backend = wired
     monkeypatch.setattr(staging, "_area", None)
@@ -239,8 +255,8 @@ def test_an_area_that_cannot_be_exported_is_freed(
 
 
 def test_a_failed_free_of_an_unexported_area_keeps_the_export_error(
-        wired: FakeIPCBackend, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+    wired: FakeIPCBackend, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """Freeing the refused area fails too: that is logged, and the export's error is the
     one `ensure` reports."""
     backend = wired

@@ -16,7 +16,9 @@ CHOICES = (True, False, None)
 def test_transports(tcp, ib, nvlink):
     got = transports(tcp, ib, nvlink)
     given = {"tcp": tcp, "infiniband": ib, "nvlink": nvlink}
-    only_off = any(v is False for v in given.values()) and not any(v is True for v in given.values())
+    only_off = any(v is False for v in given.values()) and not any(
+        v is True for v in given.values()
+    )
     for key, value in given.items():
         # unset stays unset (UCX chooses), unless some were turned off and none on
         assert got[key] is (True if value is None and only_off else value)
@@ -31,9 +33,12 @@ def test_nothing_asked_leaves_every_transport_to_ucx():
 
 def test_preload_options():
     assert get_preload_options(protocol="ucx", create_cuda_context=True) == {
-        "preload": ["cudask.initialize"], "preload_argv": ["--create-cuda-context"]}
-    argv = get_preload_options(protocol="ucx", create_cuda_context=True, enable_tcp_over_ucx=True,
-                               enable_nvlink=True)["preload_argv"]
+        "preload": ["cudask.initialize"],
+        "preload_argv": ["--create-cuda-context"],
+    }
+    argv = get_preload_options(
+        protocol="ucx", create_cuda_context=True, enable_tcp_over_ucx=True, enable_nvlink=True
+    )["preload_argv"]
     assert argv == ["--create-cuda-context", "--enable-tcp-over-ucx", "--enable-nvlink"]
     assert get_preload_options(protocol="tcp", enable_nvlink=True)["preload_argv"] == []
 

@@ -27,8 +27,14 @@ class Mpirun:
         """The job's environment: this Python's bin first on PATH (dask-mpi's script),
         Open MPI allowed to run as root (as in containers), no ssh agent."""
         path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-        return {**os.environ, "PATH": path, "OMPI_ALLOW_RUN_AS_ROOT": "1",
-                "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_plm_rsh_agent": "", **extra}
+        return {
+            **os.environ,
+            "PATH": path,
+            "OMPI_ALLOW_RUN_AS_ROOT": "1",
+            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            "OMPI_MCA_plm_rsh_agent": "",
+            **extra,
+        }
 
 
 @pytest.fixture
@@ -41,8 +47,9 @@ def mpirun() -> Mpirun:
     exe = shutil.which("mpirun", path=path)
     if exe is None:
         pytest.skip("mpirun is not installed")
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60,
-                             check=False)
+    version = subprocess.run(
+        [exe, "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
     open_mpi = "Open MPI" in version.stdout + version.stderr
     flags = ("--allow-run-as-root", "--oversubscribe", "--bind-to", "none") if open_mpi else ()
     return Mpirun(exe, flags)

@@ -27,19 +27,30 @@ def operator_objects(spec: dict[str, Any], workers: int | None = None) -> dict[s
     name = spec["metadata"]["name"]
     namespace = spec["metadata"].get("namespace", "default")
     scheduler = spec["spec"]["scheduler"]
-    group = controller.build_default_worker_group_spec(name, copy.deepcopy(spec["spec"]["worker"]),
-                                                       {}, {})
+    group = controller.build_default_worker_group_spec(
+        name, copy.deepcopy(spec["spec"]["worker"]), {}, {}
+    )
     count = spec["spec"]["worker"]["replicas"] if workers is None else workers
     return {
         "workergroup": group,
         "scheduler": controller.build_scheduler_deployment_spec(
-            name, copy.deepcopy(scheduler["spec"]), {}, {}),
+            name, copy.deepcopy(scheduler["spec"]), {}, {}
+        ),
         "service": controller.build_scheduler_service_spec(
-            name, copy.deepcopy(scheduler["service"]), {}, {}),
-        "workers": [controller.build_worker_deployment_spec(
-            worker_group_name=f"{name}-default", namespace=namespace, cluster_name=name,
-            uuid=f"{i:010x}", pod_spec=spec["spec"]["worker"]["spec"], annotations={}, labels={})
-            for i in range(count)],
+            name, copy.deepcopy(scheduler["service"]), {}, {}
+        ),
+        "workers": [
+            controller.build_worker_deployment_spec(
+                worker_group_name=f"{name}-default",
+                namespace=namespace,
+                cluster_name=name,
+                uuid=f"{i:010x}",
+                pod_spec=spec["spec"]["worker"]["spec"],
+                annotations={},
+                labels={},
+            )
+            for i in range(count)
+        ],
     }
 
 
@@ -60,6 +71,7 @@ _REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 def expand(text: str, env: dict[str, str]) -> str:
     """Kubernetes' expansion of args: $(VAR) from the container's env, $$ -> $; an
     unknown $(VAR) stays as it is."""
+
     def one(m: re.Match[str]) -> str:
         if m.group(0) == "$$":
             return "$"
@@ -76,8 +88,15 @@ def container_argv(c: dict[str, Any]) -> list[str]:
 
 def crd_schema(kind: str) -> dict[str, Any]:
     """The openAPIV3Schema of CRD `kind` (daskcluster, daskworkergroup, ...)."""
-    path = (resources.files("dask_kubernetes") / "operator" / "deployment" / "helm" /
-            "dask-kubernetes-operator" / "crds" / f"{kind}.yaml")
+    path = (
+        resources.files("dask_kubernetes")
+        / "operator"
+        / "deployment"
+        / "helm"
+        / "dask-kubernetes-operator"
+        / "crds"
+        / f"{kind}.yaml"
+    )
     crd = yaml.safe_load(path.read_text())
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     return dict(version["schema"]["openAPIV3Schema"])

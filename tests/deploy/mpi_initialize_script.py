@@ -16,8 +16,12 @@ from typing import Any
 
 from dask_mpi import initialize
 
-initialize(worker_class="cudask.CUDAWorker", worker_options=json.loads(sys.argv[2]),
-           dashboard=False, nthreads=1)
+initialize(
+    worker_class="cudask.CUDAWorker",
+    worker_options=json.loads(sys.argv[2]),
+    dashboard=False,
+    nthreads=1,
+)
 
 # only rank 1 (the client) gets here
 from distributed import Client
@@ -26,9 +30,12 @@ from cudask.testing import current_gpu_uuid, workers_info
 
 
 def _view(dask_worker: Any) -> dict[str, Any]:
-    return {"visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "limit": getattr(dask_worker.data, "device_memory_limit", None),
-            "nthreads": dask_worker.state.nthreads, "nanny": dask_worker.nanny is not None}
+    return {
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "limit": getattr(dask_worker.data, "device_memory_limit", None),
+        "nthreads": dask_worker.state.nthreads,
+        "nanny": dask_worker.nanny is not None,
+    }
 
 
 with Client() as client:

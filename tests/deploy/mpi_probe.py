@@ -28,15 +28,22 @@ def main() -> None:
     rank = MPI.COMM_WORLD.Get_rank()
 
     async def build() -> node.CUDAWorker:  # Nannies are made inside an event loop
-        return node.CUDAWorker(interface=None, protocol=None, nthreads=1, memory_limit="auto",
-                               local_directory=None, name=rank,
-                               **{"device_memory_limit": None, "nanny": True, **worker_options})
+        return node.CUDAWorker(
+            interface=None,
+            protocol=None,
+            nthreads=1,
+            memory_limit="auto",
+            local_directory=None,
+            name=rank,
+            **{"device_memory_limit": None, "nanny": True, **worker_options},
+        )
 
     out: dict[str, Any] = {"rank": rank}
     try:
         # distributed's NVML monitor stays off: the machine is a fake one
-        with dask.config.set({"scheduler-address": "tcp://127.0.0.1:8786",
-                              "distributed.diagnostics.nvml": False}):
+        with dask.config.set(
+            {"scheduler-address": "tcp://127.0.0.1:8786", "distributed.diagnostics.nvml": False}
+        ):
             worker = asyncio.run(build())
     except CudaskError as exc:
         out["error"] = str(exc)

@@ -94,12 +94,14 @@ class Namespaces:
         return [sys.executable, "-c", _ENTER, ns, *argv]
 
     def run(self, ns: str, argv: list[str], timeout: float = 120, **kw: Any) -> Any:
-        return subprocess.run(self.argv(ns, argv), check=False, capture_output=True, text=True,
-                              timeout=timeout, **kw)
+        return subprocess.run(
+            self.argv(ns, argv), check=False, capture_output=True, text=True, timeout=timeout, **kw
+        )
 
     def start(self, ns: str, argv: list[str], **kw: Any) -> subprocess.Popen[str]:
-        return subprocess.Popen(self.argv(ns, argv), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, **kw)
+        return subprocess.Popen(
+            self.argv(ns, argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw
+        )
 
 
 def make_pki(directory: Path, ip: str) -> dict[str, str]:
@@ -110,15 +112,55 @@ def make_pki(directory: Path, ip: str) -> dict[str, str]:
         subprocess.run(argv, check=True, capture_output=True, cwd=directory)
 
     for ca in ("ca", "rogue"):
-        sh("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{ca}.key",
-           "-out", f"{ca}.pem", "-days", "2", "-subj", f"/CN=cudask-test-{ca}")
+        sh(
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{ca}.key",
+            "-out",
+            f"{ca}.pem",
+            "-days",
+            "2",
+            "-subj",
+            f"/CN=cudask-test-{ca}",
+        )
     for name, ca in (("sched", "ca"), ("worker", "ca"), ("bad", "rogue")):
-        sh("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
-           "-out", f"{name}.csr", "-subj", f"/CN=cudask-test-{name}")
+        sh(
+            "openssl",
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            f"/CN=cudask-test-{name}",
+        )
         (directory / f"{name}.ext").write_text(f"subjectAltName=IP:{ip},IP:127.0.0.1\n")
-        sh("openssl", "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey",
-           f"{ca}.key", "-CAcreateserial", "-out", f"{name}.pem", "-days", "2",
-           "-extfile", f"{name}.ext")
+        sh(
+            "openssl",
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            f"{ca}.pem",
+            "-CAkey",
+            f"{ca}.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.pem",
+            "-days",
+            "2",
+            "-extfile",
+            f"{name}.ext",
+        )
     out = {}
     for name in ("ca", "rogue", "sched", "worker", "bad"):
         out[name] = str(directory / f"{name}.pem")

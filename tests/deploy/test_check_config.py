@@ -27,8 +27,12 @@ def _node(key: str) -> dict[str, Any]:
 def _leaves(node: dict[str, Any], defaults: Any, key: str) -> list[tuple[str, Any]]:
     if "properties" not in node:
         return [(key, defaults)]
-    return [leaf for name, child in node["properties"].items() if name in defaults
-            for leaf in _leaves(child, defaults[name], f"{key}.{name}")]
+    return [
+        leaf
+        for name, child in node["properties"].items()
+        if name in defaults
+        for leaf in _leaves(child, defaults[name], f"{key}.{name}")
+    ]
 
 
 def test_every_default_is_accepted_by_both() -> None:
@@ -85,22 +89,34 @@ def test_what_distributed_reads_is_taken(key: str, value: Any) -> None:
         check_config.check_distributed_config()
 
 
-@pytest.mark.parametrize("key, value", [("distributed.worker.memory.max-spill", "lots"),
-                                        ("distributed.worker.lifetime.duration", "soon"),
-                                        ("distributed.comm.timeouts.tcp", "sometime"),
-                                        ("distributed.comm.timeouts.connect", -5)])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("distributed.worker.memory.max-spill", "lots"),
+        ("distributed.worker.lifetime.duration", "soon"),
+        ("distributed.comm.timeouts.tcp", "sometime"),
+        ("distributed.comm.timeouts.connect", -5),
+    ],
+)
 def test_durations_and_sizes_are_read_as_distributed_reads_them(key: str, value: Any) -> None:
     """What the schema types as a string (or leaves null) is a duration or a size, as
     the default (or cudask's list) says: a word that is neither is refused."""
-    with dask.config.set({key: value}), pytest.raises(OptionError, match="accepted: a (duration"
-                                                                          "|size) such as"):
+    with (
+        dask.config.set({key: value}),
+        pytest.raises(OptionError, match="accepted: a (duration|size) such as"),
+    ):
         check_config.check_distributed_config()
 
 
 def test_unknown_key_names_the_closest() -> None:
-    with dask.config.set({"distributed.scheduler.worker-tll": "5 minutes"}), \
-            pytest.raises(OptionError, match="unknown config key distributed.scheduler.worker-tll; "
-                                             "did you mean distributed.scheduler.worker-ttl?"):
+    with (
+        dask.config.set({"distributed.scheduler.worker-tll": "5 minutes"}),
+        pytest.raises(
+            OptionError,
+            match="unknown config key distributed.scheduler.worker-tll; "
+            "did you mean distributed.scheduler.worker-ttl?",
+        ),
+    ):
         check_config.check_distributed_config()
 
 

@@ -44,9 +44,13 @@ def _cupy_view() -> dict:
     was_imported = "cupy" in sys.modules
     import cupy
 
-    return {"imported": was_imported, "device": cupy.cuda.runtime.getDevice(),
-            "bus": normalize_bus_id(cupy.cuda.Device().pci_bus_id),
-            "sum": float(cupy.arange(10).sum()), "context_s": ctx.seconds}
+    return {
+        "imported": was_imported,
+        "device": cupy.cuda.runtime.getDevice(),
+        "bus": normalize_bus_id(cupy.cuda.Device().pci_bus_id),
+        "sum": float(cupy.arange(10).sum()),
+        "context_s": ctx.seconds,
+    }
 
 
 def _frozen(dask_worker) -> int | None:
@@ -65,8 +69,12 @@ def machine():
 
 def test_each_worker_device0_is_its_gpu_and_pinned(machine):
     pytest.importorskip("cupy")
-    with LocalCUDACluster(dashboard_address=":0", device_memory_limit="1GB",
-                          gc_freeze=True) as cluster, Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            dashboard_address=":0", device_memory_limit="1GB", gc_freeze=True
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         assert len(workers_info(client)) == len(machine.gpus)
         # Start-up objects, CuPy's among them, frozen once the import was done.
         assert all(client.run(_frozen).values())
@@ -86,22 +94,27 @@ def test_each_worker_device0_is_its_gpu_and_pinned(machine):
 def _gpu_metrics(dask_scheduler) -> dict:
     """What the dashboard's GPU pages read: each worker's flattened gpu metrics."""
     keys = ("gpu_memory_used", "gpu-memory-total", "gpu_utilization")
-    return {addr: {"name": ws.name, **{k: ws.metrics.get(k) for k in keys}}
-            for addr, ws in dask_scheduler.workers.items()}
+    return {
+        addr: {"name": ws.name, **{k: ws.metrics.get(k) for k in keys}}
+        for addr, ws in dask_scheduler.workers.items()
+    }
 
 
 def test_dashboard_gpu_pages_show_every_worker(machine):
     import urllib.request
 
-    with LocalCUDACluster(dashboard_address=":0", device_memory_limit="1GB") as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCUDACluster(dashboard_address=":0", device_memory_limit="1GB") as cluster,
+        Client(cluster) as client,
+    ):
         client.wait_for_workers(len(machine.gpus))
 
         def reported() -> bool:  # heartbeats carry the GPU metrics
             diag = client.run_on_scheduler(_gpu_metrics)
             return len(diag) == len(machine.gpus) and all(
                 d["gpu-memory-total"] is not None and d["gpu_memory_used"] is not None
-                for d in diag.values())
+                for d in diag.values()
+            )
 
         assert wait_for(reported, timeout=90, interval=0.5), client.run_on_scheduler(_gpu_metrics)
         diag = client.run_on_scheduler(_gpu_metrics)
@@ -123,9 +136,15 @@ def test_dashboard_gpu_pages_show_every_worker(machine):
 def test_visible_devices_as_uuid_and_scale(machine):
     pytest.importorskip("cupy")
     gpu = machine.gpus[-1]
-    with LocalCUDACluster(CUDA_VISIBLE_DEVICES=gpu.uuid[:15], dashboard_address=":0",
-                          device_memory_limit=None, memory_limit=0) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            CUDA_VISIBLE_DEVICES=gpu.uuid[:15],
+            dashboard_address=":0",
+            device_memory_limit=None,
+            memory_limit=0,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         assert list(client.run(_uuid_of_device0).values()) == [gpu.uuid]
         cluster.scale(0)
         deadline = time.time() + 30
@@ -140,19 +159,28 @@ def test_async_context_manager():
     import asyncio
 
     async def main() -> int:
-        async with LocalCUDACluster(n_workers=1, asynchronous=True, dashboard_address=":0") as c, \
-                Client(c, asynchronous=True) as client:
+        async with (
+            LocalCUDACluster(n_workers=1, asynchronous=True, dashboard_address=":0") as c,
+            Client(c, asynchronous=True) as client,
+        ):
             return await client.submit(lambda: 7)
 
     assert asyncio.run(main()) == 7
 
 
 def test_pre_import_and_config_cli(tmp_path, machine):
-    with LocalCUDACluster(n_workers=1, pre_import="json,decimal", dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCUDACluster(n_workers=1, pre_import="json,decimal", dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
         assert all(client.run(lambda: "decimal" in sys.modules).values())
-        out = subprocess.run([sys.executable, "-m", "cudask.cli", "config", cluster.scheduler_address,
-                              "--json"], check=False, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "cudask.cli", "config", cluster.scheduler_address, "--json"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         report = next(iter(json.loads(out.stdout).values()))
         assert report["gpu"] == machine.gpus[0].uuid and 0 < report["cuda_context_s"] < 60
@@ -169,9 +197,20 @@ def _wait_for_file(path, timeout=30.0):
 
 def _run_scheduler(tmp_path):
     sched_file = tmp_path / "sched.json"
-    proc = subprocess.Popen(["dask", "scheduler", "--scheduler-file", str(sched_file),
-                             "--port", "0", "--dashboard-address", ":0"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            "dask",
+            "scheduler",
+            "--scheduler-file",
+            str(sched_file),
+            "--port",
+            "0",
+            "--dashboard-address",
+            ":0",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     _wait_for_file(sched_file)
     return proc, sched_file
 
@@ -179,15 +218,32 @@ def _run_scheduler(tmp_path):
 def test_cli_workers_join_through_scheduler_file(tmp_path, machine):
     pytest.importorskip("cupy")
     sched, sched_file = _run_scheduler(tmp_path)
-    worker = subprocess.Popen(["dask", "cuda", "worker", "--scheduler-file", str(sched_file),
-                               "--device-memory-limit", "1GB", "--name", "node",
-                               "--protocol", "tcp"], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE)
+    worker = subprocess.Popen(
+        [
+            "dask",
+            "cuda",
+            "worker",
+            "--scheduler-file",
+            str(sched_file),
+            "--device-memory-limit",
+            "1GB",
+            "--name",
+            "node",
+            "--protocol",
+            "tcp",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         with Client(scheduler_file=str(sched_file)) as client:
             _wait_for_workers(client, len(machine.gpus), worker, timeout=90)
             names = sorted(w["name"] for w in workers_info(client).values())
-            expected = ["node"] if len(machine.gpus) == 1 else [f"node-{i}" for i in range(len(machine.gpus))]
+            expected = (
+                ["node"]
+                if len(machine.gpus) == 1
+                else [f"node-{i}" for i in range(len(machine.gpus))]
+            )
             assert names == expected
             uuids = sorted(client.run(_uuid_of_device0).values())
             assert uuids == sorted(g.uuid for g in machine.gpus)
@@ -205,12 +261,26 @@ def test_worker_per_mpi_rank(tmp_path, machine):
     pytest.importorskip("cupy")
     sched, sched_file = _run_scheduler(tmp_path)
     n = len(machine.gpus)
-    cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(n), "bash", "-c",
-           (f"CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec {sys.executable} -m cudask.cli "
+    cmd = [
+        mpirun,
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        str(n),
+        "bash",
+        "-c",
+        (
+            f"CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec {sys.executable} -m cudask.cli "
             f"worker --scheduler-file {sched_file} --device-memory-limit 1GB "
-            "--name rank-$OMPI_COMM_WORLD_RANK")]
-    ranks = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             env={**os.environ, "OMPI_MCA_plm_rsh_agent": ""})
+            "--name rank-$OMPI_COMM_WORLD_RANK"
+        ),
+    ]
+    ranks = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "OMPI_MCA_plm_rsh_agent": ""},
+    )
     try:
         with Client(scheduler_file=str(sched_file)) as client:
             _wait_for_workers(client, n, ranks)
@@ -233,8 +303,10 @@ def test_worker_per_mpi_rank(tmp_path, machine):
 @pytest.mark.multigpu
 def test_two_gpus_two_workers(machine):
     pytest.importorskip("cupy")
-    with LocalCUDACluster(CUDA_VISIBLE_DEVICES=[1, 0], dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCUDACluster(CUDA_VISIBLE_DEVICES=[1, 0], dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
         uuids = client.run(_uuid_of_device0)
         assert sorted(uuids.values()) == sorted(g.uuid for g in machine.gpus[:2])
         names = {w["name"] for w in workers_info(client).values()}
@@ -257,10 +329,10 @@ def _wait_for_workers(client, n: int, *procs: subprocess.Popen, timeout: float =
         client.wait_for_workers(n, timeout=timeout)
     except Exception:  # noqa: BLE001 - any failure to join: stop the workers, show their stderr
         _stop(*procs)
-        errors = "\n---\n".join(p.stderr.read().decode(errors="replace")[-3000:]
-                                for p in procs if p.stderr is not None)
-        pytest.fail(f"only {len(workers_info(client))}/{n} workers; "
-                    f"their stderr:\n{errors}")
+        errors = "\n---\n".join(
+            p.stderr.read().decode(errors="replace")[-3000:] for p in procs if p.stderr is not None
+        )
+        pytest.fail(f"only {len(workers_info(client))}/{n} workers; their stderr:\n{errors}")
 
 
 def test_no_nanny_worker_and_dask_spec(tmp_path, machine):
@@ -270,16 +342,39 @@ def test_no_nanny_worker_and_dask_spec(tmp_path, machine):
     gpu = machine.gpus[-1]
     sched, sched_file = _run_scheduler(tmp_path)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu.uuid}
-    solo = subprocess.Popen([sys.executable, "-m", "cudask.cli", "worker", "--scheduler-file",
-                             str(sched_file), "--no-nanny", "--name", "solo",
-                             "--worker-class", "cudask.testing.workers.TaggedWorker",
-                             "--device-memory-limit", "1GB"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    spec = json.dumps({"cls": "cudask.CUDAWorker",
-                       "opts": {"name": "spec", "device_memory_limit": "1GB",
-                                "scheduler_file": str(sched_file)}})
-    spec_proc = subprocess.Popen(["dask", "spec", "--spec", spec], env=env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    solo = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cudask.cli",
+            "worker",
+            "--scheduler-file",
+            str(sched_file),
+            "--no-nanny",
+            "--name",
+            "solo",
+            "--worker-class",
+            "cudask.testing.workers.TaggedWorker",
+            "--device-memory-limit",
+            "1GB",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    spec = json.dumps(
+        {
+            "cls": "cudask.CUDAWorker",
+            "opts": {
+                "name": "spec",
+                "device_memory_limit": "1GB",
+                "scheduler_file": str(sched_file),
+            },
+        }
+    )
+    spec_proc = subprocess.Popen(
+        ["dask", "spec", "--spec", spec], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
         with Client(scheduler_file=str(sched_file)) as client:
             _wait_for_workers(client, 2, solo, spec_proc)
@@ -301,10 +396,24 @@ def test_no_nanny_worker_and_dask_spec(tmp_path, machine):
 def test_cli_port_range_split_across_gpus(tmp_path, machine):
     pytest.importorskip("cupy")
     sched, sched_file = _run_scheduler(tmp_path)
-    worker = subprocess.Popen(["dask", "cuda", "worker", "--scheduler-file", str(sched_file),
-                               "--name", "node", "--worker-port", "41000:41019",
-                               "--no-dashboard", "--device-memory-limit", "0.5"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    worker = subprocess.Popen(
+        [
+            "dask",
+            "cuda",
+            "worker",
+            "--scheduler-file",
+            str(sched_file),
+            "--name",
+            "node",
+            "--worker-port",
+            "41000:41019",
+            "--no-dashboard",
+            "--device-memory-limit",
+            "0.5",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         with Client(scheduler_file=str(sched_file)) as client:
             n = len(machine.gpus)
@@ -330,8 +439,10 @@ def test_scale_within_the_visible_gpus(machine):
     pytest.importorskip("cupy")
     from cudask.errors import OptionError
 
-    with LocalCUDACluster(dashboard_address=":0", device_memory_limit="1GB") as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCUDACluster(dashboard_address=":0", device_memory_limit="1GB") as cluster,
+        Client(cluster) as client,
+    ):
         n = len(machine.gpus)
         client.wait_for_workers(n)
         cluster.scale(1)
@@ -346,7 +457,6 @@ def test_scale_within_the_visible_gpus(machine):
             cluster.scale(n + 1)
 
 
-
 def test_cli_node_flags_over_tls(tmp_path, machine, tls_files):
     """TLS, --pid-file, --resources, --preload, --dashboard-prefix, --death-timeout."""
     import urllib.request
@@ -356,19 +466,54 @@ def test_cli_node_flags_over_tls(tmp_path, machine, tls_files):
     cert, key = tls_files
     tls = ["--tls-ca-file", cert, "--tls-cert", cert, "--tls-key", key]
     sched_file, pid_file = tmp_path / "sched.json", tmp_path / "worker.pid"
-    sched = subprocess.Popen(["dask", "scheduler", "--scheduler-file", str(sched_file),
-                              "--protocol", "tls", "--port", "0", "--dashboard-address", ":0",
-                              *tls], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    sched = subprocess.Popen(
+        [
+            "dask",
+            "scheduler",
+            "--scheduler-file",
+            str(sched_file),
+            "--protocol",
+            "tls",
+            "--port",
+            "0",
+            "--dashboard-address",
+            ":0",
+            *tls,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     _wait_for_file(sched_file)
     worker = subprocess.Popen(
-        ["dask", "cuda", "worker", "--scheduler-file", str(sched_file), *tls,
-         "--name", "flags", "--pid-file", str(pid_file), "--resources", "GPU=1",
-         "--preload", "cudask.testing.preload", "--dashboard-prefix", "gpu",
-         "--death-timeout", "60", "--device-memory-limit", "1GB"],
+        [
+            "dask",
+            "cuda",
+            "worker",
+            "--scheduler-file",
+            str(sched_file),
+            *tls,
+            "--name",
+            "flags",
+            "--pid-file",
+            str(pid_file),
+            "--resources",
+            "GPU=1",
+            "--preload",
+            "cudask.testing.preload",
+            "--dashboard-prefix",
+            "gpu",
+            "--death-timeout",
+            "60",
+            "--device-memory-limit",
+            "1GB",
+        ],
         env={**os.environ, "CUDA_VISIBLE_DEVICES": str(machine.gpus[0].index)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    security = Security(tls_ca_file=cert, tls_client_cert=cert, tls_client_key=key,
-                        require_encryption=True)
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    security = Security(
+        tls_ca_file=cert, tls_client_cert=cert, tls_client_key=key, require_encryption=True
+    )
     try:
         with Client(scheduler_file=str(sched_file), security=security) as client:
             _wait_for_workers(client, 1, worker, sched)
@@ -376,15 +521,21 @@ def test_cli_node_flags_over_tls(tmp_path, machine, tls_files):
             assert address.startswith("tls://") and info["name"] == "flags"
             assert info["resources"] == {"GPU": 1}
             (preloaded,) = client.run(
-                lambda dask_worker: getattr(dask_worker, "cudask_preloaded", False)).values()
+                lambda dask_worker: getattr(dask_worker, "cudask_preloaded", False)
+            ).values()
             assert preloaded is True
             assert pid_file.read_text().strip() == str(worker.pid)
             host = address.split("://")[1].rsplit(":", 1)[0]
             port = info["services"]["dashboard"]
             with urllib.request.urlopen(f"http://{host}:{port}/gpu/health", timeout=30) as r:
                 assert r.status == 200
-        out = subprocess.run(["dask", "cuda", "config", "--scheduler-file", str(sched_file),
-                              "--json", *tls], check=False, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            ["dask", "cuda", "config", "--scheduler-file", str(sched_file), "--json", *tls],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         (report,) = json.loads(out.stdout).values()
         assert report["gpu"] == machine.gpus[0].uuid and report["protocol"] == "tls"
@@ -394,8 +545,12 @@ def test_cli_node_flags_over_tls(tmp_path, machine, tls_files):
 
 def test_a_nanny_subclass_as_worker_class():
     """dask-cuda accepts a Nanny subclass as worker_class: it replaces the Nanny."""
-    with LocalCUDACluster(n_workers=1, worker_class="cudask.testing.workers.TaggedNanny",
-                          dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            n_workers=1, worker_class="cudask.testing.workers.TaggedNanny", dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         (nanny,) = client.run(lambda dask_worker: type(dask_worker).__name__, nanny=True).values()
         assert nanny == "TaggedNanny"
         assert client.submit(lambda: 6 * 7).result() == 42

@@ -34,8 +34,12 @@ def _resource_stack() -> str:
 
 def test_rmm_pool_active():
     pytest.importorskip("rmm")
-    with LocalCUDACluster(n_workers=1, rmm_pool_size="1GB", rmm_track_allocations=True,
-                          dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            n_workers=1, rmm_pool_size="1GB", rmm_track_allocations=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         stack = next(iter(client.run(_resource_stack).values()))
         assert stack.startswith("TrackingResourceAdaptor>PoolMemoryResource"), stack
 
@@ -63,13 +67,23 @@ def test_rmm_managed_pool_logging_tracking_and_external_allocators(tmp_path):
     pytest.importorskip("cupy")
     libs = ["cupy"] + (["torch"] if importlib.util.find_spec("torch") else [])
     logs = tmp_path / "rmm-logs"
-    with LocalCUDACluster(n_workers=1, rmm_pool_size="1GB", rmm_managed_memory=True,
-                          rmm_log_directory=str(logs), rmm_track_allocations=True,
-                          rmm_allocator_external_lib_list=",".join(libs),
-                          dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            n_workers=1,
+            rmm_pool_size="1GB",
+            rmm_managed_memory=True,
+            rmm_log_directory=str(logs),
+            rmm_track_allocations=True,
+            rmm_allocator_external_lib_list=",".join(libs),
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         stack = next(iter(client.run(_resource_stack).values()))
-        assert stack == ("TrackingResourceAdaptor>LoggingResourceAdaptor>PoolMemoryResource>"
-                         "ManagedMemoryResource"), stack
+        assert stack == (
+            "TrackingResourceAdaptor>LoggingResourceAdaptor>PoolMemoryResource>"
+            "ManagedMemoryResource"
+        ), stack
         allocated = next(iter(client.run(_allocate_through, libs).values()))
         assert allocated >= len(libs) * (64 << 20), (libs, allocated)
         log_file = next(iter(client.run(_flush_rmm_log).values()))
@@ -96,9 +110,16 @@ def _device_buffer_bytes(nbytes: int) -> int:
 
 def test_rmm_async_with_release_threshold():
     pytest.importorskip("rmm")
-    with LocalCUDACluster(n_workers=1, rmm_async=True, rmm_pool_size="256MB",
-                          rmm_release_threshold="512MB", dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            n_workers=1,
+            rmm_async=True,
+            rmm_pool_size="256MB",
+            rmm_release_threshold="512MB",
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         assert next(iter(client.run(_resource_stack).values())) == "CudaAsyncMemoryResource"
         assert client.submit(_device_buffer_bytes, 64 << 20).result() == 64 << 20
 
@@ -113,9 +134,16 @@ def test_rmm_async_and_cupy_allocator():
 
         return type(rmm.mr.get_current_device_resource()).__name__, repr(cupy.cuda.get_allocator())
 
-    with LocalCUDACluster(n_workers=1, rmm_async=True, rmm_maximum_pool_size="2GB",
-                          rmm_allocator_external_lib_list="cupy", dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            n_workers=1,
+            rmm_async=True,
+            rmm_maximum_pool_size="2GB",
+            rmm_allocator_external_lib_list="cupy",
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         mr, alloc = next(iter(client.run(check).values()))
         assert mr == "LimitingResourceAdaptor" and "rmm" in alloc
 
@@ -143,15 +171,28 @@ def test_spilling_on_two_gpus_with_transfers_between_them(jit):
     """Every worker past its limit; each chunk is read back on the other GPU too."""
     pytest.importorskip("cupy")
     elements = 32 << 20  # 256 MiB of uint64
-    with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", device_memory_limit="1GB", jit_unspill=jit,
-                          dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            CUDA_VISIBLE_DEVICES="0,1",
+            device_memory_limit="1GB",
+            jit_unspill=jit,
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         a, b = sorted(workers_info(client))
-        chunks = [client.submit(_chunk, i, elements, workers=[(a, b)[i % 2]], pure=False)
-                  for i in range(16)]  # 2 GiB per GPU
-        local = [client.submit(_check, c, i, workers=[(a, b)[i % 2]], pure=False)
-                 for i, c in enumerate(chunks)]
-        crossed = [client.submit(_check, c, i, workers=[(b, a)[i % 2]], pure=False)
-                   for i, c in enumerate(chunks)]
+        chunks = [
+            client.submit(_chunk, i, elements, workers=[(a, b)[i % 2]], pure=False)
+            for i in range(16)
+        ]  # 2 GiB per GPU
+        local = [
+            client.submit(_check, c, i, workers=[(a, b)[i % 2]], pure=False)
+            for i, c in enumerate(chunks)
+        ]
+        crossed = [
+            client.submit(_check, c, i, workers=[(b, a)[i % 2]], pure=False)
+            for i, c in enumerate(chunks)
+        ]
         assert client.gather(local) == [0] * 16
         assert client.gather(crossed) == [0] * 16
         spilled = client.run(_spilled)
@@ -163,10 +204,17 @@ def test_log_spilling_local_directory_and_worker_class(tmp_path):
     from distributed import wait
 
     scratch = tmp_path / "scratch"
-    with LocalCUDACluster(n_workers=1, device_memory_limit="256MB", log_spilling=True,
-                          local_directory=str(scratch),
-                          worker_class="cudask.testing.workers.TaggedWorker",
-                          dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            n_workers=1,
+            device_memory_limit="256MB",
+            log_spilling=True,
+            local_directory=str(scratch),
+            worker_class="cudask.testing.workers.TaggedWorker",
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         chunks = [client.submit(_chunk, i, 16 << 20, pure=False) for i in range(4)]  # 4x128 MiB
         wait(chunks)
         checks = [client.submit(_check, c, i, pure=False) for i, c in enumerate(chunks)]
@@ -182,8 +230,14 @@ def test_log_spilling_local_directory_and_worker_class(tmp_path):
 
 def _tier_counts(dask_worker) -> dict:
     m = dask_worker.data.metrics()
-    return {k: m[k] for k in ("spill-device-to-host-count", "spill-host-to-disk-count",
-                              "unspill-disk-to-host-count")}
+    return {
+        k: m[k]
+        for k in (
+            "spill-device-to-host-count",
+            "spill-host-to-disk-count",
+            "unspill-disk-to-host-count",
+        )
+    }
 
 
 def test_device_host_disk_in_a_worker(tmp_path):
@@ -196,9 +250,17 @@ def test_device_host_disk_in_a_worker(tmp_path):
     # host tier: 0.6 x 8 GB (distributed's target); 6 GiB of chunks leave ~1.2 GB for disk,
     # and the worker's memory stays well under the pause (80%) and terminate (95%) lines
     n = 48
-    with LocalCUDACluster(n_workers=1, device_memory_limit="256MB", memory_limit="8GB",
-                          log_spilling=True, local_directory=str(tmp_path),
-                          dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            n_workers=1,
+            device_memory_limit="256MB",
+            memory_limit="8GB",
+            log_spilling=True,
+            local_directory=str(tmp_path),
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         chunks = [client.submit(_chunk, i, 16 << 20, pure=False) for i in range(n)]  # 6 GiB
         wait(chunks)
         counts = next(iter(client.run(_tier_counts).values()))

@@ -70,8 +70,9 @@ def test_local_cluster_warns_once_at_start(backend: FakeBackend) -> None:
     backend.add_context(os.getpid(), gpu=0)
 
     async def main() -> None:
-        cluster = local.LocalCUDACluster(asynchronous=True, dashboard_address=":0",
-                                         device_memory_limit=None, workers_per_gpu=2)
+        cluster = local.LocalCUDACluster(
+            asynchronous=True, dashboard_address=":0", device_memory_limit=None, workers_per_gpu=2
+        )
         cluster.scale(2)
         cluster.scale(4)  # scaling up again says nothing more
         await cluster.close()
@@ -97,8 +98,9 @@ def _node(**kwargs: Any) -> node.CUDAWorker:
     return asyncio.run(main())
 
 
-def test_cudask_worker_warns_for_its_nannies_process(backend: FakeBackend,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cudask_worker_warns_for_its_nannies_process(
+    backend: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     backend.add_context(os.getpid(), gpu=0)
     with pytest.warns(CUDAContextWarning, match="the nannies' process") as record:
         _node()

@@ -73,14 +73,25 @@ def test_a_bad_environment_value_names_the_variable(four, monkeypatch):
 
 
 def test_worker_spec_options(four):
-    spec = worker_spec(CUDA_VISIBLE_DEVICES=[0, 1], interface="lo", protocol="tcp",
-                       dashboard_address=":0", threads_per_worker=4, silence_logs=False,
-                       device_memory_limit=None)
+    spec = worker_spec(
+        CUDA_VISIBLE_DEVICES=[0, 1],
+        interface="lo",
+        protocol="tcp",
+        dashboard_address=":0",
+        threads_per_worker=4,
+        silence_logs=False,
+        device_memory_limit=None,
+    )
     assert len(spec) == 2
     for s in spec.values():
         o = s["options"]
-        assert (o["interface"], o["protocol"], o["dashboard_address"], o["nthreads"],
-                o["silence_logs"]) == ("lo", "tcp", ":0", 4, False)
+        assert (
+            o["interface"],
+            o["protocol"],
+            o["dashboard_address"],
+            o["nthreads"],
+            o["silence_logs"],
+        ) == ("lo", "tcp", ":0", 4, False)
 
 
 @pytest.mark.parametrize("transport", ["enable_infiniband", "enable_nvlink"])
@@ -108,21 +119,46 @@ def test_cuda_worker_takes_a_cluster(four, monkeypatch):
         assert len(worker.nannies) == 1
 
 
-@pytest.mark.parametrize("visible, kwargs, match", [
-    ("0", {"host": "127.0.0.1", "listen_address": "tcp://0.0.0.0:9000"},
-     "Cannot specify listen_address when host or interface is given"),
-    ("0", {"interface": "lo", "listen_address": "tcp://0.0.0.0:9000"},
-     "Cannot specify listen_address when host or interface is given"),
-    ("0", {"contact_address": "tcp://127.0.0.1:9000"},
-     "Must specify listen_address when contact_address is provided"),
-    ("0,1", {"listen_address": "tcp://0.0.0.0:9000"},
-     "Cannot specify listen_address or contact_address when using multiple GPUs"),
-    ("0,1", {"listen_address": "tcp://0.0.0.0:9000", "contact_address": "tcp://127.0.0.1:9000"},
-     "Cannot specify listen_address or contact_address when using multiple GPUs"),
-    ("0", {"worker_port": "9000", "listen_address": "tcp://0.0.0.0:9000"},
-     "Cannot specify worker_port when listen_address is given"),
-    ("0,1,2", {"worker_port": "9000:9001"}, "Not enough ports in --worker-port range for 3 GPUs"),
-])
+@pytest.mark.parametrize(
+    "visible, kwargs, match",
+    [
+        (
+            "0",
+            {"host": "127.0.0.1", "listen_address": "tcp://0.0.0.0:9000"},
+            "Cannot specify listen_address when host or interface is given",
+        ),
+        (
+            "0",
+            {"interface": "lo", "listen_address": "tcp://0.0.0.0:9000"},
+            "Cannot specify listen_address when host or interface is given",
+        ),
+        (
+            "0",
+            {"contact_address": "tcp://127.0.0.1:9000"},
+            "Must specify listen_address when contact_address is provided",
+        ),
+        (
+            "0,1",
+            {"listen_address": "tcp://0.0.0.0:9000"},
+            "Cannot specify listen_address or contact_address when using multiple GPUs",
+        ),
+        (
+            "0,1",
+            {"listen_address": "tcp://0.0.0.0:9000", "contact_address": "tcp://127.0.0.1:9000"},
+            "Cannot specify listen_address or contact_address when using multiple GPUs",
+        ),
+        (
+            "0",
+            {"worker_port": "9000", "listen_address": "tcp://0.0.0.0:9000"},
+            "Cannot specify worker_port when listen_address is given",
+        ),
+        (
+            "0,1,2",
+            {"worker_port": "9000:9001"},
+            "Not enough ports in --worker-port range for 3 GPUs",
+        ),
+    ],
+)
 def test_address_rules_before_any_gpu_is_looked_for(monkeypatch, visible, kwargs, match):
     """No fake machine: these are judged from the options and CUDA_VISIBLE_DEVICES alone."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
@@ -136,15 +172,26 @@ def test_worker_config_reports_plugins_limits_and_protocol():
     from cudask.deploy.inspection import get_worker_config
     from cudask.worker.rmm import RMMSetup
 
-    rmm = RMMSetup(pool_size=2_000_000_000, maximum_pool_size=3_000_000_000,
-                   managed_memory=False, async_alloc=False, release_threshold=None,
-                   log_directory=None, track_allocations=False)
+    rmm = RMMSetup(
+        pool_size=2_000_000_000,
+        maximum_pool_size=3_000_000_000,
+        managed_memory=False,
+        async_alloc=False,
+        release_threshold=None,
+        log_directory=None,
+        track_allocations=False,
+    )
     worker = SimpleNamespace(
         plugins={"cudask-rmm": rmm},
-        memory_manager=SimpleNamespace(memory_limit=10, memory_pause_fraction=0.95,
-                                       memory_spill_fraction=0.7, memory_target_fraction=0.6),
+        memory_manager=SimpleNamespace(
+            memory_limit=10,
+            memory_pause_fraction=0.95,
+            memory_spill_fraction=0.7,
+            memory_target_fraction=0.6,
+        ),
         data=SimpleNamespace(device_memory_limit=30),
-        scheduler=SimpleNamespace(address="tcp://127.0.0.1:8786"))
+        scheduler=SimpleNamespace(address="tcp://127.0.0.1:8786"),
+    )
     report = get_worker_config(worker)
     assert report["[plugin] RMMSetup"]["initial_pool_size"] == 2_000_000_000
     assert report["[plugin] RMMSetup"]["maximum_pool_size"] == 3_000_000_000
@@ -157,8 +204,12 @@ def test_cluster_configuration_and_waiting_on_a_real_cluster(capsys):
 
     from cudask import utils
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         assert utils.wait_workers(client, n_gpus=2)
         assert not utils.wait_workers(client, min_timeout=0.5, seconds_per_gpu=0, n_gpus=3)
         report = utils.get_cluster_configuration(client)
@@ -173,6 +224,7 @@ def test_cluster_configuration_and_waiting_on_a_real_cluster(capsys):
 def test_a_pool_size_beside_the_async_allocator_warns_before_start():
     from cudask.deploy.checks import check_input
 
-    with pytest.warns(FutureWarning, match="'rmm_pool_size' is not needed when 'rmm_async' is "
-                                           "enabled"):
+    with pytest.warns(
+        FutureWarning, match="'rmm_pool_size' is not needed when 'rmm_async' is enabled"
+    ):
         check_input({"rmm_pool_size": "1GB", "rmm_async": True}, "cluster", libraries=False)

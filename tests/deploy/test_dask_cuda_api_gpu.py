@@ -28,8 +28,10 @@ def test_the_environment_chooses_the_gpus_and_uuids_stay(monkeypatch):
     machine = discover()
     uuids = [g.uuid for g in machine.gpus][::-1]  # the reverse of NVML's order
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(uuids))
-    with LocalCUDACluster(dashboard_address=":0", device_memory_limit=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCUDACluster(dashboard_address=":0", device_memory_limit=None) as cluster,
+        Client(cluster) as client,
+    ):
         seen = sorted(client.run(_visible).values())
         rotations = sorted(",".join(uuids[i:] + uuids[:i]) for i in range(len(uuids)))
         assert seen == rotations
@@ -37,8 +39,12 @@ def test_the_environment_chooses_the_gpus_and_uuids_stay(monkeypatch):
 
 
 def test_cuda_worker_joins_a_cluster_object_and_reports_its_configuration():
-    with LocalCUDACluster(n_workers=1, dashboard_address=":0", device_memory_limit="30B",
-                          CUDA_VISIBLE_DEVICES="0") as cluster, Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            n_workers=1, dashboard_address=":0", device_memory_limit="30B", CUDA_VISIBLE_DEVICES="0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         report = utils.get_cluster_configuration(client)
         assert report["device-memory-limit"] == 30 and report["nworkers"] == 1
         assert "[plugin] CUDAContext" in report
@@ -58,10 +64,23 @@ def test_a_worker_that_cannot_reach_its_scheduler_exits_1():
     with socket.socket() as s:  # a port on this machine that nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    done = subprocess.run([sys.executable, "-m", "cudask.cli", "worker", f"127.0.0.1:{port}",
-                           "--death-timeout", "2", "--no-dashboard"],
-                          capture_output=True, text=True, timeout=180, check=False,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cudask.cli",
+            "worker",
+            f"127.0.0.1:{port}",
+            "--death-timeout",
+            "2",
+            "--no-dashboard",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"},
+    )
     assert done.returncode == 1, done.stderr
     assert "closing nanny at" in done.stderr.lower()
     assert "Traceback" not in done.stderr
@@ -82,9 +101,18 @@ def test_a_context_made_before_the_cluster_is_named_by_the_worker(tmp_path):
     pytest.importorskip("cupy")
     script = tmp_path / "early_context.py"
     script.write_text(textwrap.dedent(SCRIPT))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=240, check=False, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        cwd=tmp_path,
+    )
     assert "started" in done.stdout, done.stderr
-    lines = [line for line in done.stderr.splitlines()
-             if "A CUDA context for device" in line and "already exists" in line]
+    lines = [
+        line
+        for line in done.stderr.splitlines()
+        if "A CUDA context for device" in line and "already exists" in line
+    ]
     assert len(lines) == 1, done.stderr  # the worker's spawned process re-imported the script

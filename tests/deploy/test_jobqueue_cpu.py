@@ -40,10 +40,11 @@ SCHEDULER_OPTIONS = {"dashboard_address": ":0"}
 
 # ---- reading a job script
 
+
 def _script(text: str, prefix: str) -> tuple[list[list[str]], list[str]]:
     """(each `prefix` directive as its words, the worker command as argv)."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    directives = [shlex.split(line[len(prefix):]) for line in lines if line.startswith(prefix)]
+    directives = [shlex.split(line[len(prefix) :]) for line in lines if line.startswith(prefix)]
     commands = [line for line in lines if not line.startswith("#")]
     assert len(commands) == 1, text  # no prologue: the worker command alone
     return directives, shlex.split(commands[0])
@@ -75,8 +76,11 @@ def _worker_argv(argv: list[str]) -> tuple[str, WorkerOptions]:
     ctx = worker.make_context("worker", argv[4:])
     params = dict(ctx.params)
     scheduler = params.pop("scheduler")
-    given = {k: (list(v) if isinstance(v, tuple) else v) for k, v in params.items()
-             if v is not None and v != ()}
+    given = {
+        k: (list(v) if isinstance(v, tuple) else v)
+        for k, v in params.items()
+        if v is not None and v != ()
+    }
     return scheduler, check_input(given, "cli", libraries=False)
 
 
@@ -90,14 +94,26 @@ def close() -> Iterator[list[Any]]:
 
 # ---- the job scripts
 
+
 def test_slurm_job_script(close: list[Any]) -> None:
-    cluster = SLURMCluster(queue="gpu", account="proj", walltime="01:00:00",
-                           scheduler_options=SCHEDULER_OPTIONS,
-                           **job_kwargs("slurm", gpus_per_job=2, cores=16, memory="64GB",
-                                        device_memory_limit="30GB", jit_unspill=True,
-                                        pre_import="json", rmm_pool_size="20GB",
-                                        local_directory="/scratch/dask",
-                                        job_extra_directives=["--exclusive"]))
+    cluster = SLURMCluster(
+        queue="gpu",
+        account="proj",
+        walltime="01:00:00",
+        scheduler_options=SCHEDULER_OPTIONS,
+        **job_kwargs(
+            "slurm",
+            gpus_per_job=2,
+            cores=16,
+            memory="64GB",
+            device_memory_limit="30GB",
+            jit_unspill=True,
+            pre_import="json",
+            rmm_pool_size="20GB",
+            local_directory="/scratch/dask",
+            job_extra_directives=["--exclusive"],
+        ),
+    )
     close.append(cluster)
     directives, argv = _script(cluster.job_script(), "#SBATCH")
     sbatch = _sbatch(directives)
@@ -117,14 +133,23 @@ def test_slurm_job_script(close: list[Any]) -> None:
 
 
 def test_pbs_job_script(close: list[Any]) -> None:
-    cluster = PBSCluster(queue="gpuq", walltime="02:00:00", scheduler_options=SCHEDULER_OPTIONS,
-                         **job_kwargs("pbs", gpus_per_job=4, cores=32, memory="256GB",
-                                      device_memory_limit=0.8, enable_cudf_spill=False,
-                                      protocol="tcp"))
+    cluster = PBSCluster(
+        queue="gpuq",
+        walltime="02:00:00",
+        scheduler_options=SCHEDULER_OPTIONS,
+        **job_kwargs(
+            "pbs",
+            gpus_per_job=4,
+            cores=32,
+            memory="256GB",
+            device_memory_limit=0.8,
+            enable_cudf_spill=False,
+            protocol="tcp",
+        ),
+    )
     close.append(cluster)
     directives, argv = _script(cluster.job_script(), "#PBS")
-    assert _pbs_select(directives) == {"select": "1", "ncpus": "32", "ngpus": "4",
-                                       "mem": "239gb"}
+    assert _pbs_select(directives) == {"select": "1", "ncpus": "32", "ngpus": "4", "mem": "239gb"}
     assert ["-q", "gpuq"] in directives and ["-l", "walltime=02:00:00"] in directives
     _, o = _worker_argv(argv)
     assert o.nthreads == 8 and parse_bytes(o.memory_limit) == pytest.approx(64e9, rel=0.01)
@@ -148,24 +173,44 @@ ROUND_TRIP = [
     {"device_memory_limit": "40GB", "memory_limit": None},
     {"device_memory_limit": None, "rmm_pool_size": 0.5, "rmm_maximum_pool_size": "70GB"},
     {"rmm_async": True, "rmm_release_threshold": "10GB", "log_spilling": True},
-    {"jit_unspill": False, "enable_nvlink": True, "enable_infiniband": True,
-     "enable_rdmacm": True},
-    {"pre_import": ["json", "numpy"], "preload": ["a.py", "b"],
-     "rmm_allocator_external_lib_list": "cupy,torch"},
-    {"resources": "GPU=1 MEM=10e9", "death_timeout": 30, "dashboard": False,
-     "dashboard_address": ":8788"},
-    {"resources": {"GPU": 2}, "worker_port": "9000:9003", "host": "10.0.0.1",
-     "multiprocessing_method": "forkserver", "cudf_spill_stats": 2},
-    {"worker_class": "cudask.testing.workers.TaggedWorker", "nanny": False,
-     "rmm_managed_memory": True, "rmm_track_allocations": True},
+    {"jit_unspill": False, "enable_nvlink": True, "enable_infiniband": True, "enable_rdmacm": True},
+    {
+        "pre_import": ["json", "numpy"],
+        "preload": ["a.py", "b"],
+        "rmm_allocator_external_lib_list": "cupy,torch",
+    },
+    {
+        "resources": "GPU=1 MEM=10e9",
+        "death_timeout": 30,
+        "dashboard": False,
+        "dashboard_address": ":8788",
+    },
+    {
+        "resources": {"GPU": 2},
+        "worker_port": "9000:9003",
+        "host": "10.0.0.1",
+        "multiprocessing_method": "forkserver",
+        "cudf_spill_stats": 2,
+    },
+    {
+        "worker_class": "cudask.testing.workers.TaggedWorker",
+        "nanny": False,
+        "rmm_managed_memory": True,
+        "rmm_track_allocations": True,
+    },
 ]
 
 
 @pytest.mark.parametrize("options", ROUND_TRIP)
 def test_options_survive_the_command_line(options: dict[str, Any]) -> None:
     flags = worker_flags(options)
-    argv = [sys.executable, "-m", *WORKER_COMMAND.split(), "tcp://10.0.0.1:8786",
-            *shlex.split(" ".join(flags))]
+    argv = [
+        sys.executable,
+        "-m",
+        *WORKER_COMMAND.split(),
+        "tcp://10.0.0.1:8786",
+        *shlex.split(" ".join(flags)),
+    ]
     _, parsed = _worker_argv(argv)
     expected = check_input(options, "cli", libraries=False)
     for name in options:
@@ -186,18 +231,30 @@ def _meaning(name: str, value: Any) -> Any:
 
 def test_flags_are_shell_words() -> None:
     flags = worker_flags({"local_directory": "/scratch/my dir", "resources": "GPU=1 MEM=10e9"})
-    assert shlex.split(" ".join(flags)) == ["--local-directory", "/scratch/my dir",
-                                            "--resources", "GPU=1.0,MEM=10000000000.0"]
+    assert shlex.split(" ".join(flags)) == [
+        "--local-directory",
+        "/scratch/my dir",
+        "--resources",
+        "GPU=1.0,MEM=10000000000.0",
+    ]
 
 
 def test_libraries_are_the_workers_business() -> None:
     # rmm, UCX, cuDF may be on the GPU nodes only: not checked where jobs are submitted
-    kwargs = job_kwargs("slurm", cores=8, memory="32GB", rmm_pool_size="10GB",
-                        protocol="ucx", enable_cudf_spill=True, pre_import="not_here_module")
+    kwargs = job_kwargs(
+        "slurm",
+        cores=8,
+        memory="32GB",
+        rmm_pool_size="10GB",
+        protocol="ucx",
+        enable_cudf_spill=True,
+        pre_import="not_here_module",
+    )
     assert "--rmm-pool-size" in kwargs["worker_extra_args"] and kwargs["protocol"] == "ucx"
 
 
 # ---- bad input: refused before any job is submitted
+
 
 def _cli_message(args: list[str]) -> str:
     result = CliRunner().invoke(cli, ["worker", "tcp://127.0.0.1:1", *args])
@@ -221,8 +278,9 @@ BAD_OPTIONS = [
 
 
 @pytest.mark.parametrize("options, flags", BAD_OPTIONS)
-def test_bad_worker_options_say_what_the_cli_says(options: dict[str, Any],
-                                                  flags: list[str]) -> None:
+def test_bad_worker_options_say_what_the_cli_says(
+    options: dict[str, Any], flags: list[str]
+) -> None:
     with pytest.raises(OptionError) as info:
         job_kwargs("slurm", gpus_per_job=2, cores=16, memory="64GB", **options)
     assert " ".join(str(info.value).split()) == _cli_message(flags)
@@ -255,11 +313,13 @@ def test_bad_jobs(change: dict[str, Any], value: str, accepted: str) -> None:
 
 # ---- jobqueue's LocalCluster runs the command (as far as a machine without GPU allows)
 
+
 @pytest.mark.skipif(real_gpu_count() > 0, reason="a GPU is here: test_jobqueue_gpu.py runs it")
 def test_local_job_command_runs_until_it_looks_for_a_gpu(close: list[Any]) -> None:
-    cluster = LocalCluster(scheduler_options=SCHEDULER_OPTIONS,
-                           **job_kwargs("local", cores=2, memory="4GB",
-                                        device_memory_limit="1GB", jit_unspill=True))
+    cluster = LocalCluster(
+        scheduler_options=SCHEDULER_OPTIONS,
+        **job_kwargs("local", cores=2, memory="4GB", device_memory_limit="1GB", jit_unspill=True),
+    )
     close.append(cluster)
     argv = cluster.job_script().split()  # as LocalJob runs it: no shell
     _worker_argv(argv)

@@ -31,8 +31,11 @@ def machine() -> Any:
 @pytest.fixture
 def local_cluster() -> Any:
     pytest.importorskip("cupy")
-    pytest.importorskip("dask_jobqueue", reason="dask-jobqueue is not installed here; carry "
-                        "its wheel (dask_jobqueue-0.9.0-py2.py3-none-any.whl, pure Python)")
+    pytest.importorskip(
+        "dask_jobqueue",
+        reason="dask-jobqueue is not installed here; carry "
+        "its wheel (dask_jobqueue-0.9.0-py2.py3-none-any.whl, pure Python)",
+    )
     from dask_jobqueue.local import LocalCluster
 
     return LocalCluster
@@ -42,8 +45,10 @@ def _check_jobs(cluster: Any, client: Any, gpus: list[Any], nthreads: int) -> No
     client.wait_for_workers(len(gpus), timeout=180)
     info = workers_info(client)
     # the names jobqueue gave the job's processes: NAME, or NAME-0, NAME-1, ...
-    assert wait_for(lambda: cluster.observed == cluster.requested, timeout=60), \
-        (cluster.observed, cluster.requested)
+    assert wait_for(lambda: cluster.observed == cluster.requested, timeout=60), (
+        cluster.observed,
+        cluster.requested,
+    )
     uuids = client.run(current_gpu_uuid)
     assert sorted(uuids.values()) == sorted(g.uuid for g in gpus)
     limits = client.run(lambda dask_worker: dask_worker.data.device_memory_limit)
@@ -59,27 +64,33 @@ def _check_jobs(cluster: Any, client: Any, gpus: list[Any], nthreads: int) -> No
     assert wait_for(lambda: not workers_info(client), timeout=120)
 
 
-def test_jobqueue_local_job_runs_cudask_worker(local_cluster: Any, machine: Any,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_jobqueue_local_job_runs_cudask_worker(
+    local_cluster: Any, machine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gpu = machine.gpus[-1]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", gpu.uuid)  # what SLURM sets for a job's GPU
-    kwargs = job_kwargs("local", gpus_per_job=1, cores=2, memory="8GB",
-                        device_memory_limit="1GB", jit_unspill=False)
-    with local_cluster(scheduler_options={"dashboard_address": ":0"}, **kwargs) as cluster, \
-            Client(cluster) as client:
+    kwargs = job_kwargs(
+        "local", gpus_per_job=1, cores=2, memory="8GB", device_memory_limit="1GB", jit_unspill=False
+    )
+    with (
+        local_cluster(scheduler_options={"dashboard_address": ":0"}, **kwargs) as cluster,
+        Client(cluster) as client,
+    ):
         cluster.scale(jobs=1)
         _check_jobs(cluster, client, [gpu], nthreads=2)
 
 
 @pytest.mark.multigpu
-def test_jobqueue_job_of_two_gpus(local_cluster: Any, machine: Any,
-                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_jobqueue_job_of_two_gpus(
+    local_cluster: Any, machine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gpus = [machine.gpus[1], machine.gpus[0]]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
-    kwargs = job_kwargs("local", gpus_per_job=2, cores=4, memory="16GB",
-                        device_memory_limit="1GB")
-    with local_cluster(scheduler_options={"dashboard_address": ":0"}, **kwargs) as cluster, \
-            Client(cluster) as client:
+    kwargs = job_kwargs("local", gpus_per_job=2, cores=4, memory="16GB", device_memory_limit="1GB")
+    with (
+        local_cluster(scheduler_options={"dashboard_address": ":0"}, **kwargs) as cluster,
+        Client(cluster) as client,
+    ):
         cluster.scale(2)  # two workers: one job of two processes
         assert len(cluster.worker_spec) == 1
         _check_jobs(cluster, client, gpus, nthreads=2)

@@ -22,8 +22,9 @@ import yaml
 try:
     from dask_kubernetes.operator import KubeCluster
 except ImportError:  # comes with cudask[test-deploy]
-    pytest.skip("needs dask-kubernetes (pip install -e '.[test,test-deploy]')",
-                allow_module_level=True)
+    pytest.skip(
+        "needs dask-kubernetes (pip install -e '.[test,test-deploy]')", allow_module_level=True
+    )
 from distributed import Client, Scheduler, Worker
 from kube_platform import PLATFORM, _spec
 
@@ -47,12 +48,16 @@ def test_cuda_worker_tells_the_scheduler_its_node(monkeypatch: pytest.MonkeyPatc
         return node.CUDAWorker("tcp://10.0.0.1:8786", device_memory_limit=None, **kwargs)
 
     w = asyncio.run(build(name="gpu-cluster-default-worker-0123456789"))
-    assert [n.name for n in w.nannies] == ["gpu-cluster-default-worker-0123456789-0",
-                                           "gpu-cluster-default-worker-0123456789-1"]
+    assert [n.name for n in w.nannies] == [
+        "gpu-cluster-default-worker-0123456789-0",
+        "gpu-cluster-default-worker-0123456789-1",
+    ]
     for n in w.nannies:
         info = {k: f(None) for k, f in n.worker_kwargs["startup_information"].items()}
-        assert info == {"cudask_node": "gpu-cluster-default-worker-0123456789",
-                        "cudask_node_workers": 2}
+        assert info == {
+            "cudask_node": "gpu-cluster-default-worker-0123456789",
+            "cudask_node_workers": 2,
+        }
     unnamed = asyncio.run(build())
     assert all("startup_information" not in n.worker_kwargs for n in unnamed.nannies)
 
@@ -63,8 +68,14 @@ async def _pods(scheduler: Scheduler, names: list[str], gpus: int) -> list[Worke
     for pod in names:
         for i in range(gpus):
             worker_name = pod if gpus == 1 else f"{pod}-{i}"
-            workers.append(await Worker(scheduler.address, name=worker_name, nthreads=1,
-                                        startup_information=node_information(pod, gpus)))
+            workers.append(
+                await Worker(
+                    scheduler.address,
+                    name=worker_name,
+                    nthreads=1,
+                    startup_information=node_information(pod, gpus),
+                )
+            )
     return workers
 
 
@@ -72,8 +83,7 @@ def _fake_addresses(monkeypatch: pytest.MonkeyPatch, scheduler: Scheduler) -> An
     """The controller, pointed at this scheduler instead of a Kubernetes service."""
     from dask_kubernetes.operator.controller import controller
 
-    async def address(service: str, namespace: str, port_name: str = "tcp-comm",
-                      **_: Any) -> str:
+    async def address(service: str, namespace: str, port_name: str = "tcp-comm", **_: Any) -> str:
         if port_name == "http-dashboard":
             return f"http://127.0.0.1:{scheduler.http_server.port}"
         return scheduler.address
@@ -83,9 +93,13 @@ def _fake_addresses(monkeypatch: pytest.MonkeyPatch, scheduler: Scheduler) -> An
 
 
 def _controller_retires(controller: Any, n: int) -> Any:
-    return controller.retire_workers(n_workers=n, scheduler_service_name="gpu-cluster-scheduler",
-                                     worker_group_name="gpu-cluster-default",
-                                     namespace="dask-gpu", logger=logging.getLogger("test"))
+    return controller.retire_workers(
+        n_workers=n,
+        scheduler_service_name="gpu-cluster-scheduler",
+        worker_group_name="gpu-cluster-default",
+        namespace="dask-gpu",
+        logger=logging.getLogger("test"),
+    )
 
 
 POD_A, POD_B = "gpu-cluster-default-worker-aaaaaaaaaa", "gpu-cluster-default-worker-bbbbbbbbbb"
@@ -93,21 +107,26 @@ POD_A, POD_B = "gpu-cluster-default-worker-aaaaaaaaaa", "gpu-cluster-default-wor
 
 def test_operator_retires_whole_pods_by_deployment_name(monkeypatch: pytest.MonkeyPatch) -> None:
     async def main() -> None:
-        async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0",
-                             preload=["cudask.deploy.operator_api"],
-                             preload_argv=["--gpus-per-pod", "2"]) as s:
+        async with Scheduler(
+            host="127.0.0.1",
+            port=0,
+            dashboard_address="127.0.0.1:0",
+            preload=["cudask.deploy.operator_api"],
+            preload_argv=["--gpus-per-pod", "2"],
+        ) as s:
             controller = _fake_addresses(monkeypatch, s)
             workers = await _pods(s, [POD_A, POD_B], gpus=2)
             by_name = {w.name: w for w in workers}
             try:
                 async with Client(s.address, asynchronous=True) as c:
                     # more data on pod A: the scheduler prefers to retire pod B
-                    big = await c.scatter(list(range(20)),
-                                          workers=[by_name[f"{POD_A}-0"].address])
+                    big = await c.scatter(list(range(20)), workers=[by_name[f"{POD_A}-0"].address])
                     small = await c.scatter([1], workers=[by_name[f"{POD_B}-1"].address])
                     assert await _controller_retires(controller, 1) == [POD_B]
-                    assert sorted(str(ws.name) for ws in s.workers.values()) == \
-                        [f"{POD_A}-0", f"{POD_A}-1"]
+                    assert sorted(str(ws.name) for ws in s.workers.values()) == [
+                        f"{POD_A}-0",
+                        f"{POD_A}-1",
+                    ]
                     assert await c.gather(small) == [1]  # moved to pod A, not lost
                     # the last pod holds the only copies: neither retired nor named
                     assert await _controller_retires(controller, 1) == []
@@ -122,6 +141,7 @@ def test_operator_retires_whole_pods_by_deployment_name(monkeypatch: pytest.Monk
 def test_one_gpu_pods_keep_the_controllers_own_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
     """A one-GPU pod's worker is named exactly as its Deployment, so even the
     controller's fallback over the dask RPC (no /api/v1) maps it back."""
+
     async def main() -> None:
         async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0") as s:
             controller = _fake_addresses(monkeypatch, s)
@@ -134,8 +154,7 @@ def test_one_gpu_pods_keep_the_controllers_own_mapping(monkeypatch: pytest.Monke
     asyncio.run(main())
 
 
-def test_distributeds_own_api_would_name_workers_not_pods(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_distributeds_own_api_would_name_workers_not_pods(monkeypatch: pytest.MonkeyPatch) -> None:
     """Why cudask serves /api/v1: distributed's retires one worker (n counts workers)
     and answers its name, NAME-0, which names no Deployment."""
     import dask.config
@@ -163,8 +182,12 @@ def test_the_pod_api_refuses_to_be_shadowed() -> None:
 
     async def main() -> None:
         with dask.config.set({"distributed.scheduler.http.routes": routes}):
-            s = Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0",
-                          preload=["cudask.deploy.operator_api"])
+            s = Scheduler(
+                host="127.0.0.1",
+                port=0,
+                dashboard_address="127.0.0.1:0",
+                preload=["cudask.deploy.operator_api"],
+            )
             with pytest.raises(RuntimeError) as info:
                 await s
             await s.close()
@@ -177,9 +200,13 @@ def test_adaptive_target_counts_pods() -> None:
     import urllib.request
 
     async def main() -> None:
-        async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0",
-                             preload=["cudask.deploy.operator_api"],
-                             preload_argv=["--gpus-per-pod", "4"]) as s:
+        async with Scheduler(
+            host="127.0.0.1",
+            port=0,
+            dashboard_address="127.0.0.1:0",
+            preload=["cudask.deploy.operator_api"],
+            preload_argv=["--gpus-per-pod", "4"],
+        ) as s:
             url = f"http://127.0.0.1:{s.http_server.port}/api/v1/adaptive_target"
             s.adaptive_target = lambda *a, **k: 9  # type: ignore[method-assign]
 
@@ -201,12 +228,18 @@ def test_pods_to_retire_takes_whole_pods_only() -> None:
         extra = {} if pod is None else {"cudask_node": pod}
         return SimpleNamespace(address=address, name=name, extra=extra)
 
-    workers = {w.address: w for w in [ws("a0", "A-0", "A"), ws("a1", "A-1", "A"),
-                                      ws("b0", "B-0", "B"), ws("b1", "B-1", "B"),
-                                      ws("c", "C", None)]}
+    workers = {
+        w.address: w
+        for w in [
+            ws("a0", "A-0", "A"),
+            ws("a1", "A-1", "A"),
+            ws("b0", "B-0", "B"),
+            ws("b1", "B-1", "B"),
+            ws("c", "C", None),
+        ]
+    }
     # distributed lists closable workers best first; b1 runs a long task: B is not closable
-    fake = SimpleNamespace(workers=workers,
-                           workers_to_close=lambda n, key: ["c", "b0", "a0", "a1"])
+    fake = SimpleNamespace(workers=workers, workers_to_close=lambda n, key: ["c", "b0", "a0", "a1"])
     assert operator_api.pods_to_retire(fake, 1) == ["C"]  # type: ignore[arg-type]
     assert operator_api.pods_to_retire(fake, 5) == ["C", "A"]  # type: ignore[arg-type]
     assert operator_api.pods_to_retire(fake, 0) == []  # type: ignore[arg-type]
@@ -232,16 +265,24 @@ class FakeKube:
         fake = self
 
         async def _start(cluster: Any) -> None:
-            fake.started.append({"spec": cluster._custom_cluster_spec,
-                                 "namespace": cluster.namespace,
-                                 "create_mode": cluster.create_mode})
+            fake.started.append(
+                {
+                    "spec": cluster._custom_cluster_spec,
+                    "namespace": cluster.namespace,
+                    "create_mode": cluster.create_mode,
+                }
+            )
             if start == "hang":  # a scheduler pod that never becomes ready
-                cluster._startup_component_status = {"cluster": "Pending",
-                                                     "schedulerpod": "Pending"}
+                cluster._startup_component_status = {
+                    "cluster": "Pending",
+                    "schedulerpod": "Pending",
+                }
                 await asyncio.sleep(3600)
             if start == "operator-timeout":
-                raise TimeoutError("Dask Cluster resource not actioned after 60 seconds, is "
-                                   "the Dask Operator running?")
+                raise TimeoutError(
+                    "Dask Cluster resource not actioned after 60 seconds, is "
+                    "the Dask Operator running?"
+                )
             cluster.scheduler_comm = SimpleNamespace(address="tcp://10.0.0.9:8786")
 
         async def _close(cluster: Any, timeout: float = 3600) -> None:
@@ -259,7 +300,8 @@ class FakeKube:
 
 
 def test_cluster_creates_the_checked_spec_scales_in_pods_and_closes(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from dask_kubernetes.operator.kubecluster.kubecluster import CreateMode
 
     fake = FakeKube(monkeypatch)
@@ -280,7 +322,8 @@ def test_cluster_creates_the_checked_spec_scales_in_pods_and_closes(
 
 
 def test_cluster_without_namespace_leaves_it_to_kube_cluster(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """No namespace: KubeCluster takes the current context's when it starts (its own
     rule), and the DaskCluster resource names none."""
     fake = FakeKube(monkeypatch)
@@ -295,9 +338,17 @@ def test_cluster_without_namespace_leaves_it_to_kube_cluster(
 
 def test_dask_cuda_cluster_is_the_platform_interface(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeKube(monkeypatch)
-    cluster = kube.DaskCudaCluster(num_workers=2, worker_cpu=4, nvidia_gpu=2, worker_memory=12,
-                                   scheduler_cpu=4, scheduler_memory=12, quiet=True,
-                                   image=PLATFORM["image"], namespace="dask-gpu")
+    cluster = kube.DaskCudaCluster(
+        num_workers=2,
+        worker_cpu=4,
+        nvidia_gpu=2,
+        worker_memory=12,
+        scheduler_cpu=4,
+        scheduler_memory=12,
+        quiet=True,
+        image=PLATFORM["image"],
+        namespace="dask-gpu",
+    )
     assert not fake.started  # checked, not created
     with pytest.raises(CudaskError, match="init"):
         cluster.get_client_url()
@@ -328,6 +379,5 @@ def test_a_scheduler_that_never_comes_up(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_an_operator_that_never_acts(monkeypatch: pytest.MonkeyPatch) -> None:
     FakeKube(monkeypatch, start="operator-timeout")
-    with pytest.raises(kube.SchedulerTimeoutError, match="is the dask-kubernetes operator "
-                                                         "running"):
+    with pytest.raises(kube.SchedulerTimeoutError, match="is the dask-kubernetes operator running"):
         kube.KubeCUDACluster(**PLATFORM, quiet=True)

@@ -40,7 +40,9 @@ import pytest
 try:
     from dask_kubernetes.operator.controller import controller
 except ImportError:  # comes with cudask[test-deploy]
-    pytest.skip("needs dask-kubernetes (pip install -e '.[test,test-deploy]')", allow_module_level=True)
+    pytest.skip(
+        "needs dask-kubernetes (pip install -e '.[test,test-deploy]')", allow_module_level=True
+    )
 from distributed import Client
 from kube_pods import container, container_argv, container_env, operator_objects
 
@@ -93,8 +95,11 @@ class Pods:
 
     def start(self, deployment: dict[str, Any], devices: dict[str, str] | None = None) -> Pod:
         c = container(deployment)
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+        }
         env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
         env.update(container_env(c))  # the pod's own environment, exactly
         if "DASK_SCHEDULER_ADDRESS" in env:  # the Service's DNS name does not resolve here
@@ -103,9 +108,14 @@ class Pods:
         name = deployment["metadata"]["name"]
         log = self.tmp_path / f"{name}.log"
         with log.open("wb") as out:
-            process = subprocess.Popen(container_argv(c), env=env, stdout=out,
-                                       stderr=subprocess.STDOUT, cwd=self.tmp_path,
-                                       start_new_session=True)
+            process = subprocess.Popen(
+                container_argv(c),
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.tmp_path,
+                start_new_session=True,
+            )
         pod = Pod(name, process, log)
         self.started.append(pod)
         return pod
@@ -136,10 +146,19 @@ def machine() -> Any:
 
 
 def _spec(num_workers: int, gpus: int) -> dict[str, Any]:
-    return cluster_spec(check_pods(name="gpu-test", namespace=NAMESPACE, image="local",
-                                   num_workers=num_workers, nvidia_gpu=gpus, worker_cpu=2,
-                                   worker_memory=8 * gpus, scheduler_cpu=1,
-                                   scheduler_memory=2))
+    return cluster_spec(
+        check_pods(
+            name="gpu-test",
+            namespace=NAMESPACE,
+            image="local",
+            num_workers=num_workers,
+            nvidia_gpu=gpus,
+            worker_cpu=2,
+            worker_memory=8 * gpus,
+            scheduler_cpu=1,
+            scheduler_memory=2,
+        )
+    )
 
 
 def _device_plugin(uuids: list[str]) -> dict[str, str]:
@@ -147,15 +166,21 @@ def _device_plugin(uuids: list[str]) -> dict[str, str]:
 
 
 def _controller_retires(n: int, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    async def address(service: str, namespace: str, port_name: str = "tcp-comm",
-                      **_: Any) -> str:
+    async def address(service: str, namespace: str, port_name: str = "tcp-comm", **_: Any) -> str:
         return DASHBOARD if port_name == "http-dashboard" else SCHEDULER
 
     monkeypatch.setattr(controller, "get_scheduler_address", address)
-    return list(asyncio.run(controller.retire_workers(
-        n_workers=n, scheduler_service_name="gpu-test-scheduler",
-        worker_group_name="gpu-test-default", namespace=NAMESPACE,
-        logger=logging.getLogger("controller"))))
+    return list(
+        asyncio.run(
+            controller.retire_workers(
+                n_workers=n,
+                scheduler_service_name="gpu-test-scheduler",
+                worker_group_name="gpu-test-default",
+                namespace=NAMESPACE,
+                logger=logging.getLogger("controller"),
+            )
+        )
+    )
 
 
 def _names(client: Client) -> dict[str, str]:
@@ -168,8 +193,9 @@ def _start_scheduler(pods: Pods, objects: dict[str, Any]) -> Client:
     client = Client(SCHEDULER, timeout=START)
     assert workers_info(client) == {}
     # the scheduler pod sees no GPU
-    env = client.run_on_scheduler(lambda: {k: os.environ.get(k) for k in
-                                           ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")})
+    env = client.run_on_scheduler(
+        lambda: {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")}
+    )
     assert env == {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}
     return client
 
@@ -187,7 +213,9 @@ def _on_own_gpu(client: Client, address: str, uuid: str) -> None:
     # Library functions only: the scheduler runs in its own pod's process and cannot import
     # this test module (a graph is pickled by reference, whatever cloudpickle is told).
     values = client.submit(cupy.arange, 1000, dtype="float64", workers=[address], pure=False)
-    assert float(client.submit(cupy.sum, values, workers=[address], pure=False).result()) == 499500.0
+    assert (
+        float(client.submit(cupy.sum, values, workers=[address], pure=False).result()) == 499500.0
+    )
 
 
 @pytest.mark.gpu
@@ -207,15 +235,19 @@ def test_one_gpu_pod(pods: Pods, machine: Any, monkeypatch: pytest.MonkeyPatch) 
 
 
 @pytest.mark.multigpu
-def test_two_pods_scale_down_by_pod(pods: Pods, machine: Any,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_pods_scale_down_by_pod(
+    pods: Pods, machine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gpus = machine.gpus[:2]
     objects = operator_objects(_spec(num_workers=2, gpus=1))
     with _start_scheduler(pods, objects) as client:
-        started = {d["metadata"]["name"]: pods.start(d, _device_plugin([g.uuid]))
-                   for d, g in zip(objects["workers"], gpus)}
-        assert wait_for(lambda: set(_names(client)) == set(started), timeout=START), \
-            [p.log.read_text() for p in started.values()]
+        started = {
+            d["metadata"]["name"]: pods.start(d, _device_plugin([g.uuid]))
+            for d, g in zip(objects["workers"], gpus)
+        }
+        assert wait_for(lambda: set(_names(client)) == set(started), timeout=START), [
+            p.log.read_text() for p in started.values()
+        ]
         for (name, _), gpu in zip(started.items(), gpus):
             _on_own_gpu(client, _names(client)[name], gpu.uuid)
         data = client.scatter(list(range(10)), broadcast=False)
@@ -229,16 +261,16 @@ def test_two_pods_scale_down_by_pod(pods: Pods, machine: Any,
 
 
 @pytest.mark.multigpu
-def test_a_two_gpu_pod_is_retired_whole(pods: Pods, machine: Any,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_two_gpu_pod_is_retired_whole(
+    pods: Pods, machine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gpus = machine.gpus[:2]
     objects = operator_objects(_spec(num_workers=1, gpus=2))
     with _start_scheduler(pods, objects) as client:
         (deployment,) = objects["workers"]
         pod = pods.start(deployment, _device_plugin([g.uuid for g in gpus]))
         names = [f"{pod.name}-0", f"{pod.name}-1"]  # one worker per GPU of the pod
-        assert wait_for(lambda: sorted(_names(client)) == names, timeout=START), \
-            pod.log.read_text()
+        assert wait_for(lambda: sorted(_names(client)) == names, timeout=START), pod.log.read_text()
         for name, gpu in zip(names, gpus):
             _on_own_gpu(client, _names(client)[name], gpu.uuid)
         # the controller asks for one pod and gets the Deployment's name, not NAME-0

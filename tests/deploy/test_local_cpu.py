@@ -12,9 +12,20 @@ from cudask.errors import CudaskError, OptionError
 
 def test_signature_lists_dask_cuda_keywords():
     params = inspect.signature(LocalCUDACluster.__init__).parameters
-    for name in ("CUDA_VISIBLE_DEVICES", "n_workers", "threads_per_worker", "memory_limit",
-                 "device_memory_limit", "rmm_pool_size", "rmm_async", "jit_unspill",
-                 "enable_cudf_spill", "pre_import", "log_spilling", "protocol"):
+    for name in (
+        "CUDA_VISIBLE_DEVICES",
+        "n_workers",
+        "threads_per_worker",
+        "memory_limit",
+        "device_memory_limit",
+        "rmm_pool_size",
+        "rmm_async",
+        "jit_unspill",
+        "enable_cudf_spill",
+        "pre_import",
+        "log_spilling",
+        "protocol",
+    ):
         assert name in params
 
 

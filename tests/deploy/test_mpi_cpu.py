@@ -40,34 +40,61 @@ def _devices(n: int) -> list[Device]:
 
 # ---- the launchers' variables
 
-@pytest.mark.parametrize("environ, expected", [
-    ({"OMPI_COMM_WORLD_LOCAL_RANK": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"},
-     mpi.LocalRank(2, 4, "OMPI_COMM_WORLD_LOCAL_RANK")),
-    ({"MV2_COMM_WORLD_LOCAL_RANK": "1", "MV2_COMM_WORLD_LOCAL_SIZE": "2"},
-     mpi.LocalRank(1, 2, "MV2_COMM_WORLD_LOCAL_RANK")),
-    ({"MPI_LOCALRANKID": "3", "MPI_LOCALNRANKS": "8"}, mpi.LocalRank(3, 8, "MPI_LOCALRANKID")),
-    ({"PMI_LOCAL_RANK": "0", "PMI_LOCAL_SIZE": "1"}, mpi.LocalRank(0, 1, "PMI_LOCAL_RANK")),
-    ({"PMI_LOCAL_RANK": "5"}, mpi.LocalRank(5, None, "PMI_LOCAL_RANK")),
-    ({"SLURM_LOCALID": "1", "SLURM_STEP_TASKS_PER_NODE": "4(x2)"},
-     mpi.LocalRank(1, 4, "SLURM_LOCALID")),
-    ({"SLURM_LOCALID": "1", "SLURM_STEP_TASKS_PER_NODE": "4(x2),3"},  # uneven: unknown here
-     mpi.LocalRank(1, None, "SLURM_LOCALID")),
-    # an MPI started by srun sees both: the MPI's own variables win
-    ({"SLURM_LOCALID": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"},
-     mpi.LocalRank(3, 4, "OMPI_COMM_WORLD_LOCAL_RANK")),
-    ({"PATH": "/usr/bin"}, None),
-])
-def test_local_rank_from_each_launcher(environ: dict[str, str],
-                                       expected: mpi.LocalRank | None) -> None:
+
+@pytest.mark.parametrize(
+    "environ, expected",
+    [
+        (
+            {"OMPI_COMM_WORLD_LOCAL_RANK": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"},
+            mpi.LocalRank(2, 4, "OMPI_COMM_WORLD_LOCAL_RANK"),
+        ),
+        (
+            {"MV2_COMM_WORLD_LOCAL_RANK": "1", "MV2_COMM_WORLD_LOCAL_SIZE": "2"},
+            mpi.LocalRank(1, 2, "MV2_COMM_WORLD_LOCAL_RANK"),
+        ),
+        ({"MPI_LOCALRANKID": "3", "MPI_LOCALNRANKS": "8"}, mpi.LocalRank(3, 8, "MPI_LOCALRANKID")),
+        ({"PMI_LOCAL_RANK": "0", "PMI_LOCAL_SIZE": "1"}, mpi.LocalRank(0, 1, "PMI_LOCAL_RANK")),
+        ({"PMI_LOCAL_RANK": "5"}, mpi.LocalRank(5, None, "PMI_LOCAL_RANK")),
+        (
+            {"SLURM_LOCALID": "1", "SLURM_STEP_TASKS_PER_NODE": "4(x2)"},
+            mpi.LocalRank(1, 4, "SLURM_LOCALID"),
+        ),
+        (
+            {"SLURM_LOCALID": "1", "SLURM_STEP_TASKS_PER_NODE": "4(x2),3"},  # uneven: unknown here
+            mpi.LocalRank(1, None, "SLURM_LOCALID"),
+        ),
+        # an MPI started by srun sees both: the MPI's own variables win
+        (
+            {
+                "SLURM_LOCALID": "0",
+                "OMPI_COMM_WORLD_LOCAL_RANK": "3",
+                "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+            },
+            mpi.LocalRank(3, 4, "OMPI_COMM_WORLD_LOCAL_RANK"),
+        ),
+        ({"PATH": "/usr/bin"}, None),
+    ],
+)
+def test_local_rank_from_each_launcher(
+    environ: dict[str, str], expected: mpi.LocalRank | None
+) -> None:
     assert mpi.local_rank(environ) == expected
 
 
-@pytest.mark.parametrize("environ, text", [
-    ({"OMPI_COMM_WORLD_LOCAL_RANK": "x"}, "OMPI_COMM_WORLD_LOCAL_RANK='x' is not a whole number"),
-    ({"MPI_LOCALRANKID": "-1"}, "MPI_LOCALRANKID='-1' is not a whole number"),
-    ({"OMPI_COMM_WORLD_LOCAL_RANK": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"},
-     "OMPI_COMM_WORLD_LOCAL_RANK=4 is not below OMPI_COMM_WORLD_LOCAL_SIZE=4"),
-])
+@pytest.mark.parametrize(
+    "environ, text",
+    [
+        (
+            {"OMPI_COMM_WORLD_LOCAL_RANK": "x"},
+            "OMPI_COMM_WORLD_LOCAL_RANK='x' is not a whole number",
+        ),
+        ({"MPI_LOCALRANKID": "-1"}, "MPI_LOCALRANKID='-1' is not a whole number"),
+        (
+            {"OMPI_COMM_WORLD_LOCAL_RANK": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"},
+            "OMPI_COMM_WORLD_LOCAL_RANK=4 is not below OMPI_COMM_WORLD_LOCAL_SIZE=4",
+        ),
+    ],
+)
 def test_garbled_launcher_variables(environ: dict[str, str], text: str) -> None:
     with pytest.raises(OptionError, match=text):
         mpi.local_rank(environ)
@@ -75,13 +102,23 @@ def test_garbled_launcher_variables(environ: dict[str, str], text: str) -> None:
 
 # ---- which GPU a rank takes
 
-@pytest.mark.parametrize("gpus, rank, size, expected", [
-    (4, 0, 4, 0), (4, 3, 4, 3), (4, 2, None, 2),
-    # dask-mpi's scheduler and client are local ranks 0 and 1 of the first node: ranks
-    # past the last GPU take theirs
-    (4, 4, 6, 0), (4, 5, 6, 1), (2, 2, 3, 0), (2, 3, 4, 1),
-    (1, 1, 2, 0), (1, 2, 3, 0),
-])
+
+@pytest.mark.parametrize(
+    "gpus, rank, size, expected",
+    [
+        (4, 0, 4, 0),
+        (4, 3, 4, 3),
+        (4, 2, None, 2),
+        # dask-mpi's scheduler and client are local ranks 0 and 1 of the first node: ranks
+        # past the last GPU take theirs
+        (4, 4, 6, 0),
+        (4, 5, 6, 1),
+        (2, 2, 3, 0),
+        (2, 3, 4, 1),
+        (1, 1, 2, 0),
+        (1, 2, 3, 0),
+    ],
+)
 def test_local_rank_takes_its_gpu(gpus: int, rank: int, size: int | None, expected: int) -> None:
     devices = _devices(gpus)
     where = mpi.MPIRank(8, mpi.LocalRank(rank, size, "OMPI_COMM_WORLD_LOCAL_RANK"))
@@ -90,14 +127,18 @@ def test_local_rank_takes_its_gpu(gpus: int, rank: int, size: int | None, expect
     assert mpi.devices_for_rank(devices, where, narrowed=False) == [expected]
 
 
-@pytest.mark.parametrize("gpus, rank, size, numbers", [
-    (4, 6, None, ("local rank 6", "4 GPUs")),
-    (4, 0, 7, ("7 MPI ranks", "4 GPUs", "at most 6")),
-    (2, 4, 5, ("5 MPI ranks", "2 GPUs", "at most 4")),
-    (1, 3, None, ("local rank 3", "1 GPUs")),
-])
-def test_more_ranks_than_gpus_is_an_error(gpus: int, rank: int, size: int | None,
-                                          numbers: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    "gpus, rank, size, numbers",
+    [
+        (4, 6, None, ("local rank 6", "4 GPUs")),
+        (4, 0, 7, ("7 MPI ranks", "4 GPUs", "at most 6")),
+        (2, 4, 5, ("5 MPI ranks", "2 GPUs", "at most 4")),
+        (1, 3, None, ("local rank 3", "1 GPUs")),
+    ],
+)
+def test_more_ranks_than_gpus_is_an_error(
+    gpus: int, rank: int, size: int | None, numbers: tuple[str, ...]
+) -> None:
     where = mpi.MPIRank(16, mpi.LocalRank(rank, size, "OMPI_COMM_WORLD_LOCAL_RANK"))
     with pytest.raises(DeviceError) as info:
         mpi.devices_for_rank(_devices(gpus), where, narrowed=False)
@@ -124,6 +165,7 @@ def test_no_local_rank_with_several_gpus_is_an_error() -> None:
 
 # ---- CUDAWorker in a (fake) MPI job
 
+
 class FakeMPI(types.ModuleType):
     """Stands where mpi4py.MPI would: an initialized MPI of `size` ranks."""
 
@@ -131,7 +173,8 @@ class FakeMPI(types.ModuleType):
         super().__init__("mpi4py.MPI")
         self.size, self.rank, self.aborted = size, rank, []
         self.COMM_WORLD = types.SimpleNamespace(
-            Get_size=lambda: self.size, Get_rank=lambda: self.rank, Abort=self.aborted.append)
+            Get_size=lambda: self.size, Get_rank=lambda: self.rank, Abort=self.aborted.append
+        )
 
     def Is_initialized(self) -> bool:
         return True
@@ -176,9 +219,16 @@ def four_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _as_dask_mpi_builds_it(rank: int, **worker_options: Any) -> node.CUDAWorker:
     """dask_mpi.initialize(worker_class="cudask.CUDAWorker", worker_options=...)."""
-    opts = {"interface": None, "protocol": None, "nthreads": 1, "memory_limit": "auto",
-            "local_directory": None, "name": rank, "device_memory_limit": None,
-            **worker_options}
+    opts = {
+        "interface": None,
+        "protocol": None,
+        "nthreads": 1,
+        "memory_limit": "auto",
+        "local_directory": None,
+        "name": rank,
+        "device_memory_limit": None,
+        **worker_options,
+    }
 
     async def main() -> node.CUDAWorker:  # Nannies are made inside an event loop
         return node.CUDAWorker(**opts)
@@ -187,11 +237,18 @@ def _as_dask_mpi_builds_it(rank: int, **worker_options: Any) -> node.CUDAWorker:
         return asyncio.run(main())
 
 
-@pytest.mark.parametrize("rank, gpu, visible", [(0, 0, "0,1,2,3"), (2, 2, "2,3,0,1"),
-                                                (3, 3, "3,0,1,2"), (5, 1, "1,2,3,0")])
-def test_each_rank_starts_one_worker_on_its_gpu(rank: int, gpu: int, visible: str,
-                                                fake_mpi: FakeMPI, four_gpus: None,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "rank, gpu, visible",
+    [(0, 0, "0,1,2,3"), (2, 2, "2,3,0,1"), (3, 3, "3,0,1,2"), (5, 1, "1,2,3,0")],
+)
+def test_each_rank_starts_one_worker_on_its_gpu(
+    rank: int,
+    gpu: int,
+    visible: str,
+    fake_mpi: FakeMPI,
+    four_gpus: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", str(rank))
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "6")
     w = _as_dask_mpi_builds_it(rank, nthreads=2, log_spilling=True, nanny=True)
@@ -202,8 +259,9 @@ def test_each_rank_starts_one_worker_on_its_gpu(rank: int, gpu: int, visible: st
     assert w.options.nthreads == 2 and w.options.log_spilling is True
 
 
-def test_ranks_pick_from_the_visible_list(fake_mpi: FakeMPI, four_gpus: None,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ranks_pick_from_the_visible_list(
+    fake_mpi: FakeMPI, four_gpus: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # srun --gpus-per-node: CUDA_VISIBLE_DEVICES lists the node's GPUs for every rank
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
     monkeypatch.setenv("SLURM_LOCALID", "1")
@@ -212,8 +270,9 @@ def test_ranks_pick_from_the_visible_list(fake_mpi: FakeMPI, four_gpus: None,
     assert nanny.env["CUDA_VISIBLE_DEVICES"] == "1,3"
 
 
-def test_one_gpu_per_rank_from_the_launcher(fake_mpi: FakeMPI, four_gpus: None,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_gpu_per_rank_from_the_launcher(
+    fake_mpi: FakeMPI, four_gpus: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # mpirun ... bash -c 'CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK dask-mpi ...'
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3")
@@ -221,8 +280,9 @@ def test_one_gpu_per_rank_from_the_launcher(fake_mpi: FakeMPI, four_gpus: None,
     assert [d.gpu.index for d in w.devices] == [3]
 
 
-def test_a_rank_is_its_worker_unless_a_nanny_is_asked_for(fake_mpi: FakeMPI, four_gpus: None,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rank_is_its_worker_unless_a_nanny_is_asked_for(
+    fake_mpi: FakeMPI, four_gpus: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # a nanny's spawned process would run the rank's (initialize) script again
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # srun --gpus-per-node=4
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "2")
@@ -235,8 +295,7 @@ def test_a_rank_is_its_worker_unless_a_nanny_is_asked_for(fake_mpi: FakeMPI, fou
     assert type(_as_dask_mpi_builds_it(2, nanny=True).nannies[0]).__name__ == "Nanny"
 
 
-def test_without_mpi_every_gpu_as_before(four_gpus: None,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_mpi_every_gpu_as_before(four_gpus: None, monkeypatch: pytest.MonkeyPatch) -> None:
     # `dask cuda worker` under mpirun without mpi4py: the launcher's variables are set,
     # but this process is no MPI rank, so nothing changes
     monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
@@ -246,16 +305,20 @@ def test_without_mpi_every_gpu_as_before(four_gpus: None,
     assert len(w.nannies) == 4 and [n.name for n in w.nannies] == ["1-0", "1-1", "1-2", "1-3"]
 
 
-def test_a_job_of_one_rank_is_not_placed(fake_mpi: FakeMPI, four_gpus: None,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_job_of_one_rank_is_not_placed(
+    fake_mpi: FakeMPI, four_gpus: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake_mpi.size = 1  # `python script.py` that imported mpi4py: MPI's singleton
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0")
     assert len(_as_dask_mpi_builds_it(0).nannies) == 4
 
 
-def test_too_many_ranks_end_the_job(fake_mpi: FakeMPI, four_gpus: None,
-                                    monkeypatch: pytest.MonkeyPatch,
-                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_too_many_ranks_end_the_job(
+    fake_mpi: FakeMPI,
+    four_gpus: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "6")
     with pytest.raises(DeviceError, match="local rank 6 has no GPU"):
         _as_dask_mpi_builds_it(6)
@@ -278,8 +341,10 @@ BAD = [
     ({"resources": "GPU"}, ["--resources", "GPU"]),
     ({"death_timeout": "soon"}, ["--death-timeout", "soon"]),
     ({"rmm_async": True, "rmm_managed_memory": True}, ["--rmm-async", "--rmm-managed-memory"]),
-    ({"jit_unspill": True, "enable_cudf_spill": True},
-     ["--enable-jit-unspill", "--enable-cudf-spill"]),
+    (
+        {"jit_unspill": True, "enable_cudf_spill": True},
+        ["--enable-jit-unspill", "--enable-cudf-spill"],
+    ),
     ({"rmm_allocator_external_lib_list": "jax"}, ["--set-rmm-allocator-for-libs", "jax"]),
     ({"cudf_spill_stats": -1}, ["--cudf-spill-stats", "-1"]),
     ({"worker_class": "no.such.Class"}, ["--worker-class", "no.such.Class"]),
@@ -307,8 +372,9 @@ def no_discovery(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("worker_options, flags", BAD)
-def test_bad_worker_options_say_what_the_cli_says(worker_options: dict[str, Any],
-                                                  flags: list[str], no_discovery: None) -> None:
+def test_bad_worker_options_say_what_the_cli_says(
+    worker_options: dict[str, Any], flags: list[str], no_discovery: None
+) -> None:
     with pytest.raises(OptionError) as info:
         _as_dask_mpi_builds_it(2, **worker_options)
     message = str(info.value)
@@ -319,8 +385,11 @@ def test_bad_worker_options_say_what_the_cli_says(worker_options: dict[str, Any]
 # mistakes the CLI cannot make (click refuses them first): the message names the value
 # and what is accepted
 ONLY_AS_KEYWORDS = [
-    ({"multiprocessing_method": "thread"}, "multiprocessing_method='thread'",
-     "accepted: spawn, fork, forkserver"),
+    (
+        {"multiprocessing_method": "thread"},
+        "multiprocessing_method='thread'",
+        "accepted: spawn, fork, forkserver",
+    ),
     ({"jit_unspill": "maybe"}, "jit_unspill='maybe'", "accepted: true or false"),
     ({"nthreads": "four"}, "nthreads='four'", "whole number"),
     ({"local_directory": 5}, "local_directory=5", "e.g. local_directory="),
@@ -330,8 +399,9 @@ ONLY_AS_KEYWORDS = [
 
 
 @pytest.mark.parametrize("worker_options, value, accepted", ONLY_AS_KEYWORDS)
-def test_bad_worker_options_without_a_flag_twin(worker_options: dict[str, Any], value: str,
-                                                accepted: str, no_discovery: None) -> None:
+def test_bad_worker_options_without_a_flag_twin(
+    worker_options: dict[str, Any], value: str, accepted: str, no_discovery: None
+) -> None:
     with pytest.raises(OptionError) as info:
         _as_dask_mpi_builds_it(2, **worker_options)
     message = str(info.value)
@@ -344,8 +414,9 @@ def test_flag_spelling_in_worker_options_gets_a_hint(no_discovery: None) -> None
     assert "did you mean 'device-memory-limit' -> 'device_memory_limit'" in str(info.value)
 
 
-def test_garbled_local_rank_is_caught_before_discovery(fake_mpi: FakeMPI, no_discovery: None,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_garbled_local_rank_is_caught_before_discovery(
+    fake_mpi: FakeMPI, no_discovery: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MPI_LOCALRANKID", "two")
     with pytest.raises(OptionError, match="MPI_LOCALRANKID='two' is not a whole number"):
         _as_dask_mpi_builds_it(2)
@@ -354,11 +425,17 @@ def test_garbled_local_rank_is_caught_before_discovery(fake_mpi: FakeMPI, no_dis
 
 # ---- a real MPI job (skips without mpirun and mpi4py)
 
+
 def test_real_launcher_variables_place_the_ranks(mpirun: Any, tmp_path: Path) -> None:
     """4 ranks on a fake 2-GPU machine: local ranks 0..3 take GPUs 0, 1, 0, 1."""
-    proc = subprocess.run([*mpirun.argv(4), sys.executable, str(PROBE), "2", str(tmp_path)],
-                          env=mpirun.env(), capture_output=True, text=True, timeout=300,
-                          check=False)
+    proc = subprocess.run(
+        [*mpirun.argv(4), sys.executable, str(PROBE), "2", str(tmp_path)],
+        env=mpirun.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(4)]
     assert [r["gpus"] for r in ranks] == [[0], [1], [0], [1]]
@@ -367,30 +444,51 @@ def test_real_launcher_variables_place_the_ranks(mpirun: Any, tmp_path: Path) ->
 
 
 def test_real_job_with_too_many_ranks_ends_with_the_error(mpirun: Any, tmp_path: Path) -> None:
-    proc = subprocess.run([*mpirun.argv(5), sys.executable, str(PROBE), "2", str(tmp_path)],
-                          env=mpirun.env(), capture_output=True, text=True, timeout=300,
-                          check=False)
+    proc = subprocess.run(
+        [*mpirun.argv(5), sys.executable, str(PROBE), "2", str(tmp_path)],
+        env=mpirun.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode != 0
-    assert "Error: 5 MPI ranks run on this node but it has 2 GPUs visible" in proc.stderr, \
+    assert "Error: 5 MPI ranks run on this node but it has 2 GPUs visible" in proc.stderr, (
         proc.stderr[-3000:]
+    )
 
 
 @pytest.mark.parametrize("worker_options, flags", [BAD[0], BAD[9]])
-def test_dask_mpi_command_reports_bad_worker_options(mpirun: Any, tmp_path: Path,
-                                                     worker_options: dict[str, Any],
-                                                     flags: list[str]) -> None:
+def test_dask_mpi_command_reports_bad_worker_options(
+    mpirun: Any, tmp_path: Path, worker_options: dict[str, Any], flags: list[str]
+) -> None:
     """`dask-mpi --worker-class cudask.CUDAWorker --worker-options JSON`: the worker
     rank prints the CLI's message on one line and ends the job (no GPU needed: the
     options are checked before any GPU is looked for)."""
     pytest.importorskip("dask_mpi", reason="dask-mpi is not installed")
     proc = subprocess.run(
-        [*mpirun.argv(2), sys.executable, "-m", "dask_mpi.cli", "--worker-class",
-         "cudask.CUDAWorker", "--scheduler-file", str(tmp_path / "sched.json"), "--no-dashboard",
-         "--scheduler-port", "0",
-         "--worker-options", json.dumps(worker_options)],
-        env=mpirun.env(), capture_output=True, text=True, timeout=300, check=False)
+        [
+            *mpirun.argv(2),
+            sys.executable,
+            "-m",
+            "dask_mpi.cli",
+            "--worker-class",
+            "cudask.CUDAWorker",
+            "--scheduler-file",
+            str(tmp_path / "sched.json"),
+            "--no-dashboard",
+            "--scheduler-port",
+            "0",
+            "--worker-options",
+            json.dumps(worker_options),
+        ],
+        env=mpirun.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode != 0
     # one line (mpirun may glue another rank's output before it)
     line = f"Error: {_cli_message(flags)} (MPI rank 1: ending the MPI job)\n"
     assert line in proc.stderr, proc.stderr[-3000:]
-

@@ -38,8 +38,11 @@ def machine() -> Any:
 @pytest.fixture
 def dask_mpi(mpirun: Any) -> Any:
     pytest.importorskip("cupy")
-    pytest.importorskip("dask_mpi", reason="dask-mpi is not installed here; carry its wheel "
-                        "(dask_mpi-2026.3.0-py3-none-any.whl, pure Python)")
+    pytest.importorskip(
+        "dask_mpi",
+        reason="dask-mpi is not installed here; carry its wheel "
+        "(dask_mpi-2026.3.0-py3-none-any.whl, pure Python)",
+    )
     return mpirun
 
 
@@ -75,17 +78,39 @@ def _fail(proc: subprocess.Popen[bytes], what: str) -> None:
     pytest.fail(f"{what}; the MPI job's stderr:\n{err}")
 
 
-def _run_command(mpirun: Any, tmp_path: Path, gpus: list[GPU], change: dict[str, str],
-                 worker_options: dict[str, Any]) -> None:
+def _run_command(
+    mpirun: Any,
+    tmp_path: Path,
+    gpus: list[GPU],
+    change: dict[str, str],
+    worker_options: dict[str, Any],
+) -> None:
     """`dask-mpi --worker-class cudask.CUDAWorker` on len(gpus) + 1 ranks: rank 0 is the
     scheduler, ranks 1.. the workers, local rank r on visible GPU r mod len(gpus)."""
     n = len(gpus)
     sched_file = tmp_path / "sched.json"
     proc = subprocess.Popen(
-        [*mpirun.argv(n + 1), sys.executable, "-m", "dask_mpi.cli", "--worker-class",
-         "cudask.CUDAWorker", "--scheduler-file", str(sched_file), "--scheduler-port", "0",
-         "--no-dashboard", "--name", "gpu", "--worker-options", json.dumps(worker_options)],
-        env=_env(mpirun, change), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            *mpirun.argv(n + 1),
+            sys.executable,
+            "-m",
+            "dask_mpi.cli",
+            "--worker-class",
+            "cudask.CUDAWorker",
+            "--scheduler-file",
+            str(sched_file),
+            "--scheduler-port",
+            "0",
+            "--no-dashboard",
+            "--name",
+            "gpu",
+            "--worker-options",
+            json.dumps(worker_options),
+        ],
+        env=_env(mpirun, change),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         if not wait_for(lambda: sched_file.exists() or proc.poll() is not None, timeout=120):
             _fail(proc, "the scheduler rank wrote no scheduler file")
@@ -119,27 +144,47 @@ def _run_command(mpirun: Any, tmp_path: Path, gpus: list[GPU], change: dict[str,
 def test_dask_mpi_command(dask_mpi: Any, tmp_path: Path, machine: Any) -> None:
     # under a nanny: the `dask-mpi` script guards its main, so the spawned worker can start
     gpus, change = _visible(machine, None)
-    _run_command(dask_mpi, tmp_path, gpus, change,
-                 {"device_memory_limit": LIMIT, "nthreads": 2, "nanny": True})
+    _run_command(
+        dask_mpi,
+        tmp_path,
+        gpus,
+        change,
+        {"device_memory_limit": LIMIT, "nthreads": 2, "nanny": True},
+    )
 
 
 @pytest.mark.multigpu
-def test_dask_mpi_command_two_gpus_in_a_given_order(dask_mpi: Any, tmp_path: Path,
-                                                   machine: Any) -> None:
+def test_dask_mpi_command_two_gpus_in_a_given_order(
+    dask_mpi: Any, tmp_path: Path, machine: Any
+) -> None:
     gpus, change = _visible(machine, [1, 0])  # rank 1 takes visible GPU 1, that is GPU 0
     _run_command(dask_mpi, tmp_path, gpus, change, {"device_memory_limit": LIMIT})
 
 
-def _run_script(mpirun: Any, tmp_path: Path, gpus: list[GPU], change: dict[str, str],
-                worker_options: dict[str, Any]) -> dict[str, Any]:
+def _run_script(
+    mpirun: Any,
+    tmp_path: Path,
+    gpus: list[GPU],
+    change: dict[str, str],
+    worker_options: dict[str, Any],
+) -> dict[str, Any]:
     """A dask_mpi.initialize() program on len(gpus) + 2 ranks: scheduler, client,
     then one worker per GPU (ranks 2..: local rank r on visible GPU r mod len(gpus))."""
     n = len(gpus)
     out = tmp_path / "workers.json"
     proc = subprocess.Popen(
-        [*mpirun.argv(n + 2), sys.executable, str(SCRIPT), str(out), json.dumps(worker_options),
-         str(n)],
-        env=_env(mpirun, change), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            *mpirun.argv(n + 2),
+            sys.executable,
+            str(SCRIPT),
+            str(out),
+            json.dumps(worker_options),
+            str(n),
+        ],
+        env=_env(mpirun, change),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 300
         while proc.poll() is None and time.monotonic() < deadline:
@@ -172,11 +217,13 @@ def test_dask_mpi_initialize(dask_mpi: Any, tmp_path: Path, machine: Any) -> Non
 
 
 @pytest.mark.multigpu
-def test_dask_mpi_initialize_two_gpus_in_a_given_order(dask_mpi: Any, tmp_path: Path,
-                                                       machine: Any) -> None:
+def test_dask_mpi_initialize_two_gpus_in_a_given_order(
+    dask_mpi: Any, tmp_path: Path, machine: Any
+) -> None:
     """The rank is the worker: its own CUDA_VISIBLE_DEVICES ("1,0" for every rank here)
     is rewritten to put its GPU first before CUDA starts."""
     gpus, change = _visible(machine, [1, 0])
-    workers = _run_script(dask_mpi, tmp_path, gpus, change,
-                          {"device_memory_limit": LIMIT, "nthreads": 3})
+    workers = _run_script(
+        dask_mpi, tmp_path, gpus, change, {"device_memory_limit": LIMIT, "nthreads": 3}
+    )
     assert {w["nthreads"] for w in workers.values()} == {3}

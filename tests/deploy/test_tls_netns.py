@@ -54,12 +54,31 @@ def _env() -> dict[str, str]:
 
 
 def _scheduler(ns: Namespaces, pki: dict[str, str]) -> subprocess.Popen[str]:
-    proc = ns.start(ns.scheduler, [*PY, "-m", "distributed.cli.dask_scheduler", "--protocol",
-                                   "tls", "--host", ns.scheduler_ip, "--port", str(PORT),
-                                   "--dashboard-address", f"{ns.scheduler_ip}:0",
-                                   "--tls-ca-file", pki["ca"], "--tls-cert", pki["sched"],
-                                   "--tls-key", pki["sched-key"], "--preload", "cudask.monitor"],
-                    env=_env())
+    proc = ns.start(
+        ns.scheduler,
+        [
+            *PY,
+            "-m",
+            "distributed.cli.dask_scheduler",
+            "--protocol",
+            "tls",
+            "--host",
+            ns.scheduler_ip,
+            "--port",
+            str(PORT),
+            "--dashboard-address",
+            f"{ns.scheduler_ip}:0",
+            "--tls-ca-file",
+            pki["ca"],
+            "--tls-cert",
+            pki["sched"],
+            "--tls-key",
+            pki["sched-key"],
+            "--preload",
+            "cudask.monitor",
+        ],
+        env=_env(),
+    )
     deadline = time.monotonic() + 120
     assert proc.stdout is not None
     for line in proc.stdout:  # "Scheduler at: tls://..." once it listens
@@ -87,8 +106,8 @@ def _client_script(ns: Namespaces, pki: dict[str, str], body: str) -> str:
 import json, time
 from distributed import Client
 from distributed.security import Security
-sec = Security(tls_ca_file={pki['ca']!r}, tls_client_cert={pki['worker']!r},
-               tls_client_key={pki['worker-key']!r}, require_encryption=True)
+sec = Security(tls_ca_file={pki["ca"]!r}, tls_client_cert={pki["worker"]!r},
+               tls_client_key={pki["worker-key"]!r}, require_encryption=True)
 with Client("tls://{ns.scheduler_ip}:{PORT}", security=sec, timeout=60) as client:
     client.wait_for_workers(1, timeout=120)
 {body}
@@ -116,12 +135,27 @@ def test_tls_only_between_namespaces(namespaces: Namespaces, pki: dict[str, str]
     ns = namespaces
     sched = _scheduler(ns, pki)
     tls = ["--tls-ca-file", pki["ca"], "--tls-cert", pki["worker"], "--tls-key", pki["worker-key"]]
-    worker = ns.start(ns.workers, [*PY, "-m", "distributed.cli.dask_worker",
-                                   f"tls://{ns.scheduler_ip}:{PORT}", "--nthreads", "1",
-                                   "--no-dashboard", "--death-timeout", "120", *tls], env=_env())
+    worker = ns.start(
+        ns.workers,
+        [
+            *PY,
+            "-m",
+            "distributed.cli.dask_worker",
+            f"tls://{ns.scheduler_ip}:{PORT}",
+            "--nthreads",
+            "1",
+            "--no-dashboard",
+            "--death-timeout",
+            "120",
+            *tls,
+        ],
+        env=_env(),
+    )
     try:
-        body = ("    info = client.scheduler_info()['workers']\n"
-                "    print(json.dumps({'workers': list(info), 'sum': client.submit(sum, [1, 2]).result()}))")
+        body = (
+            "    info = client.scheduler_info()['workers']\n"
+            "    print(json.dumps({'workers': list(info), 'sum': client.submit(sum, [1, 2]).result()}))"
+        )
         done = ns.run(ns.workers, [*PY, "-c", _client_script(ns, pki, body)], env=_env())
         assert done.returncode == 0, done.stderr[-2000:]
         report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -129,9 +163,18 @@ def test_tls_only_between_namespaces(namespaces: Namespaces, pki: dict[str, str]
         assert [a.split("://")[0] for a in report["workers"]] == ["tls"]
         assert report["workers"][0].startswith(f"tls://{ns.worker_ip}:")
         # nothing answers plain TCP
-        plain = ns.run(ns.workers, [*PY, "-c", (
-            "import asyncio\nfrom distributed.comm import connect\n"
-            f"asyncio.run(connect('tcp://{ns.scheduler_ip}:{PORT}', timeout=10))")], env=_env())
+        plain = ns.run(
+            ns.workers,
+            [
+                *PY,
+                "-c",
+                (
+                    "import asyncio\nfrom distributed.comm import connect\n"
+                    f"asyncio.run(connect('tcp://{ns.scheduler_ip}:{PORT}', timeout=10))"
+                ),
+            ],
+            env=_env(),
+        )
         assert plain.returncode != 0
         # the handshake check names which side refuses which certificate
         assert _preflight(ns, pki["worker"], pki["worker-key"], pki["ca"]) == "accepted"
@@ -151,34 +194,77 @@ def test_gpu_workers_over_tls_only(namespaces: Namespaces, pki: dict[str, str]) 
     sched = _scheduler(ns, pki)
     address = f"tls://{ns.scheduler_ip}:{PORT}"
     tls = ["--tls-ca-file", pki["ca"], "--tls-cert", pki["worker"], "--tls-key", pki["worker-key"]]
-    worker = ns.start(ns.workers, [os.path.join(BIN, "cudask"), "worker", address, *tls,
-                                   "--host", ns.worker_ip, "--name", "tls-node",
-                                   "--device-memory-limit", "1GB", "--death-timeout", "120"],
-                      env=_env())
+    worker = ns.start(
+        ns.workers,
+        [
+            os.path.join(BIN, "cudask"),
+            "worker",
+            address,
+            *tls,
+            "--host",
+            ns.worker_ip,
+            "--name",
+            "tls-node",
+            "--device-memory-limit",
+            "1GB",
+            "--death-timeout",
+            "120",
+        ],
+        env=_env(),
+    )
     try:
-        body = ("    def on_gpu():\n"
-                "        import cupy\n"
-                "        return float(cupy.arange(1000).sum()), cupy.cuda.Device(0).pci_bus_id\n"
-                "    print(json.dumps({'workers': list(client.scheduler_info()['workers']),\n"
-                "                      'gpu': client.submit(on_gpu).result()}))")
+        body = (
+            "    def on_gpu():\n"
+            "        import cupy\n"
+            "        return float(cupy.arange(1000).sum()), cupy.cuda.Device(0).pci_bus_id\n"
+            "    print(json.dumps({'workers': list(client.scheduler_info()['workers']),\n"
+            "                      'gpu': client.submit(on_gpu).result()}))"
+        )
         done = ns.run(ns.workers, [*PY, "-c", _client_script(ns, pki, body)], env=_env())
         assert done.returncode == 0, done.stderr[-2000:]
         report = json.loads(done.stdout.strip().splitlines()[-1])
         assert report["gpu"][0] == 499500.0
         assert all(a.startswith(f"tls://{ns.worker_ip}:") for a in report["workers"])
-        config = ns.run(ns.workers, [os.path.join(BIN, "cudask"), "config", address, "--json",
-                                     "--tls-ca-file", pki["ca"], "--tls-cert", pki["worker"],
-                                     "--tls-key", pki["worker-key"]], env=_env())
+        config = ns.run(
+            ns.workers,
+            [
+                os.path.join(BIN, "cudask"),
+                "config",
+                address,
+                "--json",
+                "--tls-ca-file",
+                pki["ca"],
+                "--tls-cert",
+                pki["worker"],
+                "--tls-key",
+                pki["worker-key"],
+            ],
+            env=_env(),
+        )
         assert config.returncode == 0, config.stderr
         workers = json.loads(config.stdout)
         assert len(workers) == len(report["workers"])
         assert all(w["protocol"] == "tls" and w["gpu"] for w in workers.values()), workers
         # a worker whose certificate comes from another CA: one line, at once
         start = time.monotonic()
-        rogue = ns.run(ns.workers, [os.path.join(BIN, "cudask"), "worker", address,
-                                    "--tls-ca-file", pki["ca"], "--tls-cert", pki["bad"],
-                                    "--tls-key", pki["bad-key"], "--death-timeout", "120"],
-                       env=_env(), timeout=150)
+        rogue = ns.run(
+            ns.workers,
+            [
+                os.path.join(BIN, "cudask"),
+                "worker",
+                address,
+                "--tls-ca-file",
+                pki["ca"],
+                "--tls-cert",
+                pki["bad"],
+                "--tls-key",
+                pki["bad-key"],
+                "--death-timeout",
+                "120",
+            ],
+            env=_env(),
+            timeout=150,
+        )
         took = time.monotonic() - start
         lines = [line for line in (rogue.stdout + rogue.stderr).splitlines() if line.strip()]
         assert rogue.returncode == 1, lines

@@ -26,8 +26,12 @@ def _make(n: int):
 def test_ucx_tcp_transport():
     pytest.importorskip("distributed_ucxx")
     pytest.importorskip("cupy")
-    with LocalCUDACluster(n_workers=1, protocol="ucx", enable_tcp_over_ucx=True,
-                          dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            n_workers=1, protocol="ucx", enable_tcp_over_ucx=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         (address,) = workers_info(client)
         assert address.startswith("ucx://")
         assert client.submit(_device_sum, 1000).result() == 499500.0
@@ -39,9 +43,17 @@ def test_ucx_tcp_transport():
 def test_ucx_nvlink_moves_device_arrays_between_gpus():
     pytest.importorskip("distributed_ucxx")
     cupy = pytest.importorskip("cupy")
-    with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", protocol="ucx", enable_nvlink=True,
-                          enable_tcp_over_ucx=True, rmm_pool_size="1GB",
-                          dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            CUDA_VISIBLE_DEVICES="0,1",
+            protocol="ucx",
+            enable_nvlink=True,
+            enable_tcp_over_ucx=True,
+            rmm_pool_size="1GB",
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         a, b = sorted(workers_info(client))
         x = client.submit(_make, 10**7, workers=[a], pure=False)
         y = client.submit(lambda v: float(v.sum()), x, workers=[b], pure=False)

@@ -96,10 +96,15 @@ def test_node_names_ports_and_count(two_gpus: None) -> None:
     assert [n._given_worker_port for n in w.nannies] == [9000, 9001, 9002, 9003]
     info = w.nannies[0].worker_kwargs["startup_information"]
     assert info[NODE_WORKERS_KEY](None) == 4  # the scheduler counts a pod's workers by it
-    assert [n.worker_kwargs["plugins"][0].cpus for n in w.nannies] == [(0, 1), (2, 3),
-                                                                      (4, 5), (6, 7)]
-    with pytest.raises(OptionError,
-                       match=r"Not enough ports in --worker-port range for 4 GPUs: .* gives 2"):
+    assert [n.worker_kwargs["plugins"][0].cpus for n in w.nannies] == [
+        (0, 1),
+        (2, 3),
+        (4, 5),
+        (6, 7),
+    ]
+    with pytest.raises(
+        OptionError, match=r"Not enough ports in --worker-port range for 4 GPUs: .* gives 2"
+    ):
         _node(workers_per_gpu=2, worker_port="9000:9001")
 
 
@@ -123,20 +128,25 @@ def no_discovery(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(node, "discover", discover)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"nanny": False}, r"workers_per_gpu=2 starts 2 worker processes per GPU.*nanny=False"),
-    ({"listen_address": "tcp://0.0.0.0:9000"}, r"binds one worker, but workers_per_gpu=2"),
-    ({"workers_per_gpu": 0}, r"workers_per_gpu=0 must be at least 1"),
-    ({"workers_per_gpu": "two"}, r"workers_per_gpu='two' is not an integer"),
-])
-def test_refused_before_any_gpu_is_looked_for(no_discovery: None, kwargs: dict[str, Any],
-                                             match: str) -> None:
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"nanny": False}, r"workers_per_gpu=2 starts 2 worker processes per GPU.*nanny=False"),
+        ({"listen_address": "tcp://0.0.0.0:9000"}, r"binds one worker, but workers_per_gpu=2"),
+        ({"workers_per_gpu": 0}, r"workers_per_gpu=0 must be at least 1"),
+        ({"workers_per_gpu": "two"}, r"workers_per_gpu='two' is not an integer"),
+    ],
+)
+def test_refused_before_any_gpu_is_looked_for(
+    no_discovery: None, kwargs: dict[str, Any], match: str
+) -> None:
     with pytest.raises(OptionError, match=match):
         _node(**{"workers_per_gpu": 2, **kwargs})
 
 
-def test_an_mpi_rank_is_told_to_ask_for_a_nanny(no_discovery: None,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_mpi_rank_is_told_to_ask_for_a_nanny(
+    no_discovery: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(node.mpi, "mpi_world_size", lambda: 4)  # a rank of 4
     with pytest.raises(OptionError, match=r"the default in an MPI rank.*give nanny=True"):
         _node(workers_per_gpu=2)
@@ -148,8 +158,9 @@ def test_cluster_keyword_refused_before_any_gpu(no_discovery: None) -> None:
 
 
 def test_cli_flag_and_config_key(no_discovery: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    result = CliRunner().invoke(cli, ["worker", "tcp://127.0.0.1:8786", "--workers-per-gpu", "2",
-                                      "--no-nanny"])
+    result = CliRunner().invoke(
+        cli, ["worker", "tcp://127.0.0.1:8786", "--workers-per-gpu", "2", "--no-nanny"]
+    )
     assert result.exit_code == 2 and "workers_per_gpu=2 starts 2 worker" in result.output
     assert "Traceback" not in result.output
     result = CliRunner().invoke(cli, ["worker", "tcp://127.0.0.1:8786", "--workers-per-gpu", "0"])

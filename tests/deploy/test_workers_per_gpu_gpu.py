@@ -56,8 +56,15 @@ def gpu0():
 
 
 def test_two_workers_share_gpu0(gpu0) -> None:
-    with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0", workers_per_gpu=2, dashboard_address=":0",
-                          device_memory_limit="2GB") as cluster, Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            CUDA_VISIBLE_DEVICES="0",
+            workers_per_gpu=2,
+            dashboard_address=":0",
+            device_memory_limit="2GB",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         info = workers_info(client)
         names = {w["name"]: addr for addr, w in info.items()}
         assert set(names) == {"0-0", "0-1"}
@@ -81,8 +88,15 @@ async def _kill(dask_worker) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_one_of_two_workers_killed_loses_no_key(gpu0) -> None:
-    with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0", workers_per_gpu=2, dashboard_address=":0",
-                          device_memory_limit="1GB") as cluster, Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            CUDA_VISIBLE_DEVICES="0",
+            workers_per_gpu=2,
+            dashboard_address=":0",
+            device_memory_limit="1GB",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         n = 1 << 17
         chunks = [client.submit(_chunk, i, n, pure=False) for i in range(32)]
         client.wait_for_workers(2)
@@ -97,11 +111,20 @@ def test_one_of_two_workers_killed_loses_no_key(gpu0) -> None:
 
 def _python(script: str, timeout: float = 300) -> dict:
     """Run `script` in a fresh Python (this tree's cudask) and read its last line as JSON."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]),
-           "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]),
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -118,7 +141,9 @@ LISTED = """
 
 
 def test_a_context_in_the_clients_process_is_named(gpu0) -> None:
-    out = _python(LISTED + """
+    out = _python(
+        LISTED
+        + """
     import warnings
     from distributed import Client
     from cudask import LocalCUDACluster
@@ -132,7 +157,8 @@ def test_a_context_in_the_clients_process_is_named(gpu0) -> None:
                 dask_worker.plugins["cudask-cuda-context"].neighbours or []])
     texts = [str(w.message) for w in seen if w.category is CUDAContextWarning]
     print(json.dumps({"pid": os.getpid(), "warnings": texts, "found": list(found.values())}))
-    """)
+    """
+    )
     if out.get("namespace"):
         pytest.skip("NVML lists processes under pids of another pid namespace here")
     (text,) = out["warnings"]
@@ -147,16 +173,30 @@ HOLD = "import cupy, sys; cupy.zeros(1 << 20); print('ready', flush=True); sys.s
 def test_a_worker_names_another_process_on_its_gpu(gpu0) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD],
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu0.index),
-             "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        env={
+            **os.environ,
+            "CUDA_VISIBLE_DEVICES": str(gpu0.index),
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        },
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
-        with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0", dashboard_address=":0",
-                              device_memory_limit=None) as cluster, Client(cluster) as client:
-            found = client.run(lambda dask_worker: None if (
-                n := dask_worker.plugins["cudask-cuda-context"].neighbours) is None
-                else [(x.process.pid, x.role) for x in n])
+        with (
+            LocalCUDACluster(
+                CUDA_VISIBLE_DEVICES="0", dashboard_address=":0", device_memory_limit=None
+            ) as cluster,
+            Client(cluster) as client,
+        ):
+            found = client.run(
+                lambda dask_worker: (
+                    None
+                    if (n := dask_worker.plugins["cudask-cuda-context"].neighbours) is None
+                    else [(x.process.pid, x.role) for x in n]
+                )
+            )
         (listed,) = found.values()
         if listed is None:
             pytest.skip("NVML lists processes under pids of another pid namespace here")
@@ -165,5 +205,7 @@ def test_a_worker_names_another_process_on_its_gpu(gpu0) -> None:
         holder.kill()
         holder.wait(timeout=60)
         # the tests after this one must not find it on the GPU still
-        wait_for(lambda: holder.pid not in {p.pid for p in nvml().compute_processes(gpu0.uuid)},
-                 timeout=60)
+        wait_for(
+            lambda: holder.pid not in {p.pid for p in nvml().compute_processes(gpu0.uuid)},
+            timeout=60,
+        )

@@ -70,7 +70,10 @@ def test_visible_devices_forms(machine):
     assert [d.gpu.index for d in parse_visible_devices("2,0", machine)] == [2, 0]
     assert [d.gpu.index for d in parse_visible_devices([3, "1"], machine)] == [3, 1]
     assert [d.gpu.index for d in parse_visible_devices(1, machine)] == [1]
-    assert [d.gpu.index for d in parse_visible_devices(f"{uuids[2]},{uuids[1][:14]}", machine)] == [2, 1]
+    assert [d.gpu.index for d in parse_visible_devices(f"{uuids[2]},{uuids[1][:14]}", machine)] == [
+        2,
+        1,
+    ]
 
 
 @pytest.mark.parametrize("bad", ["7", "GPU-nothere", "0,0", "0,,1", "-1"])
@@ -122,13 +125,22 @@ def test_transfer_counters_read_nvml_fields_and_leave_the_missing_ones_none() ->
 
         def nvmlDeviceGetFieldValues(self, handle: str, ids: list[object]) -> list[object]:
             asked.append(ids)
-            return [field(0, 100), field(0, 200), field(0, 3), field(3, 0)]  # RX NVLink: not supported
+            return [
+                field(0, 100),
+                field(0, 200),
+                field(0, 3),
+                field(3, 0),
+            ]  # RX NVLink: not supported
 
     backend = NVMLBackend()
     backend._init = lambda: FakeNV()  # type: ignore[method-assign]
     got = transfer_counters("GPU-1", backend)
-    assert got == {"pcie-tx-bytes": 100, "pcie-rx-bytes": 200, "nvlink-tx-bytes": 3 * 1024,
-                   "nvlink-rx-bytes": None}
+    assert got == {
+        "pcie-tx-bytes": 100,
+        "pcie-rx-bytes": 200,
+        "nvlink-tx-bytes": 3 * 1024,
+        "nvlink-rx-bytes": None,
+    }
     assert asked[0] == "GPU-1"
     broken = NVMLBackend()
     broken._init = lambda: (_ for _ in ()).throw(RuntimeError("no NVML"))  # type: ignore[method-assign]

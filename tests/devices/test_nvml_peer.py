@@ -7,7 +7,9 @@ import types
 from cudask.devices.nvml import NVMLBackend, gpus_without_peer_access
 
 
-def _nvml(uuids: list[str], blocked: set[tuple[str, str]], fail: bool = False) -> types.SimpleNamespace:
+def _nvml(
+    uuids: list[str], blocked: set[tuple[str, str]], fail: bool = False
+) -> types.SimpleNamespace:
     def p2p(a: str, b: str, index: int) -> int:
         if fail:
             raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
@@ -15,10 +17,14 @@ def _nvml(uuids: list[str], blocked: set[tuple[str, str]], fail: bool = False) -
         return 3 if (a, b) in blocked else 0
 
     return types.SimpleNamespace(
-        NVML_P2P_CAPS_INDEX_READ=0, NVML_P2P_STATUS_OK=0,
-        nvmlDeviceGetHandleByUUID=lambda u: u, nvmlDeviceGetCount=lambda: len(uuids),
-        nvmlDeviceGetHandleByIndex=lambda i: uuids[i], nvmlDeviceGetUUID=lambda h: h.encode(),
-        nvmlDeviceGetP2PStatus=p2p)
+        NVML_P2P_CAPS_INDEX_READ=0,
+        NVML_P2P_STATUS_OK=0,
+        nvmlDeviceGetHandleByUUID=lambda u: u,
+        nvmlDeviceGetCount=lambda: len(uuids),
+        nvmlDeviceGetHandleByIndex=lambda i: uuids[i],
+        nvmlDeviceGetUUID=lambda h: h.encode(),
+        nvmlDeviceGetP2PStatus=p2p,
+    )
 
 
 def test_peer_access_by_uuid(monkeypatch) -> None:

@@ -15,17 +15,34 @@ GiB = 1 << 30
 
 @pytest.fixture
 def two() -> FakeBackend:
-    return FakeBackend([fake_gpu(0, cpus=[0, 1]), fake_gpu(1, cpus=[2, 3], mig=2)],
-                       cpus={0, 1, 2, 3})
+    return FakeBackend(
+        [fake_gpu(0, cpus=[0, 1]), fake_gpu(1, cpus=[2, 3], mig=2)], cpus={0, 1, 2, 3}
+    )
 
 
 def test_the_names_dask_cuda_utils_exports_are_there():
-    for name in ("get_n_gpus", "get_gpu_count", "get_gpu_count_mig", "get_device_total_memory",
-                 "get_gpu_uuid", "has_device_memory_resource", "get_cpu_affinity",
-                 "get_cluster_configuration", "print_cluster_config", "parse_device_memory_limit",
-                 "parse_device_bytes", "get_ucx_config", "get_preload_options", "wait_workers",
-                 "cuda_visible_devices", "nvml_device_index", "parse_cuda_visible_device",
-                 "unpack_bitmask", "all_to_all", "get_rmm_device_memory_usage"):
+    for name in (
+        "get_n_gpus",
+        "get_gpu_count",
+        "get_gpu_count_mig",
+        "get_device_total_memory",
+        "get_gpu_uuid",
+        "has_device_memory_resource",
+        "get_cpu_affinity",
+        "get_cluster_configuration",
+        "print_cluster_config",
+        "parse_device_memory_limit",
+        "parse_device_bytes",
+        "get_ucx_config",
+        "get_preload_options",
+        "wait_workers",
+        "cuda_visible_devices",
+        "nvml_device_index",
+        "parse_cuda_visible_device",
+        "unpack_bitmask",
+        "all_to_all",
+        "get_rmm_device_memory_usage",
+    ):
         assert callable(getattr(utils, name)), name
 
 
@@ -65,19 +82,35 @@ def test_soc_parts_have_no_dedicated_memory():
         queries.parse_device_bytes(0.5, backend=soc)
 
 
-@pytest.mark.parametrize("value, expected", [
-    (None, None), (0, None), ("0", None), (0.0, None), ("0.0", None), ("0 GiB", None),
-    (1, 1), ("1", 1), (1000000000, 1000000000), ("1GB", 1000000000),
-    (1.0, 80 * GiB), ("1.0", 80 * GiB), (0.5, 40 * GiB), ("auto", 80 * GiB),
-    ("default", int(80 * GiB * 0.8)),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (None, None),
+        (0, None),
+        ("0", None),
+        (0.0, None),
+        ("0.0", None),
+        ("0 GiB", None),
+        (1, 1),
+        ("1", 1),
+        (1000000000, 1000000000),
+        ("1GB", 1000000000),
+        (1.0, 80 * GiB),
+        ("1.0", 80 * GiB),
+        (0.5, 40 * GiB),
+        ("auto", 80 * GiB),
+        ("default", int(80 * GiB * 0.8)),
+    ],
+)
 def test_device_memory_limits(two, value, expected):
     assert queries.parse_device_memory_limit(value, backend=two) == expected
 
 
 def test_alignment(two):
-    assert queries.parse_device_memory_limit(0.3, alignment_size=256, backend=two) == \
-        int(80 * GiB * 0.3) // 256 * 256
+    assert (
+        queries.parse_device_memory_limit(0.3, alignment_size=256, backend=two)
+        == int(80 * GiB * 0.3) // 256 * 256
+    )
 
 
 def test_visible_device_entries(monkeypatch):

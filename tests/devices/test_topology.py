@@ -20,7 +20,11 @@ def _sysfs(tmp_path):
         p.mkdir(parents=True)
         (p / "numa_node").write_text("1\n" if key != "far" else "0\n")
         os.symlink(p, bus / p.name)
-    for kind, name, key in [("net", "eth0", "far"), ("infiniband", "mlx5_0", "near"), ("net", "ib0", "near")]:
+    for kind, name, key in [
+        ("net", "eth0", "far"),
+        ("infiniband", "mlx5_0", "near"),
+        ("net", "ib0", "near"),
+    ]:
         d = tmp_path / "class" / kind / name
         d.mkdir(parents=True)
         os.symlink(paths[key], d / "device")

@@ -19,8 +19,9 @@ def fault_row(request: pytest.FixtureRequest) -> Callable[..., dict[str, Any]]:
     recover_s=seconds or None (nothing to recover from, or not timed), **details): one row
     of the table (also kept when the test then fails)."""
 
-    def record(case: str, outcome: str, check: Any | None, recover_s: float | None,
-               **details: Any) -> dict[str, Any]:
+    def record(
+        case: str, outcome: str, check: Any | None, recover_s: float | None, **details: Any
+    ) -> dict[str, Any]:
         row = fault_table.row(request.node.nodeid, case, outcome, check, recover_s, **details)
         ROWS.append(row)
         _write(request.config)  # each row at once: a run cut short keeps what it had

@@ -36,8 +36,9 @@ def fresh_digest(seed: int, nbytes: int, kind: str) -> str:
     return digest(make_value(seed, nbytes, kind))
 
 
-def hold_values(client: Any, n: int, nbytes: int, prefix: str = "held",
-          kinds: tuple[str, ...] = KINDS) -> dict[Any, str]:
+def hold_values(
+    client: Any, n: int, nbytes: int, prefix: str = "held", kinds: tuple[str, ...] = KINDS
+) -> dict[Any, str]:
     """n values made by tasks (so the scheduler can recompute them), each with the
     digest of a fresh computation of the same value."""
     from distributed import wait
@@ -95,8 +96,10 @@ def wait_or_fail(client: Any, futures: list[Any], timeout: float = 180) -> None:
         wait(futures, timeout=timeout)
     except TimeoutError:
         stacks = client.call_stack()
-        pytest.fail(f"not done after {timeout} s: {[f.status for f in futures]}\n"
-                    f"stacks: {stacks}\nlogs: {worker_logs(client)[-3000:]}")
+        pytest.fail(
+            f"not done after {timeout} s: {[f.status for f in futures]}\n"
+            f"stacks: {stacks}\nlogs: {worker_logs(client)[-3000:]}"
+        )
 
 
 def worker_logs(client: Any) -> str:
@@ -104,8 +107,9 @@ def worker_logs(client: Any) -> str:
 
 
 # ---------------------------------------------------------------- device memory
-def exhaust(client: Any, fits: int, too_big: int,
-             match: str) -> tuple[float | None, float, str, dict]:
+def exhaust(
+    client: Any, fits: int, too_big: int, match: str
+) -> tuple[float | None, float, str, dict]:
     """A task allocating `fits` bytes (room only once the store has spilled, at
     the device limit or on demand) must run, one allocating `too_big` must end in one error matching
     `match`. Return the first task's seconds when it ran out of memory and got

@@ -18,15 +18,21 @@ COLUMNS = ("case", "outcome", "keys_checked", "keys_lost", "keys_changed", "reco
 ABSENT = "—"
 
 
-def row(test: str, case: str, outcome: str, check: Any | None, recover_s: float | None,
-        **details: Any) -> dict[str, Any]:
+def row(
+    test: str, case: str, outcome: str, check: Any | None, recover_s: float | None, **details: Any
+) -> dict[str, Any]:
     """One row; `details` go to the JSON only."""
-    return {"test": test, "case": case, "outcome": outcome,
-            "keys_checked": None if check is None else check.checked,
-            "keys_lost": None if check is None else len(check.lost),
-            "keys_changed": None if check is None else len(check.changed),
-            "lost": None if check is None else check.lost,
-            "recover_s": None if recover_s is None else round(recover_s, 2), **details}
+    return {
+        "test": test,
+        "case": case,
+        "outcome": outcome,
+        "keys_checked": None if check is None else check.checked,
+        "keys_lost": None if check is None else len(check.lost),
+        "keys_changed": None if check is None else len(check.changed),
+        "lost": None if check is None else check.lost,
+        "recover_s": None if recover_s is None else round(recover_s, 2),
+        **details,
+    }
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:

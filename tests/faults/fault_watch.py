@@ -34,11 +34,14 @@ class Watch(SchedulerPlugin):
     def add_worker(self, scheduler: Any, worker: str) -> None:
         self.joined += 1
 
-    def remove_worker(self, scheduler: Any, worker: str, *, stimulus_id: str, **kwargs: Any) -> None:
+    def remove_worker(
+        self, scheduler: Any, worker: str, *, stimulus_id: str, **kwargs: Any
+    ) -> None:
         self.left += 1
 
-    def transition(self, key: Any, start: str, finish: str, *args: Any, stimulus_id: str,
-                   **kwargs: Any) -> None:
+    def transition(
+        self, key: Any, start: str, finish: str, *args: Any, stimulus_id: str, **kwargs: Any
+    ) -> None:
         if start == "processing" and finish == "memory":
             self.computed[str(key)] = self.computed.get(str(key), 0) + 1
 

@@ -59,8 +59,13 @@ def small_filesystem(where: Path, size: str, ways: tuple[str, ...] = WAYS) -> It
 def _mount(where: Path, size: str) -> Iterator[Path]:
     if shutil.which("mount") is None:
         raise Unavailable("no mount command")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                          check=False, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if done.returncode != 0:
         raise Unavailable(_one_line(done.stderr) or f"mount exited {done.returncode}")
     try:
@@ -73,9 +78,23 @@ def _namespace(where: Path, size: str) -> Iterator[Path]:
     if shutil.which("unshare") is None:
         raise Unavailable("no unshare command")
     helper = subprocess.Popen(
-        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", _HOLD, "sh",
-         str(where), size],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "sh",
+            "-c",
+            _HOLD,
+            "sh",
+            str(where),
+            size,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert helper.stdin is not None and helper.stdout is not None
     try:
         if helper.stdout.readline().strip() != "ready":

@@ -49,8 +49,10 @@ def test_host_memory_limit_reached_while_spilling(fault_row: Row) -> None:
     pytest.importorskip("cupy")
     from distributed import Client
 
-    with one_worker_cluster(device_memory_limit="512MiB", memory_limit="3GiB") as cluster, \
-            Client(cluster) as client:
+    with (
+        one_worker_cluster(device_memory_limit="512MiB", memory_limit="3GiB") as cluster,
+        Client(cluster) as client,
+    ):
         pid = worker_pid(client)
         start = time.perf_counter()
         held = hold_values(client, 48, 64 * MiB)
@@ -64,13 +66,23 @@ def test_host_memory_limit_reached_while_spilling(fault_row: Row) -> None:
         paused = "Pausing worker" in logs
         resumed = "Resuming worker" in logs
         now = seen()
-        fault_row(case="host memory limit (3 GiB) reached while device data spill",
-                  outcome=("worker paused" + (", resumed" if resumed else "") if paused
-                           else "worker never paused")
-                  + ("; the worker was restarted (a new process)" if restarted else "")
-                  + f"; {m['disk-keys']:.0f} keys on disk; a task after it ran",
-                  check=check, recover_s=None, create_s=round(create_s, 2), paused=paused,
-                  restarted=restarted, left=now.left, recomputed=now.recomputed(held))
+        fault_row(
+            case="host memory limit (3 GiB) reached while device data spill",
+            outcome=(
+                "worker paused" + (", resumed" if resumed else "")
+                if paused
+                else "worker never paused"
+            )
+            + ("; the worker was restarted (a new process)" if restarted else "")
+            + f"; {m['disk-keys']:.0f} keys on disk; a task after it ran",
+            check=check,
+            recover_s=None,
+            create_s=round(create_s, 2),
+            paused=paused,
+            restarted=restarted,
+            left=now.left,
+            recomputed=now.recomputed(held),
+        )
         assert total == MiB
         assert check.ok, check
 
@@ -116,28 +128,37 @@ def test_host_memory_past_the_pause_threshold(fault_row: Row) -> None:
     pytest.importorskip("cupy")
     from distributed import Client
 
-    with one_worker_cluster(device_memory_limit="256MiB", memory_limit="4GiB") as cluster, \
-            Client(cluster) as client:
+    with (
+        one_worker_cluster(device_memory_limit="256MiB", memory_limit="4GiB") as cluster,
+        Client(cluster) as client,
+    ):
         held = hold_values(client, 24, 64 * MiB)
         before = worker_metrics(client)
         seen = client.submit(_press_host_memory, 0.86, 8.0, pure=False).result(timeout=300)
         freed = time.perf_counter()  # the task has let its memory go
         # A paused worker resumes at the memory monitor's next look (100 ms).
-        resumed = wait_for(lambda: set(client.run(_worker_status).values()) == {"running"},
-                           timeout=60, interval=0.2)
+        resumed = wait_for(
+            lambda: set(client.run(_worker_status).values()) == {"running"},
+            timeout=60,
+            interval=0.2,
+        )
         recover_s = time.perf_counter() - freed if seen["paused"] and resumed else None
         after = worker_metrics(client)
         ran = client.submit(allocate_and_sum, MiB, pure=False).result(timeout=120) == MiB
         check = check_keys(client, held)
         trimmed = after.get("pinned-released-bytes", 0.0) - before.get("pinned-released-bytes", 0.0)
-        fault_row(case="host memory held past the pause threshold (4 GiB worker, task at 86%)",
-                  outcome=f"worker {'paused' if seen['paused'] else 'never paused'}; "
-                          f"{after['disk-keys'] - before['disk-keys']:.0f} keys moved to disk; "
-                          f"pinned pool gave {trimmed / MiB:.0f} MiB back; "
-                          f"{'resumed' if resumed else 'not running after 60 s'}"
-                          f"{'; a task after it ran' if ran else ''}",
-                  check=check, recover_s=recover_s, paused=seen["paused"],
-                  peak_fraction=round(seen["peak"] / seen["limit"], 3))
+        fault_row(
+            case="host memory held past the pause threshold (4 GiB worker, task at 86%)",
+            outcome=f"worker {'paused' if seen['paused'] else 'never paused'}; "
+            f"{after['disk-keys'] - before['disk-keys']:.0f} keys moved to disk; "
+            f"pinned pool gave {trimmed / MiB:.0f} MiB back; "
+            f"{'resumed' if resumed else 'not running after 60 s'}"
+            f"{'; a task after it ran' if ran else ''}",
+            check=check,
+            recover_s=recover_s,
+            paused=seen["paused"],
+            peak_fraction=round(seen["peak"] / seen["limit"], 3),
+        )
         assert seen["paused"], seen
         assert resumed and ran
         assert seen["peak"] < 0.95 * seen["limit"], seen
@@ -162,9 +183,11 @@ def test_task_past_the_host_memory_limit_is_terminated(fault_row: Row) -> None:
     import dask
     from distributed import Client, KilledWorker
 
-    with dask.config.set({"distributed.scheduler.allowed-failures": 1}), \
-            one_worker_cluster(device_memory_limit="256MiB", memory_limit="4GiB") as cluster, \
-            Client(cluster) as client:
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": 1}),
+        one_worker_cluster(device_memory_limit="256MiB", memory_limit="4GiB") as cluster,
+        Client(cluster) as client,
+    ):
         held = hold_values(client, 24, 64 * MiB)
         seen = watch(client)
         bomb = client.submit(_host_bomb, 5 * GiB, pure=False)
@@ -174,12 +197,18 @@ def test_task_past_the_host_memory_limit_is_terminated(fault_row: Row) -> None:
         check = check_keys(client, held)
         recover_s = time.perf_counter() - failed
         now = seen()
-        fault_row(case="task past the host memory limit (4 GiB worker, 5 GiB task)",
-                  outcome=f"the worker left {now.left}x and joined {now.joined}x; "
-                          f"{error_type(first_error_line(info.value))}; "
-                          f"{now.recomputed(held)} of {len(held)} held keys recomputed",
-                  check=check, recover_s=recover_s, error=first_error_line(info.value),
-                  left=now.left, joined=now.joined, recomputed=now.recomputed(held))
+        fault_row(
+            case="task past the host memory limit (4 GiB worker, 5 GiB task)",
+            outcome=f"the worker left {now.left}x and joined {now.joined}x; "
+            f"{error_type(first_error_line(info.value))}; "
+            f"{now.recomputed(held)} of {len(held)} held keys recomputed",
+            check=check,
+            recover_s=recover_s,
+            error=first_error_line(info.value),
+            left=now.left,
+            joined=now.joined,
+            recomputed=now.recomputed(held),
+        )
         assert now.left >= 2, now  # allowed-failures 1: the task ended two workers
         assert check.ok, check
 
@@ -224,9 +253,13 @@ def test_pinning_refused_by_the_driver(tmp_path: Path, fault_row: Row) -> None:
     specs = [(i, 128 * MiB, KINDS[i % 4]) for i in range(16)]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PinnedMemoryWarning)
-        store = TieredStore(device_memory_limit=256 * MiB, memory_limit=None, backend=backend,
-                            local_directory=str(tmp_path),
-                            settings=store_settings(256 * MiB, None, pinned_preallocate=True))
+        store = TieredStore(
+            device_memory_limit=256 * MiB,
+            memory_limit=None,
+            backend=backend,
+            local_directory=str(tmp_path),
+            settings=store_settings(256 * MiB, None, pinned_preallocate=True),
+        )
         try:
             start = time.perf_counter()
             for spec in specs:
@@ -239,14 +272,21 @@ def test_pinning_refused_by_the_driver(tmp_path: Path, fault_row: Row) -> None:
     cupy.get_default_memory_pool().free_all_blocks()
     warned = [str(w.message) for w in caught if issubclass(w.category, PinnedMemoryWarning)]
     fresh = {spec: fresh_digest(*spec) for spec in specs}
-    check = Check(identical=[str(k) for k in specs if digests[k] == fresh[k]],
-                  changed=[str(k) for k in specs if digests[k] != fresh[k]])
-    fault_row(case="pinning refused by the driver (register and host-alloc)",
-              outcome=f"{backend.refused} call(s) refused; {len(warned)} warning(s); "
-                      f"{m['pageable-fallback-count']:.0f} spills to pageable memory; "
-                      f"{len(check.identical)} of {len(specs)} read back identical",
-              check=check, recover_s=None, run_s=round(spill_s, 2),
-              refused_calls=backend.refused, warnings=warned)
+    check = Check(
+        identical=[str(k) for k in specs if digests[k] == fresh[k]],
+        changed=[str(k) for k in specs if digests[k] != fresh[k]],
+    )
+    fault_row(
+        case="pinning refused by the driver (register and host-alloc)",
+        outcome=f"{backend.refused} call(s) refused; {len(warned)} warning(s); "
+        f"{m['pageable-fallback-count']:.0f} spills to pageable memory; "
+        f"{len(check.identical)} of {len(specs)} read back identical",
+        check=check,
+        recover_s=None,
+        run_s=round(spill_s, 2),
+        refused_calls=backend.refused,
+        warnings=warned,
+    )
     assert check.ok, check
     assert backend.refused >= 1 and m.get("pinned-reserved-bytes", 0) == 0, (backend.refused, m)
     assert m["pageable-fallback-count"] > 0 and 1 <= len(warned) <= 2, (warned, m)
@@ -259,17 +299,23 @@ def test_pinned_pool_exhausted_mid_spill(fault_row: Row) -> None:
     import dask
     from distributed import Client
 
-    with dask.config.set({"cudask.memory.pinned-pool-size": "64MiB"}), \
-            one_worker_cluster(device_memory_limit="256MiB", memory_limit="16GiB") as cluster, \
-            Client(cluster) as client:
+    with (
+        dask.config.set({"cudask.memory.pinned-pool-size": "64MiB"}),
+        one_worker_cluster(device_memory_limit="256MiB", memory_limit="16GiB") as cluster,
+        Client(cluster) as client,
+    ):
         start = time.perf_counter()
         held = hold_values(client, 24, 64 * MiB)
         create_s = time.perf_counter() - start
         m = worker_metrics(client)
         check = check_keys(client, held)
-        fault_row(case="pinned pool (64 MiB) exhausted mid-spill",
-                  outcome=f"{m['pageable-fallback-count']:.0f} spills to memory faulted in for "
-                          f"them; pool at {m['pinned-reserved-bytes'] / MiB:.0f} MiB",
-                  check=check, recover_s=None, create_s=round(create_s, 2))
+        fault_row(
+            case="pinned pool (64 MiB) exhausted mid-spill",
+            outcome=f"{m['pageable-fallback-count']:.0f} spills to memory faulted in for "
+            f"them; pool at {m['pinned-reserved-bytes'] / MiB:.0f} MiB",
+            check=check,
+            recover_s=None,
+            create_s=round(create_s, 2),
+        )
         assert m["pageable-fallback-count"] > 0 and m["pinned-reserved-bytes"] <= 64 * MiB
         assert check.ok, check

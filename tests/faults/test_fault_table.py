@@ -18,10 +18,14 @@ from cudask.testing.integrity import Check
 
 def test_absent_figures_show_as_a_dash_and_a_case_not_run_keeps_its_row(tmp_path: Path) -> None:
     check = Check(identical=["a", "b"], lost={"c": "KilledWorker: x"})
-    rows = [fault_table.row("t::ran", "ran | once", "ok", check, 1.234, extra=1),
-            fault_table.row("t::quiet", "nothing failed", "ok", check, None),
-            fault_table.row("t::skipped", "no disk", "not run: no tmpfs", None, None)]
-    assert rows[0]["keys_checked"] == 3 and rows[0]["keys_lost"] == 1 and rows[0]["recover_s"] == 1.23
+    rows = [
+        fault_table.row("t::ran", "ran | once", "ok", check, 1.234, extra=1),
+        fault_table.row("t::quiet", "nothing failed", "ok", check, None),
+        fault_table.row("t::skipped", "no disk", "not run: no tmpfs", None, None),
+    ]
+    assert (
+        rows[0]["keys_checked"] == 3 and rows[0]["keys_lost"] == 1 and rows[0]["recover_s"] == 1.23
+    )
     assert rows[2]["keys_checked"] is None and rows[2]["lost"] is None
     lines = fault_table.markdown(rows).splitlines()
     assert len(lines) == 5
@@ -38,8 +42,10 @@ def _value(i: int) -> bytes:
 def test_the_watch_counts_a_killed_worker_and_the_keys_recomputed() -> None:
     from distributed import Client, LocalCluster, wait
 
-    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
         held = [client.submit(_value, i, key=f"held-{i}") for i in range(4)]
         wait(held)
         seen = watch(client)

@@ -65,16 +65,22 @@ def _fail() -> None:
 def test_check_keys_and_settle_on_a_cpu_cluster() -> None:
     from distributed import Client, Event, LocalCluster
 
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         assert settle(client.submit(_fail)) == (None, "ZeroDivisionError: on purpose")
         never = Event()
         blocked = client.submit(never.wait)
         blocked.cancel()
         assert settle(blocked)[1].startswith("FutureCancelledError")
         same, other = (client.submit(make_value, i, 4096, "host") for i in (1, 2))
-        want = {same: digest(make_value(1, 4096, "host")),
-                other: digest(make_value(3, 4096, "host"))}
+        want = {
+            same: digest(make_value(1, 4096, "host")),
+            other: digest(make_value(3, 4096, "host")),
+        }
         check = check_keys(client, want)
         assert (check.identical, check.changed, check.lost) == ([same.key], [other.key], {})
         # kill the only worker: both results are recomputed once its nanny restarts it,

@@ -34,8 +34,7 @@ def test_writes_past_the_size_fail_as_on_a_full_disk(tmp_path: Path, way: str) -
 
 
 def test_the_reason_names_each_way_that_failed(tmp_path: Path) -> None:
-    with pytest.raises(Unavailable) as info, \
-            small_filesystem(tmp_path / "small", "no-such-size"):
+    with pytest.raises(Unavailable) as info, small_filesystem(tmp_path / "small", "no-such-size"):
         pass
     assert str(info.value).startswith("mount: ") and "; namespace: " in str(info.value)
     assert os.listdir(tmp_path / "small") == []

@@ -19,9 +19,28 @@ pytestmark = pytest.mark.gpu
 def test_short_soak_loses_nothing(tmp_path: Path) -> None:
     pytest.importorskip("cupy")
     out = tmp_path / "soak.json"
-    result = CliRunner().invoke(bench, [
-        "soak", "--duration", "40", "--device-memory-limit", "256MiB", "--memory-limit", "4GiB",
-        "--max-held", "1GiB", "--kill-every", "12", "--min-kills", "2", "--n-workers", "1", "--output", str(out)])
+    result = CliRunner().invoke(
+        bench,
+        [
+            "soak",
+            "--duration",
+            "40",
+            "--device-memory-limit",
+            "256MiB",
+            "--memory-limit",
+            "4GiB",
+            "--max-held",
+            "1GiB",
+            "--kill-every",
+            "12",
+            "--min-kills",
+            "2",
+            "--n-workers",
+            "1",
+            "--output",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, (result.output, result.exception)
     report = json.loads(out.read_text())["report"]
     assert report["ok"] and report["keys_lost"] == 0 and report["keys_changed"] == 0

@@ -23,10 +23,11 @@ def backend() -> FakeCopyBackend:
 
 
 # keywords of store_settings: the `cudask.memory.*` overrides and the parts' fixed parameters
-_SETTINGS = (set(inspect.signature(store_settings).parameters) - {"device_memory_limit",
-                                                                  "memory_limit", "parts"}
-             | {"pinned_slab_size", "pinned_headroom", "pinned_headroom_from", "background",
-                "spill_at_limit"})
+_SETTINGS = set(inspect.signature(store_settings).parameters) - {
+    "device_memory_limit",
+    "memory_limit",
+    "parts",
+} | {"pinned_slab_size", "pinned_headroom", "pinned_headroom_from", "background", "spill_at_limit"}
 
 
 def _factory(tmp_path: Any, default: type) -> Iterator[Callable[..., Any]]:
@@ -46,7 +47,8 @@ def _factory(tmp_path: Any, default: type) -> Iterator[Callable[..., Any]]:
         own = set(inspect.signature(cls).parameters)
         overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in _SETTINGS and k not in own}
         kwargs["settings"] = store_settings(
-            kwargs.get("device_memory_limit"), kwargs.get("memory_limit"), **overrides)
+            kwargs.get("device_memory_limit"), kwargs.get("memory_limit"), **overrides
+        )
         store = cls(**kwargs)
         stores.append(store)
         return store

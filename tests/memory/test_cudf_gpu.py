@@ -25,8 +25,9 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 def _frames(n: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     rng = np.random.default_rng(0)
-    left = pd.DataFrame({"k": rng.integers(0, 1000, n), "x": rng.random(n),
-                         "y": rng.integers(0, 10**9, n)})
+    left = pd.DataFrame(
+        {"k": rng.integers(0, 1000, n), "x": rng.random(n), "y": rng.integers(0, 10**9, n)}
+    )
     right = pd.DataFrame({"k": np.arange(1000), "w": rng.random(1000)})
     return left, right
 
@@ -52,32 +53,44 @@ def test_dask_cudf_groupby_shuffle_merge_past_the_limit(jit: bool) -> None:
 
     left, right = _frames(2_000_000)  # 48 MB on the device, 3x the limit
     # task shuffles: they go through dask's hash, group-split and concat dispatch
-    with dask.config.set({"dataframe.shuffle.method": "tasks"}), LocalCUDACluster(n_workers=1, threads_per_worker=1, device_memory_limit="16MB",
-                          jit_unspill=jit, dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
+    with (
+        dask.config.set({"dataframe.shuffle.method": "tasks"}),
+        LocalCUDACluster(
+            n_workers=1,
+            threads_per_worker=1,
+            device_memory_limit="16MB",
+            jit_unspill=jit,
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         ddf = dask_cudf.from_cudf(cudf.from_pandas(left), npartitions=16).persist()
         rdf = dask_cudf.from_cudf(cudf.from_pandas(right), npartitions=2).persist()
         wait([ddf, rdf])
 
         got = ddf.groupby("k").agg({"x": "sum", "y": "max"}).compute().to_pandas()
         expected = left.groupby("k").agg({"x": "sum", "y": "max"})
-        pd.testing.assert_frame_equal(got.sort_index(), expected, check_dtype=False,
-                                      check_exact=False, rtol=1e-9)
+        pd.testing.assert_frame_equal(
+            got.sort_index(), expected, check_dtype=False, check_exact=False, rtol=1e-9
+        )
 
         shuffled = ddf.shuffle("k", shuffle_method="tasks").persist()
         wait(shuffled)
         parts = client.compute(shuffled.to_delayed())
         keys_per_part = [set(p.to_pandas()["k"]) for p in client.gather(parts)]
         for i, a in enumerate(keys_per_part):  # each key lives in one partition
-            for b in keys_per_part[i + 1:]:
+            for b in keys_per_part[i + 1 :]:
                 assert not a & b
-        pd.testing.assert_frame_equal(_sorted(shuffled.compute(), ["y", "k", "x"]),
-                                      _sorted(left, ["y", "k", "x"]))
+        pd.testing.assert_frame_equal(
+            _sorted(shuffled.compute(), ["y", "k", "x"]), _sorted(left, ["y", "k", "x"])
+        )
 
         merged = ddf.merge(rdf, on="k", how="inner", shuffle_method="tasks", broadcast=False)
-        pd.testing.assert_frame_equal(_sorted(merged.compute(), ["y", "k", "x"]),
-                                      _sorted(left.merge(right, on="k"), ["y", "k", "x"]),
-                                      check_like=True)
+        pd.testing.assert_frame_equal(
+            _sorted(merged.compute(), ["y", "k", "x"]),
+            _sorted(left.merge(right, on="k"), ["y", "k", "x"]),
+            check_like=True,
+        )
 
         (metrics,) = client.run(_store_metrics).values()
         assert metrics["type"] == ("ProxyStore" if jit else "TieredStore")
@@ -96,9 +109,11 @@ def test_proxy_of_a_cudf_frame(tmp_path: Any) -> None:
     from cudask.memory.settings import store_settings
 
     left, _ = _frames(10_000)
-    store = ProxyStore(device_memory_limit=1 << 20, local_directory=str(tmp_path),
-                       settings=store_settings(1 << 20, None, pinned_pool_size="64MB",
-                                               pinned_preallocate=False))
+    store = ProxyStore(
+        device_memory_limit=1 << 20,
+        local_directory=str(tmp_path),
+        settings=store_settings(1 << 20, None, pinned_pool_size="64MB", pinned_preallocate=False),
+    )
     try:
         store["df"] = cudf.from_pandas(left)
         for i in range(4):  # push "df" off the device
@@ -129,8 +144,11 @@ def test_proxy_of_a_cudf_frame(tmp_path: Any) -> None:
 def _cudf_options() -> tuple[Any, Any, Any]:
     import cudf
 
-    return (cudf.get_option("spill"), cudf.get_option("spill_stats"),
-            cudf.get_option("spill_device_limit"))
+    return (
+        cudf.get_option("spill"),
+        cudf.get_option("spill_stats"),
+        cudf.get_option("spill_device_limit"),
+    )
 
 
 def test_cudf_spill_options_on_the_workers() -> None:
@@ -139,9 +157,16 @@ def test_cudf_spill_options_on_the_workers() -> None:
 
     from cudask import LocalCUDACluster
 
-    with LocalCUDACluster(n_workers=1, enable_cudf_spill=True, cudf_spill_stats=1,
-                          device_memory_limit="1GB", dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            n_workers=1,
+            enable_cudf_spill=True,
+            cudf_spill_stats=1,
+            device_memory_limit="1GB",
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         # cuDF's failure callback is in place at start, before any cuDF object
         assert list(client.run(_failure_callbacks).values()) == [1]
         # the store's hooks first (a CuPy array), cuDF after: no "already registered"
@@ -222,9 +247,17 @@ def test_cudf_spill_results_reach_clients_without_spilling(tmp_path: Any) -> Non
 
     assert not cudf.get_option("spill")
     left, _ = _frames(2_000_000)  # 48 MB on the device, 3x the limit
-    with LocalCUDACluster(n_workers=1, threads_per_worker=1, enable_cudf_spill=True,
-                          cudf_spill_stats=1, device_memory_limit="16MB",
-                          dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            n_workers=1,
+            threads_per_worker=1,
+            enable_cudf_spill=True,
+            cudf_spill_stats=1,
+            device_memory_limit="16MB",
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         ddf = dask_cudf.from_cudf(cudf.from_pandas(left), npartitions=16)
         ddf = ddf.map_partitions(_ON_DEVICE).persist()
         wait(ddf)
@@ -240,17 +273,24 @@ def test_cudf_spill_results_reach_clients_without_spilling(tmp_path: Any) -> Non
         assert float(more.x.sum().compute()) == pytest.approx(left.x.sum(), rel=1e-9)
         got = ddf.groupby("k").x.sum().compute()
         assert isinstance(got, cudf.Series)
-        pd.testing.assert_series_equal(got.to_pandas().sort_index(),
-                                       left.groupby("k").x.sum(), check_names=False)
-        pd.testing.assert_frame_equal(_sorted(ddf.compute(), ["y", "k", "x"]),
-                                      _sorted(left, ["y", "k", "x"]))
+        pd.testing.assert_series_equal(
+            got.to_pandas().sort_index(), left.groupby("k").x.sum(), check_names=False
+        )
+        pd.testing.assert_frame_equal(
+            _sorted(ddf.compute(), ["y", "k", "x"]), _sorted(left, ["y", "k", "x"])
+        )
         assert not cudf.get_option("spill")  # this process received them without spilling
 
         client.publish_dataset(frames=ddf)
         script = tmp_path / "separate_client.py"
         script.write_text(_SEPARATE_CLIENT)
-        done = subprocess.run([sys.executable, str(script), cluster.scheduler_address],
-                              check=False, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, str(script), cluster.scheduler_address],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         name, total, rows = done.stdout.split()
         assert name == "Series" and int(rows) == len(left)
@@ -268,8 +308,9 @@ def test_cudf_spill_on_cli_workers(tmp_path: Any) -> None:
     from cudask.testing.processes import worker_processes
 
     left, _ = _frames(1_000_000)
-    with worker_processes(["0"], log_dir=tmp_path,
-                          args=["--enable-cudf-spill", "--device-memory-limit", "16MB"]) as client:
+    with worker_processes(
+        ["0"], log_dir=tmp_path, args=["--enable-cudf-spill", "--device-memory-limit", "16MB"]
+    ) as client:
         ddf = dask_cudf.from_cudf(cudf.from_pandas(left), npartitions=8)
         ddf = ddf.map_partitions(_ON_DEVICE).persist()
         wait(ddf)
@@ -278,8 +319,9 @@ def test_cudf_spill_on_cli_workers(tmp_path: Any) -> None:
         assert metrics["type"] == "TieredStore" and metrics["spill-device-to-host-count"] > 0
         got = ddf.x.sum().compute()
         assert float(got) == pytest.approx(left.x.sum(), rel=1e-9)
-        pd.testing.assert_frame_equal(_sorted(ddf.compute(), ["y", "k", "x"]),
-                                      _sorted(left, ["y", "k", "x"]))
+        pd.testing.assert_frame_equal(
+            _sorted(ddf.compute(), ["y", "k", "x"]), _sorted(left, ["y", "k", "x"])
+        )
 
 
 def _spill_without_the_portable_wire() -> None:
@@ -297,8 +339,10 @@ def test_a_spilling_worker_without_the_portable_wire_fails_a_plain_client() -> N
 
     from cudask import LocalCUDACluster
 
-    with LocalCUDACluster(n_workers=1, dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCUDACluster(n_workers=1, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
         client.run(_spill_without_the_portable_wire)
         future = client.submit(lambda n: cudf.DataFrame({"x": range(n)}), 1000)
         with pytest.raises(Exception, match="without a global spill manager"):

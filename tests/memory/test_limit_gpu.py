@@ -36,9 +36,14 @@ def _cluster(uuid: str, allocator: str, limit: int) -> Any:
     pytest.importorskip("cupy")
     if allocator == "rmm":
         pytest.importorskip("rmm")
-    return LocalCUDACluster(CUDA_VISIBLE_DEVICES=uuid, device_memory_limit=limit,
-                            threads_per_worker=1, dashboard_address=":0", silence_logs=40,
-                            **ALLOCATORS[allocator])
+    return LocalCUDACluster(
+        CUDA_VISIBLE_DEVICES=uuid,
+        device_memory_limit=limit,
+        threads_per_worker=1,
+        dashboard_address=":0",
+        silence_logs=40,
+        **ALLOCATORS[allocator],
+    )
 
 
 def _metrics(dask_worker: Any) -> dict[str, float]:
@@ -59,15 +64,28 @@ def test_peak_within_the_limit_plus_the_working_set(allocator: str) -> None:
     from cudask_bench.limit import PHASES, LimitPlan, measure
 
     uuid = _device().uuid
-    plan = LimitPlan(gpu=uuid, nvml_device=uuid, device_memory_limit=GiB, chunks=64,
-                     chunk_size=64 * MiB, temporary=256 * MiB, warm_runs=0)
-    with _cluster(uuid, allocator, plan.device_memory_limit) as cluster, \
-            Client(cluster) as client, MemorySampler(nvml_used(uuid), 0.02) as sampler:
+    plan = LimitPlan(
+        gpu=uuid,
+        nvml_device=uuid,
+        device_memory_limit=GiB,
+        chunks=64,
+        chunk_size=64 * MiB,
+        temporary=256 * MiB,
+        warm_runs=0,
+    )
+    with (
+        _cluster(uuid, allocator, plan.device_memory_limit) as cluster,
+        Client(cluster) as client,
+        MemorySampler(nvml_used(uuid), 0.02) as sampler,
+    ):
         figures = measure(client, plan, sampler)
         (m,) = client.run(_metrics).values()
     assert figures["correct"], figures["results"]
-    over = {p: {k: figures["phases"][p][k] / MiB for k in ("peak_bytes", "bound_bytes")}
-            for p in PHASES if not figures["phases"][p]["within"]}
+    over = {
+        p: {k: figures["phases"][p][k] / MiB for k in ("peak_bytes", "bound_bytes")}
+        for p in PHASES
+        if not figures["phases"][p]["within"]
+    }
     assert not over, f"peaks above 1.1 x (limit + working set), MiB: {over}"
     assert sampler.samples > 10 and m["spill-at-limit-count"] >= 1, m
 

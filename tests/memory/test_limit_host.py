@@ -40,23 +40,33 @@ class Sampling(FakeCopyBackend):
 
 def resident(store: TieredStore) -> int:
     """Host bytes held: live unpooled blocks not given back, plus the pool's slabs."""
-    blocks = sum(o.nbytes for o in gc.get_objects()
-                 if isinstance(o, HostBlock) and not o.released and o._slab is None)
+    blocks = sum(
+        o.nbytes
+        for o in gc.get_objects()
+        if isinstance(o, HostBlock) and not o.released and o._slab is None
+    )
     engine = store._lazy.current
     return blocks + (engine.pool.reserved if engine is not None else 0)
 
 
 @pytest.mark.parametrize("at_limit", [True, False], ids=["spill-at-limit", "on-oom-only"])
 def test_host_memory_stays_within_its_limit_while_the_device_makes_room(
-        make_store: MakeStore, monkeypatch: pytest.MonkeyPatch, at_limit: bool) -> None:
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch, at_limit: bool
+) -> None:
     holder: list[TieredStore] = []
     device = fakes.FakeDevice(32 * CHUNK, held=lambda: holder[0].device_bytes if holder else 0)
     cupy = fakes.cupy_module(device)
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     backend = Sampling(device_memory=device.mem_get_info)
     host_limit = 8 * CHUNK
-    store = make_store(device_memory_limit=16 * CHUNK, memory_limit=host_limit, backend=backend,
-                       pinned_pool_size="auto", pinned_slab_size=CHUNK, spill_at_limit=at_limit)
+    store = make_store(
+        device_memory_limit=16 * CHUNK,
+        memory_limit=host_limit,
+        backend=backend,
+        pinned_pool_size="auto",
+        pinned_slab_size=CHUNK,
+        spill_at_limit=at_limit,
+    )
     holder.append(store)
     for i in range(18):  # the device tier full, two keys already on the host
         store[i] = filled(CHUNK, i % 251)
@@ -81,9 +91,14 @@ def test_free_pinned_memory_counts_against_the_host_tier(make_store: MakeStore) 
     """A host tier full of host values: the pinned memory made ready ahead of the
     device tier's spills must fit in what the host tier has left (nothing here)."""
     host_limit = 8 * CHUNK
-    store = make_store(device_memory_limit=4 * CHUNK, memory_limit=host_limit,
-                       backend=FakeCopyBackend(), pinned_pool_size=8 * CHUNK,
-                       pinned_slab_size=CHUNK, pinned_headroom=8 * CHUNK)
+    store = make_store(
+        device_memory_limit=4 * CHUNK,
+        memory_limit=host_limit,
+        backend=FakeCopyBackend(),
+        pinned_pool_size=8 * CHUNK,
+        pinned_slab_size=CHUNK,
+        pinned_headroom=8 * CHUNK,
+    )
     for i in range(8):
         store[f"host-{i}"] = bytes(CHUNK - 64)  # host values fill the host tier
     for i in range(3):  # past half the device limit: pinned memory is made ready ahead

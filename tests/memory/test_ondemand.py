@@ -25,8 +25,14 @@ MakeStore = Callable[..., TieredStore]
 MiB = 1 << 20
 
 
-def _store_on_device(make_store: MakeStore, monkeypatch: pytest.MonkeyPatch, *, limit: int,
-                     capacity: int, **kwargs: Any) -> tuple[TieredStore, Any]:
+def _store_on_device(
+    make_store: MakeStore,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    limit: int,
+    capacity: int,
+    **kwargs: Any,
+) -> tuple[TieredStore, Any]:
     """A store whose device objects live on a fake GPU that a fake CuPy allocates
     from; the store's hooks installed (CuPy's allocator wrapped)."""
     holder: list[TieredStore] = []
@@ -41,8 +47,9 @@ def _store_on_device(make_store: MakeStore, monkeypatch: pytest.MonkeyPatch, *, 
     return store, cupy
 
 
-def test_past_the_limit_only_the_shortfall_spills(make_store: MakeStore,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_past_the_limit_only_the_shortfall_spills(
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store, cupy = _store_on_device(make_store, monkeypatch, limit=1000, capacity=4000)
     for i in range(8):
         store[i] = filled(100, i)
@@ -57,8 +64,9 @@ def test_past_the_limit_only_the_shortfall_spills(make_store: MakeStore,
     assert all((as_numpy(store[i]) == i).all() for i in range(8))
 
 
-def test_cached_blocks_go_back_before_any_key(make_store: MakeStore,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cached_blocks_go_back_before_any_key(
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store, cupy = _store_on_device(make_store, monkeypatch, limit=1000, capacity=4000)
     for i in range(7):
         store[i] = filled(100, i)
@@ -71,8 +79,9 @@ def test_cached_blocks_go_back_before_any_key(make_store: MakeStore,
     assert store.metrics()["spill-at-limit-count"] == 0
 
 
-def test_with_nothing_to_spill_the_cache_stays_for_the_task(make_store: MakeStore,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_with_nothing_to_spill_the_cache_stays_for_the_task(
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, cupy = _store_on_device(make_store, monkeypatch, limit=1000, capacity=4000)
     allocate, pool = cupy.cuda.get_allocator(), cupy.pool
     allocate(900)
@@ -84,8 +93,9 @@ def test_with_nothing_to_spill_the_cache_stays_for_the_task(make_store: MakeStor
     assert pool.device.mallocs == [900, 300]  # no cudaMalloc past the first two
 
 
-def test_below_the_limit_one_read_and_no_spill(make_store: MakeStore,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_below_the_limit_one_read_and_no_spill(
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store, cupy = _store_on_device(make_store, monkeypatch, limit=10_000, capacity=40_000)
     store["a"] = filled(100, 1)
     allocate, pool = cupy.cuda.get_allocator(), cupy.pool
@@ -96,8 +106,9 @@ def test_below_the_limit_one_read_and_no_spill(make_store: MakeStore,
     assert store.metrics()["spill-at-limit-count"] == 0 and store.where("a") == "device"
 
 
-def test_more_than_the_limit_runs_once_the_store_is_empty(make_store: MakeStore,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_more_than_the_limit_runs_once_the_store_is_empty(
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store, cupy = _store_on_device(make_store, monkeypatch, limit=1000, capacity=4000)
     for i in range(8):
         store[i] = filled(100, i)
@@ -108,12 +119,14 @@ def test_more_than_the_limit_runs_once_the_store_is_empty(make_store: MakeStore,
 
 
 def test_refused_allocation_spills_what_the_driver_reports_missing(
-        make_store: MakeStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Spilling at the limit off: the store holds half the GPU, a task asks for
     60%: only the difference (and one key's rounding) is spilled, not the tier."""
     chunk = 100
-    store, cupy = _store_on_device(make_store, monkeypatch, limit=16 * chunk,
-                                   capacity=32 * chunk, spill_at_limit=False)
+    store, cupy = _store_on_device(
+        make_store, monkeypatch, limit=16 * chunk, capacity=32 * chunk, spill_at_limit=False
+    )
     for i in range(16):
         store[i] = filled(chunk, i)
     ask = int(32 * chunk * 0.6)  # 1920: 320 more than the 1600 free
@@ -149,12 +162,16 @@ def test_a_failed_spill_names_what_it_spilled_and_what_was_free() -> None:
     assert "(1.95 kiB spilled for it, 4.00 kiB free on the GPU after that; " in str(info.value)
     assert isinstance(info.value.__cause__, _Refused)
     hook = SpillOnDemand(lambda n: 0, free_memory=None)  # nothing spillable, no driver figure
-    with pytest.raises(MemoryError, match=r"\(0 B spilled for it: every device key in use, or the "
-                                          r"store busy; device_memory_limit=None\)"):
+    with pytest.raises(
+        MemoryError,
+        match=r"\(0 B spilled for it: every device key in use, or the "
+        r"store busy; device_memory_limit=None\)",
+    ):
         hook.wrap_allocator(_refuse, (_Refused,))(8192)
     broken = SpillOnDemand(lambda n: 0, free_memory=lambda: 1 // 0)  # a failing figure
     assert "(0 B spilled for it: every device key in use, or the store busy; " in broken.refusal(
-        8192, _Refused("refused"))
+        8192, _Refused("refused")
+    )
 
 
 def test_allocation_made_while_spilling_does_not_spill_again() -> None:
@@ -178,27 +195,45 @@ def _task_allocates(nbytes: int) -> int:
     return int(cupy.cuda.get_allocator()(nbytes))
 
 
-def test_task_asking_more_than_the_gpu_fails_naming_itself(tmp_path: Any,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_task_asking_more_than_the_gpu_fails_naming_itself(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """In a worker (threads): the error names the task's key, the bytes and the
     limit; the original error is its cause; every held key survives."""
     from distributed import Client, LocalCluster
 
     device = fakes.FakeDevice(4000)
     monkeypatch.setitem(sys.modules, "cupy", fakes.cupy_module(device))
-    data = (TieredStore, {"device_memory_limit": 1000, "memory_limit": None,
-                          "backend": FakeCopyBackend(device_memory=device.mem_get_info)})
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0",
-                      data=data, local_directory=str(tmp_path)) as cluster, \
-            Client(cluster) as client:
+    data = (
+        TieredStore,
+        {
+            "device_memory_limit": 1000,
+            "memory_limit": None,
+            "backend": FakeCopyBackend(device_memory=device.mem_get_info),
+        },
+    )
+    with (
+        LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            processes=False,
+            dashboard_address=":0",
+            data=data,
+            local_directory=str(tmp_path),
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         (worker,) = cluster.workers.values()
         store = worker.data
         device.held = lambda: int(store.device_bytes)
         held = [client.submit(filled, 100, i, key=f"held-{i}") for i in range(12)]
         client.gather(held)
         big = client.submit(_task_allocates, 5000, key="too-big")
-        with pytest.raises(MemoryError, match=r"task 'too-big' asked for .*\(5000 bytes\).*"
-                                              r"out of memory.*device_memory_limit=.*\(1000 bytes\)"):
+        with pytest.raises(
+            MemoryError,
+            match=r"task 'too-big' asked for .*\(5000 bytes\).*"
+            r"out of memory.*device_memory_limit=.*\(1000 bytes\)",
+        ):
             big.result()
         assert client.submit(_task_allocates, 500, key="fits").result() == 500
         values = client.gather(held)
@@ -262,7 +297,8 @@ def test_rmm_without_a_limit_only_spills_on_failure(monkeypatch: pytest.MonkeyPa
 
 
 def test_rmm_refusal_of_a_gated_allocation_reaches_the_failure_callback(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     rmm = _rmm_only(monkeypatch, fakes.FakeDevice(4 * MiB))
     asked: list[int] = []
 
@@ -280,7 +316,8 @@ def test_rmm_refusal_of_a_gated_allocation_reaches_the_failure_callback(
 
 
 def test_an_allocation_waits_for_a_busy_store_only_a_bounded_time(
-        make_store: MakeStore, monkeypatch: pytest.MonkeyPatch, store_busy: Any) -> None:
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch, store_busy: Any
+) -> None:
     # cuDF holds a buffer's lock while it unspills the buffer (an allocation), and a thread
     # spilling that buffer holds the store's lock and waits for the buffer's: spilling on
     # demand waits for the store's lock a bounded time, then lets the allocation go ahead

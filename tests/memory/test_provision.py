@@ -76,9 +76,15 @@ def test_spills_racing_provisioning_lose_nothing(
     make_store: MakeStore, in_threads: InThreads, wait_for: Callable[..., bool], lag: int
 ) -> None:
     backend = SlowPinning(lag=lag)
-    store = make_store(device_memory_limit=20 * KiB, backend=backend, background=True, spill_target=0.9,
-                       pinned_pool_size=256 * KiB, pinned_slab_size=16 * KiB,
-                       pinned_release_after=0.01)
+    store = make_store(
+        device_memory_limit=20 * KiB,
+        backend=backend,
+        background=True,
+        spill_target=0.9,
+        pinned_pool_size=256 * KiB,
+        pinned_slab_size=16 * KiB,
+        pinned_release_after=0.01,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PinnedMemoryWarning)
         churn(store, in_threads)
@@ -91,8 +97,14 @@ def test_registration_failure_falls_back_with_one_warning_and_loses_nothing(
     make_store: MakeStore, in_threads: InThreads
 ) -> None:
     backend = FakeCopyBackend(refuse_register="cudaErrorNotSupported")
-    store = make_store(device_memory_limit=20 * KiB, backend=backend, background=True, spill_target=0.9,
-                       pinned_pool_size=256 * KiB, pinned_slab_size=16 * KiB)
+    store = make_store(
+        device_memory_limit=20 * KiB,
+        backend=backend,
+        background=True,
+        spill_target=0.9,
+        pinned_pool_size=256 * KiB,
+        pinned_slab_size=16 * KiB,
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PinnedMemoryWarning)
         churn(store, in_threads)
@@ -106,8 +118,14 @@ def test_driver_refusing_mid_provisioning_loses_nothing(
     make_store: MakeStore, in_threads: InThreads
 ) -> None:
     backend = SlowPinning(pin_limit=48 * KiB)  # three slabs, then "out of memory"
-    store = make_store(device_memory_limit=20 * KiB, backend=backend, background=True, spill_target=0.9,
-                       pinned_pool_size=1 << 20, pinned_slab_size=16 * KiB)
+    store = make_store(
+        device_memory_limit=20 * KiB,
+        backend=backend,
+        background=True,
+        spill_target=0.9,
+        pinned_pool_size=1 << 20,
+        pinned_slab_size=16 * KiB,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PinnedMemoryWarning)
         churn(store, in_threads)
@@ -119,9 +137,15 @@ def test_idle_memory_given_back_while_copies_are_in_flight(
     make_store: MakeStore, in_threads: InThreads, wait_for: Callable[..., bool]
 ) -> None:
     backend = SlowPinning(lag=5)  # copies stay in flight across several queries
-    store = make_store(device_memory_limit=20 * KiB, backend=backend, background=True, spill_target=0.9,
-                       pinned_pool_size=256 * KiB, pinned_slab_size=8 * KiB,
-                       pinned_release_after=0.001)
+    store = make_store(
+        device_memory_limit=20 * KiB,
+        backend=backend,
+        background=True,
+        spill_target=0.9,
+        pinned_pool_size=256 * KiB,
+        pinned_slab_size=8 * KiB,
+        pinned_release_after=0.001,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PinnedMemoryWarning)
         churn(store, in_threads, rounds=80)

@@ -65,8 +65,13 @@ def test_overwrite_and_delete_in_every_tier(make_store: MakeStore) -> None:
 
 
 def test_concurrent_access(make_store: MakeStore, in_threads: InThreads) -> None:
-    store = make_store(device_memory_limit=2000, memory_limit=4000, spill_target=0.9,
-                       backend=FakeCopyBackend(lag=3), background=True)
+    store = make_store(
+        device_memory_limit=2000,
+        memory_limit=4000,
+        spill_target=0.9,
+        backend=FakeCopyBackend(lag=3),
+        background=True,
+    )
 
     def work(t: int) -> None:
         for i in range(60):
@@ -173,8 +178,10 @@ def test_spill_on_demand_in_the_tiered_store(make_store: MakeStore) -> None:
     allocate = store.on_demand.wrap_allocator(malloc, (_OutOfMemory,))
     assert allocate(450) == "ptr-450" and store.device_bytes <= 550
     assert store.metrics()["spill-on-demand-count"] >= 1
-    refused = (r"\(950 bytes\).*\([\d.]+ \w*B spilled for it(, .* free on the GPU after that)?; "
-               r"device_memory_limit=.* \(1000 bytes\)")
+    refused = (
+        r"\(950 bytes\).*\([\d.]+ \w*B spilled for it(, .* free on the GPU after that)?; "
+        r"device_memory_limit=.* \(1000 bytes\)"
+    )
     with pytest.raises(MemoryError, match=refused) as info:
         allocate(950)  # more than the store can release while `held` is used
     assert isinstance(info.value.__cause__, _OutOfMemory)

@@ -23,11 +23,16 @@ pytestmark = pytest.mark.gpu
 MiB = 1 << 20
 
 
-def make(tmp_path: Any, device_memory_limit: int, memory_limit: int | None,
-         **overrides: Any) -> TieredStore:
+def make(
+    tmp_path: Any, device_memory_limit: int, memory_limit: int | None, **overrides: Any
+) -> TieredStore:
     """A store spilling under `tmp_path`, with these `cudask.memory.*` overrides."""
-    return TieredStore(device_memory_limit, memory_limit, local_directory=str(tmp_path),
-                       settings=store_settings(device_memory_limit, memory_limit, **overrides))
+    return TieredStore(
+        device_memory_limit,
+        memory_limit,
+        local_directory=str(tmp_path),
+        settings=store_settings(device_memory_limit, memory_limit, **overrides),
+    )
 
 
 @pytest.fixture
@@ -78,8 +83,10 @@ def test_cupy_views_strides_and_dtypes(store: TieredStore) -> None:
     }
     expected = {k: cp.asnumpy(v) for k, v in values.items()}
     # a sparse view (its elements fill at most half its extent) comes back C-contiguous
-    strides = {k: cp.empty(v.shape, v.dtype).strides if _sparse(v) else v.strides
-               for k, v in values.items()}
+    strides = {
+        k: cp.empty(v.shape, v.dtype).strides if _sparse(v) else v.strides
+        for k, v in values.items()
+    }
     assert _sparse(values["strided"]) and not _sparse(values["T"])
     for k, v in values.items():
         store[k] = v
@@ -122,8 +129,7 @@ def test_copies_land_in_memory_pinned_ahead(
     cp = pytest.importorskip("cupy")
     store["a"] = cp.ones(16 * MiB, dtype="u1")
     store["c"] = cp.ones(20 * MiB, dtype="u1")  # past half the limit: pinned ahead
-    assert wait_for(lambda: store.metrics().get("pinned-reserved-bytes", 0) >= 16 * MiB,
-                    timeout=60)
+    assert wait_for(lambda: store.metrics().get("pinned-reserved-bytes", 0) >= 16 * MiB, timeout=60)
     assert store.engine.pool.method == "register"  # registered anonymous memory
     store["b"] = cp.ones(40 * MiB, dtype="u1")  # evicts "a"
     copy = store._host["a"]
@@ -135,8 +141,14 @@ def test_copies_land_in_memory_pinned_ahead(
 
 def test_fallback_blocks_are_registered_later(tmp_path: Any, wait_for: Callable[..., bool]) -> None:
     cp = pytest.importorskip("cupy")
-    s = make(tmp_path, 8 * MiB, None, pinned_pool_size=64 * MiB,
-             pinned_slab_size=32 * MiB, pinned_preallocate=False)
+    s = make(
+        tmp_path,
+        8 * MiB,
+        None,
+        pinned_pool_size=64 * MiB,
+        pinned_slab_size=32 * MiB,
+        pinned_preallocate=False,
+    )
     try:
         s[0] = cp.full(MiB, 0.5, dtype="f8")
         s[1] = cp.full(MiB, 1.5, dtype="f8")  # spills 0 at once: nothing pinned yet
@@ -158,8 +170,14 @@ def test_a_block_larger_than_a_slab_widens_the_slabs_that_follow(
     tmp_path: Any, wait_for: Callable[..., bool]
 ) -> None:
     cp = pytest.importorskip("cupy")
-    s = make(tmp_path, 32 * MiB, None, pinned_pool_size=256 * MiB,
-             pinned_slab_size=8 * MiB, pinned_preallocate=32 * MiB)
+    s = make(
+        tmp_path,
+        32 * MiB,
+        None,
+        pinned_pool_size=256 * MiB,
+        pinned_slab_size=8 * MiB,
+        pinned_preallocate=32 * MiB,
+    )
     try:
         pool = s.engine.pool
         assert pool.provisioner.wait_ready(timeout=120)
@@ -188,8 +206,14 @@ def test_pinned_pool_exhaustion_falls_back(tmp_path: Any) -> None:
     cp = pytest.importorskip("cupy")
     from cudask.memory.host.fallback import PinnedMemoryWarning
 
-    s = make(tmp_path, 8 * MiB, None, pinned_pool_size=8 * MiB,
-             pinned_slab_size=8 * MiB, pinned_preallocate=True)
+    s = make(
+        tmp_path,
+        8 * MiB,
+        None,
+        pinned_pool_size=8 * MiB,
+        pinned_slab_size=8 * MiB,
+        pinned_preallocate=True,
+    )
     try:
         assert s.engine.pool.provisioner.wait_ready(timeout=60)
 
@@ -226,8 +250,12 @@ def test_torch_tensors(store: TieredStore) -> None:
     if not torch.cuda.is_available():
         pytest.skip("torch without CUDA")
     t = torch.arange(3 * MiB, dtype=torch.bfloat16, device="cuda").reshape(3, -1)
-    values = {"t": t, "T": t.T, "slice": t[:, 1::3], "grad": torch.ones(10, device="cuda",
-                                                                       requires_grad=True)}
+    values = {
+        "t": t,
+        "T": t.T,
+        "slice": t[:, 1::3],
+        "grad": torch.ones(10, device="cuda", requires_grad=True),
+    }
     expected = {k: v.detach().cpu().clone() for k, v in values.items()}
     strides = {k: v.stride() for k, v in values.items()}
     for k, v in values.items():
@@ -328,8 +356,14 @@ def test_in_flight_copy_counts_until_done(store: TieredStore) -> None:
 
 def test_background_pinning_then_pinned_copies(tmp_path: Any) -> None:
     cp = pytest.importorskip("cupy")
-    s = make(tmp_path, 64 * MiB, None, pinned_pool_size=128 * MiB,
-             pinned_slab_size=32 * MiB, pinned_preallocate=64 * MiB)
+    s = make(
+        tmp_path,
+        64 * MiB,
+        None,
+        pinned_pool_size=128 * MiB,
+        pinned_slab_size=32 * MiB,
+        pinned_preallocate=64 * MiB,
+    )
     try:
         assert s.engine.pool.provisioner.wait_ready(timeout=120)  # pinned in the background
         m = s.metrics()
@@ -362,9 +396,15 @@ def test_idle_pinned_slabs_go_back_and_copy_times_come_from_events(
     tmp_path: Any, wait_for: Callable[..., bool]
 ) -> None:
     cp = pytest.importorskip("cupy")
-    s = make(tmp_path, 64 * MiB, 512 * MiB,
-             pinned_pool_size=256 * MiB, pinned_slab_size=32 * MiB, pinned_preallocate=False,
-             pinned_release_after=0.2)
+    s = make(
+        tmp_path,
+        64 * MiB,
+        512 * MiB,
+        pinned_pool_size=256 * MiB,
+        pinned_slab_size=32 * MiB,
+        pinned_preallocate=False,
+        pinned_release_after=0.2,
+    )
     try:
         for i in range(16):  # 16 x 16 MiB through a 64 MiB device tier
             s[i] = cp.full(2 * MiB, i, dtype="f8")

@@ -142,4 +142,3 @@ def test_a_linked_value_of_a_missing_key_changes_nothing(make_store: MakeStore) 
     with pytest.raises(KeyError):
         unlimited["x"] = Linked("absent")
     assert len(unlimited) == 0
-

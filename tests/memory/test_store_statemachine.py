@@ -34,8 +34,11 @@ def same(a: Any, b: Any) -> bool:
     """Byte-identical, with the same types, dtypes, shapes and container shapes."""
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return (
-            isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
-            and a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+            isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and a.tobytes() == b.tobytes()
         )
     if type(a) is not type(b):
         return False
@@ -50,8 +53,9 @@ def same(a: Any, b: Any) -> bool:
 def device_arrays(draw: st.DrawFn) -> FakeDeviceArray:
     dtype = np.dtype(draw(DTYPES))
     n = draw(st.integers(0, 640)) // dtype.itemsize
-    data = np.frombuffer(draw(st.binary(min_size=n * dtype.itemsize, max_size=n * dtype.itemsize)),
-                         dtype=dtype)
+    data = np.frombuffer(
+        draw(st.binary(min_size=n * dtype.itemsize, max_size=n * dtype.itemsize)), dtype=dtype
+    )
     base = FakeDeviceArray.from_numpy(data)
     layout = draw(st.sampled_from(["whole", "strided", "reversed", "2d-T", "slice"]))
     if layout == "strided" and n > 2:
@@ -90,9 +94,14 @@ class StoreMachine(RuleBasedStateMachine):
             memory_limit=memory_limit,
             local_directory=self.tmp,
             backend=self.backend,
-            settings=store_settings(LIMIT, memory_limit, pinned_pool_size=6000,
-                                    pinned_slab_size=2048, pinned_preallocate=False,
-                                    background=False),
+            settings=store_settings(
+                LIMIT,
+                memory_limit,
+                pinned_pool_size=6000,
+                pinned_slab_size=2048,
+                pinned_preallocate=False,
+                background=False,
+            ),
         )
 
     def _put(self, key: Any, value: Any) -> None:
@@ -113,12 +122,17 @@ class StoreMachine(RuleBasedStateMachine):
     def put_array(self, key: Any, value: FakeDeviceArray) -> None:
         self._put(key, value)
 
-    @rule(key=KEYS, values=st.lists(st.one_of(device_arrays(), host_values), min_size=1,
-                                     max_size=3),
-          kind=st.sampled_from(["list", "tuple", "dict"]))
+    @rule(
+        key=KEYS,
+        values=st.lists(st.one_of(device_arrays(), host_values), min_size=1, max_size=3),
+        kind=st.sampled_from(["list", "tuple", "dict"]),
+    )
     def put_container(self, key: Any, values: list[Any], kind: str) -> None:
         value: Any = (
-            values if kind == "list" else tuple(values) if kind == "tuple"
+            values
+            if kind == "list"
+            else tuple(values)
+            if kind == "tuple"
             else {f"k{i}": v for i, v in enumerate(values)}
         )
         self._put(key, value)
@@ -132,7 +146,12 @@ class StoreMachine(RuleBasedStateMachine):
     def put_alias(self, data: st.DataObject, key: Any, view: bool) -> None:
         source = data.draw(st.sampled_from(sorted(self.model, key=repr)))
         value = self.store[source]
-        if isinstance(value, FakeDeviceArray) and view and len(value.shape) == 1 and value.shape[0] > 1:
+        if (
+            isinstance(value, FakeDeviceArray)
+            and view
+            and len(value.shape) == 1
+            and value.shape[0] > 1
+        ):
             value = value[1:]
         self._put(key, value)
 
@@ -220,10 +239,10 @@ class StoreMachine(RuleBasedStateMachine):
             expected = union_bytes(r for obj in objects for r in handlers.allocations(obj))
             assert store._ledger.total == expected
             if not self.held and not store._buffer.inflight.ghosts:
-                assert (
-                    store._ledger.total <= LIMIT
-                    or set(store._device) <= {self.last_read}
-                ), (store._ledger.total, list(store._device))
+                assert store._ledger.total <= LIMIT or set(store._device) <= {self.last_read}, (
+                    store._ledger.total,
+                    list(store._device),
+                )
 
     def teardown(self) -> None:
         if hasattr(self, "store"):

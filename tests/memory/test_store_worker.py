@@ -33,8 +33,9 @@ def test_worker_with_tiered_store(tmp_path: object) -> None:
                 "device_memory_limit": 4000,
                 "memory_limit": 6000,
                 "backend": FakeCopyBackend(lag=2),
-                "settings": store_settings(4000, 6000, pinned_preallocate=False,
-                                           pinned_pool_size=1 << 16),
+                "settings": store_settings(
+                    4000, 6000, pinned_preallocate=False, pinned_pool_size=1 << 16
+                ),
             }
             async with Worker(
                 scheduler.address,

@@ -97,15 +97,20 @@ def click_header(title: str) -> str:
 
 def scroll_table(pixels: int) -> str:
     """Script: scroll the table's rows by `pixels`."""
-    return (f"(() => {{ {_FIND_JS} const v = find(document, 'slick-viewport'); "
-            f"v.scrollTop = {pixels}; v.dispatchEvent(new Event('scroll')); }})()")
+    return (
+        f"(() => {{ {_FIND_JS} const v = find(document, 'slick-viewport'); "
+        f"v.scrollTop = {pixels}; v.dispatchEvent(new Event('scroll')); }})()"
+    )
 
 
 #: What the page shows, read in the browser: the table's rendered rows (cell
 #: texts), the status line, and the sizes of the sources behind the charts.
-_STATE_JS = r"""
+_STATE_JS = (
+    r"""
 (() => {
-""" + _FIND_JS + r"""
+"""
+    + _FIND_JS
+    + r"""
   const rows = [];
   const visit = (root) => {
     for (const el of root.querySelectorAll("*")) {
@@ -136,6 +141,7 @@ _STATE_JS = r"""
   return JSON.stringify(out);
 })()
 """
+)
 
 
 @dataclass
@@ -167,28 +173,47 @@ class Chromium:
     def __init__(self, binary: str) -> None:
         self.binary = binary
 
-    def open(self, url: str, until: Callable[[PageState], bool], *, timeout: float = 90.0,
-             screenshot: Path | None = None, size: tuple[int, int] = (1400, 1000),
-             steps: Sequence[tuple[str, Callable[[PageState], bool]]] = ()) -> PageState:
+    def open(
+        self,
+        url: str,
+        until: Callable[[PageState], bool],
+        *,
+        timeout: float = 90.0,
+        screenshot: Path | None = None,
+        size: tuple[int, int] = (1400, 1000),
+        steps: Sequence[tuple[str, Callable[[PageState], bool]]] = (),
+    ) -> PageState:
         """Load `url`; poll what it shows until `until(state)` holds on two polls in
         a row with the page no wider than the window (layouts settle in steps), or
         `timeout` seconds (then return the last state: the test's assertions say
         what was missing). Then for each (script, condition) of `steps`: run the
         script in the page (a user's click, scroll) and poll until the condition
         holds likewise."""
-        with tempfile.TemporaryDirectory(prefix="cudask-chromium-",
-                                         ignore_cleanup_errors=True) as profile:
+        with tempfile.TemporaryDirectory(
+            prefix="cudask-chromium-", ignore_cleanup_errors=True
+        ) as profile:
             # its own session: the browser's helper processes end with it (below)
             process = subprocess.Popen(
-                [self.binary, "--headless=new", "--no-sandbox", "--disable-gpu",
-                 "--no-first-run", "--no-default-browser-check", "--remote-debugging-port=0",
-                 f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}",
-                 "about:blank"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                [
+                    self.binary,
+                    "--headless=new",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--no-first-run",
+                    "--no-default-browser-check",
+                    "--remote-debugging-port=0",
+                    f"--user-data-dir={profile}",
+                    f"--window-size={size[0]},{size[1]}",
+                    "about:blank",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
             )
             try:
-                return asyncio.run(self._drive(Path(profile), url, until, timeout, screenshot,
-                                               size, steps))
+                return asyncio.run(
+                    self._drive(Path(profile), url, until, timeout, screenshot, size, steps)
+                )
             finally:
                 try:  # Browser.close (sent by _drive) lets it shut down cleanly
                     process.wait(30)
@@ -202,9 +227,16 @@ class Chromium:
                 with contextlib.suppress(ProcessLookupError):  # helpers still running, if any
                     os.killpg(process.pid, signal.SIGKILL)
 
-    async def _drive(self, profile: Path, url: str, until: Callable[[PageState], bool],
-                     timeout: float, screenshot: Path | None, size: tuple[int, int],
-                     steps: Sequence[tuple[str, Callable[[PageState], bool]]]) -> PageState:
+    async def _drive(
+        self,
+        profile: Path,
+        url: str,
+        until: Callable[[PageState], bool],
+        timeout: float,
+        screenshot: Path | None,
+        size: tuple[int, int],
+        steps: Sequence[tuple[str, Callable[[PageState], bool]]],
+    ) -> PageState:
         deadline = time.monotonic() + timeout
         port_file = profile / "DevToolsActivePort"
         while not port_file.exists() or not port_file.read_text().strip():
@@ -224,7 +256,9 @@ class Chromium:
             mine = counter
             await ws.write_message(json.dumps({"id": mine, "method": method, "params": params}))
             while True:
-                message = await asyncio.wait_for(ws.read_message(), max(deadline - time.monotonic(), 1))
+                message = await asyncio.wait_for(
+                    ws.read_message(), max(deadline - time.monotonic(), 1)
+                )
                 if message is None:
                     raise ConnectionError("chromium closed the DevTools connection")
                 event = json.loads(message)
@@ -238,11 +272,17 @@ class Chromium:
             method, params = event.get("method"), event.get("params", {})
             if method == "Runtime.exceptionThrown":
                 details = params.get("exceptionDetails", {})
-                errors.append("exception: " + str(details.get("exception", {}).get("description")
-                                                  or details.get("text")))
+                errors.append(
+                    "exception: "
+                    + str(details.get("exception", {}).get("description") or details.get("text"))
+                )
             elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-                errors.append("console: " + " ".join(str(a.get("value", a.get("description")))
-                                                      for a in params.get("args", [])))
+                errors.append(
+                    "console: "
+                    + " ".join(
+                        str(a.get("value", a.get("description"))) for a in params.get("args", [])
+                    )
+                )
             elif method == "Log.entryAdded":
                 entry = params.get("entry", {})
                 if entry.get("level") == "error" and "favicon" not in str(entry.get("url")):
@@ -252,8 +292,13 @@ class Chromium:
             await call("Runtime.enable")
             await call("Log.enable")
             await call("Page.enable")
-            await call("Emulation.setDeviceMetricsOverride", width=size[0], height=size[1],
-                       deviceScaleFactor=1, mobile=False)
+            await call(
+                "Emulation.setDeviceMetricsOverride",
+                width=size[0],
+                height=size[1],
+                deviceScaleFactor=1,
+                mobile=False,
+            )
             await call("Page.navigate", url=url)
             state = PageState()
             for script, condition in [("", until), *steps]:
@@ -261,8 +306,9 @@ class Chromium:
                     await call("Runtime.evaluate", expression=script)
                 settled = 0
                 while True:
-                    result = await call("Runtime.evaluate", expression=_STATE_JS,
-                                        returnByValue=True)
+                    result = await call(
+                        "Runtime.evaluate", expression=_STATE_JS, returnByValue=True
+                    )
                     value = result.get("result", {}).get("value")
                     if isinstance(value, str):
                         state = PageState(**json.loads(value))

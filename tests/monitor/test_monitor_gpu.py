@@ -32,8 +32,15 @@ def test_the_scheduler_shows_the_gpu_and_its_spill() -> None:
     from cudask.devices import discover
 
     gpu = discover().gpus[0]
-    with LocalCUDACluster(n_workers=1, CUDA_VISIBLE_DEVICES=gpu.uuid, device_memory_limit=256 * MiB,
-                          dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            n_workers=1,
+            CUDA_VISIBLE_DEVICES=gpu.uuid,
+            device_memory_limit=256 * MiB,
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         host = next(iter(client.run(_fill, 8).values()))  # 512 MiB through 256 MiB
         assert host > 0
         deadline = time.monotonic() + 60
@@ -41,7 +48,11 @@ def test_the_scheduler_shows_the_gpu_and_its_spill() -> None:
         while time.monotonic() < deadline:
             rows = client.run_on_scheduler(snapshot)["workers"]
             row = rows[0] if rows else {}
-            if row.get("host_bytes") and row.get("gpu_uuid") and row.get("gpu_utilization") is not None:
+            if (
+                row.get("host_bytes")
+                and row.get("gpu_uuid")
+                and row.get("gpu_utilization") is not None
+            ):
                 break
             time.sleep(0.5)
         assert row["gpu_uuid"] == gpu.uuid and row["cudask"]

@@ -16,14 +16,19 @@ from cudask.monitor.document import page_html
 from cudask.monitor.page import page_link, routes
 
 
-@pytest.mark.parametrize(("link", "page"), [
-    ("http://127.0.0.1:8787/status", "http://127.0.0.1:8787/cudask"),
-    ("https://hub.example.org/user/me/proxy/8787/status",
-     "https://hub.example.org/user/me/proxy/8787/cudask"),
-    ("http://host:8787/dask/status?token=x", "http://host:8787/dask/cudask?token=x"),
-    ("http://host:8787/", "http://host:8787/cudask"),
-    ("http://host:8787", "http://host:8787/cudask"),
-])
+@pytest.mark.parametrize(
+    ("link", "page"),
+    [
+        ("http://127.0.0.1:8787/status", "http://127.0.0.1:8787/cudask"),
+        (
+            "https://hub.example.org/user/me/proxy/8787/status",
+            "https://hub.example.org/user/me/proxy/8787/cudask",
+        ),
+        ("http://host:8787/dask/status?token=x", "http://host:8787/dask/cudask?token=x"),
+        ("http://host:8787/", "http://host:8787/cudask"),
+        ("http://host:8787", "http://host:8787/cudask"),
+    ],
+)
 def test_page_link(link: str, page: str) -> None:
     assert page_link(link) == page
 

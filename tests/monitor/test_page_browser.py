@@ -39,8 +39,10 @@ from cudask.worker.plugins import StoreMetrics
 def chromium() -> Chromium:
     binary = chromium_binary()
     if binary is None:
-        pytest.skip("no Chromium binary (chromium, chromium-browser, google-chrome) on PATH; "
-                    "install it (Debian: apt-get install -y chromium) to run the browser tests")
+        pytest.skip(
+            "no Chromium binary (chromium, chromium-browser, google-chrome) on PATH; "
+            "install it (Debian: apt-get install -y chromium) to run the browser tests"
+        )
     return Chromium(binary)
 
 
@@ -95,19 +97,35 @@ def running() -> Iterator[Running]:
     stores: list[TieredStore] = []
 
     def make_store(worker_local_directory: str) -> TieredStore:
-        store = TieredStore(device_memory_limit=DEVICE_LIMIT, memory_limit=16 * MiB,
-                            worker_local_directory=worker_local_directory,
-                            backend=FakeCopyBackend(),
-                            settings=store_settings(DEVICE_LIMIT, 16 * MiB, pinned_preallocate=False,
-                                                    pinned_pool_size=128 * MiB,
-                                                    pinned_slab_size=8 * MiB))
+        store = TieredStore(
+            device_memory_limit=DEVICE_LIMIT,
+            memory_limit=16 * MiB,
+            worker_local_directory=worker_local_directory,
+            backend=FakeCopyBackend(),
+            settings=store_settings(
+                DEVICE_LIMIT,
+                16 * MiB,
+                pinned_preallocate=False,
+                pinned_pool_size=128 * MiB,
+                pinned_slab_size=8 * MiB,
+            ),
+        )
         stores.append(store)
         return store
 
-    with LocalCluster(n_workers=2, processes=False, threads_per_worker=1,
-                      dashboard_address=":0", worker_dashboard_address=None,
-                      scheduler_kwargs={"plugins": [MonitorPlugin()]}, data=make_store,
-                      plugins=(StoreMetrics(),)) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=2,
+            processes=False,
+            threads_per_worker=1,
+            dashboard_address=":0",
+            worker_dashboard_address=None,
+            scheduler_kwargs={"plugins": [MonitorPlugin()]},
+            data=make_store,
+            plugins=(StoreMetrics(),),
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         futures = client.map(make_chunk, range(20))
         wait(futures, timeout=120)
         yield Running(cluster, client, stores, futures)
@@ -144,7 +162,10 @@ def test_scheduler_serves_the_stores_own_numbers(running: Running) -> None:
         row = rows[address]
         assert row["cudask"] is True
         assert (row["device_bytes"], row["host_bytes"], row["device_limit_bytes"]) == (
-            m["device-bytes"], m["host-bytes"], m["device-limit-bytes"]), (row, m)
+            m["device-bytes"],
+            m["host-bytes"],
+            m["device-limit-bytes"],
+        ), (row, m)
         assert row["device_limit_bytes"] == DEVICE_LIMIT
         assert row["device_bytes"] <= DEVICE_LIMIT
         assert row["spill_gbps"] is not None
@@ -166,20 +187,29 @@ def test_scheduler_serves_the_stores_own_numbers(running: Running) -> None:
 # ==================================================================== the page in Chromium
 @pytest.mark.timeout(300)
 def test_browser_shows_every_worker_of_a_running_cluster(
-    running: Running, chromium: Chromium, tmp_path: Path,
+    running: Running,
+    chromium: Chromium,
+    tmp_path: Path,
 ) -> None:
     names = sorted(str(name) for name in running.cluster.workers)
     stop = threading.Event()
-    worker = threading.Thread(target=churn, args=(running.client, running.futures, stop), daemon=True)
+    worker = threading.Thread(
+        target=churn, args=(running.client, running.futures, stop), daemon=True
+    )
     worker.start()
     start = time.monotonic()
 
     def ready(state: PageState) -> bool:
         # every worker in the table and the bars, both moving data in the charts,
         # and 15 s of those rates for the screenshot
-        return (sorted(state.names) == names and state.bar_rows == 2
-                and state.spill_worker_lines == 2 and state.unspill_worker_lines >= 1
-                and "2 workers" in state.status and time.monotonic() - start > 15)
+        return (
+            sorted(state.names) == names
+            and state.bar_rows == 2
+            and state.spill_worker_lines == 2
+            and state.unspill_worker_lines >= 1
+            and "2 workers" in state.status
+            and time.monotonic() - start > 15
+        )
 
     path = tmp_path / "two-workers.png"
     try:
@@ -201,7 +231,8 @@ def test_browser_shows_every_worker_of_a_running_cluster(
 
 @pytest.mark.timeout(300)
 def test_browser_table_follows_new_figures(
-    serve: Callable[[list[Any]], Served], chromium: Chromium,
+    serve: Callable[[list[Any]], Served],
+    chromium: Chromium,
 ) -> None:
     """The same rows with new figures each second: the table shows the new ones
     (bokeh's DataTable redraws by itself only when the row count changes)."""
@@ -231,13 +262,19 @@ def test_browser_table_follows_new_figures(
 
 @pytest.mark.timeout(300)
 def test_browser_stays_readable_with_64_workers(
-    serve: Callable[[list[Any]], Served], chromium: Chromium, tmp_path: Path,
+    serve: Callable[[list[Any]], Served],
+    chromium: Chromium,
+    tmp_path: Path,
 ) -> None:
     server = serve(routes(FakeMonitor(64)))
 
     def ready(state: PageState) -> bool:
-        return (len(state.rows) >= 10 and state.bar_rows == 64
-                and state.spill_worker_lines == TOP and state.spill_total_lines == 1)
+        return (
+            len(state.rows) >= 10
+            and state.bar_rows == 64
+            and state.spill_worker_lines == TOP
+            and state.spill_total_lines == 1
+        )
 
     path = tmp_path / "64-workers.png"
     # 1250 px tall: the whole page at once (Chromium paints plots below the fold
@@ -255,7 +292,8 @@ def test_browser_stays_readable_with_64_workers(
 
 @pytest.mark.timeout(300)
 def test_browser_says_why_there_are_no_rows(
-    serve: Callable[[list[Any]], Served], chromium: Chromium,
+    serve: Callable[[list[Any]], Served],
+    chromium: Chromium,
 ) -> None:
     reason = "no workers are connected to this scheduler"
     server = serve(routes(FakeMonitor(0, reason=reason)))
@@ -266,7 +304,8 @@ def test_browser_says_why_there_are_no_rows(
 
 @pytest.mark.timeout(300)
 def test_browser_says_when_the_scheduler_stops_answering(
-    serve: Callable[[list[Any]], Served], chromium: Chromium,
+    serve: Callable[[list[Any]], Served],
+    chromium: Chromium,
 ) -> None:
     server = serve(routes(FakeMonitor(3)))
     stopped: list[bool] = []
@@ -286,7 +325,8 @@ def test_browser_says_when_the_scheduler_stops_answering(
 
 @pytest.mark.timeout(300)
 def test_browser_table_sorts_by_value_and_keeps_its_place(
-    serve: Callable[[list[Any]], Served], chromium: Chromium,
+    serve: Callable[[list[Any]], Served],
+    chromium: Chromium,
 ) -> None:
     """Click "spill GB/s" twice (descending by value, not by text), scroll the
     rows; the order and the scroll survive the updates that follow each second.
@@ -302,18 +342,26 @@ def test_browser_table_sorts_by_value_and_keeps_its_place(
         updates.append(state.status)
         return len(set(updates)) >= 3 and state.table_scroll > 0 and bool(state.rows)
 
-    state = chromium.open(server.url + "/cudask", lambda s: len(s.rows) >= 10, steps=[
-        (click_header("spill GB/s"), lambda s: bool(s.rows) and s.rows[0][8] == "8.00"),
-        (click_header("spill GB/s"), sorted_down),
-        (scroll_table(8 * 25), lambda s: s.table_scroll > 0),
-        ("", still_sorted_after_updates),
-    ])
+    state = chromium.open(
+        server.url + "/cudask",
+        lambda s: len(s.rows) >= 10,
+        steps=[
+            (click_header("spill GB/s"), lambda s: bool(s.rows) and s.rows[0][8] == "8.00"),
+            (click_header("spill GB/s"), sorted_down),
+            (scroll_table(8 * 25), lambda s: s.table_scroll > 0),
+            ("", still_sorted_after_updates),
+        ],
+    )
     assert state.errors == []
     assert len(set(updates)) >= 3, updates  # "updated hh:mm:ss" changed: new data came
     assert state.table_scroll >= 8 * 25 - 1, state.table_scroll
     spill = [float(row[8]) for row in state.rows]
     assert spill == sorted(spill, reverse=True), spill
-    state = chromium.open(server.url + "/cudask", lambda s: len(s.rows) >= 12, steps=[
-        (click_header("worker"), lambda s: s.names[:3] == ["gpu-0", "gpu-1", "gpu-2"]),
-    ])
+    state = chromium.open(
+        server.url + "/cudask",
+        lambda s: len(s.rows) >= 12,
+        steps=[
+            (click_header("worker"), lambda s: s.names[:3] == ["gpu-0", "gpu-1", "gpu-2"]),
+        ],
+    )
     assert state.names[:12] == [f"gpu-{i}" for i in range(12)], state.names

@@ -24,8 +24,9 @@ MiB = 1 << 20
 
 
 def _ws(name: str, metrics: dict[str, Any], extra: dict[str, Any] | None = None) -> Any:
-    return types.SimpleNamespace(name=name, address=f"tcp://h:{name}", host="h",
-                                 metrics=metrics, extra=extra or {})
+    return types.SimpleNamespace(
+        name=name, address=f"tcp://h:{name}", host="h", metrics=metrics, extra=extra or {}
+    )
 
 
 def test_rows_read_heartbeats_and_rates_come_from_counter_differences(
@@ -33,11 +34,18 @@ def test_rows_read_heartbeats_and_rates_come_from_counter_differences(
 ) -> None:
     now = [1000.0]
     monkeypatch.setattr("cudask.monitor.state.time.time", lambda: now[0])
-    store = {"device-bytes": 5.0, "device-limit-bytes": 10.0, "spill-device-to-host-bytes": 0.0,
-             "unspill-host-to-device-bytes": 0.0}
+    store = {
+        "device-bytes": 5.0,
+        "device-limit-bytes": 10.0,
+        "spill-device-to-host-bytes": 0.0,
+        "unspill-host-to-device-bytes": 0.0,
+    }
     gpu = {"uuid": "GPU-1", "pcie-tx-bytes": 0, "pcie-rx-bytes": None}
-    worker = _ws("0", {"cudask": store, "cudask-gpu": gpu, "gpu": {"utilization": 40}},
-                 {"gpu": {"name": "H100", "memory-total": 80e9}})
+    worker = _ws(
+        "0",
+        {"cudask": store, "cudask-gpu": gpu, "gpu": {"utilization": 40}},
+        {"gpu": {"name": "H100", "memory-total": 80e9}},
+    )
     plugin = MonitorPlugin(window=10.0)
     plugin.scheduler = types.SimpleNamespace(workers={worker.address: worker})  # type: ignore[assignment]
     plugin.sample()
@@ -75,9 +83,12 @@ def test_a_worker_without_cudask_metrics_is_shown_as_such() -> None:
 
 
 def _store() -> TieredStore:
-    return TieredStore(device_memory_limit=MiB, memory_limit=1 << 30, backend=FakeCopyBackend(),
-                       settings=store_settings(MiB, 1 << 30, pinned_pool_size=4 * MiB,
-                                               pinned_slab_size=MiB))
+    return TieredStore(
+        device_memory_limit=MiB,
+        memory_limit=1 << 30,
+        backend=FakeCopyBackend(),
+        settings=store_settings(MiB, 1 << 30, pinned_pool_size=4 * MiB, pinned_slab_size=MiB),
+    )
 
 
 def _fill(n: int, dask_worker: Any) -> dict[str, float]:
@@ -98,8 +109,13 @@ def cluster() -> Iterator[LocalCluster]:
         stores.append(_store())
         return stores[-1]
 
-    with LocalCluster(n_workers=2, processes=False, dashboard_address=":0", data=store,
-                      scheduler_kwargs={"plugins": [MonitorPlugin()]}) as c:
+    with LocalCluster(
+        n_workers=2,
+        processes=False,
+        dashboard_address=":0",
+        data=store,
+        scheduler_kwargs={"plugins": [MonitorPlugin()]},
+    ) as c:
         yield c
     for made in stores:  # a worker does not close the store it was given (its disk folder)
         made.close()
@@ -113,8 +129,10 @@ def test_snapshot_and_prometheus_show_what_the_stores_hold(cluster: LocalCluster
         def settled() -> bool:
             rows = client.run_on_scheduler(snapshot)["workers"]
             stores = client.run(_store_metrics)
-            by_name = {str(w.name): m for w, m in
-                       ((cluster.scheduler.workers[a], m) for a, m in stores.items())}
+            by_name = {
+                str(w.name): m
+                for w, m in ((cluster.scheduler.workers[a], m) for a, m in stores.items())
+            }
             return len(rows) == 2 and all(
                 r["device_bytes"] == by_name[r["name"]]["device-bytes"]
                 and r["host_bytes"] == by_name[r["name"]]["host-bytes"]
@@ -125,14 +143,17 @@ def test_snapshot_and_prometheus_show_what_the_stores_hold(cluster: LocalCluster
         assert wait_for(settled, interval=0.2)
         snap = client.run_on_scheduler(snapshot)
         assert snap["plugin"] and snap["cudask_workers"] == 2 and snap["reason"] is None
-        assert all(r["spilled_bytes_total"] > 0 and r["device_limit_bytes"] == MiB
-                   for r in snap["workers"])
+        assert all(
+            r["spilled_bytes_total"] > 0 and r["device_limit_bytes"] == MiB for r in snap["workers"]
+        )
         base = cluster.dashboard_link.rsplit("/", 1)[0]
         with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:
             page = response.read().decode()
         for r in snap["workers"]:
-            assert (f'cudask_worker_device_limit_bytes{{gpu_uuid="",host="{r["host"]}",'
-                    f'worker="{r["name"]}"}} 1.048576e+06') in page
+            assert (
+                f'cudask_worker_device_limit_bytes{{gpu_uuid="",host="{r["host"]}",'
+                f'worker="{r["name"]}"}} 1.048576e+06'
+            ) in page
         assert "# TYPE cudask_worker_spilled_bytes_total counter" in page
         with urllib.request.urlopen(f"{base}/cudask/api/workers.json", timeout=30) as response:
             served = json.loads(response.read())
@@ -140,8 +161,10 @@ def test_snapshot_and_prometheus_show_what_the_stores_hold(cluster: LocalCluster
 
 
 def test_install_adds_the_plugin_once() -> None:
-    with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
         assert not client.run_on_scheduler(snapshot)["plugin"]
         assert install(client) is True
         assert install(client) is False
@@ -149,8 +172,9 @@ def test_install_adds_the_plugin_once() -> None:
 
 
 def test_preload_hook_adds_the_plugin() -> None:
-    scheduler = types.SimpleNamespace(plugins={}, add_plugin=lambda p: scheduler.plugins.update(
-        {p.name: p}))
+    scheduler = types.SimpleNamespace(
+        plugins={}, add_plugin=lambda p: scheduler.plugins.update({p.name: p})
+    )
     dask_setup(scheduler)
     dask_setup(scheduler)
     assert list(scheduler.plugins) == ["cudask-monitor"]

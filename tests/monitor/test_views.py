@@ -47,19 +47,53 @@ def test_table_columns_one_display_row_per_worker(workers: int) -> None:
 
 def test_table_columns_unknown_figures_are_empty_not_zero() -> None:
     row = synthetic_row(0)
-    row.update(gpu_uuid=None, gpu_name=None, spill_gbps=None, unspill_gbps=0.001,
-               gpu_utilization=None, gpu_memory_used_bytes=None, gpu_memory_total_bytes=None,
-               pcie_tx_gbps=None, pcie_rx_gbps=None, nvlink_tx_gbps=None, nvlink_rx_gbps=3.0,
-               device_limit_bytes=0.0, disk_bytes=float("nan"))
-    plain = {"name": "cpu-worker", "address": "tcp://a:1", "host": "a", "cudask": False,
-             "gpu_uuid": None, "gpu_name": None, "device_bytes": 0.0, "device_limit_bytes": 0.0,
-             "host_bytes": 0.0, "disk_bytes": 0.0}
+    row.update(
+        gpu_uuid=None,
+        gpu_name=None,
+        spill_gbps=None,
+        unspill_gbps=0.001,
+        gpu_utilization=None,
+        gpu_memory_used_bytes=None,
+        gpu_memory_total_bytes=None,
+        pcie_tx_gbps=None,
+        pcie_rx_gbps=None,
+        nvlink_tx_gbps=None,
+        nvlink_rx_gbps=3.0,
+        device_limit_bytes=0.0,
+        disk_bytes=float("nan"),
+    )
+    plain = {
+        "name": "cpu-worker",
+        "address": "tcp://a:1",
+        "host": "a",
+        "cudask": False,
+        "gpu_uuid": None,
+        "gpu_name": None,
+        "device_bytes": 0.0,
+        "device_limit_bytes": 0.0,
+        "host_bytes": 0.0,
+        "disk_bytes": 0.0,
+    }
     columns = table_columns({"workers": [row, plain], "reason": None})
     first = {name: values[0] for name, values in columns.items()}
     assert first["name"] == "cpu-worker"  # host "a" sorts before "node00"
-    assert all(first[c] == "" for c in ("gpu", "gpu_title", "device", "device_pct", "host_tier",
-                                       "disk_tier", "pinned", "spill", "util", "gpu_memory",
-                                       "pcie", "nvlink"))
+    assert all(
+        first[c] == ""
+        for c in (
+            "gpu",
+            "gpu_title",
+            "device",
+            "device_pct",
+            "host_tier",
+            "disk_tier",
+            "pinned",
+            "spill",
+            "util",
+            "gpu_memory",
+            "pcie",
+            "nvlink",
+        )
+    )
     assert first["limit_bytes"] is None and first["device_bytes"] == 0.0
     gpu = {name: values[1] for name, values in columns.items()}
     assert gpu["gpu"] == "" and gpu["gpu_title"] == ""
@@ -80,8 +114,10 @@ def test_empty_snapshot_gives_empty_columns_and_says_why() -> None:
     assert reason in status_html(snapshot)
     assert "no workers" in status_html({"workers": [], "reason": None})
     # rows but none with cudask metrics: rows shown, and the reason too
-    odd = {"workers": [{"name": "a", "host": "h", "cudask": False}],
-           "reason": "none of the 1 worker(s) reports cudask metrics <script>"}
+    odd = {
+        "workers": [{"name": "a", "host": "h", "cudask": False}],
+        "reason": "none of the 1 worker(s) reports cudask metrics <script>",
+    }
     text = status_html(odd)
     assert "1 worker</b>" in text and "&lt;script&gt;" in text and "<script>" not in text
 
@@ -107,16 +143,22 @@ def test_history_columns_total_and_busiest_workers() -> None:
     assert len(labels) == TOP and len(set(spill["workers"]["color"])) == TOP
     moved = {n: sum(v for v in w["spill_gbps"] if v is not None) for n, w in workers.items()}
     assert labels == sorted(moved, key=lambda n: -moved[n])[:TOP]
-    assert all(len(xs) == len(ys) for xs, ys in zip(spill["workers"]["xs"],
-                                                   spill["workers"]["ys"], strict=True))
+    assert all(
+        len(xs) == len(ys)
+        for xs, ys in zip(spill["workers"]["xs"], spill["workers"]["ys"], strict=True)
+    )
     json.dumps(view, allow_nan=False)
 
 
 def test_history_columns_skip_unknown_points_and_idle_workers() -> None:
-    history = {"time": [10.0, 11.0, 12.0, 13.0],
-               "workers": {"a": {"spill_gbps": [None, 1.0, None, 2.0]},
-                           "b": {"spill_gbps": [None, 0.0, 0.0, 0.0]},
-                           "c": {"spill_gbps": [None, None, None, None]}}}
+    history = {
+        "time": [10.0, 11.0, 12.0, 13.0],
+        "workers": {
+            "a": {"spill_gbps": [None, 1.0, None, 2.0]},
+            "b": {"spill_gbps": [None, 0.0, 0.0, 0.0]},
+            "c": {"spill_gbps": [None, None, None, None]},
+        },
+    }
     cols = history_columns(history, "spill")
     assert cols["total"]["xs"] == [[-2.0, -1.0, 0.0]] and cols["total"]["ys"] == [[1.0, 0.0, 2.0]]
     assert cols["total"]["label"] == ["total of 3 workers (right axis)"]

@@ -39,19 +39,31 @@ def _read_back(store: TieredStore) -> float:
 
 
 @contextlib.asynccontextmanager
-async def _cluster(worker_class: type[Worker], device_limit: int
-                   ) -> AsyncIterator[tuple[Client, TieredStore, Scheduler, Worker]]:
+async def _cluster(
+    worker_class: type[Worker], device_limit: int
+) -> AsyncIterator[tuple[Client, TieredStore, Scheduler, Worker]]:
     """A scheduler, one one-thread worker of `worker_class` on a TieredStore of fake
     device objects at `device_limit` bytes, and a client; both check their state
     machines' invariants after every transition (`validate`)."""
-    kwargs = {"device_memory_limit": device_limit, "memory_limit": 10**6,
-              "backend": FakeCopyBackend(),
-              "settings": store_settings(device_limit, 10**6, pinned_preallocate=False,
-                                         pinned_pool_size=1 << 16)}
-    async with Scheduler(dashboard_address=":0", port=0, validate=True) as scheduler, \
-            worker_class(scheduler.address, nthreads=1, data=(TieredStore, kwargs),
-                         dashboard_address=":0", validate=True) as worker, \
-            Client(scheduler.address, asynchronous=True) as client:
+    kwargs = {
+        "device_memory_limit": device_limit,
+        "memory_limit": 10**6,
+        "backend": FakeCopyBackend(),
+        "settings": store_settings(
+            device_limit, 10**6, pinned_preallocate=False, pinned_pool_size=1 << 16
+        ),
+    }
+    async with (
+        Scheduler(dashboard_address=":0", port=0, validate=True) as scheduler,
+        worker_class(
+            scheduler.address,
+            nthreads=1,
+            data=(TieredStore, kwargs),
+            dashboard_address=":0",
+            validate=True,
+        ) as worker,
+        Client(scheduler.address, asynchronous=True) as client,
+    ):
         assert isinstance(worker.data, TieredStore)
         yield client, worker.data, scheduler, worker
 
@@ -137,6 +149,7 @@ def test_keys_freed_while_a_link_is_on_its_way(free_source: bool) -> None:
     """The alias cancelled (and its source released) after the worker chose to link it
     but before distributed stored the result: the worker's state stays valid
     (`validate`), nothing is stored for the alias, and the other keys read right."""
+
     async def main() -> None:
         async with _cluster(_HeldLinkWorker, 3000) as (client, store, scheduler, worker):
             assert isinstance(worker, _HeldLinkWorker)
@@ -150,15 +163,18 @@ def test_keys_freed_while_a_link_is_on_its_way(free_source: bool) -> None:
             assert isinstance(worker.linked, Linked) and worker.linked.target == "source"
             await client.cancel([alias, source] if free_source else [alias])
             await async_poll_for(lambda: "alias" not in scheduler.tasks, timeout=60)
-            await async_poll_for(lambda: worker.state.tasks["alias"].state == "cancelled", timeout=60)
+            await async_poll_for(
+                lambda: worker.state.tasks["alias"].state == "cancelled", timeout=60
+            )
             if free_source:
                 await async_poll_for(lambda: "source" not in store, timeout=60)
             worker.go.set()
             await async_poll_for(lambda: "alias" not in worker.state.tasks, timeout=60)
             await async_poll_for(lambda: ("source" in store) != free_source, timeout=60)
             assert "alias" not in store
-            assert all(await client.gather([client.submit(check, f, i + 1)
-                                            for i, f in enumerate(others)]))
+            assert all(
+                await client.gather([client.submit(check, f, i + 1) for i, f in enumerate(others)])
+            )
             if not free_source:
                 assert await client.submit(check, source, 7)
             assert worker.status == Status.running
@@ -173,18 +189,23 @@ def test_a_resumed_alias_whose_source_left_still_gets_its_value() -> None:
     running, so the link meets a source the store no longer has. The store refuses the
     write, the worker reports the stale run as erred, the scheduler runs the alias again
     (the source fetched from the other worker) and the client gets the value."""
+
     async def main() -> None:
-        async with _cluster(_HeldLinkWorker, 3000) as (client, store, scheduler, a), \
-                Worker(scheduler.address, nthreads=1, dashboard_address=":0", validate=True) as b:
+        async with (
+            _cluster(_HeldLinkWorker, 3000) as (client, store, scheduler, a),
+            Worker(scheduler.address, nthreads=1, dashboard_address=":0", validate=True) as b,
+        ):
             assert isinstance(a, _HeldLinkWorker)
             source = client.submit(make_chunk, 7, key="source", workers=[a.address])
             await wait(source)
-            others = client.map(make_chunk, range(1, 5), key=[f"other-{i}" for i in range(4)],
-                                workers=[a.address])
+            others = client.map(
+                make_chunk, range(1, 5), key=[f"other-{i}" for i in range(4)], workers=[a.address]
+            )
             await wait(others)
             assert store.where("source") == "host"
-            alias = client.get({"alias": Alias("alias", "source")}, "alias", sync=False,
-                               workers=[a.address])
+            alias = client.get(
+                {"alias": Alias("alias", "source")}, "alias", sync=False, workers=[a.address]
+            )
             await asyncio.wait_for(a.checked.wait(), 60)
             assert isinstance(a.linked, Linked) and a.linked.target == "source"
             await client.cancel([alias, source])
@@ -192,8 +213,9 @@ def test_a_resumed_alias_whose_source_left_still_gets_its_value() -> None:
             await async_poll_for(lambda: "source" not in store, timeout=60)
             source = client.submit(make_chunk, 7, key="source", workers=[b.address])
             await wait(source)
-            alias = client.get({"alias": Alias("alias", "source")}, "alias", sync=False,
-                               workers=[a.address])
+            alias = client.get(
+                {"alias": Alias("alias", "source")}, "alias", sync=False, workers=[a.address]
+            )
             await async_poll_for(lambda: a.state.tasks["alias"].state == "executing", timeout=60)
             assert "source" not in store
             a.go.set()

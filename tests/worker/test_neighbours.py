@@ -21,11 +21,13 @@ def proc(tmp_path: Path) -> str:
     """A /proc with the worker, a sibling worker (same parent, started by
     multiprocessing), their parent, a subprocess of that parent that is no worker
     and an unrelated process; HIDDEN has no entry (another pid namespace, or gone)."""
-    for pid, parent, argv in ((WORKER, STARTER, SPAWNED),
-                              (SIBLING, STARTER, SPAWNED),
-                              (CHILD, STARTER, "python -c import_cupy"),
-                              (STARTER, 1, "python my_script.py"),
-                              (OTHER, 1, "python train.py --epochs 10")):
+    for pid, parent, argv in (
+        (WORKER, STARTER, SPAWNED),
+        (SIBLING, STARTER, SPAWNED),
+        (CHILD, STARTER, "python -c import_cupy"),
+        (STARTER, 1, "python my_script.py"),
+        (OTHER, 1, "python train.py --epochs 10"),
+    ):
         d = tmp_path / str(pid)
         d.mkdir()
         (d / "stat").write_text(f"{pid} (python (odd) name) S {parent} {pid} {pid} 0 -1\n")
@@ -59,8 +61,10 @@ def test_strangers_and_the_starter_are_named_siblings_are_not(gpu: FakeBackend, 
     found = [n for n in found if n.process.pid != CHILD]
     text = neighbours.describe("0-1", "GPU 0", found)
     assert text.startswith("cudask: worker 0-1: GPU 0 also holds CUDA contexts of 3 other")
-    assert f"pid {STARTER} (the process that started this worker, python my_script.py, " \
-           "1.04 GiB)" in text
+    assert (
+        f"pid {STARTER} (the process that started this worker, python my_script.py, "
+        "1.04 GiB)" in text
+    )
     assert f"pid {OTHER} (python train.py --epochs 10, memory not reported)" in text
     assert f"pid {HIDDEN} (300.00 MiB)" in text
 
@@ -76,8 +80,9 @@ def test_not_listed_under_its_own_pid_nothing_can_be_told(gpu: FakeBackend, proc
     assert neighbours.neighbours(uuid, pid=4, backend=gpu, proc=proc) is None
 
 
-def test_report_logs_once_and_never_raises(gpu: FakeBackend, caplog: pytest.LogCaptureFixture,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_report_logs_once_and_never_raises(
+    gpu: FakeBackend, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import os
 
     gpu.add_context(os.getpid(), 0)
@@ -95,8 +100,9 @@ def test_report_logs_once_and_never_raises(gpu: FakeBackend, caplog: pytest.LogC
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
-def test_the_cuda_context_plugin_reports_once(gpu: FakeBackend, monkeypatch: pytest.MonkeyPatch,
-                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_the_cuda_context_plugin_reports_once(
+    gpu: FakeBackend, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     import os
     import types
 

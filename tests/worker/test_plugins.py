@@ -86,10 +86,16 @@ def test_store_metrics_never_change_the_dict_a_heartbeat_iterates():
                 await release.wait()
             return 1
 
-        async with Scheduler(dashboard_address=":0", port=0) as scheduler, Worker(
-            scheduler.address, nthreads=1, dashboard_address=":0", heartbeat_interval="1h",
-            metrics={"slow": slow_metric},
-        ) as worker:
+        async with (
+            Scheduler(dashboard_address=":0", port=0) as scheduler,
+            Worker(
+                scheduler.address,
+                nthreads=1,
+                dashboard_address=":0",
+                heartbeat_interval="1h",
+                metrics={"slow": slow_metric},
+            ) as worker,
+        ):
             plugin = StoreMetrics()
             await worker.plugin_add(plugin)
             seen = worker.metrics
@@ -130,17 +136,30 @@ def test_close_store_closes_the_store_as_the_worker_closes(tmp_path: Any) -> Non
     async def main() -> None:
         store = {"device_memory_limit": 1 << 20, "memory_limit": 2 << 20}
         async with Scheduler(dashboard_address=":0", port=0) as scheduler:
-            async with Worker(scheduler.address, nthreads=1, dashboard_address=":0",
-                              data=(fake_store, store), plugins=[CloseStore()],
-                              local_directory=str(tmp_path)) as worker, \
-                    Client(scheduler.address, asynchronous=True) as client:
+            async with (
+                Worker(
+                    scheduler.address,
+                    nthreads=1,
+                    dashboard_address=":0",
+                    data=(fake_store, store),
+                    plugins=[CloseStore()],
+                    local_directory=str(tmp_path),
+                ) as worker,
+                Client(scheduler.address, asynchronous=True) as client,
+            ):
                 futures = client.map(_on_disk, [256 << 10] * 32, pure=False)
                 await wait(futures)
                 data = worker.data
                 assert data.metrics()["disk-keys"] > 0
             assert data.closed and len(data) == 0
-            async with Worker(scheduler.address, nthreads=1, dashboard_address=":0", data=dict,
-                              plugins=[CloseStore()], local_directory=str(tmp_path)) as worker:
+            async with Worker(
+                scheduler.address,
+                nthreads=1,
+                dashboard_address=":0",
+                data=dict,
+                plugins=[CloseStore()],
+                local_directory=str(tmp_path),
+            ) as worker:
                 plain = worker.data
             assert type(plain) is dict
 
@@ -155,8 +174,9 @@ class _FakeCupy:
         import types
 
         device = types.SimpleNamespace(use=lambda: None, pci_bus_id=bus_id)
-        runtime = types.SimpleNamespace(free=lambda ptr: None,
-                                        getDeviceProperties=lambda i: {"uuid": uuid})
+        runtime = types.SimpleNamespace(
+            free=lambda ptr: None, getDeviceProperties=lambda i: {"uuid": uuid}
+        )
         self.cuda = types.SimpleNamespace(Device=lambda i: device, runtime=runtime)
 
 
@@ -173,7 +193,9 @@ def test_device0_uuid_when_cupy_cuts_it_at_a_zero_byte(monkeypatch):
     monkeypatch.setattr(cudask.devices, "discover", lambda: machine)
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)  # no driver API: CuPy's path
     second = machine.gpus[1]
-    monkeypatch.setitem(sys.modules, "cupy", _FakeCupy(b"\x00\x00\x00\x01", second.pci_bus_id.upper()))
+    monkeypatch.setitem(
+        sys.modules, "cupy", _FakeCupy(b"\x00\x00\x00\x01", second.pci_bus_id.upper())
+    )
     assert device0_uuid() == second.uuid
     whole = bytes(range(1, 17))
     monkeypatch.setitem(sys.modules, "cupy", _FakeCupy(whole, second.pci_bus_id))
@@ -249,8 +271,13 @@ def test_device0_uuid_through_the_driver_api_never_imports_cupy(monkeypatch):
     _use_driver(monkeypatch, driver)
     monkeypatch.setitem(sys.modules, "cupy", None)  # importing it would raise
     assert device0_uuid() == "GPU-01020304-0506-0708-090a-0b0c0d0e0f10"
-    assert driver.calls == ["cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain",
-                            "cuCtxSetCurrent", "cuDeviceGetUuid"]
+    assert driver.calls == [
+        "cuInit",
+        "cuDeviceGet",
+        "cuDevicePrimaryCtxRetain",
+        "cuCtxSetCurrent",
+        "cuDeviceGetUuid",
+    ]
 
 
 def test_a_failing_driver_call_is_named(monkeypatch):
@@ -294,7 +321,9 @@ def test_cuda_context_plugin_imports_cupy_in_the_background(monkeypatch):
     worker = types.SimpleNamespace(name="w")
     plugin.setup(worker)
     assert plugin.uuid == plugin.expected_uuid and plugin.seconds is not None
-    assert seen_by_cuinit and all(seen_by_cuinit)  # the import was under way when the driver started
+    assert seen_by_cuinit and all(
+        seen_by_cuinit
+    )  # the import was under way when the driver started
     assert imported == []  # setup did not wait for the import
     release.set()
     plugin.teardown(worker)
@@ -319,10 +348,14 @@ def test_cuda_context_plugin_names_a_context_made_before_it(monkeypatch, caplog)
         P.CUDAContext(None).setup(types.SimpleNamespace(name="w"))
     (record,) = [r for r in caplog.records if "already exists" in r.getMessage()]
     message = record.getMessage()
-    assert message.startswith("A CUDA context for device 0 (GPU-01020304-0506-0708-090a-"
-                              "0b0c0d0e0f10) already exists on process ID ")
-    assert ("This is often the result of a CUDA-enabled library calling a CUDA runtime "
-            "function before Dask-CUDA") in message
+    assert message.startswith(
+        "A CUDA context for device 0 (GPU-01020304-0506-0708-090a-"
+        "0b0c0d0e0f10) already exists on process ID "
+    )
+    assert (
+        "This is often the result of a CUDA-enabled library calling a CUDA runtime "
+        "function before Dask-CUDA"
+    ) in message
 
 
 def test_device_ipc_stays_off_where_it_cannot_work(monkeypatch, caplog):
@@ -336,8 +369,10 @@ def test_device_ipc_stays_off_where_it_cannot_work(monkeypatch, caplog):
     monkeypatch.setattr(ipc, "_state", ipc._State())
     uuid = "GPU-00000000-fake-4000-8000-000000000000"
     monkeypatch.setattr(plugins, "gpus_without_peer_access", lambda u: ["GPU-other"])
-    assert (plugins.DeviceIPC(uuid, 1 << 20, map_ahead=False).unavailable()
-            == f"{uuid} has no peer access to GPU-other")
+    assert (
+        plugins.DeviceIPC(uuid, 1 << 20, map_ahead=False).unavailable()
+        == f"{uuid} has no peer access to GPU-other"
+    )
     assert "MIG instance" in plugins.DeviceIPC("MIG-1234", 1 << 20, map_ahead=False).unavailable()
     monkeypatch.setattr(plugins, "gpus_without_peer_access", lambda u: [])
     assert plugins.DeviceIPC(uuid, 1 << 20, map_ahead=False).unavailable() is None
@@ -395,8 +430,9 @@ def test_device_ipc_starts_the_exchange_of_pool_slabs_only_when_asked(monkeypatc
 
 
 def _gc_worker(plugins: dict | None = None, tasks: dict | None = None) -> Any:
-    return types.SimpleNamespace(name="w", plugins=plugins or {},
-                                 state=types.SimpleNamespace(tasks=tasks or {}))
+    return types.SimpleNamespace(
+        name="w", plugins=plugins or {}, state=types.SimpleNamespace(tasks=tasks or {})
+    )
 
 
 def test_gc_freeze_waits_for_the_cupy_import_then_freezes_and_unfreezes_at_teardown():

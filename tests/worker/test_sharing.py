@@ -65,13 +65,18 @@ def test_each_worker_gets_its_share_of_the_device_sizes(dgx, monkeypatch) -> Non
     assert 3 * three.rmm_pool_size <= 40 * GiB < 3 * three.rmm_pool_size + 3 * RMM_ALIGNMENT
     assert three.rmm_maximum_pool_size % RMM_ALIGNMENT == 0
     assert three.rmm_maximum_pool_size <= (one.rmm_maximum_pool_size or 0) // 3
-    asyncs = device_sizes(resolve({"rmm_async": True, "rmm_release_threshold": "8GB",
-                                   "workers_per_gpu": 2}, "cluster"), device)
+    asyncs = device_sizes(
+        resolve(
+            {"rmm_async": True, "rmm_release_threshold": "8GB", "workers_per_gpu": 2}, "cluster"
+        ),
+        device,
+    )
     assert asyncs.rmm_release_threshold == 4_000_000_000 // RMM_ALIGNMENT * RMM_ALIGNMENT
     # a size past the whole device is refused as before (shares are taken after the check)
     with pytest.raises(OptionError, match="device_memory_limit"):
-        device_sizes(resolve({"device_memory_limit": "100GB", "workers_per_gpu": 2}, "cluster"),
-                     device)
+        device_sizes(
+            resolve({"device_memory_limit": "100GB", "workers_per_gpu": 2}, "cluster"), device
+        )
 
 
 def test_cudf_spill_keeps_the_store_limit_shared(dgx, monkeypatch) -> None:
@@ -79,9 +84,19 @@ def test_cudf_spill_keeps_the_store_limit_shared(dgx, monkeypatch) -> None:
 
     monkeypatch.setattr(options, "_library", lambda m: True)
     device = select_devices(dgx, "0", None)[0]
+
     def sizes(cudf_spill: bool) -> Any:
-        return device_sizes(resolve({"device_memory_limit": "20GB", "workers_per_gpu": 4,
-                                     "enable_cudf_spill": cudf_spill}, "cluster"), device)
+        return device_sizes(
+            resolve(
+                {
+                    "device_memory_limit": "20GB",
+                    "workers_per_gpu": 4,
+                    "enable_cudf_spill": cudf_spill,
+                },
+                "cluster",
+            ),
+            device,
+        )
 
     # the store holds the limit with cuDF spilling on as off
     assert sizes(True) == sizes(False) and sizes(True).device_memory_limit == 5_000_000_000
@@ -90,9 +105,12 @@ def test_cudf_spill_keeps_the_store_limit_shared(dgx, monkeypatch) -> None:
 def test_specs_of_two_workers_on_each_gpu(dgx) -> None:
     o = resolve({"workers_per_gpu": 2, "device_memory_limit": "10GB"}, "cluster")
     devices = select_devices(dgx, None, 4, per_gpu=2)
-    specs = {gpu_name(devices[i], k, 2): nanny_options(o, devices, i, n_workers=4,
-                                                       name=gpu_name(devices[i], k, 2), k=k)
-             for i, k in cluster_slots(len(devices), 2)}
+    specs = {
+        gpu_name(devices[i], k, 2): nanny_options(
+            o, devices, i, n_workers=4, name=gpu_name(devices[i], k, 2), k=k
+        )
+        for i, k in cluster_slots(len(devices), 2)
+    }
     assert list(specs) == ["0-0", "1-0", "0-1", "1-1"]
     # the same GPU first in CUDA_VISIBLE_DEVICES for both workers of a GPU
     assert specs["0-0"]["env"]["CUDA_VISIBLE_DEVICES"] == "0,1"
@@ -125,8 +143,11 @@ def test_one_worker_per_gpu_is_unchanged(dgx) -> None:
 def test_names() -> None:
     machine = discover(FakeBackend([fake_gpu(0, cpus=[0]), fake_gpu(1, cpus=[1], mig=2)]))
     devices = select_devices(machine, None, None)
-    assert [gpu_name(d, 1, 2) for d in devices] == ["0-1", f"{devices[1].uuid}-1",
-                                                    f"{devices[2].uuid}-1"]
+    assert [gpu_name(d, 1, 2) for d in devices] == [
+        "0-1",
+        f"{devices[1].uuid}-1",
+        f"{devices[2].uuid}-1",
+    ]
     assert worker_names("node", devices[:1], 2) == ["node-0", "node-1"]
     assert worker_names("node", devices[:2], 2) == ["node-0", "node-1", "node-2", "node-3"]
     assert worker_names(None, devices[:2], 3) == [None] * 6
@@ -134,8 +155,11 @@ def test_names() -> None:
 
 def test_n_workers_counts_workers(dgx) -> None:
     assert len(select_devices(dgx, None, 4, per_gpu=2)) == 2
-    with pytest.raises(OptionError, match=r"n_workers=5 is more than the 4 workers of the 2 "
-                                          r"visible GPU\(s\) .* workers_per_gpu=2"):
+    with pytest.raises(
+        OptionError,
+        match=r"n_workers=5 is more than the 4 workers of the 2 "
+        r"visible GPU\(s\) .* workers_per_gpu=2",
+    ):
         select_devices(dgx, None, 5, per_gpu=2)
     with pytest.raises(OptionError, match="one worker per GPU"):  # the message of N = 1
         select_devices(dgx, None, 3)

@@ -51,13 +51,28 @@ def test_plugin_order_and_names(dgx, monkeypatch):
     from cudask import options
 
     monkeypatch.setattr(options, "_library", lambda m: True)
-    o = resolve({"rmm_pool_size": "1GB", "pre_import": "json", "enable_cudf_spill": True,
-                 "gc_freeze": True}, "cluster")
+    o = resolve(
+        {
+            "rmm_pool_size": "1GB",
+            "pre_import": "json",
+            "enable_cudf_spill": True,
+            "gc_freeze": True,
+        },
+        "cluster",
+    )
     devices = select_devices(dgx, "0", None)
     names = [p.name for p in nanny_options(o, devices, 0, n_workers=1, name=0)["plugins"]]
-    assert names == ["cudask-cpu-affinity", "cudask-cuda-context", "cudask-close-store",
-                     "cudask-rmm", "cudask-pre-import", "cudask-cudf-spill", "cudask-metrics",
-                     "cudask-device-ipc", "cudask-gc-freeze"]
+    assert names == [
+        "cudask-cpu-affinity",
+        "cudask-cuda-context",
+        "cudask-close-store",
+        "cudask-rmm",
+        "cudask-pre-import",
+        "cudask-cudf-spill",
+        "cudask-metrics",
+        "cudask-device-ipc",
+        "cudask-gc-freeze",
+    ]
     o = resolve({}, "cluster")  # gc_freeze is off by default
     names = [p.name for p in nanny_options(o, devices, 0, n_workers=1, name=0)["plugins"]]
     assert "cudask-gc-freeze" not in names
@@ -95,23 +110,41 @@ def test_device_ipc_serializers_and_plugin(dgx, monkeypatch):
     with dask.config.set({"cudask.comm.device-ipc-staging": 0}):
         spec = nanny_options(resolve({}, "cluster"), devices, 0, n_workers=1, name=0)
     assert [p.staging for p in spec["plugins"] if p.name == "cudask-device-ipc"] == [0]
-    spec = nanny_options(resolve({"rmm_pool_size": "1GB"}, "cluster"), devices, 0, n_workers=1, name=0)
-    assert [p.staging for p in spec["plugins"] if p.name == "cudask-device-ipc"] == [0]  # slabs instead
-    spec = nanny_options(resolve({"workers_per_gpu": 4}, "cluster"), devices, 0, n_workers=4, name=0)
-    assert {p.staging for p in spec["plugins"] if p.name == "cudask-device-ipc"} == {1 << 28}  # a share
-    with dask.config.set({"cudask.comm.device-ipc-staging": "100TiB"}), \
-            pytest.raises(OptionError, match=r"cudask.comm.device-ipc-staging='100TiB' \(.*\) is more "
-                                             r"than the memory of"):
+    spec = nanny_options(
+        resolve({"rmm_pool_size": "1GB"}, "cluster"), devices, 0, n_workers=1, name=0
+    )
+    assert [p.staging for p in spec["plugins"] if p.name == "cudask-device-ipc"] == [
+        0
+    ]  # slabs instead
+    spec = nanny_options(
+        resolve({"workers_per_gpu": 4}, "cluster"), devices, 0, n_workers=4, name=0
+    )
+    assert {p.staging for p in spec["plugins"] if p.name == "cudask-device-ipc"} == {
+        1 << 28
+    }  # a share
+    with (
+        dask.config.set({"cudask.comm.device-ipc-staging": "100TiB"}),
+        pytest.raises(
+            OptionError,
+            match=r"cudask.comm.device-ipc-staging='100TiB' \(.*\) is more "
+            r"than the memory of",
+        ),
+    ):
         check_devices(resolve({}, "cluster"), devices)
-    for unexportable in ({"rmm_async": True}, {"rmm_managed_memory": True}):  # a pool CUDA cannot export
+    for unexportable in (
+        {"rmm_async": True},
+        {"rmm_managed_memory": True},
+    ):  # a pool CUDA cannot export
         with warnings.catch_warnings():  # (the async pool's FutureWarning: not what is tested)
             warnings.simplefilter("ignore", FutureWarning)
             o = resolve({"rmm_pool_size": "1GB", **unexportable}, "cluster")
         spec = nanny_options(o, devices, 0, n_workers=1, name=0)
         assert [p.staging for p in spec["plugins"] if p.name == "cudask-device-ipc"] == [1 << 30]
     for bad in ("banana", -1, "1 parsec", True):
-        with dask.config.set({"cudask.comm.device-ipc-min-size": bad}), \
-                pytest.raises(OptionError, match=r"cudask.comm.device-ipc-min-size=.*is not a size"):
+        with (
+            dask.config.set({"cudask.comm.device-ipc-min-size": bad}),
+            pytest.raises(OptionError, match=r"cudask.comm.device-ipc-min-size=.*is not a size"),
+        ):
             nanny_options(resolve({}, "cluster"), devices, 0, n_workers=1, name=0)
 
 
@@ -134,8 +167,14 @@ def test_visible_subset_and_n_workers(dgx):
 
 
 def test_sizes_per_device():
-    m = discover(FakeBackend([fake_gpu(0, memory_total=80 * GiB, cpus=[0]),
-                              fake_gpu(1, memory_total=16 * GiB, cpus=[0])]))
+    m = discover(
+        FakeBackend(
+            [
+                fake_gpu(0, memory_total=80 * GiB, cpus=[0]),
+                fake_gpu(1, memory_total=16 * GiB, cpus=[0]),
+            ]
+        )
+    )
     d = parse_visible_devices(None, m)
     from cudask import options
 
@@ -170,7 +209,9 @@ def test_a_pool_larger_than_the_limit_warns_once():
         under = resolve({"device_memory_limit": "20GB", "rmm_pool_size": "16GB"}, "cluster")
     finally:
         options._library = real
-    with pytest.warns(DeviceMemoryLimitWarning, match="rmm_pool_size=0.5 reserves 40.00 GiB") as got:
+    with pytest.warns(
+        DeviceMemoryLimitWarning, match="rmm_pool_size=0.5 reserves 40.00 GiB"
+    ) as got:
         warn_pool_past_limit(over, [device_sizes(over, x) for x in d])
     assert len(got) == 1
     with warnings.catch_warnings():
@@ -227,9 +268,11 @@ def test_ucx_config_reaches_nanny(dgx, monkeypatch):
 def _config_seen_by_the_worker() -> tuple[object, object, object]:
     import dask.config
 
-    return (dask.config.get("distributed-ucxx.nvlink"),
-            dask.config.get("distributed.comm.ucx.tcp"),
-            dask.config.get("distributed.admin.event-loop"))
+    return (
+        dask.config.get("distributed-ucxx.nvlink"),
+        dask.config.get("distributed.comm.ucx.tcp"),
+        dask.config.get("distributed.admin.event-loop"),
+    )
 
 
 def test_ucx_config_keeps_the_rest_of_the_worker_config(dgx, monkeypatch):
@@ -243,8 +286,12 @@ def test_ucx_config_keeps_the_rest_of_the_worker_config(dgx, monkeypatch):
     monkeypatch.setattr(options, "_library", lambda m: True)
     o = resolve({"enable_nvlink": True, "enable_tcp_over_ucx": True}, "cluster")
     config = nanny_options(o, select_devices(dgx, "0", None), 0, n_workers=1, name=0)["config"]
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      config=config) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0", config=config
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         (seen,) = client.run(_config_seen_by_the_worker).values()
     assert seen[0] is True and seen[1] is True and seen[2]
 
@@ -288,9 +335,13 @@ def test_host_tier_sized_like_distributeds_spill_buffer(dgx):
     _, kwargs = nanny_options(o, devices, 0, n_workers=1, name=0)["data"]
     assert kwargs["memory_limit"] == 6 * 10**9  # distributed.worker.memory.target: 0.6
     assert kwargs["max_spill"] is False
-    with dask.config.set({"distributed.worker.memory.target": False,
-                          "distributed.worker.memory.spill": 0.7,
-                          "distributed.worker.memory.max-spill": "1GB"}):
+    with dask.config.set(
+        {
+            "distributed.worker.memory.target": False,
+            "distributed.worker.memory.spill": 0.7,
+            "distributed.worker.memory.max-spill": "1GB",
+        }
+    ):
         assert host_tier(10**10) == (7 * 10**9, 10**9)
     assert host_tier(None) == (None, False)
 
@@ -310,10 +361,14 @@ def test_spilling_without_cupy_is_refused_before_start(dgx, monkeypatch):
     devices = select_devices(dgx, "0,1", None)
     real = options._library
     monkeypatch.setattr(options, "_library", lambda m: False if m == "cupy" else real(m))
-    with pytest.raises(MissingDependencyError, match="device_memory_limit='4GB'.*needs cupy.*=None"):
+    with pytest.raises(
+        MissingDependencyError, match="device_memory_limit='4GB'.*needs cupy.*=None"
+    ):
         check_devices(resolve({"device_memory_limit": "4GB"}, "cluster"), devices)
     with pytest.raises(MissingDependencyError, match="jit_unspill"):
-        check_devices(resolve({"jit_unspill": True, "device_memory_limit": None}, "cluster"), devices)
+        check_devices(
+            resolve({"jit_unspill": True, "device_memory_limit": None}, "cluster"), devices
+        )
     sizes = check_devices(resolve({"device_memory_limit": None}, "cluster"), devices)
     assert [s.device_memory_limit for s in sizes] == [None, None]
 
@@ -336,8 +391,11 @@ def test_no_nanny_gets_the_resolved_worker_class(dgx):
     from cudask.worker.spec import worker_options
 
     devices = select_devices(dgx, "2", None)
-    for given, ipc, expected in (("cudask.testing.workers.TaggedWorker", True, TaggedWorker),
-                                 (None, True, GPUWorker), (None, False, GPUWorker)):
+    for given, ipc, expected in (
+        ("cudask.testing.workers.TaggedWorker", True, TaggedWorker),
+        (None, True, GPUWorker),
+        (None, False, GPUWorker),
+    ):
         o = resolve({"worker_class": given}, "worker")
         with dask.config.set({"cudask.comm.device-ipc": ipc}):
             cls, opts, env = worker_options(nanny_options(o, devices, 0, n_workers=1, name="w"))
@@ -351,6 +409,8 @@ def test_bad_memory_config_fails_while_building_the_spec(dgx):
 
     o = resolve({"device_memory_limit": 0.5}, "cluster")
     devices = select_devices(dgx, "0", None)
-    with dask.config.set({"cudask.memory.pinned-release-after": "whenever"}), \
-            pytest.raises(OptionError, match="pinned-release-after='whenever'"):
+    with (
+        dask.config.set({"cudask.memory.pinned-release-after": "whenever"}),
+        pytest.raises(OptionError, match="pinned-release-after='whenever'"),
+    ):
         nanny_options(o, devices, 0, n_workers=1, name=0)

@@ -11,9 +11,12 @@ from pathlib import Path
 
 import click
 
-TARGET = click.option("--target", type=click.Path(file_okay=False, path_type=Path),
-                      default=None, help="Folder on the import path (default: this "
-                      "interpreter's site-packages).")
+TARGET = click.option(
+    "--target",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder on the import path (default: this interpreter's site-packages).",
+)
 
 
 @click.group("alias", context_settings={"help_option_names": ["-h", "--help"]})

@@ -59,20 +59,28 @@ def _render(reports: dict[str, dict[str, Any]]) -> str:
 
     lines = []
     for address, r in sorted(reports.items(), key=lambda kv: kv[1]["name"]):
+
         def size(n: int | None) -> str:
             return format_bytes(n) if n else "off"
 
         rmm = r["rmm"]
-        rmm_text = "default (no pool)" if rmm is None else ", ".join(
-            f"{k}={format_bytes(v) if isinstance(v, int) and not isinstance(v, bool) else v}"
-            for k, v in rmm.items() if v not in (None, False, [])
+        rmm_text = (
+            "default (no pool)"
+            if rmm is None
+            else ", ".join(
+                f"{k}={format_bytes(v) if isinstance(v, int) and not isinstance(v, bool) else v}"
+                for k, v in rmm.items()
+                if v not in (None, False, [])
+            )
         )
         context = r.get("cuda_context_s")
         context_text = f", context created in {context:.2f} s" if context is not None else ""
         lines += [
             f"worker {r['name']} at {address}",
-            (f"  GPU              {r['gpu']} (CUDA_VISIBLE_DEVICES="
-             f"{r['cuda_visible_devices']}{context_text})"),
+            (
+                f"  GPU              {r['gpu']} (CUDA_VISIBLE_DEVICES="
+                f"{r['cuda_visible_devices']}{context_text})"
+            ),
             f"  CPU affinity     {format_cpus(r['cpu_affinity'])}",
             f"  threads          {r['nthreads']}",
             f"  memory limit     host {size(r['memory_limit'])}, device {size(r['device_memory_limit'])}",

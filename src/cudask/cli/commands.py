@@ -62,8 +62,9 @@ cli.add_command(alias)
 
 
 @cli.command("options")
-@click.option("--markdown", is_flag=True,
-              help="Print the Markdown table of docs/options.md instead.")
+@click.option(
+    "--markdown", is_flag=True, help="Print the Markdown table of docs/options.md instead."
+)
 def options_command(markdown: bool) -> None:
     """List the worker options: keyword, flag, default and meaning of each."""
     if markdown:

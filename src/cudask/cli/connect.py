@@ -57,7 +57,9 @@ def read_scheduler_file(path: str) -> str:
         with open(path) as f:
             content = json.load(f)
     except OSError as exc:
-        raise CommandError(f"cannot read the scheduler file {path}: {exc.strerror or exc}") from None
+        raise CommandError(
+            f"cannot read the scheduler file {path}: {exc.strerror or exc}"
+        ) from None
     except ValueError as exc:
         raise CommandError(f"the scheduler file {path} is not JSON: {exc}") from None
     address = content.get("address") if isinstance(content, dict) else None
@@ -69,19 +71,30 @@ def read_scheduler_file(path: str) -> str:
     return address
 
 
-def _target(ctx: click.Context, scheduler: str | None, scheduler_file: str | None, timeout: float,
-            tls_ca_file: str | None, tls_cert: str | None, tls_key: str | None) -> SchedulerTarget:
+def _target(
+    ctx: click.Context,
+    scheduler: str | None,
+    scheduler_file: str | None,
+    timeout: float,
+    tls_ca_file: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+) -> SchedulerTarget:
     if scheduler is not None and scheduler_file is not None:
         if ctx.get_parameter_source("scheduler") is ParameterSource.ENVIRONMENT:
             scheduler = None  # a file given on the command line beats the environment
         else:
             raise click.UsageError(
                 f"give the scheduler's address ({scheduler}) or --scheduler-file "
-                f"({scheduler_file}), not both", ctx=ctx)
+                f"({scheduler_file}), not both",
+                ctx=ctx,
+            )
     if scheduler is None and scheduler_file is None:
         raise click.UsageError(
             f"no scheduler: give its address (e.g. `{ctx.command_path} tcp://10.0.0.1:8786`), "
-            f"--scheduler-file FILE, or set {ENVVAR}", ctx=ctx)
+            f"--scheduler-file FILE, or set {ENVVAR}",
+            ctx=ctx,
+        )
     tls = (tls_ca_file, tls_cert, tls_key)
     if any(tls) and not all(tls):
         raise click.UsageError("TLS needs all of --tls-ca-file, --tls-cert and --tls-key", ctx=ctx)
@@ -89,8 +102,12 @@ def _target(ctx: click.Context, scheduler: str | None, scheduler_file: str | Non
     if all(tls):
         from distributed.security import Security
 
-        security = Security(tls_ca_file=tls_ca_file, tls_client_cert=tls_cert,
-                            tls_client_key=tls_key, require_encryption=True)
+        security = Security(
+            tls_ca_file=tls_ca_file,
+            tls_client_cert=tls_cert,
+            tls_client_key=tls_key,
+            require_encryption=True,
+        )
     address = scheduler if scheduler is not None else read_scheduler_file(str(scheduler_file))
     return SchedulerTarget(address, timeout, security, scheduler_file)
 
@@ -102,22 +119,52 @@ def scheduler_options(command: Callable[..., Any]) -> Callable[..., Any]:
     the command's own options."""
 
     @functools.wraps(command)
-    def wrapper(*args: Any, scheduler: str | None, scheduler_file: str | None, timeout: float,
-                tls_ca_file: str | None, tls_cert: str | None, tls_key: str | None,
-                **kwargs: Any) -> Any:
-        target = _target(click.get_current_context(), scheduler, scheduler_file, timeout,
-                         tls_ca_file, tls_cert, tls_key)
+    def wrapper(
+        *args: Any,
+        scheduler: str | None,
+        scheduler_file: str | None,
+        timeout: float,
+        tls_ca_file: str | None,
+        tls_cert: str | None,
+        tls_key: str | None,
+        **kwargs: Any,
+    ) -> Any:
+        target = _target(
+            click.get_current_context(),
+            scheduler,
+            scheduler_file,
+            timeout,
+            tls_ca_file,
+            tls_cert,
+            tls_key,
+        )
         return command(*args, target=target, **kwargs)
 
     decorators = (
         click.argument("scheduler", required=False, envvar=ENVVAR),
-        click.option("--scheduler-file", default=None, metavar="FILE",
-                     help="JSON file the scheduler wrote its address to (instead of an address)."),
-        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0,
-                     show_default=True, metavar="SECONDS", help="Seconds to wait for the scheduler to answer."),
-        click.option("--tls-ca-file", default=None, help="CA certificate file, for a TLS scheduler."),
-        click.option("--tls-cert", default=None, help="Client certificate file, for a TLS scheduler."),
-        click.option("--tls-key", default=None, help="Client private key file, for a TLS scheduler."),
+        click.option(
+            "--scheduler-file",
+            default=None,
+            metavar="FILE",
+            help="JSON file the scheduler wrote its address to (instead of an address).",
+        ),
+        click.option(
+            "--timeout",
+            type=click.FloatRange(min=0, min_open=True),
+            default=10.0,
+            show_default=True,
+            metavar="SECONDS",
+            help="Seconds to wait for the scheduler to answer.",
+        ),
+        click.option(
+            "--tls-ca-file", default=None, help="CA certificate file, for a TLS scheduler."
+        ),
+        click.option(
+            "--tls-cert", default=None, help="Client certificate file, for a TLS scheduler."
+        ),
+        click.option(
+            "--tls-key", default=None, help="Client private key file, for a TLS scheduler."
+        ),
     )
     for decorator in reversed(decorators):
         wrapper = decorator(wrapper)
@@ -158,7 +205,9 @@ def probe(address: str, timeout: float) -> str | None:
         with socket.create_connection((host, port), timeout=timeout):
             return None
     except (OSError, ValueError) as exc:
-        return (exc.strerror if isinstance(exc, OSError) else None) or str(exc) or type(exc).__name__
+        return (
+            (exc.strerror if isinstance(exc, OSError) else None) or str(exc) or type(exc).__name__
+        )
 
 
 def check_address(address: str) -> None:
@@ -188,22 +237,38 @@ def connect(target: SchedulerTarget) -> Client:
         check_address(target.address)
     except ValueError as exc:
         if target.scheduler_file is None:
-            raise click.BadParameter(str(exc), ctx=click.get_current_context(silent=True),
-                                     param_hint=f"scheduler address {target.address!r}") from None
+            raise click.BadParameter(
+                str(exc),
+                ctx=click.get_current_context(silent=True),
+                param_hint=f"scheduler address {target.address!r}",
+            ) from None
         raise CommandError(f"{target.describe()} is not a scheduler address: {exc}") from None
     reason = probe(target.address, target.timeout)
     if reason is not None:  # refused or unresolvable: say so now, not after the timeout
         within = f" within {target.timeout:g} s" if "timed out" in reason else ""
         raise CommandError(f"cannot reach the scheduler at {target.describe()}{within}: {reason}")
     try:
-        return Client(target.address, timeout=target.timeout, security=target.security,
-                      set_as_default=False)
+        return Client(
+            target.address, timeout=target.timeout, security=target.security, set_as_default=False
+        )
     except OSError as exc:
-        reason = (probe(target.address, min(target.timeout, 5.0)) or failure_reason(exc)
-                  or "no answer (something listens there, but no dask scheduler answered)")
-        raise CommandError(f"cannot reach the scheduler at {target.describe()} within "
-                           f"{target.timeout:g} s: {reason}") from None
+        reason = (
+            probe(target.address, min(target.timeout, 5.0))
+            or failure_reason(exc)
+            or "no answer (something listens there, but no dask scheduler answered)"
+        )
+        raise CommandError(
+            f"cannot reach the scheduler at {target.describe()} within "
+            f"{target.timeout:g} s: {reason}"
+        ) from None
 
 
-__all__ = ["SchedulerTarget", "check_address", "connect", "failure_reason", "probe",
-           "read_scheduler_file", "scheduler_options"]
+__all__ = [
+    "SchedulerTarget",
+    "check_address",
+    "connect",
+    "failure_reason",
+    "probe",
+    "read_scheduler_file",
+    "scheduler_options",
+]

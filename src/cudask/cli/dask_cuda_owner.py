@@ -55,10 +55,16 @@ def which_line() -> str:
     """One sentence for people: who runs `dask cuda`, and how to get cudask either way."""
     runs = dask_cuda_runs()
     if runs is None:
-        return ("`dask cuda` is not installed (no installed package declares it); "
-                "cudask runs as `cudask worker` or `python -m cudask.cli worker`.")
+        return (
+            "`dask cuda` is not installed (no installed package declares it); "
+            "cudask runs as `cudask worker` or `python -m cudask.cli worker`."
+        )
     if runs.startswith("cudask"):
-        return (f"`dask cuda ...` runs {runs} (dask-cuda is not installed); "
-                "so do `dask cudask ...` and `cudask ...`.")
-    return (f"`dask cuda ...` runs {runs}; cudask is `dask cudask ...` or `cudask ...` "
-            "(cudask leaves `dask cuda` to dask-cuda while both are installed).")
+        return (
+            f"`dask cuda ...` runs {runs} (dask-cuda is not installed); "
+            "so do `dask cudask ...` and `cudask ...`."
+        )
+    return (
+        f"`dask cuda ...` runs {runs}; cudask is `dask cudask ...` or `cudask ...` "
+        "(cudask leaves `dask cuda` to dask-cuda while both are installed)."
+    )

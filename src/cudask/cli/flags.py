@@ -40,8 +40,9 @@ class SectionedCommand(click.Command):
     """A click command whose --help groups its options: worker options (by
     parameter name) under their group's title, others under `sections[name]`."""
 
-    def __init__(self, *args: Any, sections: Mapping[str, str] | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, sections: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.sections = dict(sections or {})
 
@@ -63,8 +64,9 @@ class SectionedCommand(click.Command):
         for title, records in rows.items():
             if records:
                 with formatter.section(title):
-                    formatter.write_dl([(flag.ljust(width), text) for flag, text in records],
-                                       col_max=COLUMN)
+                    formatter.write_dl(
+                        [(flag.ljust(width), text) for flag, text in records], col_max=COLUMN
+                    )
 
 
 def listing(width: int = 100) -> str:
@@ -73,19 +75,28 @@ def listing(width: int = 100) -> str:
     rows = [(opt, _keyword(opt), _flags(opt), _default(opt)) for opt in OPTIONS]
     kw_width = max(len(r[1]) for r in rows) + 2
     flag_width = max(len(r[2]) for r in rows) + 2
-    lines = ["Worker options: the LocalCUDACluster keyword, the `cudask worker` flag and the",
-             "default of each (* CUDAWorker and `cudask worker` only). Defaults come from the",
-             "cudask.worker config (cudask.yaml; DASK_CUDASK__WORKER__<NAME> variables set them).",
-             "`cudask options --markdown` prints docs/options.md."]
+    lines = [
+        "Worker options: the LocalCUDACluster keyword, the `cudask worker` flag and the",
+        "default of each (* CUDAWorker and `cudask worker` only). Defaults come from the",
+        "cudask.worker config (cudask.yaml; DASK_CUDASK__WORKER__<NAME> variables set them).",
+        "`cudask options --markdown` prints docs/options.md.",
+    ]
     for group, title in GROUPS.items():
         lines += ["", f"{title}:"]
         for opt, keyword, flags, default in (r for r in rows if r[0].group == group):
             head = f"  {keyword:<{kw_width}}{flags:<{flag_width}}"
-            lines.append(head + default if len(head) <= 2 + kw_width + flag_width
-                         else f"{head.rstrip()}  {default}")
+            lines.append(
+                head + default
+                if len(head) <= 2 + kw_width + flag_width
+                else f"{head.rstrip()}  {default}"
+            )
             also = "".join(f" (also {flag})" for flag in opt.extra_flags)
-            lines += textwrap.wrap(help_text(opt) + also, width=width, initial_indent=" " * 6,
-                                   subsequent_indent=" " * 6)
+            lines += textwrap.wrap(
+                help_text(opt) + also,
+                width=width,
+                initial_indent=" " * 6,
+                subsequent_indent=" " * 6,
+            )
     return "\n".join(lines) + "\n"
 
 

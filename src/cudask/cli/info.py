@@ -28,13 +28,28 @@ def render(machine: Machine) -> str:
         why = machine.nvml_error or "NVML lists no GPU"
         return f"No NVIDIA GPU found ({why}).\nCPUs this process may use: {format_cpus(machine.allowed_cpus)}"
     lines = [
-        (f"NVIDIA driver {machine.driver_version}, CUDA {machine.cuda_version}, "
-         f"{len(machine.gpus)} GPU(s); CPUs this process may use: {format_cpus(machine.allowed_cpus)}"),
+        (
+            f"NVIDIA driver {machine.driver_version}, CUDA {machine.cuda_version}, "
+            f"{len(machine.gpus)} GPU(s); CPUs this process may use: {format_cpus(machine.allowed_cpus)}"
+        ),
     ]
-    header = ("GPU", "Name", "Memory (free/total)", "PCI bus", "NUMA", "CPU affinity", "NICs", "UUID")
+    header = (
+        "GPU",
+        "Name",
+        "Memory (free/total)",
+        "PCI bus",
+        "NUMA",
+        "CPU affinity",
+        "NICs",
+        "UUID",
+    )
     rows = [header]
     for g in machine.gpus:
-        mem = f"{_mem(g.memory_free)}/{_mem(g.memory_total)}" if g.dedicated_memory else "shared (SoC)"
+        mem = (
+            f"{_mem(g.memory_free)}/{_mem(g.memory_total)}"
+            if g.dedicated_memory
+            else "shared (SoC)"
+        )
         rows.append(
             (
                 str(g.index),
@@ -49,8 +64,16 @@ def render(machine: Machine) -> str:
         )
         for m in g.mig:
             rows.append(
-                (f"{g.index}.{m.index}", "  MIG", f"{_mem(m.memory_free)}/{_mem(m.memory_total)}",
-                 "", "", "", "", m.uuid)
+                (
+                    f"{g.index}.{m.index}",
+                    "  MIG",
+                    f"{_mem(m.memory_free)}/{_mem(m.memory_total)}",
+                    "",
+                    "",
+                    "",
+                    "",
+                    m.uuid,
+                )
             )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]

@@ -37,8 +37,9 @@ def _pairs(flag: str, values: tuple[str, ...]) -> dict[str, str]:
     for item in values:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise click.BadParameter(f"{item!r} is not NAME=VALUE; e.g. {flag} EXTRA=1",
-                                     param_hint=f"'{flag}'")
+            raise click.BadParameter(
+                f"{item!r} is not NAME=VALUE; e.g. {flag} EXTRA=1", param_hint=f"'{flag}'"
+            )
         out[key] = value
     return out
 
@@ -48,43 +49,100 @@ def _pod_options(fn: Callable[..., Any], *, namespace: bool) -> Callable[..., An
     for opt in reversed([o for o in options_for("cli") if o.name not in LEFT_OUT]):
         fn = click_option(opt)(fn)
     decorators = [
-        click.option("--name", help="Name of the DaskCluster (lowercase letters, digits, '-'); "
-                                    "default: cudask-<random>."),
-        click.option("--image", help="Container image of every pod, with cudask installed "
-                                     "(required)."),
-        click.option("--num-workers", type=int, default=1, show_default=True,
-                     help="Worker pods (each runs one dask worker per GPU)."),
-        click.option("--nvidia-gpu", type=int, default=1, show_default=True,
-                     help="GPUs of each worker pod."),
-        click.option("--worker-cpu", default="4", show_default=True,
-                     help="CPU cores of each worker pod (or a quantity such as 500m)."),
-        click.option("--worker-memory", default="16", show_default=True,
-                     help="Memory of each worker pod: GiB, or a size such as 12Gi; each GPU "
-                          "worker gets an even share as its --memory-limit."),
-        click.option("--scheduler-cpu", default="1", show_default=True,
-                     help="CPU cores of the scheduler pod."),
-        click.option("--scheduler-memory", default="4", show_default=True,
-                     help="Memory of the scheduler pod: GiB, or a size such as 4Gi."),
-        click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
-                     help="Environment variable of every pod (repeatable)."),
-        click.option("--limit", "limits", multiple=True, metavar="RESOURCE=QUANTITY",
-                     help="Extra resource limit of the worker pods, e.g. "
-                          "ephemeral-storage=100Gi (repeatable)."),
-        click.option("--request", "requests", multiple=True, metavar="RESOURCE=QUANTITY",
-                     help="Extra resource request of the worker pods (repeatable)."),
-        click.option("--gpu-resource", default="nvidia.com/gpu", show_default=True,
-                     help="The device plugin's GPU resource, e.g. nvidia.com/mig-1g.10gb."),
+        click.option(
+            "--name",
+            help="Name of the DaskCluster (lowercase letters, digits, '-'); "
+            "default: cudask-<random>.",
+        ),
+        click.option(
+            "--image", help="Container image of every pod, with cudask installed (required)."
+        ),
+        click.option(
+            "--num-workers",
+            type=int,
+            default=1,
+            show_default=True,
+            help="Worker pods (each runs one dask worker per GPU).",
+        ),
+        click.option(
+            "--nvidia-gpu", type=int, default=1, show_default=True, help="GPUs of each worker pod."
+        ),
+        click.option(
+            "--worker-cpu",
+            default="4",
+            show_default=True,
+            help="CPU cores of each worker pod (or a quantity such as 500m).",
+        ),
+        click.option(
+            "--worker-memory",
+            default="16",
+            show_default=True,
+            help="Memory of each worker pod: GiB, or a size such as 12Gi; each GPU "
+            "worker gets an even share as its --memory-limit.",
+        ),
+        click.option(
+            "--scheduler-cpu",
+            default="1",
+            show_default=True,
+            help="CPU cores of the scheduler pod.",
+        ),
+        click.option(
+            "--scheduler-memory",
+            default="4",
+            show_default=True,
+            help="Memory of the scheduler pod: GiB, or a size such as 4Gi.",
+        ),
+        click.option(
+            "--env",
+            "env",
+            multiple=True,
+            metavar="NAME=VALUE",
+            help="Environment variable of every pod (repeatable).",
+        ),
+        click.option(
+            "--limit",
+            "limits",
+            multiple=True,
+            metavar="RESOURCE=QUANTITY",
+            help="Extra resource limit of the worker pods, e.g. "
+            "ephemeral-storage=100Gi (repeatable).",
+        ),
+        click.option(
+            "--request",
+            "requests",
+            multiple=True,
+            metavar="RESOURCE=QUANTITY",
+            help="Extra resource request of the worker pods (repeatable).",
+        ),
+        click.option(
+            "--gpu-resource",
+            default="nvidia.com/gpu",
+            show_default=True,
+            help="The device plugin's GPU resource, e.g. nvidia.com/mig-1g.10gb.",
+        ),
     ]
     if namespace:
         decorators += [
-            click.option("--namespace", help="Namespace of the cluster; default: none in the "
-                                             "manifest, so `kubectl apply` puts it in the "
-                                             "current context's namespace (or -n's)."),
-            click.option("--scheduler-service-type", default="ClusterIP", show_default=True,
-                         type=click.Choice(["ClusterIP", "NodePort", "LoadBalancer"])),
-            click.option("--idle-timeout", type=int, default=0, show_default=True,
-                         help="Seconds of an idle scheduler after which the operator deletes "
-                              "the cluster (0: never)."),
+            click.option(
+                "--namespace",
+                help="Namespace of the cluster; default: none in the "
+                "manifest, so `kubectl apply` puts it in the "
+                "current context's namespace (or -n's).",
+            ),
+            click.option(
+                "--scheduler-service-type",
+                default="ClusterIP",
+                show_default=True,
+                type=click.Choice(["ClusterIP", "NodePort", "LoadBalancer"]),
+            ),
+            click.option(
+                "--idle-timeout",
+                type=int,
+                default=0,
+                show_default=True,
+                help="Seconds of an idle scheduler after which the operator deletes "
+                "the cluster (0: never).",
+            ),
         ]
     for decorator in reversed(decorators):
         fn = decorator(fn)
@@ -98,11 +156,16 @@ def _check(values: dict[str, Any]) -> Any:
     from cudask.errors import OptionError
 
     env = _pairs("--env", values.pop("env"))
-    resources = {part: _pairs(flag, values.pop(part))
-                 for part, flag in (("limits", "--limit"), ("requests", "--request"))}
+    resources = {
+        part: _pairs(flag, values.pop(part))
+        for part, flag in (("limits", "--limit"), ("requests", "--request"))
+    }
     resources = {k: v for k, v in resources.items() if v}
-    given: dict[str, Any] = {k: (list(v) if isinstance(v, tuple) else v)
-                             for k, v in values.items() if v is not None and v != ()}
+    given: dict[str, Any] = {
+        k: (list(v) if isinstance(v, tuple) else v)
+        for k, v in values.items()
+        if v is not None and v != ()
+    }
     try:
         return check_pods(env=env or None, resources=resources or None, **given)
     except OptionError as exc:
@@ -143,8 +206,8 @@ def speak_flags(message: str) -> str:
         if opt is not None and opt.kind in ("bool", "tristate") and text in ("True", "False"):
             return opt.cli_flag if text == "True" else str(opt.secondary)
         if text is None:  # no value, or one not spelt as a word (a list: --flag=[...])
-            follows = m.string[m.end():m.end() + 1]
-            return f"{_flag(keyword)}=" if follows and follows in "[{(\"" else _flag(keyword)
+            follows = m.string[m.end() : m.end() + 1]
+            return f"{_flag(keyword)}=" if follows and follows in '[{("' else _flag(keyword)
         word = text if re.fullmatch(r"[\w.:/@%+=-]+", text) else f"'{text}'"
         return f"{_flag(keyword)} {word}"
 
@@ -152,8 +215,11 @@ def speak_flags(message: str) -> str:
         keyword = m.group(1) or m.group(2)
         return _flag(keyword) if keyword in keywords else m.group(0)
 
-    message = re.sub(r"resources\['(limits|requests)'\]",
-                     lambda m: "--limit" if m.group(1) == "limits" else "--request", message)
+    message = re.sub(
+        r"resources\['(limits|requests)'\]",
+        lambda m: "--limit" if m.group(1) == "limits" else "--request",
+        message,
+    )
     message = message.replace("out of resources", "out of --limit/--request")
     return _MENTIONED.sub(mentioned, _ASSIGNED.sub(assigned, message))
 
@@ -176,8 +242,11 @@ def manifest_command(**values: Any) -> None:
     from cudask.deploy.kube_spec import cluster_spec
 
     pods = _check(values)
-    _echo_yaml(f"# cudask kubernetes manifest: DaskCluster {pods.name!r} for the dask-kubernetes "
-               "operator (kubectl apply -f <this file>)\n", cluster_spec(pods))
+    _echo_yaml(
+        f"# cudask kubernetes manifest: DaskCluster {pods.name!r} for the dask-kubernetes "
+        "operator (kubectl apply -f <this file>)\n",
+        cluster_spec(pods),
+    )
 
 
 def helm_values_command(**values: Any) -> None:
@@ -189,19 +258,39 @@ def helm_values_command(**values: Any) -> None:
     from cudask.deploy.kube_spec import helm_values
 
     pods = _check(values)
-    _echo_yaml(f"# cudask kubernetes helm-values: the dask Helm chart with cudask GPU workers "
-               f"(helm install {pods.name} dask/dask -f <this file>)\n", helm_values(pods))
+    _echo_yaml(
+        f"# cudask kubernetes helm-values: the dask Helm chart with cudask GPU workers "
+        f"(helm install {pods.name} dask/dask -f <this file>)\n",
+        helm_values(pods),
+    )
 
 
 #: The --help sections of the pods' own flags (the worker flags follow, by their groups).
-POD_SECTIONS = {name: "Pods" for name in (
-    "name", "image", "num_workers", "nvidia_gpu", "worker_cpu", "worker_memory", "scheduler_cpu",
-    "scheduler_memory", "env", "limits", "requests", "gpu_resource", "namespace",
-    "scheduler_service_type", "idle_timeout")}
-manifest = click.command("manifest", cls=SectionedCommand, sections=POD_SECTIONS,
-                         context_settings=CONTEXT)(_pod_options(manifest_command, namespace=True))
-helm_values = click.command("helm-values", cls=SectionedCommand, sections=POD_SECTIONS,
-                            context_settings=CONTEXT)(
-    _pod_options(helm_values_command, namespace=False))
+POD_SECTIONS = {
+    name: "Pods"
+    for name in (
+        "name",
+        "image",
+        "num_workers",
+        "nvidia_gpu",
+        "worker_cpu",
+        "worker_memory",
+        "scheduler_cpu",
+        "scheduler_memory",
+        "env",
+        "limits",
+        "requests",
+        "gpu_resource",
+        "namespace",
+        "scheduler_service_type",
+        "idle_timeout",
+    )
+}
+manifest = click.command(
+    "manifest", cls=SectionedCommand, sections=POD_SECTIONS, context_settings=CONTEXT
+)(_pod_options(manifest_command, namespace=True))
+helm_values = click.command(
+    "helm-values", cls=SectionedCommand, sections=POD_SECTIONS, context_settings=CONTEXT
+)(_pod_options(helm_values_command, namespace=False))
 kubernetes.add_command(manifest)
 kubernetes.add_command(helm_values)

@@ -54,9 +54,11 @@ def _explain(path: str, message: str) -> str:
         reason = " ".join(str(exc).split())
     else:  # read, but not a mapping at the top
         reason = message.split(" - ", 1)[-1].replace("config files must", "a config file must")
-    return (f"the dask config file {path} cannot be read: {reason}; accepted: a YAML mapping "
-            "such as 'cudask: {worker: {device-memory-limit: 0.8}}'. Fix the file, or move it "
-            "out of the folders dask reads (DASK_CONFIG, ~/.config/dask, /etc/dask)")
+    return (
+        f"the dask config file {path} cannot be read: {reason}; accepted: a YAML mapping "
+        "such as 'cudask: {worker: {device-memory-limit: 0.8}}'. Fix the file, or move it "
+        "out of the folders dask reads (DASK_CONFIG, ~/.config/dask, /etc/dask)"
+    )
 
 
 def main() -> None:

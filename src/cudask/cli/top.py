@@ -153,8 +153,9 @@ def total_cells(rows: Sequence[Row]) -> list[str]:
     """The totals row (utilization: the mean of the known ones; NVML's GPU-wide
     figures counted once per GPU)."""
     gpus = _one_per_gpu(rows)
-    utilization = [float(r["gpu_utilization"]) for r in gpus
-                   if r.get("gpu_utilization") is not None]
+    utilization = [
+        float(r["gpu_utilization"]) for r in gpus if r.get("gpu_utilization") is not None
+    ]
     hosts = len({r.get("host") for r in rows})
     return [
         _count(len(rows), "GPU worker"),
@@ -199,19 +200,22 @@ def fit(cells: Sequence[Sequence[str]], width: int | None) -> list[int]:
     shown = list(range(len(COLUMNS)))
     if width is None:
         return shown
-    widths = [max([cell_len(line) for line in header.split("\n")]
-                  + [cell_len(row[i]) for row in cells])
-              for i, (header, _, _) in enumerate(COLUMNS)]
+    widths = [
+        max([cell_len(line) for line in header.split("\n")] + [cell_len(row[i]) for row in cells])
+        for i, (header, _, _) in enumerate(COLUMNS)
+    ]
     empty = {i for i in shown if not any(row[i] for row in cells[:-1])}  # the last: totals
-    order = sorted((i for i in shown if COLUMNS[i][2] > 0),
-                   key=lambda i: (i not in empty, COLUMNS[i][2]))
+    order = sorted(
+        (i for i in shown if COLUMNS[i][2] > 0), key=lambda i: (i not in empty, COLUMNS[i][2])
+    )
     while order and sum(widths[i] for i in shown) + GAP * (len(shown) - 1) > width:
         shown.remove(order.pop(0))
     return shown
 
 
-def render(snapshot: Mapping[str, Any], interval: float | None = None,
-           width: int | None = None) -> RenderableType:
+def render(
+    snapshot: Mapping[str, Any], interval: float | None = None, width: int | None = None
+) -> RenderableType:
     """The view of one snapshot: a table of the cudask workers with totals and a
     status line, or, with no cudask worker, the snapshot's reason. `width`: the
     terminal's; columns that do not fit are left out (and counted)."""
@@ -229,18 +233,31 @@ def render(snapshot: Mapping[str, Any], interval: float | None = None,
     shown = fit([*cells, totals], width)
     if len(shown) < len(COLUMNS):
         status += f" · {_count(len(COLUMNS) - len(shown), 'column')} hidden: widen the terminal"
-    table = Table(show_footer=len(rows) > 1, header_style="bold", footer_style="bold",
-                  pad_edge=False, box=None, padding=(0, GAP // 2), show_edge=False)
+    table = Table(
+        show_footer=len(rows) > 1,
+        header_style="bold",
+        footer_style="bold",
+        pad_edge=False,
+        box=None,
+        padding=(0, GAP // 2),
+        show_edge=False,
+    )
     for i in shown:
         header, justify, _ = COLUMNS[i]
-        table.add_column(header, footer=totals[i], justify=justify,  # type: ignore[arg-type]
-                         no_wrap=True)
+        table.add_column(
+            header,
+            footer=totals[i],
+            justify=justify,  # type: ignore[arg-type]
+            no_wrap=True,
+        )
     for row_text in cells:  # Text: a worker's name is not rich markup
         table.add_row(*(Text(row_text[i]) for i in shown))
     return Group(table, Text(status, style="dim"))
 
 
-def render_text(snapshot: Mapping[str, Any], width: int = 200, interval: float | None = None) -> str:
+def render_text(
+    snapshot: Mapping[str, Any], width: int = 200, interval: float | None = None
+) -> str:
     """The view as plain text, `width` columns wide (tests, logs)."""
     from rich.console import Console
 
@@ -259,12 +276,16 @@ def fetch(client: Client, target: SchedulerTarget) -> dict[str, Any]:
     except ImportError as exc:
         raise _no_cudask(target, exc) from None
     except OSError as exc:
-        raise CommandError(f"lost the scheduler at {target.describe()}: {failure_reason(exc)}") from None
+        raise CommandError(
+            f"lost the scheduler at {target.describe()}: {failure_reason(exc)}"
+        ) from None
 
 
 def _no_cudask(target: SchedulerTarget, exc: BaseException) -> CommandError:
-    return CommandError(f"the scheduler at {target.describe()} cannot import cudask ({exc}); "
-                        "install cudask where the scheduler runs")
+    return CommandError(
+        f"the scheduler at {target.describe()} cannot import cudask ({exc}); "
+        "install cudask where the scheduler runs"
+    )
 
 
 @contextlib.contextmanager
@@ -306,8 +327,9 @@ def _view(console: Console, snapshot: Mapping[str, Any], interval: float | None)
     return view
 
 
-def _watch(client: Client, target: SchedulerTarget, interval: float,
-           first: Mapping[str, Any]) -> None:
+def _watch(
+    client: Client, target: SchedulerTarget, interval: float, first: Mapping[str, Any]
+) -> None:
     from rich.live import Live
 
     console = _console()
@@ -322,11 +344,21 @@ def _watch(client: Client, target: SchedulerTarget, interval: float,
 
 @click.command("top", context_settings={"help_option_names": ["-h", "--help"]})
 @scheduler_options
-@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=1.0,
-              show_default=True, metavar="SECONDS", help="Seconds between refreshes.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Seconds between refreshes.",
+)
 @click.option("--once", is_flag=True, help="Print the table once and exit.")
-@click.option("--json", "as_json", is_flag=True,
-              help="With --once: print the snapshot as JSON instead of the table.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="With --once: print the snapshot as JSON instead of the table.",
+)
 def top(target: SchedulerTarget, interval: float, once: bool, as_json: bool) -> None:
     """Every GPU worker's memory tiers, spill rates, GPU use and links, refreshed live.
 
@@ -335,8 +367,9 @@ def top(target: SchedulerTarget, interval: float, once: bool, as_json: bool) -> 
     on the scheduler when it has none, so rates are known from the next seconds on.
     """
     if as_json and not once:
-        raise click.UsageError("--json needs --once (the live view is for people): "
-                               "cudask top ADDRESS --once --json")
+        raise click.UsageError(
+            "--json needs --once (the live view is for people): cudask top ADDRESS --once --json"
+        )
     from cudask.monitor.state import install
 
     with interruptible(), connect(target) as client:

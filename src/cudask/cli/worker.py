@@ -89,8 +89,11 @@ async def _run(scheduler: str | None, options: WorkerOptions) -> int:
     return 0
 
 
-@click.command("worker", cls=SectionedCommand,
-               context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.command(
+    "worker",
+    cls=SectionedCommand,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.argument("scheduler", required=False, envvar="DASK_SCHEDULER_ADDRESS")
 @worker_options
 @click.pass_context
@@ -100,8 +103,11 @@ def worker(ctx: click.Context, scheduler: str | None, **values: Any) -> None:
     GPUs are those of CUDA_VISIBLE_DEVICES (all when unset): under mpirun, set
     it from the local rank to get one worker per rank.
     """
-    given = {k: (list(v) if isinstance(v, tuple) else v) for k, v in values.items()
-             if v is not None and v != ()}
+    given = {
+        k: (list(v) if isinstance(v, tuple) else v)
+        for k, v in values.items()
+        if v is not None and v != ()
+    }
     origin = None
     if ctx.get_parameter_source("scheduler") is ParameterSource.ENVIRONMENT:
         origin = "environment variable DASK_SCHEDULER_ADDRESS"
@@ -112,14 +118,17 @@ def worker(ctx: click.Context, scheduler: str | None, **values: Any) -> None:
         origin = config.origin("scheduler-address")
     options = check_flags(given, scheduler, origin)
     if scheduler is None and not given.get("scheduler_file"):
-        raise click.UsageError("no scheduler: give its address (e.g. tcp://10.0.0.1:8786), "
-                               "--scheduler-file FILE, or set DASK_SCHEDULER_ADDRESS")
+        raise click.UsageError(
+            "no scheduler: give its address (e.g. tcp://10.0.0.1:8786), "
+            "--scheduler-file FILE, or set DASK_SCHEDULER_ADDRESS"
+        )
     # CUDAWorker validates the rest (devices, sizes per GPU) before any process starts.
     ctx.exit(asyncio.run(_run(scheduler, options)))
 
 
-def check_flags(given: dict[str, Any], scheduler: str | None = None,
-                origin: str | None = None) -> WorkerOptions:
+def check_flags(
+    given: dict[str, Any], scheduler: str | None = None, origin: str | None = None
+) -> WorkerOptions:
     """Every check that needs no GPU (cudask.deploy.checks), before any GPU is looked
     for: a bad flag, config value or CUDA_VISIBLE_DEVICES is a usage error (exit 2);
     one from an environment variable or a config file says which, without click's
@@ -132,9 +141,14 @@ def check_flags(given: dict[str, Any], scheduler: str | None = None,
         check_distributed_config()
         from cudask.deploy.checks import check_input
 
-        return check_input(given, "cli", visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                           visible_origin="environment variable CUDA_VISIBLE_DEVICES",
-                           scheduler=scheduler, scheduler_origin=origin)
+        return check_input(
+            given,
+            "cli",
+            visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            visible_origin="environment variable CUDA_VISIBLE_DEVICES",
+            scheduler=scheduler,
+            scheduler_origin=origin,
+        )
     except OptionError as exc:
         if exc.origin is not None:
             raise ConfigError(str(exc)) from None

@@ -77,8 +77,9 @@ class MapAhead:
         for task in self.tasks:
             task.cancel()
 
-    async def answer(self, peer: dict[str, Any] | None = None,
-                     offer: dict[str, Any] | None = None, **_: Any) -> dict[str, Any] | None:
+    async def answer(
+        self, peer: dict[str, Any] | None = None, offer: dict[str, Any] | None = None, **_: Any
+    ) -> dict[str, Any] | None:
         """The handler: map the offer of `peer` (an `ipc.identity`) in the
         background and return ours, if this process may exchange with it."""
         if not ipc.accepts(peer):
@@ -98,8 +99,10 @@ class MapAhead:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + JOIN_WITHIN
         while self.worker.status not in (Status.running, Status.paused):
-            if self.worker.status in (Status.closing, Status.closed, Status.failed) \
-                    or loop.time() > deadline:
+            if (
+                self.worker.status in (Status.closing, Status.closed, Status.failed)
+                or loop.time() > deadline
+            ):
                 return
             await asyncio.sleep(_POLL)
         peers = await self._peers()
@@ -123,8 +126,11 @@ class MapAhead:
             await scheduler.set_metadata(keys=[KEY, me], value=ipc.identity())
             advertised = await scheduler.get_metadata(keys=[KEY], default={})
             workers = await scheduler.ncores()
-            return [address for address, identity in advertised.items()
-                    if address != me and address in workers and ipc.accepts(identity)]
+            return [
+                address
+                for address, identity in advertised.items()
+                if address != me and address in workers and ipc.accepts(identity)
+            ]
         except Exception:  # an optimisation: the first transfer maps instead
             logger.debug("cudask: no list of workers to map pool slabs ahead", exc_info=True)
             return []

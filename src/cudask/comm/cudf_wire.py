@@ -85,7 +85,9 @@ def register(serializable: type | None = None) -> int:
 
         serializable = Serializable
     families: list[tuple[Any, Callable[[Any], tuple[dict[str, Any], list[Any]]]]] = [
-        (dask_serialize, _host), (cuda_serialize, _device)]
+        (dask_serialize, _host),
+        (cuda_serialize, _device),
+    ]
     new = 0
     with _lock:
         for cls in [serializable, *_subclasses(serializable)]:

@@ -88,7 +88,8 @@ class ExplicitComms(WorkerPlugin):
                 raise ShuffleError(
                     f"explicit-comms shuffle {shuffle_id}: the pieces of output partition {j} are not "
                     "on this worker (the worker they were sent to left before the partition was "
-                    "built); run the shuffle again")
+                    "built); run the shuffle again"
+                )
             pieces = buffer.pop(j)
             if not buffer:
                 del self.buffers[shuffle_id]
@@ -104,8 +105,15 @@ def _plugin(dask_worker: Any) -> ExplicitComms:
     return dask_worker.plugins[NAME]  # type: ignore[no-any-return]
 
 
-async def _send(shuffle_id: str, holders: dict[str, dict[Any, int]], on: list[str], npartitions: int,
-                owners: list[str], ipc_peers: set[str], dask_worker: Any) -> int:
+async def _send(
+    shuffle_id: str,
+    holders: dict[str, dict[Any, int]],
+    on: list[str],
+    npartitions: int,
+    owners: list[str],
+    ipc_peers: set[str],
+    dask_worker: Any,
+) -> int:
     """Split this worker's input partitions (`holders[its address]`: key -> input
     index) and deliver every piece to its owner, device frames by CUDA IPC handle
     to the owners in `ipc_peers` when this worker sends that way; return the
@@ -121,17 +129,28 @@ async def _send(shuffle_id: str, holders: dict[str, dict[Any, int]], on: list[st
     mine = outgoing.pop(dask_worker.address, {})
     _plugin(dask_worker).put(shuffle_id, mine)
     by_ipc = [ipc.FAMILY, "dask", "pickle", "error"] if ipc.enabled() else None
-    results = await asyncio.gather(*(_deliver(dask_worker, address, shuffle_id, pieces,
-                                              by_ipc if address in ipc_peers else None)
-                                     for address, pieces in outgoing.items()), return_exceptions=True)
+    results = await asyncio.gather(
+        *(
+            _deliver(
+                dask_worker, address, shuffle_id, pieces, by_ipc if address in ipc_peers else None
+            )
+            for address, pieces in outgoing.items()
+        ),
+        return_exceptions=True,
+    )
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         raise errors[0]
     return sum(len(p) for p in outgoing.values())
 
 
-async def _deliver(dask_worker: Any, address: str, shuffle_id: str, pieces: dict[tuple[int, int], Any],
-                   serializers: list[str] | None) -> Any:
+async def _deliver(
+    dask_worker: Any,
+    address: str,
+    shuffle_id: str,
+    pieces: dict[tuple[int, int], Any],
+    serializers: list[str] | None,
+) -> Any:
     """Send `pieces` to the worker at `address`. Its device frames exported by handle live
     until that peer has answered; a failed send holds only its own staging slots
     (cudask.comm.staging). Each call runs as a task of its own, so its `keep_alive`
@@ -140,7 +159,8 @@ async def _deliver(dask_worker: Any, address: str, shuffle_id: str, pieces: dict
 
     with ipc.keep_alive():
         return await dask_worker.rpc(address).cudask_shuffle_receive(
-            shuffle_id=shuffle_id, pieces=to_serialize(pieces), serializers=serializers)
+            shuffle_id=shuffle_id, pieces=to_serialize(pieces), serializers=serializers
+        )
 
 
 def _split(data: Any, key: Any, on: list[str], npartitions: int) -> dict[int, Any]:
@@ -172,7 +192,9 @@ def _drop(shuffle_id: str, dask_worker: Any) -> None:
         plugin.drop(shuffle_id)
 
 
-def shuffle(df: Any, on: str | Sequence[str], npartitions: int | None = None, client: Any = None) -> Any:
+def shuffle(
+    df: Any, on: str | Sequence[str], npartitions: int | None = None, client: Any = None
+) -> Any:
     """`df` hash-partitioned on `on` into `npartitions` (default: as many as it has)
     partitions by explicit comms; see the module's docstring."""
     import dask.dataframe as dd
@@ -181,8 +203,10 @@ def shuffle(df: Any, on: str | Sequence[str], npartitions: int | None = None, cl
     columns = [on] if isinstance(on, str) else list(on)
     missing = [c for c in columns if c not in df.columns]
     if not columns or missing:
-        raise ValueError(f"on={on!r}: {missing or 'no column'} not among the DataFrame's columns "
-                         f"{list(df.columns)}")
+        raise ValueError(
+            f"on={on!r}: {missing or 'no column'} not among the DataFrame's columns "
+            f"{list(df.columns)}"
+        )
     npartitions = df.npartitions if npartitions is None else npartitions
     if not isinstance(npartitions, int) or npartitions < 1:
         raise ValueError(f"npartitions={npartitions!r}; accepted: a positive integer")
@@ -198,26 +222,49 @@ def shuffle(df: Any, on: str | Sequence[str], npartitions: int | None = None, cl
         holders: dict[str, dict[Any, int]] = defaultdict(dict)
         for key, workers in client.who_has(parts).items():
             if not workers:
-                raise ShuffleError(f"explicit-comms shuffle {shuffle_id}: input partition {key!r} was "
-                                   "lost before the shuffle began; run it again")
+                raise ShuffleError(
+                    f"explicit-comms shuffle {shuffle_id}: input partition {key!r} was "
+                    "lost before the shuffle began; run it again"
+                )
             holders[min(workers)][key] = index[key]
-        owners = sorted(client.nthreads())  # asked of the scheduler now (scheduler_info() is a cache)
+        owners = sorted(
+            client.nthreads()
+        )  # asked of the scheduler now (scheduler_info() is a cache)
         # every holder splits and sends at once; this returns when all pieces are delivered
         ipc_peers = {address for address, on in client.run(_ipc_on).items() if on}
-        client.run(_send, shuffle_id, dict(holders), columns, npartitions, owners, ipc_peers,
-                   workers=list(holders))
+        client.run(
+            _send,
+            shuffle_id,
+            dict(holders),
+            columns,
+            npartitions,
+            owners,
+            ipc_peers,
+            workers=list(holders),
+        )
         # Strict restrictions: a paused owner still builds its partitions (loose ones would
         # send them to a worker without the pieces); an owner that leaves is noticed below.
-        outputs = [client.submit(_collect, shuffle_id, j, df._meta, workers=[owners[j % len(owners)]],
-                                 pure=False, key=f"explicit-shuffle-{shuffle_id}-{j}")
-                   for j in range(npartitions)]
+        outputs = [
+            client.submit(
+                _collect,
+                shuffle_id,
+                j,
+                df._meta,
+                workers=[owners[j % len(owners)]],
+                pure=False,
+                key=f"explicit-shuffle-{shuffle_id}-{j}",
+            )
+            for j in range(npartitions)
+        ]
         _wait_for_owners(client, outputs, owners, shuffle_id)
     except Exception as exc:
         client.cancel(outputs)
         client.run(_drop, shuffle_id, on_error="ignore")
         if isinstance(exc, ShuffleError):
             raise
-        raise ShuffleError(f"explicit-comms shuffle {shuffle_id} failed: {type(exc).__name__}: {exc}") from exc
+        raise ShuffleError(
+            f"explicit-comms shuffle {shuffle_id} failed: {type(exc).__name__}: {exc}"
+        ) from exc
     return dd.from_delayed(outputs, meta=df._meta, verify_meta=False)
 
 
@@ -231,10 +278,14 @@ def _wait_for_owners(client: Any, outputs: list[Any], owners: list[str], shuffle
             wait(outputs, timeout=5)  # a polling interval, not a limit: see the owners' check
         except TimeoutError:
             present = set(client.nthreads())
-            gone = sorted({owners[j % len(owners)] for j, f in enumerate(outputs) if not f.done()} - present)
+            gone = sorted(
+                {owners[j % len(owners)] for j, f in enumerate(outputs) if not f.done()} - present
+            )
             if gone:
-                raise ShuffleError(f"explicit-comms shuffle {shuffle_id}: worker(s) {', '.join(gone)} left "
-                                   "before building their output partitions; run the shuffle again") from None
+                raise ShuffleError(
+                    f"explicit-comms shuffle {shuffle_id}: worker(s) {', '.join(gone)} left "
+                    "before building their output partitions; run the shuffle again"
+                ) from None
             continue
         failed = [f for f in outputs if f.status == "error"]
         if failed:
@@ -249,8 +300,14 @@ def _merge_parts(left: Any, right: Any, on: list[str], how: str) -> Any:
     return left.merge(right, on=on, how=how)
 
 
-def merge(left: Any, right: Any, on: str | Sequence[str], how: str = "inner",
-          npartitions: int | None = None, client: Any = None) -> Any:
+def merge(
+    left: Any,
+    right: Any,
+    on: str | Sequence[str],
+    how: str = "inner",
+    npartitions: int | None = None,
+    client: Any = None,
+) -> Any:
     """`left` merged with `right` on `on` after an explicit-comms shuffle of both
     into `npartitions` (default: the larger of their partition counts) partitions."""
     import dask.dataframe as dd
@@ -261,15 +318,27 @@ def merge(left: Any, right: Any, on: str | Sequence[str], how: str = "inner",
     for side, frame in (("left", left), ("right", right)):
         missing = [c for c in columns if c not in frame.columns]
         if not columns or missing:
-            raise ValueError(f"on={on!r}: {missing or 'no column'} not among the {side} DataFrame's "
-                             f"columns {list(frame.columns)}")
+            raise ValueError(
+                f"on={on!r}: {missing or 'no column'} not among the {side} DataFrame's "
+                f"columns {list(frame.columns)}"
+            )
     for c in columns:
         if left.dtypes[c] != right.dtypes[c]:
-            raise ValueError(f"on={c!r}: dtypes differ (left {left.dtypes[c]}, right {right.dtypes[c]}); "
-                             "cast one side first: rows are placed by a hash of the key")
+            raise ValueError(
+                f"on={c!r}: dtypes differ (left {left.dtypes[c]}, right {right.dtypes[c]}); "
+                "cast one side first: rows are placed by a hash of the key"
+            )
     n = max(left.npartitions, right.npartitions) if npartitions is None else npartitions
     lhs = shuffle(left, columns, n, client)
     rhs = shuffle(right, columns, n, client)
     meta = _merge_parts(left._meta, right._meta, columns, how)
-    return dd.map_partitions(_merge_parts, lhs, rhs, columns, how, meta=meta, align_dataframes=False,
-                             enforce_metadata=False)
+    return dd.map_partitions(
+        _merge_parts,
+        lhs,
+        rhs,
+        columns,
+        how,
+        meta=meta,
+        align_dataframes=False,
+        enforce_metadata=False,
+    )

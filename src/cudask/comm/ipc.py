@@ -85,9 +85,22 @@ class _State:
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Mapped allocations of other processes, by handle (one mapping per handle and process).
     mappings: lifetimes.Mappings = field(default_factory=lifetimes.Mappings)
-    counts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
-        ("sent", "sent-bytes", "send-export-seconds", "send-wait-seconds", "received",
-         "received-bytes", "receive-seconds", *RECEIVE_PHASES, "declined"), 0.0))
+    counts: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(
+            (
+                "sent",
+                "sent-bytes",
+                "send-export-seconds",
+                "send-wait-seconds",
+                "received",
+                "received-bytes",
+                "receive-seconds",
+                *RECEIVE_PHASES,
+                "declined",
+            ),
+            0.0,
+        )
+    )
     warned: set[str] = field(default_factory=set)
 
 
@@ -146,8 +159,9 @@ def _local_hosts() -> frozenset[str]:
 
     hosts = {"localhost", socket.gethostname()}
     for addrs in psutil.net_if_addrs().values():
-        hosts.update(a.address.split("%")[0] for a in addrs
-                     if a.family in (socket.AF_INET, socket.AF_INET6))
+        hosts.update(
+            a.address.split("%")[0] for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6)
+        )
     return frozenset(hosts)
 
 
@@ -182,7 +196,12 @@ def stats() -> dict[str, float]:
     with _state.lock:
         counts = dict(_state.counts)
     mappings = _state.mappings
-    return {**counts, **mappings.counts, "mappings-open": len(mappings), "mappings-kept": mappings.kept()}
+    return {
+        **counts,
+        **mappings.counts,
+        "mappings-open": len(mappings),
+        "mappings-kept": mappings.kept(),
+    }
 
 
 def mapped() -> int:
@@ -261,7 +280,9 @@ def dumps(x: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, Any]
         if not same_host(context) or _held.get() is None:
             # outside `keep_alive` nothing would hold the proxy's object once it is spilled
             raise NotImplementedError(FAMILY)
-        proxy_header, proxy_frames = ipc_serialize(x, context)  # its object, by handle if on the device
+        proxy_header, proxy_frames = ipc_serialize(
+            x, context
+        )  # its object, by handle if on the device
         return {"proxy": proxy_header}, proxy_frames
     if backend is None or not same_host(context):
         raise NotImplementedError(FAMILY)
@@ -304,7 +325,9 @@ def _export(backend: Backend, x: Any) -> dict[str, Any]:
         _state.counts["send-export-seconds"] += exported - start
         _state.counts["send-wait-seconds"] += time.perf_counter() - exported
     held, leased, staged = _held.get(), _leased.get(), _staged.get()
-    if held is not None:  # alive until the peer answers, even if its owner lets go (a spilled proxy)
+    if (
+        held is not None
+    ):  # alive until the peer answers, even if its owner lets go (a spilled proxy)
         held.append(x)
     lasting = base is not None and lifetimes.sending(base)  # an RMM pool slab
     itemsize = int(layout.typestr[2:])
@@ -342,8 +365,12 @@ def _dumps_device_serialized(backend: Backend, x: Any) -> tuple[dict[str, Any], 
     assert held is not None
     held.append(parts)  # its frames may be copies made for this send: alive until answered
     # elements of each device frame (cuDF's are bytes); None for host frames
-    sizes = [math.prod(f.__cuda_array_interface__["shape"]) if hasattr(f, "__cuda_array_interface__")
-             else None for f in parts]
+    sizes = [
+        math.prod(f.__cuda_array_interface__["shape"])
+        if hasattr(f, "__cuda_array_interface__")
+        else None
+        for f in parts
+    ]
     if sum(n for n in sizes if n) < _state.min_size:
         raise NotImplementedError(FAMILY)
     entries: list[dict[str, Any]] = []
@@ -356,8 +383,13 @@ def _dumps_device_serialized(backend: Backend, x: Any) -> tuple[dict[str, Any], 
             entries.append({"empty": f.__cuda_array_interface__["typestr"]})  # no memory to export
         else:
             entries.append(_export(backend, f))
-    header = {"device-serialized": inner, "type": pickle.dumps(type(x)), "entries": entries,
-              "node": _state.node, "sender": lifetimes.this_process().as_header()}
+    header = {
+        "device-serialized": inner,
+        "type": pickle.dumps(type(x)),
+        "entries": entries,
+        "node": _state.node,
+        "sender": lifetimes.this_process().as_header(),
+    }
     return header, frames
 
 
@@ -375,7 +407,8 @@ def _loads(header: dict[str, Any], frames: list[Any]) -> Any:
         raise RuntimeError(
             f"cudask-ipc: device data from process {header['sender']['pid']} on another host reached this "
             "worker by IPC handle, which only works within one host; set "
-            "cudask.comm.device-ipc: false on the workers if hosts share network addresses")
+            "cudask.comm.device-ipc: false on the workers if hosts share network addresses"
+        )
     backend = _receiving_backend()
     start = time.perf_counter()
     _state.mappings.sweep(backend)
@@ -383,10 +416,14 @@ def _loads(header: dict[str, Any], frames: list[Any]) -> Any:
     phases = dict.fromkeys(RECEIVE_PHASES, 0.0)
     if "device-serialized" in header:
         with ExitStack() as mappings:  # buffers of one allocation share its mapping
-            parts = [frames[e["host"]] if "host" in e
-                     else backend.empty((0,), e["empty"], "C") if "empty" in e
-                     else _receive_array(backend, e, mappings, sender, phases)
-                     for e in header["entries"]]
+            parts = [
+                frames[e["host"]]
+                if "host" in e
+                else backend.empty((0,), e["empty"], "C")
+                if "empty" in e
+                else _receive_array(backend, e, mappings, sender, phases)
+                for e in header["entries"]
+            ]
         out = pickle.loads(header["type"]).device_deserialize(header["device-serialized"], parts)
         nbytes = sum(e["nbytes"] for e in header["entries"] if "handle" in e)
     else:
@@ -402,8 +439,13 @@ def _loads(header: dict[str, Any], frames: list[Any]) -> Any:
     return out
 
 
-def _receive_array(backend: Backend, entry: dict[str, Any], mappings: ExitStack,
-                   sender: lifetimes.Process | None, phases: dict[str, float]) -> Any:
+def _receive_array(
+    backend: Backend,
+    entry: dict[str, Any],
+    mappings: ExitStack,
+    sender: lifetimes.Process | None,
+    phases: dict[str, float],
+) -> Any:
     """A new array of this process holding a copy of the one `entry` names (the
     mapping is in use in `mappings` until the caller closes it, then closed, or
     kept when the sender marked its allocation lasting or leased and `sender` is
@@ -414,7 +456,8 @@ def _receive_array(backend: Backend, entry: dict[str, Any], mappings: ExitStack,
     lease = float(entry.get("lease") or 0.0)
     keep = sender if entry.get("lasting") or lease else None
     base = mappings.enter_context(
-        _state.mappings.use(Explained(backend), bytes(entry["handle"]), keep, lease))
+        _state.mappings.use(Explained(backend), bytes(entry["handle"]), keep, lease)
+    )
     mapped_at = time.perf_counter()
     backend.copy(out, base + int(entry["offset"]), tuple(int(s) for s in entry["strides"]))
     phases["receive-allocate-seconds"] += allocated - start
@@ -484,6 +527,7 @@ def _receiving_backend() -> Backend:
         if _state.receiver is None:
             _state.receiver = ipc_cuda.CudaBackend()
         return _state.receiver
+
 
 wire.register_device_family(FAMILY)
 register_serialization_family(FAMILY, dumps, loads)

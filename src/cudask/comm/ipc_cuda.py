@@ -120,15 +120,22 @@ class CudaBackend:
         stream.wait_event(allocated)
         if strides == tuple(out.strides):  # same layout: one block of bytes
             runtime.memcpyAsync(dst, src, int(out.nbytes), runtime.memcpyDefault, stream.ptr)
-        elif (len(shape) == 2 and strides[1] == itemsize and strides[0] >= shape[1] * itemsize
-              and out.flags.c_contiguous):
+        elif (
+            len(shape) == 2
+            and strides[1] == itemsize
+            and strides[0] >= shape[1] * itemsize
+            and out.flags.c_contiguous
+        ):
             width = shape[1] * itemsize  # rows of a wider array: a pitched copy
-            runtime.memcpy2DAsync(dst, width, src, strides[0], width, shape[0],
-                                  runtime.memcpyDefault, stream.ptr)
+            runtime.memcpy2DAsync(
+                dst, width, src, strides[0], width, shape[0], runtime.memcpyDefault, stream.ptr
+            )
         else:  # any other layout: a copy kernel reading the mapping in place
             low, span = extent(src, shape, strides, itemsize)
             memory = cupy.cuda.UnownedMemory(low, span, None, cupy.cuda.Device().id)
-            view = cupy.ndarray(shape, out.dtype, cupy.cuda.MemoryPointer(memory, src - low), strides)
+            view = cupy.ndarray(
+                shape, out.dtype, cupy.cuda.MemoryPointer(memory, src - low), strides
+            )
             with stream:
                 out[...] = view
         # The sender may reuse its memory once this worker replies, and the caller's
@@ -166,7 +173,8 @@ class Explained:
             raise MappingRefused(
                 f"cudask-ipc: cannot map another worker's device memory here ({exc}); if the "
                 "workers of this host cannot share GPU memory (e.g. containers with separate IPC "
-                "namespaces), set cudask.comm.device-ipc: false on them") from exc
+                "namespaces), set cudask.comm.device-ipc: false on them"
+            ) from exc
 
     def close(self, base: int) -> None:
         self.backend.close(base)

@@ -38,21 +38,27 @@ def layout(x: Any) -> Layout | None:
         return None
     itemsize = int(typestr[2:])
     given = cai.get("strides")
-    strides = contiguous_strides(shape, itemsize, "C") if given is None else tuple(int(s) for s in given)
-    fortran = strides != contiguous_strides(shape, itemsize, "C") and strides == contiguous_strides(shape, itemsize, "F")
+    strides = (
+        contiguous_strides(shape, itemsize, "C") if given is None else tuple(int(s) for s in given)
+    )
+    fortran = strides != contiguous_strides(shape, itemsize, "C") and strides == contiguous_strides(
+        shape, itemsize, "F"
+    )
     return Layout(shape, typestr, int(cai["data"][0]), strides, "F" if fortran else "C")
 
 
 def contiguous_strides(shape: tuple[int, ...], itemsize: int, order: str) -> tuple[int, ...]:
     """The byte strides of a contiguous array of `order` ("C" or "F")."""
     out, step = [], itemsize
-    for n in (reversed(shape) if order == "C" else shape):
+    for n in reversed(shape) if order == "C" else shape:
         out.append(step)
         step *= n
     return tuple(reversed(out)) if order == "C" else tuple(out)
 
 
-def extent(address: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int]:
+def extent(
+    address: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int
+) -> tuple[int, int]:
     """The lowest address and the byte span of the elements of an array whose first
     element is at `address`, laid out with these byte strides (any sign)."""
     low = address + sum((n - 1) * s for n, s in zip(shape, strides, strict=True) if s < 0)
@@ -66,7 +72,8 @@ def device_serializable(x: Any) -> bool:
     indexes and columns do)."""
     kind = type(x)
     return callable(getattr(kind, "device_serialize", None)) and callable(
-        getattr(kind, "device_deserialize", None))
+        getattr(kind, "device_deserialize", None)
+    )
 
 
 __all__ = ["Layout", "contiguous_strides", "device_serializable", "extent", "layout"]

@@ -27,6 +27,7 @@ from cudask.memory.settings import parse_flag
 MIN_LEASE = 8.0
 MAX_LEASE = 600.0
 
+
 def device_ipc_min_size() -> int | None:
     """The smallest device array sent to a worker of the same host by CUDA IPC
     (`cudask.comm.device-ipc-min-size`), or None when `cudask.comm.device-ipc`
@@ -51,8 +52,7 @@ def _size(key: str, accepted: str) -> int:
     except (TypeError, ValueError):
         size = -1
     if isinstance(value, bool) or size < 0:
-        raise OptionError(f"cudask.comm.{key}={value!r} is not a size; accepted: bytes "
-                          f"{accepted}")
+        raise OptionError(f"cudask.comm.{key}={value!r} is not a size; accepted: bytes {accepted}")
     return size
 
 
@@ -63,17 +63,23 @@ def device_ipc_lease() -> float:
     Raises OptionError naming a malformed value."""
     value = config.get("comm.device-ipc-lease")
     try:
-        seconds = -1.0 if isinstance(value, bool) else float(parse_timedelta(value, default="s") or 0)
+        seconds = (
+            -1.0 if isinstance(value, bool) else float(parse_timedelta(value, default="s") or 0)
+        )
     except (TypeError, ValueError, KeyError, AttributeError):  # what parse_timedelta raises
         seconds = -1.0
     if seconds < 0:
-        raise OptionError(f"cudask.comm.device-ipc-lease={value!r} is not a duration; give seconds "
-                          "(20), a string such as '20s', or 0 for none")
+        raise OptionError(
+            f"cudask.comm.device-ipc-lease={value!r} is not a duration; give seconds "
+            "(20), a string such as '20s', or 0 for none"
+        )
     if seconds and not MIN_LEASE <= seconds <= MAX_LEASE:
-        raise OptionError(f"cudask.comm.device-ipc-lease={value!r} is out of range: give 0 (none) or "
-                          f"{MIN_LEASE:g} to {MAX_LEASE:g} seconds (receivers keep a mapping for a "
-                          "quarter of it and check every 2 s; the sender holds a chunk it gave back "
-                          "that long)")
+        raise OptionError(
+            f"cudask.comm.device-ipc-lease={value!r} is out of range: give 0 (none) or "
+            f"{MIN_LEASE:g} to {MAX_LEASE:g} seconds (receivers keep a mapping for a "
+            "quarter of it and check every 2 s; the sender holds a chunk it gave back "
+            "that long)"
+        )
     return seconds
 
 

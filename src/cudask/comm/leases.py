@@ -60,11 +60,15 @@ class Chunks:
     to memory holding `owner`), `out_of_memory(error)` whether `allocate` failed
     for lack of memory."""
 
-    def __init__(self, lease: float, allocate: Callable[[int], Any],
-                 wrap: Callable[[Any, int, _Owner], Any],
-                 out_of_memory: Callable[[BaseException], bool],
-                 clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        lease: float,
+        allocate: Callable[[int], Any],
+        wrap: Callable[[Any, int, _Owner], Any],
+        out_of_memory: Callable[[BaseException], bool],
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         if lease <= 0:
             raise ValueError(f"lease={lease!r}: give a positive number of seconds")
         self.lease = lease
@@ -178,10 +182,14 @@ def _cupy_chunks(lease: float) -> Chunks:
     device = cupy.cuda.runtime.getDevice()
 
     def wrap(memory: Any, nbytes: int, owner: _Owner) -> Any:
-        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(int(memory.ptr), nbytes, owner, device), 0)
+        return cupy.cuda.MemoryPointer(
+            cupy.cuda.UnownedMemory(int(memory.ptr), nbytes, owner, device), 0
+        )
 
     def out_of_memory(exc: BaseException) -> bool:
-        return isinstance(exc, runtime.CUDARuntimeError) and exc.status == CUDA_ERROR_MEMORY_ALLOCATION
+        return (
+            isinstance(exc, runtime.CUDARuntimeError) and exc.status == CUDA_ERROR_MEMORY_ALLOCATION
+        )
 
     return Chunks(lease, cupy.cuda.Memory, wrap, out_of_memory)
 
@@ -232,9 +240,18 @@ def stats() -> dict[str, float]:
     holds, the bytes of dropped chunks still leased, and the chunks freed at a lease's end."""
     chunks = _installed
     if chunks is None:
-        return {"lease-seconds": 0.0, "chunks-live": 0, "chunks-retired-bytes": 0, "chunks-freed-late": 0}
-    return {"lease-seconds": chunks.lease, "chunks-live": chunks.live(),
-            "chunks-retired-bytes": chunks.retired_bytes(), **chunks.counts}
+        return {
+            "lease-seconds": 0.0,
+            "chunks-live": 0,
+            "chunks-retired-bytes": 0,
+            "chunks-freed-late": 0,
+        }
+    return {
+        "lease-seconds": chunks.lease,
+        "chunks-live": chunks.live(),
+        "chunks-retired-bytes": chunks.retired_bytes(),
+        **chunks.counts,
+    }
 
 
 def sweep() -> int:

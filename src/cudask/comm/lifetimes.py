@@ -201,7 +201,9 @@ class Mappings:
     """Other processes' allocations mapped in this one, by IPC handle. A handle may
     be opened only once per process, so arrays of one allocation share it."""
 
-    def __init__(self, limit: int = DEFAULT_LIMIT, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, limit: int = DEFAULT_LIMIT, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.limit = limit
         self._clock = clock
         self._open: OrderedDict[bytes, _Mapped] = OrderedDict()  # least recently used first
@@ -209,8 +211,12 @@ class Mappings:
         self._opening: dict[bytes, threading.Event] = {}
         self._closings = 0  # `close_all` calls: an opening that spans one is closed at once
         self._lock = threading.Lock()
-        self.counts = {"mappings-opened": 0, "mappings-opened-ahead": 0, "mappings-reused": 0,
-                       "mappings-closed-late": 0}
+        self.counts = {
+            "mappings-opened": 0,
+            "mappings-opened-ahead": 0,
+            "mappings-reused": 0,
+            "mappings-closed-late": 0,
+        }
 
     def __len__(self) -> int:
         with self._lock:
@@ -222,8 +228,9 @@ class Mappings:
             return sum(1 for m in self._open.values() if m.sender is not None)
 
     @contextmanager
-    def use(self, mapper: Mapper, handle: bytes, sender: Process | None,
-            lease: float = 0.0) -> Iterator[int]:
+    def use(
+        self, mapper: Mapper, handle: bytes, sender: Process | None, lease: float = 0.0
+    ) -> Iterator[int]:
         """The address of the allocation `handle` names, mapped while in use; kept
         afterwards when `sender` is given: while that process runs (a lasting
         allocation), or, with a `lease` (seconds the sender keeps the allocation
@@ -244,8 +251,9 @@ class Mappings:
                     self._open.move_to_end(handle)  # used until now: the most recent
                 self._trim(mapper)
 
-    def _acquire(self, mapper: Mapper, handle: bytes, sender: Process | None, lease: float,
-                 now: float) -> _Mapped | None:
+    def _acquire(
+        self, mapper: Mapper, handle: bytes, sender: Process | None, lease: float, now: float
+    ) -> _Mapped | None:
         """`use`'s mapping of `handle`, one more user counted; None while `map_ahead`
         opens it."""
         with self._lock:
@@ -313,14 +321,16 @@ class Mappings:
         if now >= mapped.freed_from:
             self.counts["mappings-closed-late"] += 1
             if self.counts["mappings-closed-late"] == 1:
-                logger.warning("cudask: a leased IPC mapping was closed %.1f s after its lease "
-                               "ended (this worker's sweeps ran late; CUDA leaves mapping freed "
-                               "memory undefined): give cudask.comm.device-ipc-lease more time",
-                               now - mapped.freed_from)
+                logger.warning(
+                    "cudask: a leased IPC mapping was closed %.1f s after its lease "
+                    "ended (this worker's sweeps ran late; CUDA leaves mapping freed "
+                    "memory undefined): give cudask.comm.device-ipc-lease more time",
+                    now - mapped.freed_from,
+                )
 
     def _trim(self, mapper: Mapper) -> None:
         idle = [h for h, m in self._open.items() if m.users == 0]
-        for handle in idle[:max(0, len(idle) - self.limit)]:
+        for handle in idle[: max(0, len(idle) - self.limit)]:
             mapper.close(self._open.pop(handle).base)
 
     def sweep(self, mapper: Mapper) -> int:
@@ -331,7 +341,9 @@ class Mappings:
             expired = [h for h, m in self._open.items() if m.users == 0 and m.expires <= now]
             for handle in expired:
                 self._close(mapper, handle, now)
-            senders = {m.sender for m in self._open.values() if m.users == 0 and m.sender is not None}
+            senders = {
+                m.sender for m in self._open.values() if m.users == 0 and m.sender is not None
+            }
         gone = {s for s in senders if not alive(s)}
         if not gone:
             return len(expired)

@@ -28,7 +28,9 @@ def prefer_task_rechunk() -> bool:
     if dask.config.get("array.rechunk.method", None) is not None:
         return False
     dask.config.set({"array.rechunk.method": "tasks"})
-    logger.info("cudask: array.rechunk.method set to 'tasks' in this process: distributed's P2P "
-                "rechunk cannot send CuPy arrays (it reads each shard through memoryview, which "
-                "CuPy refuses). Set array.rechunk.method yourself to choose.")
+    logger.info(
+        "cudask: array.rechunk.method set to 'tasks' in this process: distributed's P2P "
+        "rechunk cannot send CuPy arrays (it reads each shard through memoryview, which "
+        "CuPy refuses). Set array.rechunk.method yourself to choose."
+    )
     return True

@@ -66,8 +66,13 @@ class Copier(Protocol):
 class Staging:
     """Slots of the area [`base`, `base` + `nbytes`)."""
 
-    def __init__(self, base: int, nbytes: int, handle: bytes = b"",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        base: int,
+        nbytes: int,
+        handle: bytes = b"",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.base, self.nbytes = base, nbytes
         self.handle = handle  # the area's IPC handle, exported once
         self._free: list[tuple[int, int]] = [(base, nbytes)]  # (start, size), by start
@@ -85,7 +90,7 @@ class Staging:
             self._release_held()
             for i, (start, free) in enumerate(self._free):
                 if free >= size:
-                    self._free[i:i + 1] = [(start + size, free - size)] if free > size else []
+                    self._free[i : i + 1] = [(start + size, free - size)] if free > size else []
                     self._taken[start] = size
                     return start
             self.counts["staging-full"] += 1
@@ -180,8 +185,11 @@ def _free_unexported(copier: Copier, base: int) -> None:
     try:
         copier.free_area(base)
     except Exception:  # the export's error is the one to report
-        logger.warning("cudask: freeing an IPC staging area whose handle could not be exported "
-                       "failed; its memory stays allocated", exc_info=True)
+        logger.warning(
+            "cudask: freeing an IPC staging area whose handle could not be exported "
+            "failed; its memory stays allocated",
+            exc_info=True,
+        )
 
 
 def defer(copier: Copier, nbytes: int) -> None:
@@ -207,8 +215,11 @@ def ensure() -> Staging | None:
         try:
             return _make(*pending)
         except Exception as exc:  # noqa: BLE001 - an optimisation: IPC works without it
-            logger.warning("cudask: no IPC staging area of %d bytes (%s): arrays go by their own "
-                           "allocations", pending[1], exc)
+            logger.warning(
+                "cudask: no IPC staging area of %d bytes (%s): arrays go by their own allocations",
+                pending[1],
+                exc,
+            )
             return None
 
 
@@ -227,8 +238,11 @@ def stage(x: Any, nbytes: int, order: str) -> int | None:
     except Exception:  # the array goes from its own allocation instead
         area.give(start)
         if area.count("staging-failed", nbytes) == 1:
-            logger.warning("cudask: copying a device array into the IPC staging area failed; it "
-                           "goes from its own allocation (logged once)", exc_info=True)
+            logger.warning(
+                "cudask: copying a device array into the IPC staging area failed; it "
+                "goes from its own allocation (logged once)",
+                exc_info=True,
+            )
         return None
     area.count("staged", nbytes)
     return start
@@ -277,10 +291,27 @@ def stats() -> dict[str, float]:
     staged, their bytes, those that found no slot and those whose copy failed."""
     area = _area
     if area is None:
-        return {"staging-bytes": 0, "staging-in-use": 0, "staged": 0, "staged-bytes": 0,
-                "staging-full": 0, "staging-failed": 0}
+        return {
+            "staging-bytes": 0,
+            "staging-in-use": 0,
+            "staged": 0,
+            "staged-bytes": 0,
+            "staging-full": 0,
+            "staging-failed": 0,
+        }
     return {"staging-bytes": area.nbytes, **area.figures()}
 
 
-__all__ = ["ALIGN", "FAILED_HOLD", "Copier", "Slots", "Staging", "defer", "ensure", "handle", "install", "stage",
-           "stats"]
+__all__ = [
+    "ALIGN",
+    "FAILED_HOLD",
+    "Copier",
+    "Slots",
+    "Staging",
+    "defer",
+    "ensure",
+    "handle",
+    "install",
+    "stage",
+    "stats",
+]

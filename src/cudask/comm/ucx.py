@@ -25,19 +25,27 @@ TRANSPORTS = ("tcp", "infiniband", "nvlink")
 PRELOAD = "cudask.initialize"
 
 
-def transports(tcp: bool | None, infiniband: bool | None, nvlink: bool | None,
-               rdmacm: bool | None = None) -> dict[str, bool | None]:
+def transports(
+    tcp: bool | None, infiniband: bool | None, nvlink: bool | None, rdmacm: bool | None = None
+) -> dict[str, bool | None]:
     """distributed-ucxx's transport keys for the enable_* options."""
     chosen = {"tcp": tcp, "infiniband": infiniband, "nvlink": nvlink}
     if any(v is False for v in chosen.values()) and not any(v is True for v in chosen.values()):
         chosen = {k: True if v is None else v for k, v in chosen.items()}
-    return {**chosen, "rdmacm": rdmacm, "create-cuda-context": True,
-            "cuda-copy": True if any(chosen.values()) else None}
+    return {
+        **chosen,
+        "rdmacm": rdmacm,
+        "create-cuda-context": True,
+        "cuda-copy": True if any(chosen.values()) else None,
+    }
 
 
-def get_ucx_config(enable_tcp_over_ucx: bool | None = None,
-                   enable_infiniband: bool | None = None, enable_nvlink: bool | None = None,
-                   enable_rdmacm: bool | None = None) -> dict[str, Any] | None:
+def get_ucx_config(
+    enable_tcp_over_ucx: bool | None = None,
+    enable_infiniband: bool | None = None,
+    enable_nvlink: bool | None = None,
+    enable_rdmacm: bool | None = None,
+) -> dict[str, Any] | None:
     """The `distributed-ucxx` config section with these transports; None without
     distributed-ucxx."""
     try:
@@ -52,17 +60,24 @@ def get_ucx_config(enable_tcp_over_ucx: bool | None = None,
     return section
 
 
-def get_preload_options(protocol: str | None = None, create_cuda_context: bool | None = None,
-                        enable_tcp_over_ucx: bool | None = None,
-                        enable_infiniband: bool | None = None, enable_nvlink: bool | None = None,
-                        enable_rdmacm: bool | None = None) -> dict[str, list[str]]:
+def get_preload_options(
+    protocol: str | None = None,
+    create_cuda_context: bool | None = None,
+    enable_tcp_over_ucx: bool | None = None,
+    enable_infiniband: bool | None = None,
+    enable_nvlink: bool | None = None,
+    enable_rdmacm: bool | None = None,
+) -> dict[str, list[str]]:
     """`preload` and `preload_argv` for a distributed worker: the CUDA context and, for
     protocol "ucx", the transports."""
     argv = ["--create-cuda-context"] if create_cuda_context else []
     if protocol in ("ucx", "ucxx"):
-        flags = {"--enable-tcp-over-ucx": enable_tcp_over_ucx,
-                 "--enable-infiniband": enable_infiniband, "--enable-nvlink": enable_nvlink,
-                 "--enable-rdmacm": enable_rdmacm}
+        flags = {
+            "--enable-tcp-over-ucx": enable_tcp_over_ucx,
+            "--enable-infiniband": enable_infiniband,
+            "--enable-nvlink": enable_nvlink,
+            "--enable-rdmacm": enable_rdmacm,
+        }
         argv += [flag for flag, on in flags.items() if on]
     return {"preload": [PRELOAD], "preload_argv": argv}
 

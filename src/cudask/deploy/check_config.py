@@ -41,8 +41,11 @@ Node = Mapping[str, Any]
 FREE_SECTIONS = ("distributed.logging", "distributed.comm.ucx", "distributed.ucx")
 #: Durations and sizes whose default (null, false) does not show their form, so that
 #: the schema's "string" is all that is known of them otherwise.
-DURATIONS = ("distributed.scheduler.idle-timeout", "distributed.scheduler.no-workers-timeout",
-             "distributed.worker.lifetime.duration")
+DURATIONS = (
+    "distributed.scheduler.idle-timeout",
+    "distributed.scheduler.no-workers-timeout",
+    "distributed.worker.lifetime.duration",
+)
 SIZES = ("distributed.worker.memory.max-spill",)
 SCHEMA = "distributed's config schema, distributed/distributed-schema.yaml"
 
@@ -104,8 +107,11 @@ def _set_values() -> dict[str, tuple[list[str], Any]]:
 def _registered(parts: list[str]) -> bool:
     """Whether a package registered this key as a default (dask.config.defaults): one the
     schema does not know is then another package's."""
-    return bool(parts) and any(_get(d, ["distributed", *parts]) is not dask.config.no_default
-                               for d in dask.config.defaults if isinstance(d, Mapping))
+    return bool(parts) and any(
+        _get(d, ["distributed", *parts]) is not dask.config.no_default
+        for d in dask.config.defaults
+        if isinstance(d, Mapping)
+    )
 
 
 def _schema_keys(node: Node, prefix: str) -> Iterator[str]:
@@ -125,30 +131,45 @@ def check_distributed_config() -> None:
         node: Node = schema
         for depth, part in enumerate(parts):
             children = {_canonical(k): v for k, v in (node.get("properties") or {}).items()}
-            if not children and node.get("type") == "object" or \
-                    part not in children and _registered(parts):
+            if (
+                not children
+                and node.get("type") == "object"
+                or part not in children
+                and _registered(parts)
+            ):
                 break  # inside a free-form mapping (nanny.environ, ...), or another package's
             if part not in children:
-                _unknown(key, value, "distributed." + ".".join(parts[:depth + 1]), schema)
+                _unknown(key, value, "distributed." + ".".join(parts[: depth + 1]), schema)
             node = children[part]
         else:
             if "properties" in node:
-                _refuse(key, value, f"{key} is a section of keys such as "
-                        f"{next(_schema_keys(node, key))}, not a value; accepted: a mapping "
-                        "of its keys")
+                _refuse(
+                    key,
+                    value,
+                    f"{key} is a section of keys such as "
+                    f"{next(_schema_keys(node, key))}, not a value; accepted: a mapping "
+                    "of its keys",
+                )
             default = _get(defaults, parts)
             if value != default and not _accepts(node, value, _kind(key, default)):
                 described = _describe(node, _kind(key, default))
-                example = "" if default is dask.config.no_default else \
-                    f", e.g. its default {key}={default!r}"
-                _refuse(key, value, f"{key}={value!r} is not accepted; accepted: {described}"
-                        f"{example} ({SCHEMA})")
+                example = (
+                    ""
+                    if default is dask.config.no_default
+                    else f", e.g. its default {key}={default!r}"
+                )
+                _refuse(
+                    key,
+                    value,
+                    f"{key}={value!r} is not accepted; accepted: {described}{example} ({SCHEMA})",
+                )
 
 
 def _unknown(key: str, value: Any, at: str, schema: Node) -> None:
     known = list(_schema_keys(schema, "distributed"))
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6) or \
-        difflib.get_close_matches(at, known, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6) or difflib.get_close_matches(
+        at, known, n=1, cutoff=0.6
+    )
     hint = f"did you mean {close[0]}?" if close else "no known key is close"
     _refuse(key, value, f"unknown config key {key}; {hint} (accepted: the keys of {SCHEMA})")
 
@@ -160,7 +181,7 @@ def _refuse(key: str, value: Any, message: str) -> None:
 
 
 def _kind(key: str, default: Any) -> str:
-    """"duration" or "size" for a string key whose default is one (or that is a
+    """ "duration" or "size" for a string key whose default is one (or that is a
     known duration), else ""."""
     if key in DURATIONS:
         return "duration"
@@ -182,8 +203,12 @@ def _number(value: Any) -> bool:
 
 
 def _within(node: Node, value: float) -> bool:
-    checks = (("minimum", lambda b: value >= b), ("maximum", lambda b: value <= b),
-              ("exclusiveMinimum", lambda b: value > b), ("exclusiveMaximum", lambda b: value < b))
+    checks = (
+        ("minimum", lambda b: value >= b),
+        ("maximum", lambda b: value <= b),
+        ("exclusiveMinimum", lambda b: value > b),
+        ("exclusiveMaximum", lambda b: value < b),
+    )
     return all(test(node[bound]) for bound, test in checks if bound in node)
 
 
@@ -221,13 +246,18 @@ def _accepts(node: Node, value: Any, kind: str) -> bool:
     if alternatives:
         return any(_accepts(alt, value, kind) for alt in alternatives)
     if "enum" in node:
-        return any(value is choice if choice is None or isinstance(choice, bool)
-                   else value == choice and not isinstance(value, bool) for choice in node["enum"])
+        return any(
+            value is choice
+            if choice is None or isinstance(choice, bool)
+            else value == choice and not isinstance(value, bool)
+            for choice in node["enum"]
+        )
     types = node.get("type")
     if types is None:
         return True
-    return any(_type_accepts(t, node, value, kind)
-               for t in (types if isinstance(types, list) else [types]))
+    return any(
+        _type_accepts(t, node, value, kind) for t in (types if isinstance(types, list) else [types])
+    )
 
 
 def _word(value: Any) -> str:
@@ -240,10 +270,20 @@ def _word(value: Any) -> str:
 def _bounds(node: Node) -> str:
     if "minimum" in node and "maximum" in node:
         return f" from {node['minimum']} to {node['maximum']}"
-    low = (f"above {node['exclusiveMinimum']}" if "exclusiveMinimum" in node
-           else f"of at least {node['minimum']}" if "minimum" in node else "")
-    high = (f"below {node['exclusiveMaximum']}" if "exclusiveMaximum" in node
-            else f"at most {node['maximum']}" if "maximum" in node else "")
+    low = (
+        f"above {node['exclusiveMinimum']}"
+        if "exclusiveMinimum" in node
+        else f"of at least {node['minimum']}"
+        if "minimum" in node
+        else ""
+    )
+    high = (
+        f"below {node['exclusiveMaximum']}"
+        if "exclusiveMaximum" in node
+        else f"at most {node['maximum']}"
+        if "maximum" in node
+        else ""
+    )
     if low and high:
         return f" {low} and {high}"
     if high:
@@ -252,8 +292,11 @@ def _bounds(node: Node) -> str:
 
 
 _TYPES = {"null": "null", "boolean": "true or false", "array": "a list", "object": "a mapping"}
-_STRINGS = {"duration": "a duration such as '30s' or a number of seconds",
-            "size": "a size such as '64MiB' or a number of bytes", "": "a string"}
+_STRINGS = {
+    "duration": "a duration such as '30s' or a number of seconds",
+    "size": "a size such as '64MiB' or a number of bytes",
+    "": "a string",
+}
 
 
 def _describe(node: Node, kind: str) -> str:
@@ -265,10 +308,17 @@ def _describe(node: Node, kind: str) -> str:
         return words[0] if len(words) == 1 else "one of " + ", ".join(words)
     types = node.get("type")
     names = types if isinstance(types, list) else [types]
-    words = [_STRINGS[kind] if t == "string" else
-             f"a whole number{_bounds(node)}" if t == "integer" else
-             f"a number{_bounds(node)}" if t == "number" else _TYPES.get(t, str(t))
-             for t in names if t is not None]
+    words = [
+        _STRINGS[kind]
+        if t == "string"
+        else f"a whole number{_bounds(node)}"
+        if t == "integer"
+        else f"a number{_bounds(node)}"
+        if t == "number"
+        else _TYPES.get(t, str(t))
+        for t in names
+        if t is not None
+    ]
     return " or ".join(words) or "anything"
 
 

@@ -36,13 +36,13 @@ from cudask.worker.spec import MAX_PORT
 _HOST_PORT_SCHEMES = ("tcp", "tls", "ucx", "ucxx", "ws", "wss")
 
 
-
 def _schemes() -> str:
     return ", ".join(sorted(set(backends) | set(UCX_PROTOCOLS)))
 
 
-def _parse(label: str, value: Any, *, option: str | None, default_port: int | None,
-           example: str) -> tuple[str, str, int | None]:
+def _parse(
+    label: str, value: Any, *, option: str | None, default_port: int | None, example: str
+) -> tuple[str, str, int | None]:
     """(scheme, host, port) of an address, as distributed parses it (port None:
     a scheme without ports, such as inproc)."""
     accepted = f"accepted: an address such as {example!r} (schemes: {_schemes()})"
@@ -55,18 +55,22 @@ def _parse(label: str, value: Any, *, option: str | None, default_port: int | No
         try:
             get_backend(scheme)
         except ValueError:
-            raise OptionError(f"{label}={value!r}: unknown scheme {scheme!r}; "
-                                       f"{accepted}", option=option) from None
+            raise OptionError(
+                f"{label}={value!r}: unknown scheme {scheme!r}; {accepted}", option=option
+            ) from None
     if scheme not in _HOST_PORT_SCHEMES:
         return scheme, location, None
     try:
         host, port = parse_host_port(location, default_port=default_port)
     except ValueError as exc:
-        raise OptionError(f"{label}={value!r} is not an address: {exc}; "
-                                   f"{accepted}", option=option) from None
+        raise OptionError(
+            f"{label}={value!r} is not an address: {exc}; {accepted}", option=option
+        ) from None
     if not isinstance(port, int) or not 0 <= port <= MAX_PORT:
-        raise OptionError(f"{label}={value!r}: port {port!r} is out of range "
-                                   f"0-{MAX_PORT}; {accepted}", option=option)
+        raise OptionError(
+            f"{label}={value!r}: port {port!r} is out of range 0-{MAX_PORT}; {accepted}",
+            option=option,
+        )
     return scheme, host, port
 
 
@@ -76,13 +80,19 @@ def check_scheduler_address(value: Any, label: str = "scheduler") -> str:
     a Kubernetes service's name may resolve only later, and the workers wait for it."""
     example = "tcp://10.0.0.1:8786"
     if isinstance(value, str) and value.startswith("-"):
-        raise OptionError(f"{label}={value!r} looks like a flag, not an address; is an "
-                                 "option misspelt? accepted: an address such as "
-                                 f"{example!r} (see `cudask worker --help`)", option=None)
+        raise OptionError(
+            f"{label}={value!r} looks like a flag, not an address; is an "
+            "option misspelt? accepted: an address such as "
+            f"{example!r} (see `cudask worker --help`)",
+            option=None,
+        )
     scheme, host, port = _parse(label, value, option=None, default_port=None, example=example)
     if port is not None and (not host or port == 0):
-        raise OptionError(f"{label}={value!r} names no {'port' if host else 'host'}; "
-                                 f"accepted: an address such as {example!r}", option=None)
+        raise OptionError(
+            f"{label}={value!r} names no {'port' if host else 'host'}; "
+            f"accepted: an address such as {example!r}",
+            option=None,
+        )
     return scheme
 
 
@@ -108,9 +118,12 @@ def _listen(option: str, value: Any, example: str) -> None:
     _, host, _ = _parse(option, value, option=option, default_port=0, example=example)
     why = _not_local(host)
     if why:
-        raise OptionError(f"{option}={value!r}: {why}; accepted: a name or IP address "
-                                   f"of this machine, e.g. {option}={example!r}, or a network "
-                                   "interface instead (interface)", option=option)
+        raise OptionError(
+            f"{option}={value!r}: {why}; accepted: a name or IP address "
+            f"of this machine, e.g. {option}={example!r}, or a network "
+            "interface instead (interface)",
+            option=option,
+        )
 
 
 def check_host(value: Any) -> None:
@@ -124,8 +137,13 @@ def check_listen_address(value: Any) -> None:
 
 def check_contact_address(value: Any) -> None:
     """Only its form: it names how others reach the worker (a NAT or a service)."""
-    _parse("contact_address", value, option="contact_address", default_port=0,
-           example="tcp://node1:9000")
+    _parse(
+        "contact_address",
+        value,
+        option="contact_address",
+        default_port=0,
+        example="tcp://node1:9000",
+    )
 
 
 def check_interface(value: Any) -> None:
@@ -133,22 +151,31 @@ def check_interface(value: Any) -> None:
     needs one (distributed.utils.get_ip_interface)."""
     names = sorted(psutil.net_if_addrs())
     if not isinstance(value, str) or value not in names:
-        raise OptionError(f"interface={value!r} is not a network interface of "
-                                        f"this machine; accepted: one of {', '.join(names)}, "
-                                        f"e.g. interface={next((n for n in names if n != 'lo'), 'eth0')!r}", option="interface")
+        raise OptionError(
+            f"interface={value!r} is not a network interface of "
+            f"this machine; accepted: one of {', '.join(names)}, "
+            f"e.g. interface={next((n for n in names if n != 'lo'), 'eth0')!r}",
+            option="interface",
+        )
     try:
         get_ip_interface(value)
     except ValueError as exc:
-        raise OptionError(f"interface={value!r}: {exc}; accepted: an interface "
-                                        f"with an IPv4 address, one of {', '.join(names)}", option="interface") from None
+        raise OptionError(
+            f"interface={value!r}: {exc}; accepted: an interface "
+            f"with an IPv4 address, one of {', '.join(names)}",
+            option="interface",
+        ) from None
 
 
 def check_port(label: str, value: Any) -> None:
     """A port number: 0 (any free port) to 65535 (also as digits, as distributed takes it)."""
     port = int(value) if isinstance(value, str) and value.strip().isdigit() else value
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= MAX_PORT:
-        raise OptionError(f"{label}={value!r} is not a port; accepted: a whole number "
-                                  f"from 0 (any free port) to {MAX_PORT}, e.g. {label}=8786", option=label)
+        raise OptionError(
+            f"{label}={value!r} is not a port; accepted: a whole number "
+            f"from 0 (any free port) to {MAX_PORT}, e.g. {label}=8786",
+            option=label,
+        )
 
 
 def check_dashboard_address(label: str, value: Any) -> None:
@@ -156,20 +183,26 @@ def check_dashboard_address(label: str, value: Any) -> None:
     'host:8787', a comma-separated string or a list of them; None: no dashboard."""
     if value is None or value is False:
         return
-    accepted = (f"accepted: a port such as 8787, an address such as ':8787' or "
-                f"'10.0.0.1:8787' (port 0: any free port), e.g. {label}=':8787'")
+    accepted = (
+        f"accepted: a port such as 8787, an address such as ':8787' or "
+        f"'10.0.0.1:8787' (port 0: any free port), e.g. {label}=':8787'"
+    )
     items = value if isinstance(value, list) else [value]
     if not items or any(isinstance(i, bool) or not isinstance(i, (str, int)) for i in items):
         raise OptionError(f"{label}={value!r} is not a dashboard address; {accepted}", option=label)
     try:
         addresses = clean_dashboard_address(value)
     except (ValueError, TypeError):
-        raise OptionError(f"{label}={value!r} is not a dashboard address; "
-                                  f"{accepted}", option=label) from None
+        raise OptionError(
+            f"{label}={value!r} is not a dashboard address; {accepted}", option=label
+        ) from None
     for address in addresses:
         port = address["port"]
-        why = (f"port {port} is out of range 0-{MAX_PORT}" if not 0 <= port <= MAX_PORT
-               else _not_local(address["address"]))
+        why = (
+            f"port {port} is out of range 0-{MAX_PORT}"
+            if not 0 <= port <= MAX_PORT
+            else _not_local(address["address"])
+        )
         if why:
             raise OptionError(f"{label}={value!r}: {why}; {accepted}", option=label)
 
@@ -180,12 +213,23 @@ def check_silence_logs(value: Any) -> None:
         return
     if isinstance(value, str) and value.upper() in logging.getLevelNamesMapping():
         return
-    raise OptionError(f"silence_logs={value!r} is not a logging level; "
-                                       "accepted: a level such as logging.WARNING (30) or its "
-                                       "name ('debug', 'info', 'warning', 'error', 'critical'), "
-                                       "or False for no change", option="silence_logs")
+    raise OptionError(
+        f"silence_logs={value!r} is not a logging level; "
+        "accepted: a level such as logging.WARNING (30) or its "
+        "name ('debug', 'info', 'warning', 'error', 'critical'), "
+        "or False for no change",
+        option="silence_logs",
+    )
 
 
-__all__ = ["MAX_PORT", "check_contact_address", "check_dashboard_address", "check_host",
-           "check_interface", "check_listen_address", "check_port", "check_scheduler_address",
-           "check_silence_logs"]
+__all__ = [
+    "MAX_PORT",
+    "check_contact_address",
+    "check_dashboard_address",
+    "check_host",
+    "check_interface",
+    "check_listen_address",
+    "check_port",
+    "check_scheduler_address",
+    "check_silence_logs",
+]

@@ -75,8 +75,10 @@ def _duration(name: str, example: str = "60") -> Callable[[Any], None]:
 
     def check(value: Any) -> None:
         seconds = None if isinstance(value, bool) else _seconds(value)
-        accepted = ("accepted: seconds (0 or more) or a string such as '60s' or '5 minutes', "
-                    f"e.g. {name}={example}")
+        accepted = (
+            "accepted: seconds (0 or more) or a string such as '60s' or '5 minutes', "
+            f"e.g. {name}={example}"
+        )
         if seconds is None or math.isnan(seconds):
             raise OptionError(f"{name}={value!r} is not a duration; {accepted}", option=name)
         if seconds < 0:
@@ -86,8 +88,10 @@ def _duration(name: str, example: str = "60") -> Callable[[Any], None]:
 
 
 _death_timeout = _duration("death_timeout")
-_RESOURCES_ACCEPTED = ("accepted: a string of NAME=AMOUNT pairs such as 'GPU=1 MEM=10e9', or a "
-                       "dict of names to amounts of 0 or more, e.g. {'GPU': 1}")
+_RESOURCES_ACCEPTED = (
+    "accepted: a string of NAME=AMOUNT pairs such as 'GPU=1 MEM=10e9', or a "
+    "dict of names to amounts of 0 or more, e.g. {'GPU': 1}"
+)
 
 
 def _resources(value: Any) -> None:
@@ -97,13 +101,16 @@ def _resources(value: Any) -> None:
     for name, amount in amounts.items():
         number = isinstance(amount, (int, float)) and not isinstance(amount, bool)
         if not isinstance(name, str) or not number or not amount >= 0:
-            raise OptionError(f"resources={value!r}: {name!r} has the amount {amount!r}; "
-                              f"{_RESOURCES_ACCEPTED}")
+            raise OptionError(
+                f"resources={value!r}: {name!r} has the amount {amount!r}; {_RESOURCES_ACCEPTED}"
+            )
 
 
 def _name(value: Any) -> None:
-    accepted = ("accepted: a worker name such as 'node1' (several GPUs: node1-0, node1-1, ...) "
-                "or an int, e.g. name='node1'")
+    accepted = (
+        "accepted: a worker name such as 'node1' (several GPUs: node1-0, node1-1, ...) "
+        "or an int, e.g. name='node1'"
+    )
     if isinstance(value, str) and not value.strip():
         raise OptionError(f"name={value!r} is empty; {accepted}")
     if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -118,10 +125,13 @@ def _host_memory(value: Any) -> None:
     else:
         nbytes = parse_size(value, total=MEMORY_LIMIT, name="memory_limit")
     if nbytes is not None and nbytes > MEMORY_LIMIT:
-        raise OptionError(f"memory_limit={value!r} is {format_bytes(nbytes)}, more than this "
-                          f"machine's {format_bytes(MEMORY_LIMIT)} of memory; accepted: at most "
-                          f"{format_bytes(MEMORY_LIMIT)}, a fraction such as 0.5, or 'auto' "
-                          "(an even share)", option="memory_limit")
+        raise OptionError(
+            f"memory_limit={value!r} is {format_bytes(nbytes)}, more than this "
+            f"machine's {format_bytes(MEMORY_LIMIT)} of memory; accepted: at most "
+            f"{format_bytes(MEMORY_LIMIT)}, a fraction such as 0.5, or 'auto' "
+            "(an even share)",
+            option="memory_limit",
+        )
 
 
 def _scheduler_file(path: str) -> None:
@@ -133,30 +143,41 @@ def _scheduler_file(path: str) -> None:
     try:
         net.check_scheduler_address(address)
     except OptionError as exc:
-        raise OptionError(f"scheduler_file={path!r} holds the address {address!r}, which is "
-                          f"not one: {exc}", option="scheduler_file") from None
+        raise OptionError(
+            f"scheduler_file={path!r} holds the address {address!r}, which is not one: {exc}",
+            option="scheduler_file",
+        ) from None
 
 
 def _security(value: Any, cluster: bool) -> None:
     if value is None or isinstance(value, Security) or cluster and isinstance(value, bool):
         return
-    accepted = ("a distributed.Security, True (temporary certificates, as LocalCluster makes) or "
-                "None" if cluster else "a distributed.Security or None")
-    raise OptionError(f"security={value!r} is not accepted; accepted: {accepted}",
-                      option="security")
+    accepted = (
+        "a distributed.Security, True (temporary certificates, as LocalCluster makes) or None"
+        if cluster
+        else "a distributed.Security or None"
+    )
+    raise OptionError(
+        f"security={value!r} is not accepted; accepted: {accepted}", option="security"
+    )
 
 
 def _no_nthreads(value: Any) -> None:
-    raise OptionError(f"nthreads={value!r}: LocalCUDACluster's keyword for the threads of each "
-                      "worker is threads_per_worker, as LocalCluster's; accepted: "
-                      f"threads_per_worker, e.g. threads_per_worker={value!r}", option="nthreads")
+    raise OptionError(
+        f"nthreads={value!r}: LocalCUDACluster's keyword for the threads of each "
+        "worker is threads_per_worker, as LocalCluster's; accepted: "
+        f"threads_per_worker, e.g. threads_per_worker={value!r}",
+        option="nthreads",
+    )
 
 
 def _mapping(name: str) -> Callable[[Any], None]:
     def check(value: Any) -> None:
         if not isinstance(value, Mapping):
-            raise OptionError(f"{name}={value!r} is not a dict; accepted: a dict of keywords, "
-                              f"e.g. {name}={{}}", option=name)
+            raise OptionError(
+                f"{name}={value!r} is not a dict; accepted: a dict of keywords, e.g. {name}={{}}",
+                option=name,
+            )
 
     return check
 
@@ -181,15 +202,22 @@ _OPTION_CHECKS: dict[str, Callable[[Any], object]] = {
 
 # Checks of a value's form alone, also for workers that run on another machine
 # (the others look at this machine: its addresses, interfaces, files).
-_FORM_ONLY = ("worker_port", "resources", "death_timeout", "worker_class", "name",
-              "contact_address")
+_FORM_ONLY = (
+    "worker_port",
+    "resources",
+    "death_timeout",
+    "worker_class",
+    "name",
+    "contact_address",
+)
 
 _CLUSTER_CHECKS: dict[str, Callable[[Any], object]] = {
     "host": net.check_host,
     "scheduler_port": lambda v: net.check_port("scheduler_port", v),
     "dashboard_address": lambda v: net.check_dashboard_address("dashboard_address", v),
-    "worker_dashboard_address":
-        lambda v: net.check_dashboard_address("worker_dashboard_address", v),
+    "worker_dashboard_address": lambda v: net.check_dashboard_address(
+        "worker_dashboard_address", v
+    ),
     "silence_logs": net.check_silence_logs,
     # distributed.Worker's and Nanny's keywords, which LocalCluster hands on
     "death_timeout": _death_timeout,
@@ -207,9 +235,11 @@ def check_n_workers(n_workers: Any) -> None:
     if n_workers is None:
         return
     if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
-        raise OptionError(f"n_workers={n_workers!r} is not accepted; accepted: a whole number "
-                          "of at least 1 (one worker per GPU), e.g. n_workers=2, or None for "
-                          "every visible GPU")
+        raise OptionError(
+            f"n_workers={n_workers!r} is not accepted; accepted: a whole number "
+            "of at least 1 (one worker per GPU), e.g. n_workers=2, or None for "
+            "every visible GPU"
+        )
 
 
 def check_config_keys() -> None:
@@ -218,15 +248,18 @@ def check_config_keys() -> None:
         where = config.origin(key, config.user_value(key)) or f"config key {key}"
         key = key.replace("_", "-")
         if key in config.REMOVED:
-            raise OptionError(f"{where}: {key} is no longer a setting ({config.REMOVED[key]}); "
-                              "remove it", origin=where)
+            raise OptionError(
+                f"{where}: {key} is no longer a setting ({config.REMOVED[key]}); remove it",
+                origin=where,
+            )
         accepted = f"accepted: the keys of cudask.yaml ({config.DEFAULTS_FILE})"
         if close and close.startswith(key + "."):
-            raise OptionError(f"{where}: {key} is a section of keys such as {close}, not a "
-                              f"value; {accepted}", origin=where)
+            raise OptionError(
+                f"{where}: {key} is a section of keys such as {close}, not a value; {accepted}",
+                origin=where,
+            )
         hint = f"did you mean {close}?" if close else "no known key is close"
-        raise OptionError(f"{where}: unknown config key {key}; {hint} ({accepted})",
-                          origin=where)
+        raise OptionError(f"{where}: unknown config key {key}; {hint} ({accepted})", origin=where)
 
 
 def _config_origin(check: Callable[[], object]) -> None:
@@ -238,8 +271,9 @@ def _config_origin(check: Callable[[], object]) -> None:
         where = config.origin(key.group(1)) if key else None
         if where is None:
             raise
-        raise OptionError(str(exc) if where.startswith("config key ") else f"{where}: {exc}",
-                          origin=where) from None
+        raise OptionError(
+            str(exc) if where.startswith("config key ") else f"{where}: {exc}", origin=where
+        ) from None
 
 
 def _check_temporary_directory() -> None:
@@ -252,8 +286,9 @@ def _check_temporary_directory() -> None:
     except OptionError as exc:
         where = config.origin("temporary-directory") or "config key temporary-directory"
         text = f"{exc}, or give local_directory (--local-directory) another"
-        raise OptionError(text if where.startswith("config key ") else f"{where}: {text}",
-                          origin=where) from None
+        raise OptionError(
+            text if where.startswith("config key ") else f"{where}: {text}", origin=where
+        ) from None
 
 
 def _check_scheduler(options: WorkerOptions, scheduler: Any, origin: str | None) -> str | None:
@@ -261,8 +296,11 @@ def _check_scheduler(options: WorkerOptions, scheduler: Any, origin: str | None)
     if scheduler is None:
         return None
     if options.scheduler_file is not None:
-        raise OptionError(f"give the scheduler's address ({scheduler}) or scheduler_file "
-                          f"({options.scheduler_file}), not both", option="scheduler_file")
+        raise OptionError(
+            f"give the scheduler's address ({scheduler}) or scheduler_file "
+            f"({options.scheduler_file}), not both",
+            option="scheduler_file",
+        )
     try:
         return net.check_scheduler_address(scheduler)
     except OptionError as exc:
@@ -272,8 +310,9 @@ def _check_scheduler(options: WorkerOptions, scheduler: Any, origin: str | None)
         raise OptionError(f"{origin}: {exc}", option="scheduler", origin=origin) from None
 
 
-def _tls_asked(options: WorkerOptions, scheduler: Any, scheme: str | None,
-               host: Any) -> tuple[str, str] | None:
+def _tls_asked(
+    options: WorkerOptions, scheduler: Any, scheme: str | None, host: Any
+) -> tuple[str, str] | None:
     """The option that asks for TLS and its value (for the message), or None."""
     if options.protocol == "tls":
         return "protocol", "protocol='tls'"
@@ -285,8 +324,9 @@ def _tls_asked(options: WorkerOptions, scheduler: Any, scheme: str | None,
     return None
 
 
-def _check_options(options: WorkerOptions, checks: Mapping[str, Callable[[Any], object]],
-                   values: Mapping[str, Any]) -> None:
+def _check_options(
+    options: WorkerOptions, checks: Mapping[str, Callable[[Any], object]], values: Mapping[str, Any]
+) -> None:
     for name, check in checks.items():
         value = values.get(name)
         if value is None:
@@ -300,8 +340,13 @@ def _check_options(options: WorkerOptions, checks: Mapping[str, Callable[[Any], 
 def _check_node_workers(options: WorkerOptions, visible_devices: Any) -> None:
     """A node's options against the workers its CUDA_VISIBLE_DEVICES will start, when it
     is set (unset: every GPU, counted once they are found)."""
-    entries = (visible_devices.split(",") if isinstance(visible_devices, str)
-               else [visible_devices] if isinstance(visible_devices, int) else visible_devices)
+    entries = (
+        visible_devices.split(",")
+        if isinstance(visible_devices, str)
+        else [visible_devices]
+        if isinstance(visible_devices, int)
+        else visible_devices
+    )
     workers = len(entries) * (options.workers_per_gpu or 1)
     check_one_worker_options(options.settings, workers)
     try:
@@ -346,23 +391,29 @@ def check_input(
     if cluster is not None:
         _check_options(options, _CLUSTER_CHECKS, cluster)
     elif security is not None:
-        _check_options(options, {"security": lambda v: _security(v, cluster=False)},
-                       {"security": security})
+        _check_options(
+            options, {"security": lambda v: _security(v, cluster=False)}, {"security": security}
+        )
     if libraries and options.local_directory is None:
         _check_temporary_directory()
     scheme = _check_scheduler(options, scheduler, scheduler_origin)
     if libraries:
         files.check_tls_files(options.settings)
         host = (cluster or {}).get("host", options.get("host"))
-        files.check_tls_needs(_tls_asked(options, scheduler, scheme, host), options.settings,
-                              (cluster or {}).get("security", security), cluster=cluster is not None)
+        files.check_tls_needs(
+            _tls_asked(options, scheduler, scheme, host),
+            options.settings,
+            (cluster or {}).get("security", security),
+            cluster=cluster is not None,
+        )
     try:
         check_visible_devices(visible_devices)
     except OptionError as exc:
         if visible_origin is None:
             raise
-        raise OptionError(f"{visible_origin}: {exc}", option=exc.option,
-                          origin=visible_origin) from None
+        raise OptionError(
+            f"{visible_origin}: {exc}", option=exc.option, origin=visible_origin
+        ) from None
     if surface != "cluster" and visible_devices is not None:
         _check_node_workers(options, visible_devices)
     check_n_workers(n_workers)

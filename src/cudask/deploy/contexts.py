@@ -32,13 +32,16 @@ from cudask.errors import CUDAContextWarning
 
 logger = logging.getLogger("cudask")
 
-AVOID = ("start the cluster before this process uses the GPU (CuPy, cuDF, Numba, PyTorch, RMM "
-         "or a library that imports them), or leave this GPU to this process: a "
-         "CUDA_VISIBLE_DEVICES for the workers without it (docs/cuda-contexts.md)")
+AVOID = (
+    "start the cluster before this process uses the GPU (CuPy, cuDF, Numba, PyTorch, RMM "
+    "or a library that imports them), or leave this GPU to this process: a "
+    "CUDA_VISIBLE_DEVICES for the workers without it (docs/cuda-contexts.md)"
+)
 
 
-def own_contexts(devices: Sequence[Device], pid: int,
-                 backend: ProcessBackend | None = None) -> list[tuple[Device, GPUProcess]]:
+def own_contexts(
+    devices: Sequence[Device], pid: int, backend: ProcessBackend | None = None
+) -> list[tuple[Device, GPUProcess]]:
     """The contexts process `pid` holds on `devices`, each with its device; devices
     whose processes NVML cannot list are left out."""
     backend = backend if backend is not None else default_backend()
@@ -58,15 +61,22 @@ def describe(found: Sequence[tuple[Device, GPUProcess]], pid: int, role: str) ->
     places = ", ".join(
         f"{d.label} ({d.uuid}, "
         f"{format_bytes(p.used_memory) if p.used_memory is not None else 'memory not reported'})"
-        for d, p in found)
-    return (f"this process (pid {pid}: {role}) holds a CUDA context on {places}, which its "
-            f"workers will use: what the context holds there is lost to them. To avoid it, "
-            f"{AVOID}")
+        for d, p in found
+    )
+    return (
+        f"this process (pid {pid}: {role}) holds a CUDA context on {places}, which its "
+        f"workers will use: what the context holds there is lost to them. To avoid it, "
+        f"{AVOID}"
+    )
 
 
-def warn_own_contexts(devices: Sequence[Device], role: str = "the client, scheduler and "
-                      "nannies", *, backend: ProcessBackend | None = None,
-                      stacklevel: int = 3) -> list[tuple[Device, GPUProcess]]:
+def warn_own_contexts(
+    devices: Sequence[Device],
+    role: str = "the client, scheduler and nannies",
+    *,
+    backend: ProcessBackend | None = None,
+    stacklevel: int = 3,
+) -> list[tuple[Device, GPUProcess]]:
     """Warn once (CUDAContextWarning) when this process holds a CUDA context on one
     of `devices`; return what was found. Never raises for NVML's sake."""
     pid = os.getpid()

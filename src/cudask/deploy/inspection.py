@@ -38,9 +38,13 @@ def _plugin_settings(plugin: Any) -> Any:
     if callable(describe):
         settings = describe()
     else:
-        settings = {k: getattr(plugin, k) for k in dir(plugin)
-                    if not k.startswith("_") and k not in _SKIPPED
-                    and not callable(getattr(plugin, k, None))}
+        settings = {
+            k: getattr(plugin, k)
+            for k in dir(plugin)
+            if not k.startswith("_")
+            and k not in _SKIPPED
+            and not callable(getattr(plugin, k, None))
+        }
     try:
         pickle.dumps(settings)
     except (TypeError, pickle.PicklingError, AttributeError):
@@ -50,11 +54,16 @@ def _plugin_settings(plugin: Any) -> Any:
 
 def get_worker_config(dask_worker: Any) -> dict[str, Any]:
     """What one worker runs with (through Client.run)."""
-    report: dict[str, Any] = {f"[plugin] {type(p).__name__}": _plugin_settings(p)
-                              for p in dask_worker.plugins.values()}
+    report: dict[str, Any] = {
+        f"[plugin] {type(p).__name__}": _plugin_settings(p) for p in dask_worker.plugins.values()
+    }
     manager = dask_worker.memory_manager
-    for key in ("memory_limit", "memory_pause_fraction", "memory_spill_fraction",
-                "memory_target_fraction"):
+    for key in (
+        "memory_limit",
+        "memory_pause_fraction",
+        "memory_spill_fraction",
+        "memory_target_fraction",
+    ):
         report[key] = getattr(manager, key)
     device_limit = getattr(dask_worker.data, "device_memory_limit", None)
     if device_limit is not None:
@@ -73,7 +82,8 @@ async def get_scheduler_configuration(client: Any) -> dict[str, Any]:
     """The scheduler's worker TTL and extensions."""
     ttl = await client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.worker_ttl)
     extensions = await client.run_on_scheduler(
-        lambda dask_scheduler: list(dask_scheduler.extensions))
+        lambda dask_scheduler: list(dask_scheduler.extensions)
+    )
     return {"distributed.scheduler.worker-ttl": ttl, "active-extensions": extensions}
 
 
@@ -109,8 +119,13 @@ def _table(settings: dict[str, Any], title: str | None) -> Any:
     for key, value in sorted(settings.items()):
         if key in _BYTES and isinstance(value, int) and not isinstance(value, bool):
             value = format_bytes(value)
-        shown = (_table(value, None) if isinstance(value, dict) and value
-                 else escape(value) if isinstance(value, str) else Pretty(value))
+        shown = (
+            _table(value, None)
+            if isinstance(value, dict) and value
+            else escape(value)
+            if isinstance(value, str)
+            else Pretty(value)
+        )
         table.add_row(escape(key), shown)
     return table
 
@@ -125,9 +140,13 @@ def print_cluster_config(client: Any) -> None:
     Console().print(_table(get_cluster_configuration(client), "Dask Cluster Configuration"))
 
 
-def wait_workers(client: Any, min_timeout: float = 10, seconds_per_gpu: float = 2,
-                 n_gpus: int | None = None,
-                 timeout_callback: Callable[[], object] | None = None) -> bool:
+def wait_workers(
+    client: Any,
+    min_timeout: float = 10,
+    seconds_per_gpu: float = 2,
+    n_gpus: int | None = None,
+    timeout_callback: Callable[[], object] | None = None,
+) -> bool:
     """Wait until `n_gpus` workers (default: this process's GPUs) are connected: True,
     or False after max(min_timeout, seconds_per_gpu * n_gpus) seconds, having called
     `timeout_callback`. DASK_CUDA_WAIT_WORKERS_MIN_TIMEOUT overrides min_timeout."""
@@ -158,5 +177,11 @@ def all_to_all(client: Any) -> Any:
     return client.sync(_all_to_all, client=client, asynchronous=client.asynchronous)
 
 
-__all__ = ["all_to_all", "get_cluster_configuration", "get_scheduler_configuration",
-           "get_worker_config", "print_cluster_config", "wait_workers"]
+__all__ = [
+    "all_to_all",
+    "get_cluster_configuration",
+    "get_scheduler_configuration",
+    "get_worker_config",
+    "print_cluster_config",
+    "wait_workers",
+]

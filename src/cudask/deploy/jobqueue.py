@@ -105,58 +105,78 @@ def job_kwargs(
             "slurm", gpus_per_job=4, cores=32, memory="256GB", device_memory_limit=0.8))
     """
     if queue_system not in QUEUE_SYSTEMS:
-        raise OptionError(f"queue_system={queue_system!r} is not accepted; accepted: "
-                          f"{', '.join(QUEUE_SYSTEMS)} (for others, give worker_command="
-                          f"{WORKER_COMMAND!r} and worker_extra_args=worker_flags(...) yourself)")
+        raise OptionError(
+            f"queue_system={queue_system!r} is not accepted; accepted: "
+            f"{', '.join(QUEUE_SYSTEMS)} (for others, give worker_command="
+            f"{WORKER_COMMAND!r} and worker_extra_args=worker_flags(...) yourself)"
+        )
     if isinstance(gpus_per_job, bool) or not isinstance(gpus_per_job, int) or gpus_per_job < 1:
-        raise OptionError(f"gpus_per_job={gpus_per_job!r} is not accepted; accepted: a whole "
-                          "number of at least 1, e.g. gpus_per_job=4")
+        raise OptionError(
+            f"gpus_per_job={gpus_per_job!r} is not accepted; accepted: a whole "
+            "number of at least 1, e.g. gpus_per_job=4"
+        )
     if isinstance(cores, bool) or not isinstance(cores, int) or cores < gpus_per_job:
-        raise OptionError(f"cores={cores!r} is not accepted; accepted: a whole number of at "
-                          f"least gpus_per_job={gpus_per_job} (each GPU's worker gets cores / "
-                          f"gpus_per_job threads), e.g. cores={8 * gpus_per_job}")
+        raise OptionError(
+            f"cores={cores!r} is not accepted; accepted: a whole number of at "
+            f"least gpus_per_job={gpus_per_job} (each GPU's worker gets cores / "
+            f"gpus_per_job threads), e.g. cores={8 * gpus_per_job}"
+        )
     for name, value in worker_options.items():
         if name in SET_BY_JOBQUEUE:
-            raise OptionError(f"{name}={value!r}: dask-jobqueue sets this for "
-                              f"each worker; give {SET_BY_JOBQUEUE[name]} instead")
+            raise OptionError(
+                f"{name}={value!r}: dask-jobqueue sets this for "
+                f"each worker; give {SET_BY_JOBQUEUE[name]} instead"
+            )
     if worker_options.get("nanny") is False and gpus_per_job > 1:
-        raise OptionError(f"nanny=False runs one worker in the job's process, so it needs "
-                          f"gpus_per_job=1, not {gpus_per_job}")
+        raise OptionError(
+            f"nanny=False runs one worker in the job's process, so it needs "
+            f"gpus_per_job=1, not {gpus_per_job}"
+        )
     try:
         job_memory = parse_bytes(memory) if isinstance(memory, str) else memory
     except (ValueError, TypeError):
         job_memory = None
     if isinstance(job_memory, bool) or not isinstance(job_memory, int) or job_memory <= 0:
-        raise OptionError(f"memory={memory!r} is not accepted; accepted: the job's host memory "
-                          "as bytes or a string such as '64GB'")
+        raise OptionError(
+            f"memory={memory!r} is not accepted; accepted: the job's host memory "
+            "as bytes or a string such as '64GB'"
+        )
     resolved = _check(worker_options)
     per_gpu = sharing.workers_per_gpu(resolved)
     if per_gpu > 1:
         if cores < gpus_per_job * per_gpu:
-            raise OptionError(f"cores={cores!r} is fewer than the job's {gpus_per_job * per_gpu} "
-                              f"workers (gpus_per_job={gpus_per_job} x workers_per_gpu="
-                              f"{per_gpu}); each needs a thread, e.g. "
-                              f"cores={8 * gpus_per_job * per_gpu}")
+            raise OptionError(
+                f"cores={cores!r} is fewer than the job's {gpus_per_job * per_gpu} "
+                f"workers (gpus_per_job={gpus_per_job} x workers_per_gpu="
+                f"{per_gpu}); each needs a thread, e.g. "
+                f"cores={8 * gpus_per_job * per_gpu}"
+            )
         worker_options = {**worker_options, "workers_per_gpu": per_gpu}  # as the workers see it
     kwargs: dict[str, Any] = {
         "cores": cores,
         "memory": memory,
         "processes": gpus_per_job * per_gpu,
         "worker_command": WORKER_COMMAND,
-        "worker_extra_args": _flags([k for k in worker_options if k not in JOB_KEYWORDS],
-                                    resolved),
+        "worker_extra_args": _flags([k for k in worker_options if k not in JOB_KEYWORDS], resolved),
         **{k: resolved[k] for k in JOB_KEYWORDS if k in worker_options},
     }
     directives = list(job_extra_directives)
     if queue_system == "slurm":
         directives.insert(0, f"--gres=gpu:{gpus_per_job}")
     elif queue_system == "pbs":
-        kwargs["resource_spec"] = (f"select=1:ncpus={cores}:ngpus={gpus_per_job}:"
-                                   f"mem={_pbs_memory(job_memory)}")
+        kwargs["resource_spec"] = (
+            f"select=1:ncpus={cores}:ngpus={gpus_per_job}:mem={_pbs_memory(job_memory)}"
+        )
     if directives:
         kwargs["job_extra_directives"] = directives
     return kwargs
 
 
-__all__ = ["JOB_KEYWORDS", "QUEUE_SYSTEMS", "SET_BY_JOBQUEUE", "WORKER_COMMAND", "job_kwargs",
-           "worker_flags"]
+__all__ = [
+    "JOB_KEYWORDS",
+    "QUEUE_SYSTEMS",
+    "SET_BY_JOBQUEUE",
+    "WORKER_COMMAND",
+    "job_kwargs",
+    "worker_flags",
+]

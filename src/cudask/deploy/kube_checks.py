@@ -83,17 +83,23 @@ MAX_CLUSTER_NAME = 53  # 63, less the "-scheduler" the operator appends
 # ----------------------------------------------------------------------------- checks
 def check_count(keyword: str, value: Any, minimum: int, example: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise OptionError(f"{keyword}={value!r} is not accepted; accepted: a whole number "
-            f"of at least {minimum}, e.g. {keyword}={example}", option=keyword)
+        raise OptionError(
+            f"{keyword}={value!r} is not accepted; accepted: a whole number "
+            f"of at least {minimum}, e.g. {keyword}={example}",
+            option=keyword,
+        )
     return value
 
 
 def check_gpus(value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value < 1:
-        raise OptionError(f"nvidia_gpu={value!r}: a cudask worker pod needs a GPU "
+        raise OptionError(
+            f"nvidia_gpu={value!r}: a cudask worker pod needs a GPU "
             "(it starts one dask worker per GPU it is given); accepted: a "
             "whole number of at least 1, e.g. nvidia_gpu=1 (CPU-only "
-            "workers: dask_kubernetes.operator.KubeCluster)", option="nvidia_gpu")
+            "workers: dask_kubernetes.operator.KubeCluster)",
+            option="nvidia_gpu",
+        )
     return check_count("nvidia_gpu", value, 1, 1)
 
 
@@ -109,12 +115,18 @@ def check_cpu(keyword: str, value: Any) -> str:
         except ValueError:
             millis = None
     if millis is None or not math.isfinite(millis) or millis <= 0:
-        raise OptionError(f"{keyword}={value!r} is not accepted; accepted: CPU cores as a "
-            f"number above 0 or a quantity such as '500m', e.g. {keyword}=4", option=keyword)
+        raise OptionError(
+            f"{keyword}={value!r} is not accepted; accepted: CPU cores as a "
+            f"number above 0 or a quantity such as '500m', e.g. {keyword}=4",
+            option=keyword,
+        )
     millis = round(millis)
     if millis < 1:
-        raise OptionError(f"{keyword}={value!r} is less than 1m (a thousandth of a core); "
-            f"accepted: at least '1m', e.g. {keyword}=4", option=keyword)
+        raise OptionError(
+            f"{keyword}={value!r} is less than 1m (a thousandth of a core); "
+            f"accepted: at least '1m', e.g. {keyword}=4",
+            option=keyword,
+        )
     return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
 
 
@@ -132,8 +144,11 @@ def check_memory(keyword: str, value: Any) -> int:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         size = int(value * GiB) if math.isfinite(value) else None
     if size is None or size <= 0:
-        raise OptionError(f"{keyword}={value!r} is not accepted; accepted: GiB as a number "
-            f"above 0 (e.g. {keyword}=12) or a size such as '12Gi' or '500Mi'", option=keyword)
+        raise OptionError(
+            f"{keyword}={value!r} is not accepted; accepted: GiB as a number "
+            f"above 0 (e.g. {keyword}=12) or a size such as '12Gi' or '500Mi'",
+            option=keyword,
+        )
     return size
 
 
@@ -154,20 +169,29 @@ def size_text(size: int) -> str:
 
 def check_dns_label(keyword: str, value: Any, maximum: int, example: str) -> str:
     if not isinstance(value, str) or len(value) > maximum or not _DNS_LABEL.fullmatch(value):
-        raise OptionError(f"{keyword}={value!r} is not accepted; accepted: lowercase letters, "
+        raise OptionError(
+            f"{keyword}={value!r} is not accepted; accepted: lowercase letters, "
             f"digits and '-', starting and ending with a letter or digit, at "
-            f"most {maximum} characters, e.g. {keyword}={example!r}", option=keyword)
+            f"most {maximum} characters, e.g. {keyword}={example!r}",
+            option=keyword,
+        )
     return value
 
 
 def check_image(value: Any) -> str:
     if value is None or value == "":
-        raise OptionError("image is missing: give the container image the scheduler and "
+        raise OptionError(
+            "image is missing: give the container image the scheduler and "
             "worker pods run, with cudask installed (and CuPy for spilling), "
-            "e.g. image='registry.example.com/cudask:0.1.0'", option="image")
+            "e.g. image='registry.example.com/cudask:0.1.0'",
+            option="image",
+        )
     if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value):
-        raise OptionError(f"image={value!r} is not accepted; accepted: an image reference "
-            "without spaces, e.g. image='registry.example.com/cudask:0.1.0'", option="image")
+        raise OptionError(
+            f"image={value!r} is not accepted; accepted: an image reference "
+            "without spaces, e.g. image='registry.example.com/cudask:0.1.0'",
+            option="image",
+        )
     return value
 
 
@@ -191,8 +215,11 @@ def check_env(value: Any) -> list[dict[str, Any]]:
         items = []
         for key, val in value.items():
             if not isinstance(val, str):
-                raise OptionError(f"env[{key!r}]={val!r} is not a string; Kubernetes "
-                    f"environment values are strings; {accepted}", option="env")
+                raise OptionError(
+                    f"env[{key!r}]={val!r} is not a string; Kubernetes "
+                    f"environment values are strings; {accepted}",
+                    option="env",
+                )
             items.append({"name": key, "value": val})
     elif isinstance(value, Sequence) and not isinstance(value, str):
         items = [dict(item) if isinstance(item, Mapping) else item for item in value]
@@ -210,10 +237,15 @@ def check_env(value: Any) -> list[dict[str, Any]]:
     for item in items:
         name = item["name"]
         if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
-            raise OptionError(f"env name {name!r} is not accepted; accepted: letters, digits, "
-                "'_', '-' and '.', not starting with a digit, e.g. 'EXTRA_PIP'", option="env")
+            raise OptionError(
+                f"env name {name!r} is not accepted; accepted: letters, digits, "
+                "'_', '-' and '.', not starting with a digit, e.g. 'EXTRA_PIP'",
+                option="env",
+            )
         if name in MANAGED_ENV:
-            raise OptionError(f"env sets {name}, which {MANAGED_ENV[name]}; leave it out", option="env")
+            raise OptionError(
+                f"env sets {name}, which {MANAGED_ENV[name]}; leave it out", option="env"
+            )
         if name in seen:
             raise OptionError(f"env names {name!r} twice; name each variable once", option="env")
         seen.add(name)
@@ -226,26 +258,37 @@ def check_resources(value: Any, gpu_resource: str) -> dict[str, dict[str, Any]]:
     if value is None:
         return {}
     if not isinstance(value, Mapping) or set(value) - {"limits", "requests"}:
-        raise OptionError(f"resources={value!r} is not accepted; accepted: a dict with "
-            f"'limits' and/or 'requests', each a dict of quantities; {example}", option="resources")
+        raise OptionError(
+            f"resources={value!r} is not accepted; accepted: a dict with "
+            f"'limits' and/or 'requests', each a dict of quantities; {example}",
+            option="resources",
+        )
     own = {"cpu": "worker_cpu", "memory": "worker_memory", gpu_resource: "nvidia_gpu"}
     out: dict[str, dict[str, Any]] = {}
     for part, amounts in value.items():
         if not isinstance(amounts, Mapping):
-            raise OptionError(f"resources[{part!r}]={amounts!r} is not a dict; {example}", option="resources")
+            raise OptionError(
+                f"resources[{part!r}]={amounts!r} is not a dict; {example}", option="resources"
+            )
         for key, amount in amounts.items():
             if key in own:
-                raise OptionError(f"resources[{part!r}] sets {key!r}, which "
-                    f"{own[key]}= gives; leave it out of resources", option="resources")
+                raise OptionError(
+                    f"resources[{part!r}] sets {key!r}, which "
+                    f"{own[key]}= gives; leave it out of resources",
+                    option="resources",
+                )
             if (
                 not isinstance(key, str)
                 or not _RESOURCE_NAME.fullmatch(key)
                 or isinstance(amount, bool)
                 or not isinstance(amount, (str, int, float))
             ):
-                raise OptionError(f"resources[{part!r}][{key!r}]={amount!r} is not "
+                raise OptionError(
+                    f"resources[{part!r}][{key!r}]={amount!r} is not "
                     f"accepted; accepted: a resource name and a quantity; "
-                    f"{example}", option="resources")
+                    f"{example}",
+                    option="resources",
+                )
         out[part] = dict(amounts)
     return out
 
@@ -253,9 +296,12 @@ def check_resources(value: Any, gpu_resource: str) -> dict[str, dict[str, Any]]:
 def _worker_class_form(value: Any) -> None:
     """Only its form: the class is imported where the workers run, not here."""
     if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z_][\w.]*\.[A-Za-z_]\w*", value):
-        raise OptionError(f"worker_class={value!r} is not accepted here; accepted: "
+        raise OptionError(
+            f"worker_class={value!r} is not accepted here; accepted: "
             "the dotted import path of a class in the image, e.g. "
-            "worker_class='distributed.Worker'", option="worker_class")
+            "worker_class='distributed.Worker'",
+            option="worker_class",
+        )
 
 
 def check_worker_options(values: Mapping[str, Any], gpus: int, pod_memory: int) -> dict[str, Any]:
@@ -274,9 +320,12 @@ def check_worker_options(values: Mapping[str, Any], gpus: int, pod_memory: int) 
     if gpus > 1:
         for key in ("listen_address", "contact_address"):
             if given.get(key):
-                raise OptionError(f"{key}={given[key]!r} names one worker's address, but each "
+                raise OptionError(
+                    f"{key}={given[key]!r} names one worker's address, but each "
                     f"pod runs {gpus} GPU workers; leave it out (each worker "
-                    "listens on the pod's address) or give nvidia_gpu=1", option=key)
+                    "listens on the pod's address) or give nvidia_gpu=1",
+                    option=key,
+                )
     workers = gpus * sharing.workers_per_gpu(resolved)  # dask workers of each pod
     if given.get("worker_port") is not None:
         try:
@@ -303,9 +352,12 @@ def _memory_limit(value: Any, gpus: int, pod_memory: int) -> Any:
     )
     if isinstance(value, float) and 0 < value <= 1:  # a fraction of the pod's memory, each
         if value * gpus > 1:
-            raise OptionError(f"memory_limit={value!r} is a fraction of the pod's "
+            raise OptionError(
+                f"memory_limit={value!r} is a fraction of the pod's "
                 f"memory for each of its {gpus} GPU workers: "
-                f"{gpus} x {value} > 1 does not fit the pod; {fits}", option="memory_limit")
+                f"{gpus} x {value} > 1 does not fit the pod; {fits}",
+                option="memory_limit",
+            )
         return value
     if isinstance(value, str):
         try:
@@ -316,12 +368,13 @@ def _memory_limit(value: Any, gpus: int, pod_memory: int) -> Any:
             return _memory_limit(number, gpus, pod_memory) and value
     size = int(value) if isinstance(value, (int, float)) else parse_bytes(str(value))
     if size > per:
-        raise OptionError(f"memory_limit={value!r} for each of {gpus} GPU workers "
+        raise OptionError(
+            f"memory_limit={value!r} for each of {gpus} GPU workers "
             f"({format_bytes(size * gpus)} in all) does not fit the "
-            f"pod's worker_memory ({format_bytes(pod_memory)}); {fits}", option="memory_limit")
+            f"pod's worker_memory ({format_bytes(pod_memory)}); {fits}",
+            option="memory_limit",
+        )
     return value
-
-
 
 
 def check_known(worker_options: Mapping[str, Any]) -> None:
@@ -329,9 +382,12 @@ def check_known(worker_options: Mapping[str, Any]) -> None:
     accepted = {o.name for o in options_for("cli")} - set(SET_BY_KUBERNETES)
     unknown = sorted(set(worker_options) - accepted - set(SET_BY_KUBERNETES))
     if unknown:
-        raise OptionError(f"unknown keyword(s) {', '.join(unknown)}; accepted: "
+        raise OptionError(
+            f"unknown keyword(s) {', '.join(unknown)}; accepted: "
             f"{', '.join(POD_KEYWORDS)} and the `cudask worker` "
-            f"options {', '.join(sorted(accepted))} (docs/options.md)", option=unknown[0])
+            f"options {', '.join(sorted(accepted))} (docs/options.md)",
+            option=unknown[0],
+        )
 
 
 def check_gpu_resource(gpu_resource: Any) -> str:
@@ -340,9 +396,12 @@ def check_gpu_resource(gpu_resource: Any) -> str:
         or "/" not in gpu_resource
         or not _RESOURCE_NAME.fullmatch(gpu_resource)
     ):
-        raise OptionError(f"gpu_resource={gpu_resource!r} is not accepted; accepted: "
+        raise OptionError(
+            f"gpu_resource={gpu_resource!r} is not accepted; accepted: "
             "the device plugin's resource name, e.g. 'nvidia.com/gpu' "
-            "or 'nvidia.com/mig-1g.10gb'", option="gpu_resource")
+            "or 'nvidia.com/mig-1g.10gb'",
+            option="gpu_resource",
+        )
     return gpu_resource
 
 
@@ -353,16 +412,22 @@ def check_worker_command(worker_command: Sequence[str] | None) -> tuple[str, ...
         or isinstance(worker_command, str)
         or not all(isinstance(a, str) and a for a in command)
     ):
-        raise OptionError(f"worker_command={worker_command!r} is not accepted; "
+        raise OptionError(
+            f"worker_command={worker_command!r} is not accepted; "
             "accepted: a list of words, e.g. ['cudask', 'worker'] or "
-            "['python', '-m', 'cudask.cli', 'worker']", option="worker_command")
+            "['python', '-m', 'cudask.cli', 'worker']",
+            option="worker_command",
+        )
     return command
 
 
 def check_service_type(scheduler_service_type: Any) -> str:
     if scheduler_service_type not in SERVICE_TYPES:
-        raise OptionError(f"scheduler_service_type={scheduler_service_type!r} is not accepted; "
-            f"accepted: {', '.join(SERVICE_TYPES)}", option="scheduler_service_type")
+        raise OptionError(
+            f"scheduler_service_type={scheduler_service_type!r} is not accepted; "
+            f"accepted: {', '.join(SERVICE_TYPES)}",
+            option="scheduler_service_type",
+        )
     return scheduler_service_type
 
 

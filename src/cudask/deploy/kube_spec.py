@@ -241,10 +241,13 @@ def helm_values(p: GPUPods) -> dict[str, Any]:
     worker is named after its pod (POD_NAME, from the downward API).
     `fullnameOverride` makes the scheduler's service `<name>-scheduler`."""
     if len(p.worker_command) != 2:
-        raise OptionError(f"worker_command={list(p.worker_command)!r}: the Helm "
+        raise OptionError(
+            f"worker_command={list(p.worker_command)!r}: the Helm "
             "chart puts its flags after the command's second word, "
             "so it takes a two-word command; accepted: e.g. "
-            "['cudask', 'worker']", option="worker_command")
+            "['cudask', 'worker']",
+            option="worker_command",
+        )
     last = p.image.rsplit("/", 1)[-1]
     repository, tag = p.image.rsplit(":", 1) if ":" in last else (p.image, "latest")
     image = {"repository": repository, "tag": tag}

@@ -50,7 +50,10 @@ class SchedulerTimeoutError(CudaskError, TimeoutError):
 
 def _seconds(keyword: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise OptionError(f"{keyword}={value!r} is not accepted; accepted: seconds above 0, e.g. {keyword}=600", option=keyword)
+        raise OptionError(
+            f"{keyword}={value!r} is not accepted; accepted: seconds above 0, e.g. {keyword}=600",
+            option=keyword,
+        )
     return float(value)
 
 

@@ -58,20 +58,24 @@ def select_devices(
     devices = parse_visible_devices(visible, require_gpus(machine))
     if not devices:
         raise DeviceError("CUDA_VISIBLE_DEVICES is empty: no GPU to start a worker on")
-    if n_workers is not None and (isinstance(n_workers, bool) or not isinstance(n_workers, int)
-                                  or n_workers < 1):
+    if n_workers is not None and (
+        isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1
+    ):
         raise OptionError(f"n_workers={n_workers!r} must be a whole number of at least 1")
     if n_workers is not None and n_workers > len(devices) * per_gpu:
         gpus = f"{len(devices)} visible GPU(s) ({', '.join(d.label for d in devices)})"
         raise OptionError(
-            f"n_workers={n_workers} is more than the {gpus}; one worker per GPU" if per_gpu == 1
+            f"n_workers={n_workers} is more than the {gpus}; one worker per GPU"
+            if per_gpu == 1
             else f"n_workers={n_workers} is more than the {len(devices) * per_gpu} workers of "
-                 f"the {gpus} with workers_per_gpu={per_gpu}")
+            f"the {gpus} with workers_per_gpu={per_gpu}"
+        )
     return devices
 
 
-def visible_devices(keyword: str | int | Sequence[str | int] | None
-                    ) -> tuple[str | int | Sequence[str | int] | None, str | None]:
+def visible_devices(
+    keyword: str | int | Sequence[str | int] | None,
+) -> tuple[str | int | Sequence[str | int] | None, str | None]:
     """The GPUs a cluster may use and where that was said: the keyword, else this
     process's CUDA_VISIBLE_DEVICES (as a shared node or Slurm sets it), else None
     (every GPU)."""
@@ -106,8 +110,10 @@ class LocalCUDACluster(LocalCluster):
     ) -> None:
         worker_values = {k: kwargs.pop(k) for k in list(kwargs) if k in BY_CLUSTER_KEYWORD}
         if not kwargs.pop("processes", True):
-            raise OptionError("processes=False is not supported: each GPU needs its own worker "
-                              "process (CUDA_VISIBLE_DEVICES is per process)")
+            raise OptionError(
+                "processes=False is not supported: each GPU needs its own worker "
+                "process (CUDA_VISIBLE_DEVICES is per process)"
+            )
         unknown = sorted(set(kwargs) - _passthrough_keywords())
         if unknown:
             raise OptionError(
@@ -116,8 +122,14 @@ class LocalCUDACluster(LocalCluster):
             )
         visible, origin = visible_devices(CUDA_VISIBLE_DEVICES)
         # every check that needs no GPU, before any GPU is looked for
-        options = check_input(worker_values, "cluster", visible_devices=visible,
-                              visible_origin=origin, n_workers=n_workers, cluster=kwargs)
+        options = check_input(
+            worker_values,
+            "cluster",
+            visible_devices=visible,
+            visible_origin=origin,
+            n_workers=n_workers,
+            cluster=kwargs,
+        )
         machine = discover()
         per_gpu = workers_per_gpu(options)
         devices = select_devices(machine, visible, n_workers, per_gpu)
@@ -129,7 +141,8 @@ class LocalCUDACluster(LocalCluster):
         self.machine = machine
         self._user_data = kwargs.pop("data", None)
         self._extra_worker_kwargs = {
-            k: kwargs.pop(k) for k in list(kwargs)
+            k: kwargs.pop(k)
+            for k in list(kwargs)
             if k not in inspect.signature(LocalCluster.__init__).parameters
         }
         if options.protocol is not None:
@@ -165,9 +178,11 @@ class LocalCUDACluster(LocalCluster):
         for i, k in self.slots:
             if self._worker_name(i, k) not in used:
                 return i, k
-        raise OptionError(f"cannot scale beyond the {len(self.slots)} workers of the "
-                          f"{len(self.devices)} visible GPU(s) "
-                          f"({', '.join(d.label for d in self.devices)})")
+        raise OptionError(
+            f"cannot scale beyond the {len(self.slots)} workers of the "
+            f"{len(self.devices)} visible GPU(s) "
+            f"({', '.join(d.label for d in self.devices)})"
+        )
 
     def new_worker_spec(self) -> dict[Any, dict[str, Any]]:
         i, k = self._next_slot()
@@ -175,8 +190,7 @@ class LocalCUDACluster(LocalCluster):
         options = dict(self.new_spec["options"])
         options.update(self._extra_worker_kwargs)
         options.update(
-            nanny_options(self.options, self.devices, i, n_workers=len(self.slots), name=name,
-                          k=k)
+            nanny_options(self.options, self.devices, i, n_workers=len(self.slots), name=name, k=k)
         )
         if self._user_data is not None:
             options["data"] = self._user_data
@@ -186,8 +200,10 @@ class LocalCUDACluster(LocalCluster):
         if memory is None and cores is None and n > len(self.slots):
             per_gpu = workers_per_gpu(self.options)
             each = "one worker each" if per_gpu == 1 else f"{per_gpu} workers each"
-            raise OptionError(f"cannot scale to {n} workers: {len(self.devices)} visible GPU(s) "
-                              f"({', '.join(d.label for d in self.devices)}), {each}")
+            raise OptionError(
+                f"cannot scale to {n} workers: {len(self.devices)} visible GPU(s) "
+                f"({', '.join(d.label for d in self.devices)}), {each}"
+            )
         return super().scale(n, memory=memory, cores=cores)
 
 
@@ -209,15 +225,28 @@ def worker_spec(
     worker_spec, built by the same spec builder as LocalCUDACluster's workers. Other
     keywords are LocalCUDACluster's worker options (device_memory_limit, rmm_pool_size,
     ...). A UCX transport with a protocol other than "ucx" is a TypeError, as there."""
-    asked = [k for k, v in (("enable_infiniband", enable_infiniband),
-                            ("enable_nvlink", enable_nvlink),
-                            ("enable_tcp_over_ucx", enable_tcp_over_ucx)) if v]
+    asked = [
+        k
+        for k, v in (
+            ("enable_infiniband", enable_infiniband),
+            ("enable_nvlink", enable_nvlink),
+            ("enable_tcp_over_ucx", enable_tcp_over_ucx),
+        )
+        if v
+    ]
     if asked and protocol not in ("ucx", "ucxx"):
-        raise ProtocolMismatchError(f"Enabling InfiniBand or NVLink requires protocol='ucx': "
-                                    f"{asked[0]}=True, protocol={protocol!r}")
-    named = {"threads_per_worker": threads_per_worker, "protocol": protocol,
-             "interface": interface, "enable_tcp_over_ucx": enable_tcp_over_ucx,
-             "enable_infiniband": enable_infiniband, "enable_nvlink": enable_nvlink}
+        raise ProtocolMismatchError(
+            f"Enabling InfiniBand or NVLink requires protocol='ucx': "
+            f"{asked[0]}=True, protocol={protocol!r}"
+        )
+    named = {
+        "threads_per_worker": threads_per_worker,
+        "protocol": protocol,
+        "interface": interface,
+        "enable_tcp_over_ucx": enable_tcp_over_ucx,
+        "enable_infiniband": enable_infiniband,
+        "enable_nvlink": enable_nvlink,
+    }
     values = {**{k: v for k, v in named.items() if v is not None}, **kwargs}
     visible, origin = visible_devices(CUDA_VISIBLE_DEVICES)
     options = check_input(values, "cluster", visible_devices=visible, visible_origin=origin)
@@ -225,13 +254,20 @@ def worker_spec(
     devices = select_devices(discover(), visible, None, per_gpu)
     check_devices(options, devices)
     slots = cluster_slots(len(devices), per_gpu)
-    shared = {"dashboard_address": dashboard_address, "silence_logs": silence_logs,
-              "interface": interface, "protocol": protocol, "nthreads": options.nthreads}
+    shared = {
+        "dashboard_address": dashboard_address,
+        "silence_logs": silence_logs,
+        "interface": interface,
+        "protocol": protocol,
+        "nthreads": options.nthreads,
+    }
     spec = {}
     for i, k in slots:
         name = gpu_name(devices[i], k, per_gpu)
-        opts = {**shared, **nanny_options(options, devices, i, n_workers=len(slots), name=name,
-                                          k=k)}
+        opts = {
+            **shared,
+            **nanny_options(options, devices, i, n_workers=len(slots), name=name, k=k),
+        }
         chosen = cls or nanny_class(options)
         if not issubclass(chosen, CUDANanny):  # the option is cudask's Nanny's keyword
             opts.pop("close_timeout", None)
@@ -242,13 +278,15 @@ def worker_spec(
 def _signature() -> inspect.Signature:
     params = [
         inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-        inspect.Parameter("CUDA_VISIBLE_DEVICES", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                          default=None),
+        inspect.Parameter(
+            "CUDA_VISIBLE_DEVICES", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None
+        ),
         inspect.Parameter("n_workers", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
     ]
     params += [
-        inspect.Parameter(o.cluster_keyword, inspect.Parameter.KEYWORD_ONLY,
-                          default=o.default_value())
+        inspect.Parameter(
+            o.cluster_keyword, inspect.Parameter.KEYWORD_ONLY, default=o.default_value()
+        )
         for o in options_for("cluster")
     ]
     params.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))

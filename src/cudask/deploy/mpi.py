@@ -79,8 +79,10 @@ def mpi_world_size() -> int | None:
 def _whole(name: str, value: str) -> int:
     text = value.strip()
     if not text.isdigit():
-        raise OptionError(f"{name}={value!r} is not a whole number; the MPI launcher sets it to "
-                          "this rank's place on its node, e.g. 0")
+        raise OptionError(
+            f"{name}={value!r} is not a whole number; the MPI launcher sets it to "
+            "this rank's place on its node, e.g. 0"
+        )
     return int(text)
 
 
@@ -111,8 +113,10 @@ def local_rank(environ: Mapping[str, str]) -> LocalRank | None:
         else:
             size = _whole(size_var, raw)
         if size is not None and rank >= size:
-            raise OptionError(f"{rank_var}={rank} is not below {size_var}={size}; the MPI "
-                              "launcher's variables disagree")
+            raise OptionError(
+                f"{rank_var}={rank} is not below {size_var}={size}; the MPI "
+                "launcher's variables disagree"
+            )
         return LocalRank(rank, size, rank_var)
     return None
 
@@ -143,9 +147,13 @@ def rank_device(devices: Sequence[Device], where: LocalRank) -> int:
         )
     index = where.rank % n
     if where.rank >= n:
-        logger.info("MPI local rank %d takes %s, the GPU of local rank %d (dask-mpi's scheduler "
-                    "or client on the first node: it starts no worker)",
-                    where.rank, devices[index].label, index)
+        logger.info(
+            "MPI local rank %d takes %s, the GPU of local rank %d (dask-mpi's scheduler "
+            "or client on the first node: it starts no worker)",
+            where.rank,
+            devices[index].label,
+            index,
+        )
     return index
 
 
@@ -182,8 +190,9 @@ def check_rank(environ: Mapping[str, str]) -> MPIRank | None:
     return MPIRank(world, local_rank(environ))
 
 
-def devices_for_rank(devices: Sequence[Device], rank: MPIRank | None, *,
-                     narrowed: bool) -> list[int]:
+def devices_for_rank(
+    devices: Sequence[Device], rank: MPIRank | None, *, narrowed: bool
+) -> list[int]:
     """Indices in `devices` (the visible GPUs) that this process starts workers on.
 
     `rank` is check_rank()'s answer; `narrowed` says CUDA_VISIBLE_DEVICES is set.

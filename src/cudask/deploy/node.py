@@ -65,8 +65,11 @@ def _passthrough() -> set[str]:
 
 def _did_you_mean(unknown: list[str]) -> str:
     """A hint for option names written as flags (dask-mpi's --worker-options JSON)."""
-    hints = [f"{k!r} -> {k.lstrip('-').replace('-', '_')!r}" for k in unknown
-             if k.lstrip("-").replace("-", "_") in BY_NAME]
+    hints = [
+        f"{k!r} -> {k.lstrip('-').replace('-', '_')!r}"
+        for k in unknown
+        if k.lstrip("-").replace("-", "_") in BY_NAME
+    ]
     return f" (did you mean {', '.join(hints)}?)" if hints else ""
 
 
@@ -115,8 +118,10 @@ class CUDAWorker:
             if isinstance(scheduler_ip, Cluster):
                 scheduler_ip = scheduler_ip.scheduler_address
             if scheduler is not None and scheduler_ip is not None and scheduler_ip != scheduler:
-                raise OptionError(f"two schedulers given: {scheduler!r} and "
-                                  f"scheduler_ip={scheduler_ip!r}; give one")
+                raise OptionError(
+                    f"two schedulers given: {scheduler!r} and "
+                    f"scheduler_ip={scheduler_ip!r}; give one"
+                )
             scheduler = scheduler or scheduler_ip
         values = {k: kwargs.pop(k) for k in list(kwargs) if k in BY_NAME}
         world = mpi.mpi_world_size()
@@ -134,18 +139,25 @@ class CUDAWorker:
             scheduler = dask.config.get("scheduler-address", None)  # dask-mpi sets it
             origin = config.origin("scheduler-address")
             if scheduler is None:
-                raise OptionError("no scheduler: give its address (e.g. tcp://10.0.0.1:8786), "
-                                  "--scheduler-file, or DASK_SCHEDULER_ADDRESS")
+                raise OptionError(
+                    "no scheduler: give its address (e.g. tcp://10.0.0.1:8786), "
+                    "--scheduler-file, or DASK_SCHEDULER_ADDRESS"
+                )
         # every check that needs no GPU, before any GPU is looked for
-        options = check_input(values, "worker",
-                              visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                              visible_origin="environment variable CUDA_VISIBLE_DEVICES",
-                              scheduler=scheduler, scheduler_origin=origin,
-                              security=kwargs.get("security"))
+        options = check_input(
+            values,
+            "worker",
+            visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            visible_origin="environment variable CUDA_VISIBLE_DEVICES",
+            scheduler=scheduler,
+            scheduler_origin=origin,
+            security=kwargs.get("security"),
+        )
         self._place(scheduler, options, kwargs, stacklevel=5)
 
-    def _place(self, scheduler: str | None, options: WorkerOptions, kwargs: dict[str, Any],
-               stacklevel: int) -> None:
+    def _place(
+        self, scheduler: str | None, options: WorkerOptions, kwargs: dict[str, Any], stacklevel: int
+    ) -> None:
         """Find the GPUs and make a worker (Nanny) for each slot; `options` checked.
         `stacklevel`: warnings name the frame that many levels up from the warning's
         function, the caller of CUDAWorker."""
@@ -159,9 +171,11 @@ class CUDAWorker:
             raise DeviceError(
                 f"expected_gpus={options.expected_gpus} but {len(self.visible)} GPU(s) are "
                 f"visible ({', '.join(d.label for d in self.visible)}); give this node (pod, "
-                "job) the GPUs it asks for, or lower --expected-gpus")
-        self.indices: list[int] = mpi.devices_for_rank(self.visible, rank,
-                                                       narrowed=visible is not None)
+                "job) the GPUs it asks for, or lower --expected-gpus"
+            )
+        self.indices: list[int] = mpi.devices_for_rank(
+            self.visible, rank, narrowed=visible is not None
+        )
         devices = [self.visible[i] for i in self.indices]
         if not options.nanny and len(devices) > 1:
             raise OptionError(
@@ -170,8 +184,10 @@ class CUDAWorker:
                 "CUDA_VISIBLE_DEVICES to one GPU per process (e.g. from the MPI local rank)"
             )
         if not options.nanny and nanny_class(options) is not CUDANanny:
-            raise OptionError(f"--no-nanny starts a Worker in this process, but worker_class="
-                              f"{options.worker_class!r} is a Nanny; give a Worker subclass")
+            raise OptionError(
+                f"--no-nanny starts a Worker in this process, but worker_class="
+                f"{options.worker_class!r} is a Nanny; give a Worker subclass"
+            )
         check_one_worker_options(options.settings, len(devices))
         check_devices(options, devices)  # sizes and libraries, before any process
         per_gpu = workers_per_gpu(options)
@@ -212,23 +228,41 @@ class CUDAWorker:
             kw["http_prefix"] = o.dashboard_prefix
         if o.name is not None:  # which node (pod) each worker is of, for the scheduler
             kw["startup_information"] = node_information(
-                o.name, len(self.devices) * workers_per_gpu(o))
+                o.name, len(self.devices) * workers_per_gpu(o)
+            )
         return {k: v for k, v in kw.items() if v is not None}
 
     def _security(self) -> Security | None:
         o = self.options
         if not o.tls_ca_file:
             return None
-        return Security(tls_ca_file=o.tls_ca_file, tls_worker_cert=o.tls_cert,
-                        tls_worker_key=o.tls_key, require_encryption=True)
+        return Security(
+            tls_ca_file=o.tls_ca_file,
+            tls_worker_cert=o.tls_cert,
+            tls_worker_key=o.tls_key,
+            require_encryption=True,
+        )
 
-    def _make(self, scheduler: str | None, i: int, k: int, name: Any, port: int | None,
-              extra: dict[str, Any]) -> Nanny | Worker:
+    def _make(
+        self,
+        scheduler: str | None,
+        i: int,
+        k: int,
+        name: Any,
+        port: int | None,
+        extra: dict[str, Any],
+    ) -> Nanny | Worker:
         # i indexes the visible GPUs: the worker's CUDA_VISIBLE_DEVICES lists them all,
         # its own first; 'auto' memory is a share per worker of every visible GPU
-        opts = nanny_options(self.options, self.visible, i,
-                             n_workers=len(self.visible) * workers_per_gpu(self.options),
-                             name=name, extra={**self._node_kwargs(port), **extra}, k=k)
+        opts = nanny_options(
+            self.options,
+            self.visible,
+            i,
+            n_workers=len(self.visible) * workers_per_gpu(self.options),
+            name=name,
+            extra={**self._node_kwargs(port), **extra},
+            k=k,
+        )
         if self.options.nanny:
             return nanny_class(self.options)(scheduler, **opts)
         cls, opts, env = worker_options(opts)
@@ -249,8 +283,9 @@ class CUDAWorker:
 
             multiprocessing.forkserver.ensure_running()
         if self.options.tls_ca_file:  # a certificate refused: one clear error, now
-            await check_tls(scheduler_address(self.scheduler, self.options.scheduler_file),
-                            self._security())
+            await check_tls(
+                scheduler_address(self.scheduler, self.options.scheduler_file), self._security()
+            )
         with dask.config.set({"distributed.worker.multiprocessing-method": method}):
             await asyncio.gather(*self.nannies)
         if self.options.pid_file:
@@ -273,7 +308,8 @@ class CUDAWorker:
     async def close(self, timeout: float | None = None) -> None:
         """Close every worker; `timeout`: each nanny's close timeout (default: the
         close_timeout option; a worker without a nanny: distributed.Worker's own)."""
-        await asyncio.gather(*(n.close() if timeout is None else n.close(timeout=timeout)
-                               for n in self.nannies))
+        await asyncio.gather(
+            *(n.close() if timeout is None else n.close(timeout=timeout) for n in self.nannies)
+        )
         if self.options.pid_file and os.path.exists(self.options.pid_file):
             os.remove(self.options.pid_file)

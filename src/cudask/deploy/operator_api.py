@@ -105,8 +105,11 @@ async def retire_pods(scheduler: Scheduler, n: int) -> dict[str, dict[str, Any]]
     members = pods(scheduler.workers.values())
     addresses = {pod: [ws.address for ws in members[pod]] for pod in chosen}
     retired = await scheduler.retire_workers(workers=[a for p in chosen for a in addresses[p]])
-    return {pod: {"name": pod, "workers": {a: retired[a] for a in addresses[pod]}}
-            for pod in chosen if all(a in retired for a in addresses[pod])}
+    return {
+        pod: {"name": pod, "workers": {a: retired[a] for a in addresses[pod]}}
+        for pod in chosen
+        if all(a in retired for a in addresses[pod])
+    }
 
 
 def gpus_per_pod(scheduler: Scheduler, default: int) -> int:
@@ -124,8 +127,12 @@ class _Handler(RequestHandler):
     """Errors are tornado's: a 500 (or the 400 below) that the controller reads as
     "fall back to the dask RPC"."""
 
-    def initialize(self, dask_server: Any = None, extra: Any = None,  # type: ignore[override]
-                   gpus_per_pod: int = 1) -> None:
+    def initialize(
+        self,
+        dask_server: Any = None,
+        extra: Any = None,  # type: ignore[override]
+        gpus_per_pod: int = 1,
+    ) -> None:
         super().initialize(dask_server=dask_server, extra=extra)
         self.gpus_per_pod = gpus_per_pod
 
@@ -189,23 +196,40 @@ class OperatorAPI(SchedulerPlugin):
             raise RuntimeError(
                 f"{DISTRIBUTED_API} is in distributed.scheduler.http.routes, and its "
                 "/api/v1/retire_workers would answer before cudask's, which counts pods; "
-                f"remove it from that list (cudask.deploy.operator_api serves /api/v1)")
+                f"remove it from that list (cudask.deploy.operator_api serves /api/v1)"
+            )
         app = getattr(scheduler, "http_application", None)
         if app is None:
-            raise RuntimeError("the scheduler has no HTTP server (dashboard off?): the "
-                               "dask-kubernetes operator scales through its /api/v1")
+            raise RuntimeError(
+                "the scheduler has no HTTP server (dashboard off?): the "
+                "dask-kubernetes operator scales through its /api/v1"
+            )
         app.add_handlers(r".*", routes(scheduler, self.gpus))
         self.served = True
 
 
 @click.command()
-@click.option("--gpus-per-pod", type=click.IntRange(min=1), default=1, show_default=True,
-              help="GPU workers in each worker pod, until workers report their own count.")
+@click.option(
+    "--gpus-per-pod",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="GPU workers in each worker pod, until workers report their own count.",
+)
 def dask_setup(scheduler: Scheduler, gpus_per_pod: int) -> None:
     """Preload hook: serve the pod-counting /api/v1 on this scheduler."""
     if PLUGIN_NAME not in scheduler.plugins:
         scheduler.add_plugin(OperatorAPI(gpus_per_pod))
 
 
-__all__ = ["OperatorAPI", "dask_setup", "gpus_per_pod", "pod_of", "pods", "pods_for",
-           "pods_to_retire", "retire_pods", "routes"]
+__all__ = [
+    "OperatorAPI",
+    "dask_setup",
+    "gpus_per_pod",
+    "pod_of",
+    "pods",
+    "pods_for",
+    "pods_to_retire",
+    "retire_pods",
+    "routes",
+]

@@ -28,8 +28,14 @@ from distributed.security import Security
 from cudask.errors import TLSRefusedError
 
 # TLS alerts from the scheduler: it did not accept this node's certificate.
-_REFUSED_BY_PEER = ("alert unknown ca", "alert bad certificate", "alert certificate required",
-                    "alert certificate unknown", "alert access denied", "alert handshake failure")
+_REFUSED_BY_PEER = (
+    "alert unknown ca",
+    "alert bad certificate",
+    "alert certificate required",
+    "alert certificate unknown",
+    "alert access denied",
+    "alert handshake failure",
+)
 
 
 def scheduler_address(address: str | None, scheduler_file: str | None) -> str | None:
@@ -45,8 +51,9 @@ def scheduler_address(address: str | None, scheduler_file: str | None) -> str | 
     return None
 
 
-async def check_tls(address: str | None, security: Security | None, timeout: float = 10,
-                    attempts: int = 3) -> None:
+async def check_tls(
+    address: str | None, security: Security | None, timeout: float = 10, attempts: int = 3
+) -> None:
     """Raise TLSRefusedError when a TLS handshake with `address` fails on a
     certificate; return otherwise (also when nothing answers yet).
 
@@ -60,8 +67,7 @@ async def check_tls(address: str | None, security: Security | None, timeout: flo
     closed: BaseException | None = None
     for _ in range(max(attempts, 1)):
         try:
-            comm = await connect(address, timeout=timeout,
-                                 **security.get_connection_args("worker"))
+            comm = await connect(address, timeout=timeout, **security.get_connection_args("worker"))
         except FatalCommClosedError as exc:
             raise TLSRefusedError(_explain(address, security, exc)) from None
         except OSError as exc:
@@ -95,15 +101,21 @@ def _explain(address: str, security: Security, exc: BaseException) -> str:
     detail = str(cause).split("] ", 1)[-1].split(" (_ssl.c")[0]
     text = f"{exc} {cause}".lower()
     if any(alert in text for alert in _REFUSED_BY_PEER):
-        return (f"the scheduler at {address} refused this worker's certificate ({detail}): "
-                f"--tls-cert {cert} must be signed by a CA the scheduler trusts "
-                "(its --tls-ca-file)")
+        return (
+            f"the scheduler at {address} refused this worker's certificate ({detail}): "
+            f"--tls-cert {cert} must be signed by a CA the scheduler trusts "
+            "(its --tls-ca-file)"
+        )
     if "certificate verify failed" in text or "does not match" in text:
-        return (f"this worker does not trust the certificate of the scheduler at {address} "
-                f"({detail}): --tls-ca-file {ca} must be the CA that signed the "
-                "scheduler's certificate, whose name must match the address")
+        return (
+            f"this worker does not trust the certificate of the scheduler at {address} "
+            f"({detail}): --tls-ca-file {ca} must be the CA that signed the "
+            "scheduler's certificate, whose name must match the address"
+        )
     if "eof occurred" in text or "closed" in text:
-        return (f"the scheduler at {address} closed the connection during the TLS handshake "
-                f"({detail}): it most likely refused this worker's certificate: --tls-cert "
-                f"{cert} must be signed by a CA the scheduler trusts (its --tls-ca-file)")
+        return (
+            f"the scheduler at {address} closed the connection during the TLS handshake "
+            f"({detail}): it most likely refused this worker's certificate: --tls-cert "
+            f"{cert} must be signed by a CA the scheduler trusts (its --tls-ca-file)"
+        )
     return f"the TLS handshake with the scheduler at {address} failed: {detail}"

@@ -26,7 +26,9 @@ from cudask.devices.topology import format_cpus
 from cudask.errors import DeviceError, NoGPUError, OptionError
 
 
-def _resolve_affinity(raw: tuple[int, ...] | None, allowed: set[int], label: str) -> tuple[int, ...]:
+def _resolve_affinity(
+    raw: tuple[int, ...] | None, allowed: set[int], label: str
+) -> tuple[int, ...]:
     if raw is None:
         warnings.warn(
             f"NVML gave no CPU affinity for {label}; using every CPU this process may use "
@@ -182,23 +184,30 @@ def check_visible_devices(value: object) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, str, list, tuple)):
-        raise _form_error(f"CUDA_VISIBLE_DEVICES={value!r} is not accepted; accepted: "
-                          f"{VISIBLE_ACCEPTED}")
+        raise _form_error(
+            f"CUDA_VISIBLE_DEVICES={value!r} is not accepted; accepted: {VISIBLE_ACCEPTED}"
+        )
     if isinstance(value, int):
         entries = [str(value)]
     elif isinstance(value, str):
         if not value.strip():
-            raise _form_error(f"CUDA_VISIBLE_DEVICES={value!r} is empty: no GPU to start a "
-                              f"worker on; accepted: {VISIBLE_ACCEPTED}")
+            raise _form_error(
+                f"CUDA_VISIBLE_DEVICES={value!r} is empty: no GPU to start a "
+                f"worker on; accepted: {VISIBLE_ACCEPTED}"
+            )
         entries = [e.strip() for e in value.split(",")]
     else:
         if not value:
-            raise _form_error(f"CUDA_VISIBLE_DEVICES={value!r} is empty: no GPU to start a "
-                              f"worker on; accepted: {VISIBLE_ACCEPTED}")
+            raise _form_error(
+                f"CUDA_VISIBLE_DEVICES={value!r} is empty: no GPU to start a "
+                f"worker on; accepted: {VISIBLE_ACCEPTED}"
+            )
         for e in value:
             if isinstance(e, bool) or not isinstance(e, (int, str)):
-                raise _form_error(f"CUDA_VISIBLE_DEVICES={value!r}: entry {e!r} is not an index "
-                                  f"or a UUID; accepted: {VISIBLE_ACCEPTED}")
+                raise _form_error(
+                    f"CUDA_VISIBLE_DEVICES={value!r}: entry {e!r} is not an index "
+                    f"or a UUID; accepted: {VISIBLE_ACCEPTED}"
+                )
         entries = [str(e).strip() for e in value]
     seen: set[str] = set()
     for entry in entries:

@@ -102,7 +102,9 @@ class NVMLBackend:
         mask = self._maybe(lambda: nv.nvmlDeviceGetCpuAffinity(handle, words))
         if mask is None:
             return None
-        cpus = [w * 64 + b for w, word in enumerate(mask) for b in range(64) if (int(word) >> b) & 1]
+        cpus = [
+            w * 64 + b for w, word in enumerate(mask) for b in range(64) if (int(word) >> b) & 1
+        ]
         return tuple(cpus)
 
     def _mig(self, nv: Any, handle: Any) -> tuple[MIGInstance, ...]:

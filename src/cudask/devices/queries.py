@@ -48,8 +48,9 @@ def get_n_gpus(backend: DeviceBackend | None = None) -> int:
     return get_gpu_count(backend)
 
 
-def get_gpu_count_mig(return_uuids: bool = False, backend: DeviceBackend | None = None
-                      ) -> int | tuple[int, list[str]]:
+def get_gpu_count_mig(
+    return_uuids: bool = False, backend: DeviceBackend | None = None
+) -> int | tuple[int, list[str]]:
     """MIG instances of every GPU; with `return_uuids`, (count, their UUIDs)."""
     uuids = [m.uuid for g in discover(backend).gpus for m in g.mig]
     return (len(uuids), uuids) if return_uuids else len(uuids)
@@ -65,8 +66,10 @@ def _find(device: DeviceId, backend: DeviceBackend | None) -> tuple[GPU, MIGInst
         for mig in gpu.mig:
             if mig.uuid == text:
                 return gpu, mig
-    raise DeviceError(f"device {device!r} names no GPU of this machine; accepted: an NVML "
-                      f"index 0..{len(machine.gpus) - 1} or a GPU-/MIG- UUID")
+    raise DeviceError(
+        f"device {device!r} names no GPU of this machine; accepted: an NVML "
+        f"index 0..{len(machine.gpus) - 1} or a GPU-/MIG- UUID"
+    )
 
 
 def get_gpu_handle(device_id: DeviceId = 0) -> Any:
@@ -84,29 +87,35 @@ def get_gpu_uuid(device_index: DeviceId = 0, backend: DeviceBackend | None = Non
     return mig.uuid if mig else gpu.uuid
 
 
-def get_device_total_memory(device_index: DeviceId = 0, backend: DeviceBackend | None = None
-                            ) -> int | None:
+def get_device_total_memory(
+    device_index: DeviceId = 0, backend: DeviceBackend | None = None
+) -> int | None:
     """Bytes of a GPU's (or MIG instance's) memory; None for GPUs without dedicated
     memory (SoC parts)."""
     gpu, mig = _find(device_index, backend)
     return mig.memory_total if mig else gpu.memory_total
 
 
-def has_device_memory_resource(device_index: DeviceId = 0,
-                               backend: DeviceBackend | None = None) -> bool:
+def has_device_memory_resource(
+    device_index: DeviceId = 0, backend: DeviceBackend | None = None
+) -> bool:
     """Whether the GPU has memory of its own (SoC parts share the host's)."""
     return get_device_total_memory(device_index, backend) is not None
 
 
-def get_cpu_affinity(device_index: DeviceId | None = None,
-                     backend: DeviceBackend | None = None) -> list[int]:
+def get_cpu_affinity(
+    device_index: DeviceId | None = None, backend: DeviceBackend | None = None
+) -> list[int]:
     """The CPUs nearest a GPU, within those this process may use; every CPU, with a
     warning, when the GPU is unknown."""
     try:
         gpu, _ = _find(0 if device_index is None else device_index, backend)
     except DeviceError as exc:
-        warnings.warn(f"cannot get the CPU affinity of {device_index!r} ({exc}); using every "
-                      "CPU", UserWarning, stacklevel=2)
+        warnings.warn(
+            f"cannot get the CPU affinity of {device_index!r} ({exc}); using every CPU",
+            UserWarning,
+            stacklevel=2,
+        )
         return list(range(get_cpu_count()))
     return list(gpu.cpu_affinity)
 
@@ -132,8 +141,10 @@ def parse_cuda_visible_device(dev: Any) -> int | str:
         return int(dev)
     if dev.startswith(("GPU-", "MIG-")):
         return dev
-    raise ValueError(f"CUDA_VISIBLE_DEVICES entry {dev!r} is neither an index nor a UUID; "
-                     "accepted: comma-separated indices or GPU-/MIG- UUIDs, e.g. '0,1'")
+    raise ValueError(
+        f"CUDA_VISIBLE_DEVICES entry {dev!r} is neither an index nor a UUID; "
+        "accepted: comma-separated indices or GPU-/MIG- UUIDs, e.g. '0,1'"
+    )
 
 
 def cuda_visible_devices(i: int, visible: Iterable[DeviceId] | None = None) -> str:
@@ -142,8 +153,11 @@ def cuda_visible_devices(i: int, visible: Iterable[DeviceId] | None = None) -> s
     GPU's index when unset)."""
     if visible is None:
         env = os.environ.get("CUDA_VISIBLE_DEVICES")
-        entries = ([parse_cuda_visible_device(e) for e in env.split(",")] if env is not None
-                   else list(range(get_n_gpus())))
+        entries = (
+            [parse_cuda_visible_device(e) for e in env.split(",")]
+            if env is not None
+            else list(range(get_n_gpus()))
+        )
     else:
         entries = list(visible)
     return ",".join(str(e) for e in entries[i:] + entries[:i])
@@ -173,9 +187,13 @@ def _fraction(value: Any) -> float | None:
     return number if 0 < number <= 1 else None
 
 
-def parse_device_bytes(device_bytes: Any, device_index: DeviceId = 0,
-                       alignment_size: int = 1, *, backend: DeviceBackend | None = None
-                       ) -> int | None:
+def parse_device_bytes(
+    device_bytes: Any,
+    device_index: DeviceId = 0,
+    alignment_size: int = 1,
+    *,
+    backend: DeviceBackend | None = None,
+) -> int | None:
     """Bytes of `device_bytes`: an int, a byte string ("5GB"), or a fraction of the GPU's
     memory (0.8); None for None and anything that comes to 0. Rounded down to a multiple of
     `alignment_size`. A fraction of a GPU without dedicated memory raises ValueError."""
@@ -183,8 +201,10 @@ def parse_device_bytes(device_bytes: Any, device_index: DeviceId = 0,
     if share is not None:
         total = get_device_total_memory(device_index, backend)
         if total is None:
-            raise ValueError(f"a fraction of device memory ({device_bytes!r}) is not supported "
-                             "on a GPU without dedicated memory; give bytes such as '8GB'")
+            raise ValueError(
+                f"a fraction of device memory ({device_bytes!r}) is not supported "
+                "on a GPU without dedicated memory; give bytes such as '8GB'"
+            )
         nbytes = int(total * share)
     elif device_bytes is None:
         return None
@@ -195,9 +215,13 @@ def parse_device_bytes(device_bytes: Any, device_index: DeviceId = 0,
     return nbytes // alignment_size * alignment_size or None
 
 
-def parse_device_memory_limit(device_memory_limit: Any, device_index: DeviceId = 0,
-                              alignment_size: int = 1, *, backend: DeviceBackend | None = None
-                              ) -> int | None:
+def parse_device_memory_limit(
+    device_memory_limit: Any,
+    device_index: DeviceId = 0,
+    alignment_size: int = 1,
+    *,
+    backend: DeviceBackend | None = None,
+) -> int | None:
     """A device memory limit in bytes as parse_device_bytes reads it, and "auto" (all the
     GPU's memory) and "default" (80% of it); both are None on GPUs without dedicated
     memory."""
@@ -205,8 +229,12 @@ def parse_device_memory_limit(device_memory_limit: Any, device_index: DeviceId =
         if not has_device_memory_resource(device_index, backend):
             return None
         if device_memory_limit == "auto":
-            return parse_device_bytes(get_device_total_memory(device_index, backend),
-                                      device_index, alignment_size, backend=backend)
+            return parse_device_bytes(
+                get_device_total_memory(device_index, backend),
+                device_index,
+                alignment_size,
+                backend=backend,
+            )
         device_memory_limit = 0.8
     return parse_device_bytes(device_memory_limit, device_index, alignment_size, backend=backend)
 

@@ -42,7 +42,9 @@ def numa_node_of_cpus(cpus: tuple[int, ...] | None, sysfs: str = "/sys") -> int 
     if not cpus:
         return None
     best: tuple[int, int] | None = None
-    for node_dir in sorted((pathlib.Path(sysfs) / "devices" / "system" / "node").glob("node[0-9]*")):
+    for node_dir in sorted(
+        (pathlib.Path(sysfs) / "devices" / "system" / "node").glob("node[0-9]*")
+    ):
         try:
             listed = parse_cpus((node_dir / "cpulist").read_text())
         except OSError:

@@ -57,8 +57,10 @@ class CupyHook:
         self.previous = cupy.cuda.get_allocator()
         pool: Any = getattr(self.previous, "__self__", None)
         # CuPy's default pool, or another CuPy memory pool (cudask.comm.leases')
-        own = pool is not None and (pool is cupy.get_default_memory_pool()
-                                    or isinstance(pool, getattr(cupy.cuda, "MemoryPool", ())))
+        own = pool is not None and (
+            pool is cupy.get_default_memory_pool()
+            or isinstance(pool, getattr(cupy.cuda, "MemoryPool", ()))
+        )
         self.reserved: Callable[[], int] | None = pool.total_bytes if own else None
         self.cached: Callable[[], int] | None = pool.free_bytes if own else None
         self.release: Callable[[], None] | None = pool.free_all_blocks if own else None
@@ -84,8 +86,9 @@ class RmmHook:
     the counter (small ones) and the Python gate in front of it (large ones).
     """
 
-    def __init__(self, gate: Callable[[int], None] | None,
-                 on_failure: Callable[[int], bool]) -> None:
+    def __init__(
+        self, gate: Callable[[int], None] | None, on_failure: Callable[[int], bool]
+    ) -> None:
         import rmm
 
         self._rmm = rmm

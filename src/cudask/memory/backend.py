@@ -227,8 +227,11 @@ def address_of(buffer: Any) -> int:
     view = memoryview(buffer)
     if view.nbytes == 0:
         return 0
-    return int(numpy.frombuffer(view.cast("B") if view.ndim != 1 or view.format != "B" else view,
-                                dtype=numpy.uint8).ctypes.data)
+    return int(
+        numpy.frombuffer(
+            view.cast("B") if view.ndim != 1 or view.format != "B" else view, dtype=numpy.uint8
+        ).ctypes.data
+    )
 
 
 def memoryview_at(ptr: int, nbytes: int) -> memoryview:

@@ -71,9 +71,14 @@ class SpillOnDemand:
     `uninstall()` restores what was there, when it is still ours.
     """
 
-    def __init__(self, spill: Callable[[int], int], attempts: int = 4, *,
-                 limit: int | None = None,
-                 free_memory: Callable[[], int | None] | None = None) -> None:
+    def __init__(
+        self,
+        spill: Callable[[int], int],
+        attempts: int = 4,
+        *,
+        limit: int | None = None,
+        free_memory: Callable[[], int | None] | None = None,
+    ) -> None:
         self._spill = spill
         self.attempts = attempts
         self.limit = limit
@@ -131,8 +136,9 @@ class SpillOnDemand:
         if freed > 0:
             self.count += 1
             self.freed += freed
-        logger.debug("cudask: spill on demand for %s released %s",
-                     format_bytes(nbytes), format_bytes(freed))
+        logger.debug(
+            "cudask: spill on demand for %s released %s", format_bytes(nbytes), format_bytes(freed)
+        )
         return freed
 
     def reserved(self) -> int:
@@ -187,8 +193,12 @@ class SpillOnDemand:
         return min(nbytes - free + min(_MARGIN, nbytes // 100), nbytes)
 
     # ------------------------------------------------------------------ hooks
-    def wrap_allocator(self, malloc: Callable[[int], Any], oom: tuple[type[BaseException], ...],
-                       reserved: Callable[[], int] | None = None) -> Callable[[int], Any]:
+    def wrap_allocator(
+        self,
+        malloc: Callable[[int], Any],
+        oom: tuple[type[BaseException], ...],
+        reserved: Callable[[], int] | None = None,
+    ) -> Callable[[int], Any]:
         """`malloc` held to the limit (when this hook has a limit and counters:
         `reserved`, which joins them, or those `install` found) that, when it
         raises one of `oom`, spills and retries, then raises a MemoryError
@@ -212,8 +222,13 @@ class SpillOnDemand:
         allocate.__wrapped__ = malloc  # type: ignore[attr-defined]
         return allocate
 
-    def _after_refusal(self, malloc: Callable[[int], Any], nbytes: int,
-                       oom: tuple[type[BaseException], ...], first: BaseException) -> Any:
+    def _after_refusal(
+        self,
+        malloc: Callable[[int], Any],
+        nbytes: int,
+        oom: tuple[type[BaseException], ...],
+        first: BaseException,
+    ) -> Any:
         """Spill and retry a refused allocation; a named MemoryError when it fails."""
         want = self.shortfall(nbytes)
         spilled = 0
@@ -238,9 +253,11 @@ class SpillOnDemand:
             free = self._free_memory() if self._free_memory is not None else None
         except Exception:  # noqa: BLE001 - the message must not fail for want of a figure
             free = None
-        seen = f"{format_bytes(spilled)} spilled for it" + (
-            ": every device key in use, or the store busy" if not spilled else "") + (
-            "" if free is None else f", {format_bytes(free)} free on the GPU after that")
+        seen = (
+            f"{format_bytes(spilled)} spilled for it"
+            + (": every device key in use, or the store busy" if not spilled else "")
+            + ("" if free is None else f", {format_bytes(free)} free on the GPU after that")
+        )
         return (
             f"cudask: {who} asked for {format_bytes(nbytes)} ({nbytes} bytes) of device "
             f"memory and the GPU is out of memory after spilling what could be spilled "
@@ -253,9 +270,12 @@ class SpillOnDemand:
         released."""
         if self.spill(self.shortfall(nbytes)) > 0:
             return True
-        logger.warning("cudask: task %r: RMM could not allocate %s after spilling "
-                       "(device_memory_limit=%s)", current_task(), format_bytes(nbytes),
-                       "None" if self.limit is None else format_bytes(self.limit))
+        logger.warning(
+            "cudask: task %r: RMM could not allocate %s after spilling (device_memory_limit=%s)",
+            current_task(),
+            format_bytes(nbytes),
+            "None" if self.limit is None else format_bytes(self.limit),
+        )
         return False
 
     def install(self) -> None:
@@ -272,12 +292,14 @@ class SpillOnDemand:
                 self._releasers.append(self._cupy.release)
                 self._cache_readers.append(self._cupy.cached)
 
-    def _wrap_cupy(self, malloc: Callable[[int], Any],
-                   reserved: Callable[[], int] | None) -> Callable[[int], Any]:
+    def _wrap_cupy(
+        self, malloc: Callable[[int], Any], reserved: Callable[[], int] | None
+    ) -> Callable[[int], Any]:
         import cupy
 
-        return self.wrap_allocator(malloc, (cupy.cuda.memory.OutOfMemoryError, MemoryError),
-                                   reserved)
+        return self.wrap_allocator(
+            malloc, (cupy.cuda.memory.OutOfMemoryError, MemoryError), reserved
+        )
 
     def uninstall(self) -> None:
         for hook in (self._cupy, self._rmm):

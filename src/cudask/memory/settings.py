@@ -74,26 +74,36 @@ def store_settings(
     unknown = sorted(set(parts) - _PARTS)
     if unknown:
         raise TypeError(f"store_settings got unknown keyword(s) {', '.join(unknown)}")
-    target = _fraction(_key("spill-target", spill_target), "cudask.memory.spill-target",
-                       example="0.9")
-    pool = _pool_bytes(_key("pinned-pool-size", pinned_pool_size), device_memory_limit, memory_limit)
+    target = _fraction(
+        _key("spill-target", spill_target), "cudask.memory.spill-target", example="0.9"
+    )
+    pool = _pool_bytes(
+        _key("pinned-pool-size", pinned_pool_size), device_memory_limit, memory_limit
+    )
     headroom = parts.pop("pinned_headroom", None)
     return StoreSettings(
         spill_target=target,
         pinned_pool_size=pool,
-        pinned_preallocate=_preallocate_bytes(_key("pinned-preallocate", pinned_preallocate),
-                                              pool, device_memory_limit),
+        pinned_preallocate=_preallocate_bytes(
+            _key("pinned-preallocate", pinned_preallocate), pool, device_memory_limit
+        ),
         pinned_release_after=release_seconds(_key("pinned-release-after", pinned_release_after)),
         spill_on_demand=spill_on_demand_setting(spill_on_demand),
-        keep_host_copies=parse_flag(_key("keep-host-copies", keep_host_copies),
-                                    "cudask.memory.keep-host-copies"),
+        keep_host_copies=parse_flag(
+            _key("keep-host-copies", keep_host_copies), "cudask.memory.keep-host-copies"
+        ),
         pinned_headroom=_headroom_bytes(headroom, pool, device_memory_limit),
         **parts,
     )
 
 
-_PARTS = {"pinned_slab_size", "pinned_headroom", "pinned_headroom_from", "background",
-          "spill_at_limit"}
+_PARTS = {
+    "pinned_slab_size",
+    "pinned_headroom",
+    "pinned_headroom_from",
+    "background",
+    "spill_at_limit",
+}
 
 
 def _key(name: str, value: Any) -> Any:
@@ -112,8 +122,7 @@ def store_limit(value: int | None, name: str) -> int | None:
 
 def spill_on_demand_setting(value: bool | None = None) -> bool:
     """`value`, or the `cudask.memory.spill-on-demand` key when None."""
-    return parse_flag(_key("spill-on-demand", value),
-                      "cudask.memory.spill-on-demand")
+    return parse_flag(_key("spill-on-demand", value), "cudask.memory.spill-on-demand")
 
 
 def parse_flag(value: Any, name: str) -> bool:
@@ -163,7 +172,9 @@ def release_seconds(value: Any) -> float | None:
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise OptionError(f"cudask.memory.pinned-release-after={value!r}: give {problem}") from exc
     if not seconds > 0:
-        raise OptionError(f"cudask.memory.pinned-release-after={value!r} must be positive: give {problem}")
+        raise OptionError(
+            f"cudask.memory.pinned-release-after={value!r} must be positive: give {problem}"
+        )
     return seconds
 
 
@@ -200,6 +211,15 @@ def system_memory() -> int:
     return int(MEMORY_LIMIT)
 
 
-__all__ = ["AUTO_PREALLOCATE_CAP", "HEADROOM_CAP", "HEADROOM_FROM", "StoreSettings",
-           "check_memory_config", "parse_flag", "release_seconds", "store_limit", "store_settings",
-           "system_memory"]
+__all__ = [
+    "AUTO_PREALLOCATE_CAP",
+    "HEADROOM_CAP",
+    "HEADROOM_FROM",
+    "StoreSettings",
+    "check_memory_config",
+    "parse_flag",
+    "release_seconds",
+    "store_limit",
+    "store_settings",
+    "system_memory",
+]

@@ -111,23 +111,37 @@ class TieredStore(MutableMapping[Key, object]):
 
         ledger = self._ledger = AllocationLedger()
         self._device = DeviceTier(ledger, self.device_memory_limit)
-        self._host = HostTier(self.memory_limit, self.max_spill,
-                              local_directory or worker_local_directory, self.log_spilling)
-        self._lazy = LazyEngine(self.settings, self.device_memory_limit, backend, self.lock,
-                                lambda: ledger.total)
+        self._host = HostTier(
+            self.memory_limit,
+            self.max_spill,
+            local_directory or worker_local_directory,
+            self.log_spilling,
+        )
+        self._lazy = LazyEngine(
+            self.settings, self.device_memory_limit, backend, self.lock, lambda: ledger.total
+        )
         self._buffer = DeviceBuffer(
-            self._device, self._host, InFlightCopies(ledger), self._lazy,
-            settings=self.settings, memory_limit=self.memory_limit,
-            log_spilling=self.log_spilling, notify=self._cv.notify_all,
+            self._device,
+            self._host,
+            InFlightCopies(ledger),
+            self._lazy,
+            settings=self.settings,
+            memory_limit=self.memory_limit,
+            log_spilling=self.log_spilling,
+            notify=self._cv.notify_all,
         )
         self._names = EntryNames()  # keys holding the same device object share one entry
         self._device.shared = self._names.users
         self._thread: threading.Thread | None = None
         # Spill on demand, hooked at the first device object (after the worker's RMM
         # plugin has set its resource); it holds the store weakly.
-        self.on_demand = SpillOnDemand.for_store(
-            self, limit=self.device_memory_limit if self.settings.spill_at_limit else None
-        ) if self.settings.spill_on_demand and self.device_memory_limit is not None else None
+        self.on_demand = (
+            SpillOnDemand.for_store(
+                self, limit=self.device_memory_limit if self.settings.spill_at_limit else None
+            )
+            if self.settings.spill_on_demand and self.device_memory_limit is not None
+            else None
+        )
         self._hooked = False
         if self.settings.pinned_preallocate:
             # Pin ahead of the first spill, without delaying the worker's start.
@@ -145,8 +159,9 @@ class TieredStore(MutableMapping[Key, object]):
         ranges = handlers.allocations(value) if handlers.is_device_object(value) else None
         with self.lock:
             # one entry for every key of one device object (an Alias task's second key)
-            name, dropped, held = self._names.assign(key, value, self._device.data,
-                                                     device_object=ranges is not None)
+            name, dropped, held = self._names.assign(
+                key, value, self._device.data, device_object=ranges is not None
+            )
             if ranges is not None and self.device_memory_limit is not None:
                 self._start_background()
                 if not self._hooked and self.on_demand is not None:
@@ -227,8 +242,11 @@ class TieredStore(MutableMapping[Key, object]):
         """The tier holding `key`: "device", "host" or "disk"."""
         with self.lock:
             name = self._names.visible(key)
-            tier = None if name is None else (
-                "device" if name in self._device else self._host.tier_of(name))
+            tier = (
+                None
+                if name is None
+                else ("device" if name in self._device else self._host.tier_of(name))
+            )
         if tier is None:
             raise KeyError(key)
         return tier
@@ -344,8 +362,12 @@ class TieredStore(MutableMapping[Key, object]):
                 "disk-keys": float(disk_keys),
             }
             engine = self._lazy.current
-            return snapshot(tiers, cumulative, self.on_demand,
-                            engine.pool.stats() if engine is not None else None)
+            return snapshot(
+                tiers,
+                cumulative,
+                self.on_demand,
+                engine.pool.stats() if engine is not None else None,
+            )
 
     # ------------------------------------------------------------------ for proxies
     def spill_device(self, nbytes: int, lock_wait: float | None = None) -> int:
@@ -359,8 +381,11 @@ class TieredStore(MutableMapping[Key, object]):
         if nbytes <= 0:
             return 0
         if not self.lock.acquire(timeout=-1 if lock_wait is None else lock_wait):
-            logger.debug("cudask: spilling %s on demand skipped: the store stayed busy for "
-                         "%.1f s", format_bytes(nbytes), lock_wait)
+            logger.debug(
+                "cudask: spilling %s on demand skipped: the store stayed busy for %.1f s",
+                format_bytes(nbytes),
+                lock_wait,
+            )
             return 0
         try:
             return self._buffer.spill(nbytes)
@@ -411,11 +436,13 @@ class TieredStore(MutableMapping[Key, object]):
         self._lazy.close()
 
     def __repr__(self) -> str:
-        limit = "None" if self.device_memory_limit is None else format_bytes(self.device_memory_limit)
-        return (f"<TieredStore: {len(self._device)} on device ({format_bytes(self._ledger.total)}"
-                f"/{limit}), {len(self._host)} on host/disk>")
-
-
+        limit = (
+            "None" if self.device_memory_limit is None else format_bytes(self.device_memory_limit)
+        )
+        return (
+            f"<TieredStore: {len(self._device)} on device ({format_bytes(self._ledger.total)}"
+            f"/{limit}), {len(self._host)} on host/disk>"
+        )
 
 
 def worker_metrics(worker: Worker) -> dict[str, float]:

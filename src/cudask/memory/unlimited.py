@@ -42,16 +42,26 @@ class UnlimitedStore(MutableMapping[Key, object]):
     device_memory_limit = None
     on_demand = None
 
-    def __init__(self, memory_limit: int | None = None, log_spilling: bool = False,
-                 max_spill: int | Literal[False] = False,
-                 worker_local_directory: str | None = None, *,
-                 local_directory: str | None = None, **_spilling: Any) -> None:
+    def __init__(
+        self,
+        memory_limit: int | None = None,
+        log_spilling: bool = False,
+        max_spill: int | Literal[False] = False,
+        worker_local_directory: str | None = None,
+        *,
+        local_directory: str | None = None,
+        **_spilling: Any,
+    ) -> None:
         self.memory_limit = store_limit(memory_limit, "memory_limit")
         self.lock = threading.RLock()
         self.closed = False
         self._device: dict[Key, object] = {}
-        self._host = HostTier(self.memory_limit, max_spill if max_spill else False,
-                              local_directory or worker_local_directory, bool(log_spilling))
+        self._host = HostTier(
+            self.memory_limit,
+            max_spill if max_spill else False,
+            local_directory or worker_local_directory,
+            bool(log_spilling),
+        )
 
     def __setitem__(self, key: Key, value: object) -> None:
         if isinstance(value, Linked):  # a second name of a key's value (nothing to share here)
@@ -148,10 +158,16 @@ class UnlimitedStore(MutableMapping[Key, object]):
         held = float(self.device_bytes)
         with self.lock:
             host_bytes, host_keys, disk_keys, disk_bytes = self._host.sizes()
-            tiers = {"device-bytes": held, "device-committed-bytes": held,
-                     "device-keys": float(len(self._device)), "device-limit-bytes": 0.0,
-                     "host-bytes": host_bytes, "host-keys": float(host_keys),
-                     "disk-bytes": disk_bytes, "disk-keys": float(disk_keys)}
+            tiers = {
+                "device-bytes": held,
+                "device-committed-bytes": held,
+                "device-keys": float(len(self._device)),
+                "device-limit-bytes": 0.0,
+                "host-bytes": host_bytes,
+                "host-keys": float(host_keys),
+                "disk-bytes": disk_bytes,
+                "disk-keys": float(disk_keys),
+            }
             return snapshot(tiers, self._host.cumulative_metrics, None, None)
 
     def close(self) -> None:

@@ -211,33 +211,49 @@ def page_html() -> str:
     return _render()
 
 
-
 def _render() -> str:
     api = PAGE.lstrip("/") + "/api/"  # relative to the page: "cudask/api/..."
     status, source = _status_and_columns(api)
     table = _table(source)
     bars, y_range = _bars(source)
-    source.js_on_change("data", CustomJS(
-        args={"source": source, "y_range": y_range, "bars": bars, "table": table,
-              "row_px": _BAR_ROW_PX, "table_row_px": _TABLE_ROW_PX},
-        code=_ON_ROWS,
-    ))
+    source.js_on_change(
+        "data",
+        CustomJS(
+            args={
+                "source": source,
+                "y_range": y_range,
+                "bars": bars,
+                "table": table,
+                "row_px": _BAR_ROW_PX,
+                "table_row_px": _TABLE_ROW_PX,
+            },
+            code=_ON_ROWS,
+        ),
+    )
     charts = _rate_charts(api)
     return file_html(
-        [status, table, bars, charts["spill"], charts["unspill"]], INLINE,
-        title="cudask: GPU workers", template=_TEMPLATE,
+        [status, table, bars, charts["spill"], charts["unspill"]],
+        INLINE,
+        title="cudask: GPU workers",
+        template=_TEMPLATE,
         template_variables={"colors": {**_TIER_COLORS, "limit": _LIMIT_COLOR}},
     )
 
 
 def _status_and_columns(api: str) -> tuple[Div, AjaxDataSource]:
     """The status line, and the source reading columns.json that also updates it."""
-    status = Div(name="cudask-status", sizing_mode="stretch_width",
-                 text="loading&hellip; (the page reads cudask/api/columns.json every second)",
-                 styles={"font-size": "14px", "padding": "4px 0"})
+    status = Div(
+        name="cudask-status",
+        sizing_mode="stretch_width",
+        text="loading&hellip; (the page reads cudask/api/columns.json every second)",
+        styles={"font-size": "14px", "padding": "4px 0"},
+    )
     source = AjaxDataSource(
-        name="cudask-columns", data_url=api + "columns.json", method="GET",
-        polling_interval=POLL_MS, mode="replace",
+        name="cudask-columns",
+        data_url=api + "columns.json",
+        method="GET",
+        polling_interval=POLL_MS,
+        mode="replace",
         data={name: [] for name in TABLE_COLUMNS},
         adapter=CustomJS(args={"status": status}, code=_COLUMNS_ADAPTER),
     )
@@ -250,39 +266,84 @@ def _table(source: AjaxDataSource) -> DataTable:
     gpu = HTMLTemplateFormatter(template='<span title="<%- gpu_title %>"><%- value %></span>')
     natural, quantity = CustomJSCompare(code=_NATURAL_ORDER), CustomJSCompare(code=_QUANTITY_ORDER)
     spec = (
-        ("name", "worker", 120, left), ("host", "host", 100, left), ("gpu", "GPU", 115, gpu),
-        ("device", "device used / limit", 170, right), ("device_pct", "device", 60, right),
-        ("host_tier", "host tier", 90, right), ("disk_tier", "disk tier", 90, right),
+        ("name", "worker", 120, left),
+        ("host", "host", 100, left),
+        ("gpu", "GPU", 115, gpu),
+        ("device", "device used / limit", 170, right),
+        ("device_pct", "device", 60, right),
+        ("host_tier", "host tier", 90, right),
+        ("disk_tier", "disk tier", 90, right),
         ("pinned", "pinned in use / reserved", 170, right),
-        ("spill", "spill GB/s", 80, right), ("unspill", "unspill GB/s", 90, right),
-        ("util", "GPU util", 65, right), ("gpu_memory", "GPU mem used / total", 165, right),
-        ("pcie", "PCIe tx / rx GB/s", 125, right), ("nvlink", "NVLink tx / rx GB/s", 135, right),
+        ("spill", "spill GB/s", 80, right),
+        ("unspill", "unspill GB/s", 90, right),
+        ("util", "GPU util", 65, right),
+        ("gpu_memory", "GPU mem used / total", 165, right),
+        ("pcie", "PCIe tx / rx GB/s", 125, right),
+        ("nvlink", "NVLink tx / rx GB/s", 135, right),
     )
-    columns = [TableColumn(field=f, title=t, width=w, formatter=fmt,
-                           sorter=quantity if fmt is right else natural)
-               for f, t, w, fmt in spec]
-    return DataTable(name="cudask-table", source=source, columns=columns, index_position=None,
-                     sortable=True, reorderable=False, height=120, row_height=_TABLE_ROW_PX,
-                     sizing_mode="stretch_width", autosize_mode="force_fit")
+    columns = [
+        TableColumn(
+            field=f, title=t, width=w, formatter=fmt, sorter=quantity if fmt is right else natural
+        )
+        for f, t, w, fmt in spec
+    ]
+    return DataTable(
+        name="cudask-table",
+        source=source,
+        columns=columns,
+        index_position=None,
+        sortable=True,
+        reorderable=False,
+        height=120,
+        row_height=_TABLE_ROW_PX,
+        sizing_mode="stretch_width",
+        autosize_mode="force_fit",
+    )
 
 
 def _bars(source: AjaxDataSource) -> tuple[figure, FactorRange]:
     """One stacked bar per worker (device / host / disk), its device limit marked."""
     y_range = FactorRange(factors=[], range_padding=0.6, range_padding_units="absolute")
-    bars = figure(name="cudask-bars", y_range=y_range, x_range=DataRange1d(start=0),
-                  height=160, sizing_mode="stretch_width", x_axis_location="above",
-                  toolbar_location=None, tools="")
+    bars = figure(
+        name="cudask-bars",
+        y_range=y_range,
+        x_range=DataRange1d(start=0),
+        height=160,
+        sizing_mode="stretch_width",
+        x_axis_location="above",
+        toolbar_location=None,
+        tools="",
+    )
     tiers = ["device_bytes", "host_bytes", "disk_bytes"]
     renderers = bars.hbar_stack(
-        tiers, y="name", height=0.7, source=source,
+        tiers,
+        y="name",
+        height=0.7,
+        source=source,
         color=[_TIER_COLORS["device"], _TIER_COLORS["host"], _TIER_COLORS["disk"]],
     )
-    limit = bars.scatter(x="limit_bytes", y="name", source=source, marker="dash",
-                         angle=math.pi / 2, size=_BAR_ROW_PX, line_width=3, color=_LIMIT_COLOR)
-    bars.add_tools(HoverTool(renderers=[*renderers, limit], tooltips=[
-        ("worker", "@name"), ("device", "@device"), ("host tier", "@host_tier"),
-        ("disk tier", "@disk_tier"), ("GPU", "@gpu_title"),
-    ]))
+    limit = bars.scatter(
+        x="limit_bytes",
+        y="name",
+        source=source,
+        marker="dash",
+        angle=math.pi / 2,
+        size=_BAR_ROW_PX,
+        line_width=3,
+        color=_LIMIT_COLOR,
+    )
+    bars.add_tools(
+        HoverTool(
+            renderers=[*renderers, limit],
+            tooltips=[
+                ("worker", "@name"),
+                ("device", "@device"),
+                ("host tier", "@host_tier"),
+                ("disk tier", "@disk_tier"),
+                ("GPU", "@gpu_title"),
+            ],
+        )
+    )
     bars.xaxis.ticker = AdaptiveTicker(base=2, mantissas=[1], min_interval=1, num_minor_ticks=0)
     bars.xaxis.formatter = CustomJSTickFormatter(code=_BYTES_TICK)
     bars.ygrid.grid_line_color = None
@@ -295,49 +356,79 @@ def _rate_charts(api: str) -> dict[str, figure]:
     empty: dict[str, list[Any]] = {name: [] for name in LINE_COLUMNS}
     lines = {
         (rate, part): ColumnDataSource(name=f"cudask-{rate}-{part}", data=dict(empty))
-        for rate in RATES for part in ("total", "workers")
+        for rate in RATES
+        for part in ("total", "workers")
     }
     # One request a second for both charts: this source's adapter hands the other
     # three their columns.
     history = AjaxDataSource(
-        name="cudask-history", data_url=api + "history-columns.json", method="GET",
-        polling_interval=POLL_MS, mode="replace", data=dict(empty),
-        adapter=CustomJS(args={"spill_total": lines["spill", "total"],
-                               "unspill_total": lines["unspill", "total"],
-                               "unspill_workers": lines["unspill", "workers"]},
-                         code=_HISTORY_ADAPTER),
+        name="cudask-history",
+        data_url=api + "history-columns.json",
+        method="GET",
+        polling_interval=POLL_MS,
+        mode="replace",
+        data=dict(empty),
+        adapter=CustomJS(
+            args={
+                "spill_total": lines["spill", "total"],
+                "unspill_total": lines["unspill", "total"],
+                "unspill_workers": lines["unspill", "workers"],
+            },
+            code=_HISTORY_ADAPTER,
+        ),
     )
     lines["spill", "workers"] = history
     charts = {}
-    for rate, title in (("spill", "spill, device to host (GB/s)"),
-                        ("unspill", "unspill, host to device (GB/s)")):
+    for rate, title in (
+        ("spill", "spill, device to host (GB/s)"),
+        ("unspill", "unspill, host to device (GB/s)"),
+    ):
         charts[rate] = _rate_chart(rate, title, lines[rate, "total"], lines[rate, "workers"])
     return charts
 
 
-def _rate_chart(rate: str, title: str, total_source: ColumnDataSource,
-                workers_source: ColumnDataSource) -> figure:
+def _rate_chart(
+    rate: str, title: str, total_source: ColumnDataSource, workers_source: ColumnDataSource
+) -> figure:
     """A rate over time: the busiest workers (left axis) and the cluster total (right)."""
     per_worker, cluster = DataRange1d(start=0), DataRange1d(start=0)
-    chart = figure(name=f"cudask-{rate}", title=title, height=250,
-                   sizing_mode="stretch_width", x_range=DataRange1d(end=0, range_padding=0),
-                   y_range=per_worker, y_axis_label="per worker",
-                   x_axis_label="seconds before now", toolbar_location=None, tools="")
+    chart = figure(
+        name=f"cudask-{rate}",
+        title=title,
+        height=250,
+        sizing_mode="stretch_width",
+        x_range=DataRange1d(end=0, range_padding=0),
+        y_range=per_worker,
+        y_axis_label="per worker",
+        x_axis_label="seconds before now",
+        toolbar_location=None,
+        tools="",
+    )
     chart.extra_y_ranges = {"total": cluster}
     chart.add_layout(LinearAxis(y_range_name="total", axis_label="cluster total"), "right")
     for axis in chart.yaxis:
         axis.formatter = BasicTickFormatter(use_scientific=False)
     # (bokeh's stubs type renderers as GlyphRenderer[Glyph], which MultiLine's is not)
-    total: Any = chart.multi_line(xs="xs", ys="ys", line_color="color",
-                                  line_width="width", source=total_source,
-                                  y_range_name="total")
-    workers: Any = chart.multi_line(xs="xs", ys="ys", line_color="color",
-                                    line_width="width", source=workers_source)
+    total: Any = chart.multi_line(
+        xs="xs",
+        ys="ys",
+        line_color="color",
+        line_width="width",
+        source=total_source,
+        y_range_name="total",
+    )
+    workers: Any = chart.multi_line(
+        xs="xs", ys="ys", line_color="color", line_width="width", source=workers_source
+    )
     per_worker.renderers = [workers]
     cluster.renderers = [total]
     chart.add_tools(HoverTool(tooltips=[("line", "@label")]))
-    legend = Legend(items=[LegendItem(label=field("label"), renderers=[total]),
-                           LegendItem(label=field("label"), renderers=[workers])])
+    legend = Legend(
+        items=[
+            LegendItem(label=field("label"), renderers=[total]),
+            LegendItem(label=field("label"), renderers=[workers]),
+        ]
+    )
     legend.update(label_text_font_size="11px", spacing=0, padding=4)
     chart.add_layout(legend, "right")
     return chart

@@ -38,8 +38,10 @@ def page_link(dashboard_link: str) -> str:
     path before "status" is kept; a link not ending in "/status" gets "/cudask"
     appended to its path)."""
     if not isinstance(dashboard_link, str) or not dashboard_link.strip():
-        raise ValueError(f"dashboard_link={dashboard_link!r}: expected the dashboard's address, "
-                         "e.g. 'http://127.0.0.1:8787/status'")
+        raise ValueError(
+            f"dashboard_link={dashboard_link!r}: expected the dashboard's address, "
+            "e.g. 'http://127.0.0.1:8787/status'"
+        )
     parts = urlsplit(dashboard_link.strip())
     path = parts.path
     if path.endswith("/status"):
@@ -86,8 +88,13 @@ def routes(plugin: MonitorSource) -> list[tuple[str, type, dict[str, Any]]]:
         (any_prefix + PAGE + "/", RedirectHandler, {"url": "../" + PAGE.lstrip("/")}),
     ]
     for name, view in API.items():
-        out.append((f"{any_prefix}{PAGE}/api/{re.escape(name)}", JSONHandler,
-                    {"plugin": plugin, "view": view}))
+        out.append(
+            (
+                f"{any_prefix}{PAGE}/api/{re.escape(name)}",
+                JSONHandler,
+                {"plugin": plugin, "view": view},
+            )
+        )
     return out
 
 

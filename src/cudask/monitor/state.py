@@ -94,8 +94,8 @@ def worker_row(ws: Any) -> dict[str, Any]:
         "address": ws.address,
         "host": ws.host,
         "gpu_uuid": gpu.get("uuid"),
-        "gpu_name": gpu.get("name") or (static.get("name") if isinstance(static, Mapping)
-                                        else None),
+        "gpu_name": gpu.get("name")
+        or (static.get("name") if isinstance(static, Mapping) else None),
         "cudask": bool(store),
     }
     for field, key in _SIZES:
@@ -118,8 +118,10 @@ def _reason(rows: list[dict[str, Any]], workers: int) -> str | None:
     if workers == 0:
         return "no workers are connected to this scheduler"
     if not any(row["cudask"] for row in rows):
-        return (f"none of the {workers} worker(s) reports cudask metrics: start them with "
-                "`cudask worker` / `dask cuda worker` or LocalCUDACluster")
+        return (
+            f"none of the {workers} worker(s) reports cudask metrics: start them with "
+            "`cudask worker` / `dask cuda worker` or LocalCUDACluster"
+        )
     return None
 
 
@@ -206,7 +208,8 @@ class MonitorPlugin(SchedulerPlugin):
                     break
             out[field] = (
                 max(end - start[1], 0.0) / (t1 - start[0]) / 1e9
-                if end is not None and start is not None and start[0] < t1 else None
+                if end is not None and start is not None and start[0] < t1
+                else None
             )
         return out
 
@@ -249,8 +252,10 @@ def snapshot(dask_scheduler: Scheduler) -> dict[str, Any]:
     plugin = dask_scheduler.plugins.get(NAME)
     if isinstance(plugin, MonitorPlugin):
         return plugin.snapshot()
-    rows = sorted((worker_row(ws) for ws in dask_scheduler.workers.values()),
-                  key=lambda r: (r["host"], r["name"]))
+    rows = sorted(
+        (worker_row(ws) for ws in dask_scheduler.workers.values()),
+        key=lambda r: (r["host"], r["name"]),
+    )
     return _snapshot(rows, len(dask_scheduler.workers), plugin=False)
 
 
@@ -286,23 +291,98 @@ _collector_lock = threading.Lock()
 
 #: (series name, row field, help, kind) of the scheduler's Prometheus page
 SERIES = (
-    ("cudask_worker_device_bytes", "device_bytes", "Device memory held by the worker's store", "gauge"),
+    (
+        "cudask_worker_device_bytes",
+        "device_bytes",
+        "Device memory held by the worker's store",
+        "gauge",
+    ),
     ("cudask_worker_device_limit_bytes", "device_limit_bytes", "Device tier limit", "gauge"),
-    ("cudask_worker_host_bytes", "host_bytes", "Host memory held by the store's host tier", "gauge"),
+    (
+        "cudask_worker_host_bytes",
+        "host_bytes",
+        "Host memory held by the store's host tier",
+        "gauge",
+    ),
     ("cudask_worker_disk_bytes", "disk_bytes", "Bytes the store holds on disk", "gauge"),
-    ("cudask_worker_pinned_reserved_bytes", "pinned_reserved_bytes", "Pinned host memory reserved", "gauge"),
-    ("cudask_worker_pinned_in_use_bytes", "pinned_in_use_bytes", "Pinned host memory in use", "gauge"),
-    ("cudask_worker_spilled_bytes", "spilled_bytes_total", "Bytes copied device to host", "counter"),
-    ("cudask_worker_unspilled_bytes", "unspilled_bytes_total", "Bytes copied host to device", "counter"),
-    ("cudask_worker_disk_written_bytes", "disk_written_bytes_total", "Bytes spilled host to disk", "counter"),
-    ("cudask_worker_disk_read_bytes", "disk_read_bytes_total", "Bytes read back from disk", "counter"),
-    ("cudask_worker_gpu_pcie_tx_bytes", "pcie_tx_bytes_total", "Bytes the GPU sent over PCIe (NVML)", "counter"),
-    ("cudask_worker_gpu_pcie_rx_bytes", "pcie_rx_bytes_total", "Bytes the GPU received over PCIe (NVML)", "counter"),
-    ("cudask_worker_gpu_nvlink_tx_bytes", "nvlink_tx_bytes_total", "Bytes sent over NVLink (NVML)", "counter"),
-    ("cudask_worker_gpu_nvlink_rx_bytes", "nvlink_rx_bytes_total", "Bytes received over NVLink (NVML)", "counter"),
-    ("cudask_worker_gpu_memory_used_bytes", "gpu_memory_used_bytes", "GPU memory used (NVML)", "gauge"),
-    ("cudask_worker_gpu_memory_total_bytes", "gpu_memory_total_bytes", "GPU memory (NVML)", "gauge"),
-    ("cudask_worker_gpu_utilization_ratio", "gpu_utilization", "GPU utilization, 0-1 (NVML)", "gauge"),
+    (
+        "cudask_worker_pinned_reserved_bytes",
+        "pinned_reserved_bytes",
+        "Pinned host memory reserved",
+        "gauge",
+    ),
+    (
+        "cudask_worker_pinned_in_use_bytes",
+        "pinned_in_use_bytes",
+        "Pinned host memory in use",
+        "gauge",
+    ),
+    (
+        "cudask_worker_spilled_bytes",
+        "spilled_bytes_total",
+        "Bytes copied device to host",
+        "counter",
+    ),
+    (
+        "cudask_worker_unspilled_bytes",
+        "unspilled_bytes_total",
+        "Bytes copied host to device",
+        "counter",
+    ),
+    (
+        "cudask_worker_disk_written_bytes",
+        "disk_written_bytes_total",
+        "Bytes spilled host to disk",
+        "counter",
+    ),
+    (
+        "cudask_worker_disk_read_bytes",
+        "disk_read_bytes_total",
+        "Bytes read back from disk",
+        "counter",
+    ),
+    (
+        "cudask_worker_gpu_pcie_tx_bytes",
+        "pcie_tx_bytes_total",
+        "Bytes the GPU sent over PCIe (NVML)",
+        "counter",
+    ),
+    (
+        "cudask_worker_gpu_pcie_rx_bytes",
+        "pcie_rx_bytes_total",
+        "Bytes the GPU received over PCIe (NVML)",
+        "counter",
+    ),
+    (
+        "cudask_worker_gpu_nvlink_tx_bytes",
+        "nvlink_tx_bytes_total",
+        "Bytes sent over NVLink (NVML)",
+        "counter",
+    ),
+    (
+        "cudask_worker_gpu_nvlink_rx_bytes",
+        "nvlink_rx_bytes_total",
+        "Bytes received over NVLink (NVML)",
+        "counter",
+    ),
+    (
+        "cudask_worker_gpu_memory_used_bytes",
+        "gpu_memory_used_bytes",
+        "GPU memory used (NVML)",
+        "gauge",
+    ),
+    (
+        "cudask_worker_gpu_memory_total_bytes",
+        "gpu_memory_total_bytes",
+        "GPU memory (NVML)",
+        "gauge",
+    ),
+    (
+        "cudask_worker_gpu_utilization_ratio",
+        "gpu_utilization",
+        "GPU utilization, 0-1 (NVML)",
+        "gauge",
+    ),
 )
 LABELS = ("worker", "host", "gpu_uuid")
 
@@ -343,5 +423,15 @@ def _register_collector() -> None:
         _collector_registered = True
 
 
-__all__ = ["KEEP", "LABELS", "NAME", "SERIES", "WINDOW", "MonitorPlugin", "SchedulerCollector",
-           "install", "snapshot", "worker_row"]
+__all__ = [
+    "KEEP",
+    "LABELS",
+    "NAME",
+    "SERIES",
+    "WINDOW",
+    "MonitorPlugin",
+    "SchedulerCollector",
+    "install",
+    "snapshot",
+    "worker_row",
+]

@@ -30,8 +30,18 @@ TOP = 8
 #: The rates drawn over time (history() fields "<rate>_gbps").
 RATES = ("spill", "unspill")
 
-_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-           "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+_COLORS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+    "#7f7f7f",
+)
 
 
 class MonitorSource(Protocol):
@@ -56,12 +66,11 @@ def _gbps(value: Any) -> str:
 
 
 def _is_number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _pair(a: Any, b: Any, fmt: Callable[[Any], str]) -> str:
-    """"a / b" for two figures, "" when neither is known."""
+    """ "a / b" for two figures, "" when neither is known."""
     left, right = fmt(a), fmt(b)
     if not left and not right:
         return ""
@@ -69,7 +78,7 @@ def _pair(a: Any, b: Any, fmt: Callable[[Any], str]) -> str:
 
 
 def _short_uuid(uuid: Any) -> str:
-    """"GPU-1a2b3c4d-...-..." -> "GPU-1a2b3c4d" (MIG "MIG-..." alike)."""
+    """ "GPU-1a2b3c4d-...-..." -> "GPU-1a2b3c4d" (MIG "MIG-..." alike)."""
     if not isinstance(uuid, str) or not uuid:
         return ""
     head, _, rest = uuid.partition("-")
@@ -84,10 +93,26 @@ def _natural(text: str) -> list[Any]:
 #: The columns of `table_columns`, in this order.
 TABLE_COLUMNS = (
     # display strings of the table
-    "name", "host", "gpu", "gpu_title", "device", "device_pct", "host_tier", "disk_tier",
-    "pinned", "spill", "unspill", "util", "gpu_memory", "pcie", "nvlink",
+    "name",
+    "host",
+    "gpu",
+    "gpu_title",
+    "device",
+    "device_pct",
+    "host_tier",
+    "disk_tier",
+    "pinned",
+    "spill",
+    "unspill",
+    "util",
+    "gpu_memory",
+    "pcie",
+    "nvlink",
     # numbers of the bar chart (bytes; limit None where the device tier is unlimited)
-    "device_bytes", "host_bytes", "disk_bytes", "limit_bytes",
+    "device_bytes",
+    "host_bytes",
+    "disk_bytes",
+    "limit_bytes",
 )
 
 
@@ -98,8 +123,10 @@ def table_columns(snapshot: Mapping[str, Any]) -> dict[str, list[Any]]:
     Display columns are strings, "" where a figure is unknown (None, or a worker
     without cudask metrics); bytes as dask formats them ("1.50 GiB"), rates in
     GB/s with two decimals. The bar chart's columns are numbers of bytes."""
-    rows = sorted(snapshot.get("workers") or (),
-                  key=lambda r: (_natural(str(r.get("host", ""))), _natural(str(r.get("name", "")))))
+    rows = sorted(
+        snapshot.get("workers") or (),
+        key=lambda r: (_natural(str(r.get("host", ""))), _natural(str(r.get("name", "")))),
+    )
     out: dict[str, list[Any]] = {name: [] for name in TABLE_COLUMNS}
     for row in rows:
         cudask = bool(row.get("cudask"))
@@ -112,12 +139,14 @@ def table_columns(snapshot: Mapping[str, Any]) -> dict[str, list[Any]]:
         out["gpu_title"].append(" ".join(str(x) for x in (model, uuid) if x))
         if cudask:
             out["device"].append(f"{_bytes(device)} / {_bytes(limit) if has_limit else 'no limit'}")
-            out["device_pct"].append(f"{100 * device / limit:.0f} %"
-                                     if has_limit and _is_number(device) else "")
+            out["device_pct"].append(
+                f"{100 * device / limit:.0f} %" if has_limit and _is_number(device) else ""
+            )
             out["host_tier"].append(_bytes(row.get("host_bytes")))
             out["disk_tier"].append(_bytes(row.get("disk_bytes")))
-            out["pinned"].append(_pair(row.get("pinned_in_use_bytes"),
-                                       row.get("pinned_reserved_bytes"), _bytes))
+            out["pinned"].append(
+                _pair(row.get("pinned_in_use_bytes"), row.get("pinned_reserved_bytes"), _bytes)
+            )
         else:
             for name in ("device", "device_pct", "host_tier", "disk_tier", "pinned"):
                 out[name].append("")
@@ -125,8 +154,9 @@ def table_columns(snapshot: Mapping[str, Any]) -> dict[str, list[Any]]:
         out["unspill"].append(_gbps(row.get("unspill_gbps")))
         util = row.get("gpu_utilization")
         out["util"].append(f"{util:.0f} %" if _is_number(util) else "")
-        out["gpu_memory"].append(_pair(row.get("gpu_memory_used_bytes"),
-                                       row.get("gpu_memory_total_bytes"), _bytes))
+        out["gpu_memory"].append(
+            _pair(row.get("gpu_memory_used_bytes"), row.get("gpu_memory_total_bytes"), _bytes)
+        )
         out["pcie"].append(_pair(row.get("pcie_tx_gbps"), row.get("pcie_rx_gbps"), _gbps))
         out["nvlink"].append(_pair(row.get("nvlink_tx_gbps"), row.get("nvlink_rx_gbps"), _gbps))
         for name in ("device_bytes", "host_bytes", "disk_bytes"):
@@ -149,16 +179,21 @@ def status_html(snapshot: Mapping[str, Any]) -> str:
         def total(field: str) -> float:
             return sum(float(r[field]) for r in cudask if _is_number(r.get(field)))
 
-        parts.append(f"<b>{len(rows)} worker{'s' if len(rows) != 1 else ''}</b> on {hosts} "
-                     f"host{'s' if hosts != 1 else ''} ({len(cudask)} with cudask metrics)")
+        parts.append(
+            f"<b>{len(rows)} worker{'s' if len(rows) != 1 else ''}</b> on {hosts} "
+            f"host{'s' if hosts != 1 else ''} ({len(cudask)} with cudask metrics)"
+        )
         if cudask:
             limit = total("device_limit_bytes")
-            parts.append(f"device {_bytes(total('device_bytes'))}"
-                         + (f" of {_bytes(limit)}" if limit else ""))
+            parts.append(
+                f"device {_bytes(total('device_bytes'))}"
+                + (f" of {_bytes(limit)}" if limit else "")
+            )
             parts.append(f"host tier {_bytes(total('host_bytes'))}")
             parts.append(f"disk tier {_bytes(total('disk_bytes'))}")
-            parts.append(f"spill {total('spill_gbps'):.2f} GB/s, "
-                         f"unspill {total('unspill_gbps'):.2f} GB/s")
+            parts.append(
+                f"spill {total('spill_gbps'):.2f} GB/s, unspill {total('unspill_gbps'):.2f} GB/s"
+            )
     text = " · ".join(parts)
     if reason:
         note = f'<b style="color:#b00020">{html.escape(str(reason))}</b>'
@@ -172,8 +207,12 @@ def columns_view(snapshot: Mapping[str, Any]) -> dict[str, Any]:
     """Body of columns.json: {"columns": table_columns, "status": status_html,
     "time": snapshot time, "rows": row count}."""
     columns = table_columns(snapshot)
-    return {"columns": columns, "status": status_html(snapshot),
-            "time": snapshot.get("time"), "rows": len(columns["name"])}
+    return {
+        "columns": columns,
+        "status": status_html(snapshot),
+        "time": snapshot.get("time"),
+        "rows": len(columns["name"]),
+    }
 
 
 LINE_COLUMNS = ("xs", "ys", "label", "color", "width")
@@ -199,11 +238,13 @@ def history_columns(history: Mapping[str, Any], rate: str, top: int = TOP) -> di
     last = times[-1]
     xs = [t - last for t in times]
     workers: dict[str, Sequence[Any]] = {
-        str(name): (series.get(field) or ()) for name, series in (history.get("workers") or {}).items()
+        str(name): (series.get(field) or ())
+        for name, series in (history.get("workers") or {}).items()
     }
 
-    def add(out: dict[str, list[Any]], label: str, values: Sequence[Any], color: str,
-            width: float) -> None:
+    def add(
+        out: dict[str, list[Any]], label: str, values: Sequence[Any], color: str, width: float
+    ) -> None:
         points = [(x, float(v)) for x, v in zip(xs, values, strict=False) if _is_number(v)]
         if not points:
             return
@@ -218,9 +259,16 @@ def history_columns(history: Mapping[str, Any], rate: str, top: int = TOP) -> di
         known = [float(v[i]) for v in workers.values() if i < len(v) and _is_number(v[i])]
         total.append(sum(known) if known else None)
     n = len(workers)
-    add(total_cols, f"total of {n} worker{'s' if n != 1 else ''} (right axis)", total,
-        "#000000", 2.5)
-    moved = {name: sum(float(v) for v in values if _is_number(v)) for name, values in workers.items()}
+    add(
+        total_cols,
+        f"total of {n} worker{'s' if n != 1 else ''} (right axis)",
+        total,
+        "#000000",
+        2.5,
+    )
+    moved = {
+        name: sum(float(v) for v in values if _is_number(v)) for name, values in workers.items()
+    }
     busiest = sorted((w for w in workers if moved[w] > 0), key=lambda w: (-moved[w], _natural(w)))
     for i, name in enumerate(busiest[:top]):
         add(worker_cols, name, workers[name], _COLORS[i % len(_COLORS)], 1.5)

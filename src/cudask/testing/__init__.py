@@ -31,8 +31,15 @@ def real_gpu_count() -> int:
     return len(discover().gpus)
 
 
-__all__ = ["FakeBackend", "cpu_affinity", "current_gpu_uuid", "fake_gpu", "real_gpu_count",
-           "wait_for", "workers_info"]
+__all__ = [
+    "FakeBackend",
+    "cpu_affinity",
+    "current_gpu_uuid",
+    "fake_gpu",
+    "real_gpu_count",
+    "wait_for",
+    "workers_info",
+]
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 60.0, interval: float = 0.05) -> bool:

@@ -28,8 +28,11 @@ class MockWorker(Worker):
 class IncreasedCloseTimeoutNanny(Nanny):
     """A Nanny whose close waits up to 30 seconds for its worker by default."""
 
-    async def close(self, timeout: float = 30.0, reason: str = "nanny-close"  # type: ignore[override]
-                    ) -> Literal["OK"]:
+    async def close(  # type: ignore[override]
+        self,
+        timeout: float = 30.0,
+        reason: str = "nanny-close",
+    ) -> Literal["OK"]:
         return await super().close(timeout=timeout, reason=reason)
 
 

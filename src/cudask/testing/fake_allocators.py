@@ -138,8 +138,9 @@ class Limiting:
 
 
 class Callback:
-    def __init__(self, allocate: Callable[[int, Any], int],
-                 deallocate: Callable[[int, int, Any], None]) -> None:
+    def __init__(
+        self, allocate: Callable[[int, Any], int], deallocate: Callable[[int, int, Any], None]
+    ) -> None:
         self._allocate, self._deallocate = allocate, deallocate
         self.calls = 0
 

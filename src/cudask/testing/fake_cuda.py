@@ -187,7 +187,11 @@ class FakeCopyBackend:
     name = "fake"
 
     def __init__(
-        self, *, lag: int = 0, pin_limit: int | None = None, refuse_register: str | None = None,
+        self,
+        *,
+        lag: int = 0,
+        pin_limit: int | None = None,
+        refuse_register: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
         device_memory: tuple[int, int] | Callable[[], tuple[int, int]] = (1 << 40, 1 << 40),
     ) -> None:
@@ -262,8 +266,11 @@ class FakeCopyBackend:
 
     def wrap_device(self, owner: Any, ptr: int, interface: dict[str, Any]) -> Any:
         base = int(owner.ctypes.data)
-        dtype = numpy.dtype(interface.get("descr") and [tuple(d) for d in interface["descr"]]
-                            or interface["typestr"])
+        dtype = numpy.dtype(
+            interface.get("descr")
+            and [tuple(d) for d in interface["descr"]]
+            or interface["typestr"]
+        )
         array = numpy.ndarray(
             tuple(interface["shape"]),
             dtype=dtype,
@@ -413,7 +420,9 @@ class FakeIPCBackend:
         self.closed.append(base)
 
     def empty(self, shape: tuple[int, ...], dtype: str, order: str) -> FakeDeviceArray:
-        return FakeDeviceArray(numpy.empty(shape, dtype=numpy.dtype(dtype), order="F" if order == "F" else "C"))
+        return FakeDeviceArray(
+            numpy.empty(shape, dtype=numpy.dtype(dtype), order="F" if order == "F" else "C")
+        )
 
     def allocate_area(self, nbytes: int) -> int:
         """A staging area (cudask.comm.staging), exported as handle b"staging"."""
@@ -430,7 +439,9 @@ class FakeIPCBackend:
     def stage(self, x: FakeDeviceArray, address: int, order: str) -> None:
         source = x._array
         memory = (ctypes.c_char * source.nbytes).from_address(address)
-        numpy.ndarray(source.shape, source.dtype, memoryview(memory), order="F" if order == "F" else "C")[...] = source
+        numpy.ndarray(
+            source.shape, source.dtype, memoryview(memory), order="F" if order == "F" else "C"
+        )[...] = source
 
     def copy(self, out: FakeDeviceArray, src: int, strides: tuple[int, ...]) -> None:
         from cudask.comm.ipc_layout import extent
@@ -438,7 +449,9 @@ class FakeIPCBackend:
         target = out._array
         low, span = extent(src, target.shape, strides, target.itemsize)
         memory = (ctypes.c_char * span).from_address(low)
-        target[...] = numpy.ndarray(target.shape, target.dtype, memoryview(memory), src - low, strides)
+        target[...] = numpy.ndarray(
+            target.shape, target.dtype, memoryview(memory), src - low, strides
+        )
 
 
 class FakeUpstream:

@@ -23,14 +23,24 @@ def random_frame(seed: int, rows: int) -> Any:
     import cupy
 
     rng = cupy.random.RandomState(seed)
-    return cudf.DataFrame({"key": rng.randint(0, 1000, size=rows).astype("i8"),
-                           "value": rng.standard_normal(rows), "flag": rng.randint(0, 2, size=rows) > 0,
-                           "text": cudf.Series(["x"] * rows)})
+    return cudf.DataFrame(
+        {
+            "key": rng.randint(0, 1000, size=rows).astype("i8"),
+            "value": rng.standard_normal(rows),
+            "flag": rng.randint(0, 2, size=rows) > 0,
+            "text": cudf.Series(["x"] * rows),
+        }
+    )
 
 
 def frame_summary(frame: Any) -> tuple[int, float, int, int]:
     """(rows, sum of value, sum of key, count of flag) of a `random_frame`."""
-    return (len(frame), float(frame["value"].sum()), int(frame["key"].sum()), int(frame["flag"].sum()))
+    return (
+        len(frame),
+        float(frame["value"].sum()),
+        int(frame["key"].sum()),
+        int(frame["flag"].sum()),
+    )
 
 
 def orders(i: int) -> Any:
@@ -39,8 +49,12 @@ def orders(i: int) -> Any:
     import cupy
 
     rng = cupy.random.RandomState(i)
-    return cudf.DataFrame({"key": rng.randint(0, 300_000, size=200_000).astype("i8"),
-                           "amount": rng.standard_normal(200_000)})
+    return cudf.DataFrame(
+        {
+            "key": rng.randint(0, 300_000, size=200_000).astype("i8"),
+            "amount": rng.standard_normal(200_000),
+        }
+    )
 
 
 def customers(i: int) -> Any:

@@ -121,7 +121,7 @@ def _feed_device_array(h: Any, value: Any) -> None:
     words = flat[:whole].view(cupy.uint64)
     sums = [0, 0]
     for start in range(0, words.size, _STEP):
-        w = words[start:start + _STEP]
+        w = words[start : start + _STEP]
         index = cupy.arange(start, start + w.size, dtype=cupy.uint64)
         for j, salt in enumerate((0x5851F42D4C957F2D, 0x14057B7EF767814F)):
             sums[j] = (sums[j] + int((w * _mix(index ^ salt)).sum(dtype=cupy.uint64))) & _MASK

@@ -31,10 +31,16 @@ from cudask.testing import wait_for
 
 
 @contextmanager
-def worker_processes(placement: Sequence[str], *, env: Mapping[str, str] | None = None,
-                     log_dir: str | Path | None = None, args: Sequence[str] = (),
-                     command: Sequence[str] | None = None, protocol: str = "tcp",
-                     timeout: float = 180) -> Iterator[Any]:
+def worker_processes(
+    placement: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    log_dir: str | Path | None = None,
+    args: Sequence[str] = (),
+    command: Sequence[str] | None = None,
+    protocol: str = "tcp",
+    timeout: float = 180,
+) -> Iterator[Any]:
     """A distributed Client of a fresh scheduler (listening on `protocol`) with one
     worker process per entry of `placement`, each entry its CUDA_VISIBLE_DEVICES:
     `command` + [scheduler address, --name wI (an entry of one GPU), --protocol
@@ -48,17 +54,30 @@ def worker_processes(placement: Sequence[str], *, env: Mapping[str, str] | None 
     from distributed import Client, LocalCluster
 
     with ExitStack() as stack:
-        cluster = stack.enter_context(LocalCluster(n_workers=0, protocol=protocol, dashboard_address=":0"))
+        cluster = stack.enter_context(
+            LocalCluster(n_workers=0, protocol=protocol, dashboard_address=":0")
+        )
         client = stack.enter_context(Client(cluster))
         # Files, not pipes: a pipe nobody reads fills and stops a worker that logs.
         logs = [stack.enter_context(_log_file(log_dir, i)) for i in range(len(placement))]
         prefix = list(command or [sys.executable, "-m", "cudask.cli", "worker"])
         gpus = [len(devices.split(",")) for devices in placement]
-        procs = [subprocess.Popen(
-            [*prefix, cluster.scheduler_address, *(["--name", f"w{i}"] if gpus[i] == 1 else []),
-             "--protocol", protocol, *args],
-            env={**os.environ, **(env or {}), "CUDA_VISIBLE_DEVICES": devices},
-            stdout=subprocess.DEVNULL, stderr=logs[i]) for i, devices in enumerate(placement)]
+        procs = [
+            subprocess.Popen(
+                [
+                    *prefix,
+                    cluster.scheduler_address,
+                    *(["--name", f"w{i}"] if gpus[i] == 1 else []),
+                    "--protocol",
+                    protocol,
+                    *args,
+                ],
+                env={**os.environ, **(env or {}), "CUDA_VISIBLE_DEVICES": devices},
+                stdout=subprocess.DEVNULL,
+                stderr=logs[i],
+            )
+            for i, devices in enumerate(placement)
+        ]
         try:
             _wait_for_join(client, procs, gpus, logs, timeout)  # its error carries the logs already
             try:
@@ -68,7 +87,9 @@ def worker_processes(placement: Sequence[str], *, env: Mapping[str, str] | None 
                 # a failure or a hang in the block.
                 for i, (p, log) in enumerate(zip(procs, logs, strict=True)):
                     state = "running" if p.poll() is None else f"exit code {p.returncode}"
-                    exc.add_note(f"worker process {i} ({state}), end of its log:\n{_tail(log, 4000)}")
+                    exc.add_note(
+                        f"worker process {i} ({state}), end of its log:\n{_tail(log, 4000)}"
+                    )
                 raise
         finally:
             # The client first, so that the scheduler forgets its keys rather than reports
@@ -94,8 +115,13 @@ def _close_client(client: Any, scheduler: Any, seconds: float = 30) -> None:
     wait_for(lambda: client_id not in scheduler.clients, timeout=seconds)
 
 
-def _wait_for_join(client: Any, procs: list[subprocess.Popen], gpus: Sequence[int],
-                   logs: list[IO[str]], timeout: float) -> None:
+def _wait_for_join(
+    client: Any,
+    procs: list[subprocess.Popen],
+    gpus: Sequence[int],
+    logs: list[IO[str]],
+    timeout: float,
+) -> None:
     """Until every process's workers (`gpus[i]` of process i) have joined. A process
     that ends first is a RuntimeError naming every process that ended, once each of
     the others has joined or ended too (processes started alike often fail alike, one
@@ -111,15 +137,21 @@ def _wait_for_join(client: Any, procs: list[subprocess.Popen], gpus: Sequence[in
         if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
             break
     # Settled: each process has ended or has all its workers joined, or time is up.
-    wait_for(lambda: all(p.poll() is not None or joined >= n for p, joined, n in
-                         zip(procs, _joined(client, procs), gpus, strict=True)),
-             timeout=max(deadline - time.monotonic(), 0), interval=0.2)
+    wait_for(
+        lambda: all(
+            p.poll() is not None or joined >= n
+            for p, joined, n in zip(procs, _joined(client, procs), gpus, strict=True)
+        ),
+        timeout=max(deadline - time.monotonic(), 0),
+        interval=0.2,
+    )
     ended = [i for i, p in enumerate(procs) if p.poll() is not None]
     for p in procs:
         p.kill()
     what = f"worker process(es) {ended} ended" if ended else f"not joined within {timeout} s"
-    raise RuntimeError(f"cudask worker processes: {what}: "
-                       + " | ".join(_tail(log) for log in logs))
+    raise RuntimeError(
+        f"cudask worker processes: {what}: " + " | ".join(_tail(log) for log in logs)
+    )
 
 
 def _joined(client: Any, procs: Sequence[subprocess.Popen]) -> list[int]:

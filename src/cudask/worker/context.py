@@ -104,5 +104,7 @@ def _uuid_at_bus(bus_id: str) -> str:
     for gpu in machine.gpus:
         if gpu.pci_bus_id == wanted:
             return gpu.uuid
-    raise RuntimeError(f"CUDA device 0 is at PCI bus {bus_id}, where NVML lists no GPU "
-                       f"(it lists {', '.join(g.pci_bus_id for g in machine.gpus) or 'none'})")
+    raise RuntimeError(
+        f"CUDA device 0 is at PCI bus {bus_id}, where NVML lists no GPU "
+        f"(it lists {', '.join(g.pci_bus_id for g in machine.gpus) or 'none'})"
+    )

@@ -60,42 +60,65 @@ class GPUWorker(distributed.Worker):
     def _linked(self, key: Key) -> ExecuteSuccessEvent | None:
         """The event of an alias task done by linking its key, or None: run it."""
         ts = self.state.tasks.get(key)
-        if ts is None or ts.state != "executing" or self.status not in _RUNNING \
-                or not isinstance(ts.run_spec, Alias):
+        if (
+            ts is None
+            or ts.state != "executing"
+            or self.status not in _RUNNING
+            or not isinstance(ts.run_spec, Alias)
+        ):
             return None
         source = self.state.tasks.get(ts.run_spec.target)
         store = self.data
-        if source is None or source.state != "memory" or source.nbytes is None \
-                or not isinstance(store, TieredStore) \
-                or not store.is_spilled_device_object(source.key):
+        if (
+            source is None
+            or source.state != "memory"
+            or source.nbytes is None
+            or not isinstance(store, TieredStore)
+            or not store.is_spilled_device_object(source.key)
+        ):
             return None
         now = time()
-        return ExecuteSuccessEvent(key=key, run_id=ts.run_id, value=Linked(source.key),
-                                   start=now, stop=now, nbytes=source.nbytes,
-                                   type=source.type, stimulus_id=f"cudask-alias-{now}")
+        return ExecuteSuccessEvent(
+            key=key,
+            run_id=ts.run_id,
+            value=Linked(source.key),
+            start=now,
+            stop=now,
+            nbytes=source.nbytes,
+            type=source.type,
+            stimulus_id=f"cudask-alias-{now}",
+        )
 
     # -- device IPC
-    async def get_data(self, comm: Any, keys: Collection[str], who: str | None = None,
-                       serializers: list[str] | None = None) -> Any:
+    async def get_data(
+        self,
+        comm: Any,
+        keys: Collection[str],
+        who: str | None = None,
+        serializers: list[str] | None = None,
+    ) -> Any:
         if not serializers or FAMILY not in serializers:
             return await super().get_data(comm, keys, who=who, serializers=serializers)
         serializers = [FAMILY, *(s for s in serializers if s != FAMILY)]
         with keep_alive():  # get_data returns once the requester has answered "OK"
             return await super().get_data(comm, keys, who=who, serializers=serializers)
 
-    async def gather_dep(self, worker: str, to_gather: Collection[Any], total_nbytes: int, *,
-                         stimulus_id: str) -> StateMachineEvent:
+    async def gather_dep(
+        self, worker: str, to_gather: Collection[Any], total_nbytes: int, *, stimulus_id: str
+    ) -> StateMachineEvent:
         event = await super().gather_dep(worker, to_gather, total_nbytes, stimulus_id=stimulus_id)
         refused = _refusal(event)
         if refused is None:
             return event
         if self._stop_asking_for_ipc():
-            logger.warning("%s. This worker receives device data through host memory from now on.",
-                           refused)
+            logger.warning(
+                "%s. This worker receives device data through host memory from now on.", refused
+            )
         self.rpc.remove(worker)  # the peer waits for "OK" on the connection the reply came by
         # as a network failure: the keys are fetched again, now through host memory
-        return GatherDepNetworkFailureEvent(worker=worker, total_nbytes=total_nbytes,
-                                            stimulus_id=stimulus_id)
+        return GatherDepNetworkFailureEvent(
+            worker=worker, total_nbytes=total_nbytes, stimulus_id=stimulus_id
+        )
 
     def _stop_asking_for_ipc(self) -> bool:
         """Take the family out of what this worker's requests accept; whether it was in."""

@@ -69,11 +69,12 @@ def _command(pid: int, proc: str, limit: int = 80) -> str | None:
     except OSError:
         return None
     text = raw.replace(b"\0", b" ").decode(errors="replace").strip()
-    return (text[:limit - 3] + "...") if len(text) > limit else (text or None)
+    return (text[: limit - 3] + "...") if len(text) > limit else (text or None)
 
 
-def neighbours(uuid: str, *, pid: int | None = None, backend: ProcessBackend | None = None,
-               proc: str = "/proc") -> list[Neighbour] | None:
+def neighbours(
+    uuid: str, *, pid: int | None = None, backend: ProcessBackend | None = None, proc: str = "/proc"
+) -> list[Neighbour] | None:
     """The processes on device `uuid` that are neither this worker (`pid`, default
     this process) nor a worker of its cluster; None when NVML cannot list them or
     does not list this worker under its pid (another pid namespace)."""
@@ -89,8 +90,9 @@ def neighbours(uuid: str, *, pid: int | None = None, backend: ProcessBackend | N
             continue
         if p.pid == parent:
             role = STARTER
-        elif parent is not None and _parent(p.pid, proc) == parent and _spawned(p.pid, parent,
-                                                                                 proc):
+        elif (
+            parent is not None and _parent(p.pid, proc) == parent and _spawned(p.pid, parent, proc)
+        ):
             continue  # a worker started by the same process: this cluster's
         else:
             role = "another process"
@@ -102,18 +104,24 @@ def describe(worker: object, label: str, found: list[Neighbour]) -> str:
     """The log line: which processes, how much each holds, what it means."""
     parts = []
     for n in found:
-        held = (format_bytes(n.process.used_memory) if n.process.used_memory is not None
-                else "memory not reported")
+        held = (
+            format_bytes(n.process.used_memory)
+            if n.process.used_memory is not None
+            else "memory not reported"
+        )
         who = ", ".join(x for x in (n.role if n.role == STARTER else None, n.command, held) if x)
         parts.append(f"pid {n.process.pid} ({who})")
-    return (f"cudask: worker {worker}: {label} also holds CUDA contexts of {len(found)} other "
-            f"process(es): {'; '.join(parts)}. This worker's memory limits do not count their "
-            "memory; a client or library that used this GPU before the cluster started, or "
-            "another job on this GPU, leaves it less (docs/cuda-contexts.md)")
+    return (
+        f"cudask: worker {worker}: {label} also holds CUDA contexts of {len(found)} other "
+        f"process(es): {'; '.join(parts)}. This worker's memory limits do not count their "
+        "memory; a client or library that used this GPU before the cluster started, or "
+        "another job on this GPU, leaves it less (docs/cuda-contexts.md)"
+    )
 
 
-def report(worker: object, uuid: str, *, label: str | None = None,
-           backend: ProcessBackend | None = None) -> list[Neighbour] | None:
+def report(
+    worker: object, uuid: str, *, label: str | None = None, backend: ProcessBackend | None = None
+) -> list[Neighbour] | None:
     """Log once (WARNING) the other processes holding contexts on `uuid`; return
     them (None: NVML could not tell). Never raises for NVML's or /proc's sake."""
     try:
@@ -122,8 +130,12 @@ def report(worker: object, uuid: str, *, label: str | None = None,
         logger.debug("cudask: worker %s: cannot list the processes on %s: %s", worker, uuid, exc)
         return None
     if found is None:
-        logger.debug("cudask: worker %s: NVML does not list this process on %s (another pid "
-                     "namespace?): other processes' contexts cannot be told apart", worker, uuid)
+        logger.debug(
+            "cudask: worker %s: NVML does not list this process on %s (another pid "
+            "namespace?): other processes' contexts cannot be told apart",
+            worker,
+            uuid,
+        )
     elif found:
         logger.warning(describe(worker, label or uuid, found))
     return found

@@ -189,8 +189,9 @@ class GCFreeze(WorkerPlugin):
         self.cancelled = False
         context = worker.plugins.get(CUDAContext.name)
         importer = getattr(context, "importer", None)
-        self.thread = threading.Thread(target=self._freeze, args=(worker, importer),
-                                       name="cudask-gc-freeze", daemon=True)
+        self.thread = threading.Thread(
+            target=self._freeze, args=(worker, importer), name="cudask-gc-freeze", daemon=True
+        )
         self.thread.start()
 
     def _freeze(self, worker: Any, importer: threading.Thread | None) -> None:
@@ -201,8 +202,11 @@ class GCFreeze(WorkerPlugin):
             if self.cancelled:
                 return
             if worker.state.tasks:
-                logger.info("gc_freeze: worker %s had tasks before its start-up imports "
-                            "were done; nothing frozen", worker.name)
+                logger.info(
+                    "gc_freeze: worker %s had tasks before its start-up imports "
+                    "were done; nothing frozen",
+                    worker.name,
+                )
                 return
             gc.collect()
             gc.freeze()
@@ -306,12 +310,15 @@ def _start_cudf_spilling() -> None:
     try:
         manager = get_global_manager()
     except ValueError as exc:  # another failure callback is already in the RMM stack
-        logger.warning("enable_cudf_spill=True: cuDF spills at no failed allocation in this "
-                       "worker: %s", exc)
+        logger.warning(
+            "enable_cudf_spill=True: cuDF spills at no failed allocation in this worker: %s", exc
+        )
         return
     if manager is None:
-        logger.warning("enable_cudf_spill=True has no effect in this worker: cuDF was used "
-                       "here before the worker started, with spilling off")
+        logger.warning(
+            "enable_cudf_spill=True has no effect in this worker: cuDF was used "
+            "here before the worker started, with spilling off"
+        )
 
 
 class StoreCollector:
@@ -427,8 +434,15 @@ class DeviceIPC(WorkerPlugin):
     # seconds between checks for kept mappings that have ended and leased chunks to free
     sweep_interval = 2.0
 
-    def __init__(self, device_uuid: str, min_size: int, lease: float = 0.0, *,
-                 map_ahead: bool, staging: int = 0) -> None:
+    def __init__(
+        self,
+        device_uuid: str,
+        min_size: int,
+        lease: float = 0.0,
+        *,
+        map_ahead: bool,
+        staging: int = 0,
+    ) -> None:
         self.device_uuid = device_uuid
         self.min_size = min_size
         self.lease = lease  # cudask.comm.device-ipc-lease: 0, no leasing pool
@@ -465,8 +479,11 @@ class DeviceIPC(WorkerPlugin):
                 leases.install(self.lease)
             return
         self.off_because = reason
-        logger.info("cudask: device data between this host's workers go through host memory, "
-                    "not CUDA IPC: %s", reason)
+        logger.info(
+            "cudask: device data between this host's workers go through host memory, "
+            "not CUDA IPC: %s",
+            reason,
+        )
 
     def unavailable(self) -> str | None:
         """Why this worker cannot send by CUDA IPC, or None."""

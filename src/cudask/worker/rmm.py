@@ -61,8 +61,12 @@ class RMMSetup(WorkerPlugin):
     @property
     def needed(self) -> bool:
         return bool(
-            self.pool_size is not None or self.managed_memory or self.async_alloc
-            or self.log_directory or self.track_allocations or self.external_libs
+            self.pool_size is not None
+            or self.managed_memory
+            or self.async_alloc
+            or self.log_directory
+            or self.track_allocations
+            or self.external_libs
         )
 
     def describe(self) -> dict[str, Any]:

@@ -39,7 +39,7 @@ def cpu_share(cpus: Sequence[int], n: int, k: int) -> tuple[int, ...]:
         return cpus
     base, extra = divmod(len(cpus), n)
     start = k * base + min(k, extra)
-    return cpus[start:start + base + (1 if k < extra else 0)]
+    return cpus[start : start + base + (1 if k < extra else 0)]
 
 
 def cluster_slots(n_devices: int, n: int) -> list[tuple[int, int]]:

@@ -75,24 +75,41 @@ def device_sizes(o: WorkerOptions, device: Device) -> DeviceSizes:
             f"device_memory_limit={o.device_memory_limit!r}: {device.label} ({device.gpu.name}) "
             "has no dedicated memory, so there is nothing to spill from; leave it 'default'"
         )
-    limit = parse_size(o.device_memory_limit, total=total, name="device_memory_limit" + where,
-                       auto=1.0 if dedicated else None, default=0.8 if dedicated else None,
-                       maximum=total)
+    limit = parse_size(
+        o.device_memory_limit,
+        total=total,
+        name="device_memory_limit" + where,
+        auto=1.0 if dedicated else None,
+        default=0.8 if dedicated else None,
+        maximum=total,
+    )
 
     def rmm(name: str) -> int | None:
-        return parse_size(o[name], total=total, name=name + where, auto=1.0, default=None,
-                          maximum=total, alignment=RMM_ALIGNMENT)
+        return parse_size(
+            o[name],
+            total=total,
+            name=name + where,
+            auto=1.0,
+            default=None,
+            maximum=total,
+            alignment=RMM_ALIGNMENT,
+        )
 
     pool, maximum = rmm("rmm_pool_size"), rmm("rmm_maximum_pool_size")
     if pool is not None and maximum is not None and maximum < pool:
-        raise OptionError(f"rmm_maximum_pool_size={o.rmm_maximum_pool_size!r} is smaller than "
-                          f"rmm_pool_size={o.rmm_pool_size!r} on {device.label}, the size the "
-                          "pool starts at; accepted: a maximum at least as large, or none (the "
-                          "pool grows as needed)")
+        raise OptionError(
+            f"rmm_maximum_pool_size={o.rmm_maximum_pool_size!r} is smaller than "
+            f"rmm_pool_size={o.rmm_pool_size!r} on {device.label}, the size the "
+            "pool starts at; accepted: a maximum at least as large, or none (the "
+            "pool grows as needed)"
+        )
     n = workers_per_gpu(o)
-    return DeviceSizes(share(limit, n),
-                       share(pool, n, RMM_ALIGNMENT), share(maximum, n, RMM_ALIGNMENT),
-                       share(rmm("rmm_release_threshold"), n, RMM_ALIGNMENT))
+    return DeviceSizes(
+        share(limit, n),
+        share(pool, n, RMM_ALIGNMENT),
+        share(maximum, n, RMM_ALIGNMENT),
+        share(rmm("rmm_release_threshold"), n, RMM_ALIGNMENT),
+    )
 
 
 def check_devices(o: WorkerOptions, devices: Sequence[Device]) -> list[DeviceSizes]:
@@ -104,22 +121,32 @@ def check_devices(o: WorkerOptions, devices: Sequence[Device]) -> list[DeviceSiz
             staging_size(o, size, device)  # an area larger than the GPU: said now
     warn_pool_past_limit(o, sizes)
     if o.jit_unspill or any(s.device_memory_limit is not None for s in sizes):
-        what = "jit_unspill=True" if o.jit_unspill else (
-            f"device_memory_limit={o.device_memory_limit!r} (spilling from the GPU)")
+        what = (
+            "jit_unspill=True"
+            if o.jit_unspill
+            else (f"device_memory_limit={o.device_memory_limit!r} (spilling from the GPU)")
+        )
         try:
             require_library("cupy", what)
         except MissingDependencyError as exc:
             raise MissingDependencyError(
-                exc.library, exc.needed_for,
-                exc.install + " -- or turn spilling off with device_memory_limit=None") from None
+                exc.library,
+                exc.needed_for,
+                exc.install + " -- or turn spilling off with device_memory_limit=None",
+            ) from None
     return sizes
 
 
 def warn_pool_past_limit(o: WorkerOptions, sizes: Sequence[DeviceSizes]) -> None:
     """One warning when an RMM pool reserves more than the device limit: the worker's
     GPU memory is then the pool's size whatever the store spills."""
-    over = [s for s in sizes if s.rmm_pool_size is not None and s.device_memory_limit is not None
-            and s.rmm_pool_size > s.device_memory_limit]
+    over = [
+        s
+        for s in sizes
+        if s.rmm_pool_size is not None
+        and s.device_memory_limit is not None
+        and s.rmm_pool_size > s.device_memory_limit
+    ]
     if over:
         s = over[0]
         warnings.warn(
@@ -129,14 +156,20 @@ def warn_pool_past_limit(o: WorkerOptions, sizes: Sequence[DeviceSizes]) -> None
             "on its GPU from the start, and the limit holds only what is allocated inside the "
             "pool. To hold the GPU to the limit, give rmm_pool_size at most the limit (the "
             "pool grows as needed, up to rmm_maximum_pool_size).",
-            DeviceMemoryLimitWarning, stacklevel=3)
+            DeviceMemoryLimitWarning,
+            stacklevel=3,
+        )
 
 
 def host_memory_limit(o: WorkerOptions, n_workers: int) -> int | None:
     """Host memory of each worker: 'auto' is an even share of the system's."""
     try:
-        limit = parse_memory_limit(o.memory_limit, nthreads=1, total_cores=max(n_workers, 1),
-                                   logger=logging.getLogger("cudask"))
+        limit = parse_memory_limit(
+            o.memory_limit,
+            nthreads=1,
+            total_cores=max(n_workers, 1),
+            logger=logging.getLogger("cudask"),
+        )
     except (ValueError, TypeError) as exc:
         raise OptionError(
             f"memory_limit={o.memory_limit!r} is not accepted ({exc}); accepted: bytes, '40GB', "
@@ -151,12 +184,16 @@ def host_tier(memory_limit: int | None) -> tuple[int | None, int | Literal[False
     so data reach disk before the memory manager pauses the worker (at `.pause`);
     `max-spill` caps the disk."""
     max_spill = dask.config.get("distributed.worker.memory.max-spill")
-    cap: int | Literal[False] = parse_bytes(max_spill) if isinstance(max_spill, str) else (
-        int(max_spill) if max_spill else False)
+    cap: int | Literal[False] = (
+        parse_bytes(max_spill)
+        if isinstance(max_spill, str)
+        else (int(max_spill) if max_spill else False)
+    )
     if memory_limit is None:
         return None, cap
     fraction = dask.config.get("distributed.worker.memory.target") or dask.config.get(
-        "distributed.worker.memory.spill")
+        "distributed.worker.memory.spill"
+    )
     return (int(memory_limit * fraction) if fraction else memory_limit), cap
 
 
@@ -168,8 +205,12 @@ def data_store(o: WorkerOptions, sizes: DeviceSizes, memory_limit: int | None) -
     host, max_spill = host_tier(memory_limit)
     # The cudask.memory.* keys, checked here so a bad one fails before any worker starts.
     store_settings(sizes.device_memory_limit, host)
-    kwargs = {"device_memory_limit": sizes.device_memory_limit, "memory_limit": host,
-              "max_spill": max_spill, "log_spilling": o.log_spilling}
+    kwargs = {
+        "device_memory_limit": sizes.device_memory_limit,
+        "memory_limit": host,
+        "max_spill": max_spill,
+        "log_spilling": o.log_spilling,
+    }
     if o.jit_unspill:
         from cudask.memory.jit.proxy_store import ProxyStore
 
@@ -184,8 +225,7 @@ def data_store(o: WorkerOptions, sizes: DeviceSizes, memory_limit: int | None) -
     return (TieredStore, kwargs)
 
 
-def plugins(o: WorkerOptions, device: Device, sizes: DeviceSizes,
-            k: int = 0) -> list[WorkerPlugin]:
+def plugins(o: WorkerOptions, device: Device, sizes: DeviceSizes, k: int = 0) -> list[WorkerPlugin]:
     """The ordered plugin list of one worker, worker k on its GPU (see
     cudask.worker.plugins)."""
     out: list[WorkerPlugin] = [
@@ -212,9 +252,15 @@ def plugins(o: WorkerOptions, device: Device, sizes: DeviceSizes,
     out.append(StoreMetrics())
     min_size = device_ipc_min_size(o)
     if min_size is not None:
-        out.append(DeviceIPC(device.uuid, min_size, comm_settings.device_ipc_lease(),
-                             map_ahead=comm_settings.map_ahead(),
-                             staging=staging_size(o, sizes, device)))
+        out.append(
+            DeviceIPC(
+                device.uuid,
+                min_size,
+                comm_settings.device_ipc_lease(),
+                map_ahead=comm_settings.map_ahead(),
+                staging=staging_size(o, sizes, device),
+            )
+        )
     if o.gc_freeze:
         out.append(GCFreeze())
     return out
@@ -235,7 +281,8 @@ def staging_size(o: WorkerOptions, sizes: DeviceSizes, device: Device) -> int:
             f"cudask.comm.device-ipc-staging={config.get('comm.device-ipc-staging')!r} "
             f"({format_bytes(area)}) is more than the memory of "
             f"{device.label} ({device.gpu.name}, {format_bytes(total)}): give a "
-            "few percent of it, or 0 for no staging area")
+            "few percent of it, or 0 for no staging area"
+        )
     return share(area, workers_per_gpu(o), 256) or 0
 
 
@@ -260,8 +307,7 @@ def ucx_config(o: WorkerOptions) -> dict[str, Any]:
     distributed's settings in the worker process."""
     if o.protocol not in UCX_PROTOCOLS:
         return {}
-    ucx = transports(o.enable_tcp_over_ucx, o.enable_infiniband, o.enable_nvlink,
-                     o.enable_rdmacm)
+    ucx = transports(o.enable_tcp_over_ucx, o.enable_infiniband, o.enable_nvlink, o.enable_rdmacm)
     return {f"{ns}.{k}": v for ns in UCX_CONFIG_NAMESPACES for k, v in ucx.items()}
 
 
@@ -275,20 +321,26 @@ def parse_ports(value: str | int | None, n: int) -> list[int | None]:
     text = str(value)
     m = re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", text)
     if not m:
-        raise OptionError(f"worker_port={value!r} is not accepted; give a port such as 9000 or "
-                          "a range FIRST:LAST such as 9000:9003")
+        raise OptionError(
+            f"worker_port={value!r} is not accepted; give a port such as 9000 or "
+            "a range FIRST:LAST such as 9000:9003"
+        )
     first = int(m.group(1))
     last = int(m.group(2)) if m.group(2) else first
     if last < first:
         raise OptionError(f"worker_port={value!r}: the range ends before it starts")
     if last > MAX_PORT:
-        raise OptionError(f"worker_port={value!r}: port {last} is out of range; accepted: ports "
-                          f"from 1 to {MAX_PORT}, e.g. worker_port=9000 or 9000:9003")
+        raise OptionError(
+            f"worker_port={value!r}: port {last} is out of range; accepted: ports "
+            f"from 1 to {MAX_PORT}, e.g. worker_port=9000 or 9000:9003"
+        )
     count = last - first + 1
     if count < n:
-        raise OptionError(f"Not enough ports in --worker-port range for {n} GPUs: "
-                          f"worker_port={value!r} gives {count}; give a range of at least {n}, "
-                          f"e.g. {first}:{first + n - 1}")
+        raise OptionError(
+            f"Not enough ports in --worker-port range for {n} GPUs: "
+            f"worker_port={value!r} gives {count}; give a range of at least {n}, "
+            f"e.g. {first}:{first + n - 1}"
+        )
     return list(range(first, first + n))
 
 
@@ -303,8 +355,9 @@ def parse_resources(value: str | dict | None) -> dict[str, float] | None:
         except ValueError:
             sep = ""
         if not sep or not key:
-            raise OptionError(f"resources={value!r}: {item!r} is not NAME=AMOUNT; "
-                              "example: 'GPU=1 MEM=10e9'")
+            raise OptionError(
+                f"resources={value!r}: {item!r} is not NAME=AMOUNT; example: 'GPU=1 MEM=10e9'"
+            )
     return out
 
 
@@ -398,8 +451,10 @@ def nanny_options(
     return options
 
 
-WORKER_CLASS_ACCEPTED = ("accepted: a subclass of distributed.Worker or distributed.Nanny, or its "
-                         "import path, e.g. worker_class='distributed.Worker'")
+WORKER_CLASS_ACCEPTED = (
+    "accepted: a subclass of distributed.Worker or distributed.Nanny, or its "
+    "import path, e.g. worker_class='distributed.Worker'"
+)
 
 
 def worker_class(value: Any) -> type:
@@ -413,13 +468,19 @@ def worker_class(value: Any) -> type:
         try:
             value = import_term(value)
         except (ImportError, AttributeError, ValueError) as exc:
-            raise OptionError(f"worker_class={value!r} cannot be imported ({exc}); "
-                              f"{WORKER_CLASS_ACCEPTED}") from None
+            raise OptionError(
+                f"worker_class={value!r} cannot be imported ({exc}); {WORKER_CLASS_ACCEPTED}"
+            ) from None
     if not (isinstance(value, type) and issubclass(value, (Worker, Nanny))):
-        what = "a module" if inspect.ismodule(value) else (
-            "not a class" if not isinstance(value, type) else "another class")
-        raise OptionError(f"worker_class={given!r} is {what}, not a subclass of "
-                          f"distributed.Worker or distributed.Nanny; {WORKER_CLASS_ACCEPTED}")
+        what = (
+            "a module"
+            if inspect.ismodule(value)
+            else ("not a class" if not isinstance(value, type) else "another class")
+        )
+        raise OptionError(
+            f"worker_class={given!r} is {what}, not a subclass of "
+            f"distributed.Worker or distributed.Nanny; {WORKER_CLASS_ACCEPTED}"
+        )
     return value
 
 

@@ -30,8 +30,10 @@ def _size(text: str, option: str, *, multiple: int = 1) -> int:
     if nbytes < multiple or nbytes % multiple:
         raise click.BadParameter(
             f"{text!r}; accepted: a size of at least {multiple} bytes"
-            + (f", a multiple of {multiple}" if multiple > 1 else "") + ", e.g. '256MiB'",
-            param_hint=option)
+            + (f", a multiple of {multiple}" if multiple > 1 else "")
+            + ", e.g. '256MiB'",
+            param_hint=option,
+        )
     return nbytes
 
 
@@ -43,19 +45,25 @@ def _gpu_uuid(gpus: str) -> str:
     check_visible_devices(gpus)
     devices = parse_visible_devices(gpus, require_gpus(discover()))
     if len(devices) != 1:
-        raise click.BadParameter(f"{gpus!r} names {len(devices)} GPUs; accepted: one GPU, "
-                                 "e.g. '0'", param_hint="--gpu")
+        raise click.BadParameter(
+            f"{gpus!r} names {len(devices)} GPUs; accepted: one GPU, e.g. '0'", param_hint="--gpu"
+        )
     return devices[0].uuid
 
 
 def _check_libraries(against: str | None, dask_cuda_python: str | None) -> None:
     if not environment.has_module("cupy"):
-        raise MissingDependencyError("cupy", "cudask bench limit",
-                                     "pip install 'cudask[cuda]'  (cupy-cuda13x)")
-    if against == "dask-cuda" and dask_cuda_python is None \
-            and not environment.has_module("dask_cuda"):
-        raise MissingDependencyError("dask_cuda", "--against dask-cuda",
-                                     "pip install dask-cuda, or --dask-cuda-python PATH")
+        raise MissingDependencyError(
+            "cupy", "cudask bench limit", "pip install 'cudask[cuda]'  (cupy-cuda13x)"
+        )
+    if (
+        against == "dask-cuda"
+        and dask_cuda_python is None
+        and not environment.has_module("dask_cuda")
+    ):
+        raise MissingDependencyError(
+            "dask_cuda", "--against dask-cuda", "pip install dask-cuda, or --dask-cuda-python PATH"
+        )
 
 
 def plan_of(kw: dict[str, Any]) -> LimitPlan:
@@ -63,42 +71,92 @@ def plan_of(kw: dict[str, Any]) -> LimitPlan:
     chunk = _size(kw["chunk_size"], "--chunk-size", multiple=8)
     data = _size(kw["data"], "--data", multiple=8)
     if data < chunk:
-        raise click.BadParameter(f"{kw['data']!r} is less than one chunk "
-                                 f"({kw['chunk_size']}); accepted: at least --chunk-size",
-                                 param_hint="--data")
+        raise click.BadParameter(
+            f"{kw['data']!r} is less than one chunk "
+            f"({kw['chunk_size']}); accepted: at least --chunk-size",
+            param_hint="--data",
+        )
     return LimitPlan(
         backends=("cudask", "dask-cuda") if kw["against"] else ("cudask",),
-        rounds=kw["rounds"], gpu=kw["gpu"],
+        rounds=kw["rounds"],
+        gpu=kw["gpu"],
         device_memory_limit=_size(kw["device_memory_limit"], "--device-memory-limit"),
-        chunks=data // chunk, chunk_size=chunk,
+        chunks=data // chunk,
+        chunk_size=chunk,
         temporary=_size(kw["temporary"], "--temporary", multiple=8),
-        warm_runs=kw["warm_runs"], interval=kw["interval"],
-        dask_cuda_python=kw["dask_cuda_python"], timeout=float(kw["timeout"]))
+        warm_runs=kw["warm_runs"],
+        interval=kw["interval"],
+        dask_cuda_python=kw["dask_cuda_python"],
+        timeout=float(kw["timeout"]),
+    )
 
 
 @click.command("limit")
-@click.option("--gpu", default="0", show_default=True,
-              help="The one GPU of the cluster (CUDA_VISIBLE_DEVICES: an index or UUID).")
-@click.option("--device-memory-limit", default="4GB", show_default=True,
-              help="The worker's device memory limit.")
-@click.option("--data", default="16GiB", show_default=True,
-              help="Bytes of the persisted array.")
-@click.option("--chunk-size", default="256MiB", show_default=True,
-              help="Bytes of each chunk (int64 elements); data / chunk-size tasks per phase.")
-@click.option("--temporary", default="1GiB", show_default=True,
-              help="Bytes of the temporary each task of the last phase makes.")
-@click.option("--warm-runs", default=1, show_default=True, type=click.IntRange(min=0),
-              help="Runs after the cold one, in the same cluster.")
-@click.option("--rounds", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Rounds of every backend, each in a fresh process, the order rotated.")
-@click.option("--interval", default=0.02, show_default=True, type=click.FloatRange(min=0.001),
-              help="Seconds between NVML readings.")
-@click.option("--against", type=click.Choice(["dask-cuda"]), default=None,
-              help="Run the same on dask-cuda's LocalCUDACluster beside cudask.")
-@click.option("--dask-cuda-python", default=None, metavar="PATH",
-              help="The Python that runs dask-cuda's side (default: this one).")
-@click.option("--timeout", default=900, show_default=True, type=click.IntRange(min=1),
-              help="Seconds one backend's run may take.")
+@click.option(
+    "--gpu",
+    default="0",
+    show_default=True,
+    help="The one GPU of the cluster (CUDA_VISIBLE_DEVICES: an index or UUID).",
+)
+@click.option(
+    "--device-memory-limit",
+    default="4GB",
+    show_default=True,
+    help="The worker's device memory limit.",
+)
+@click.option("--data", default="16GiB", show_default=True, help="Bytes of the persisted array.")
+@click.option(
+    "--chunk-size",
+    default="256MiB",
+    show_default=True,
+    help="Bytes of each chunk (int64 elements); data / chunk-size tasks per phase.",
+)
+@click.option(
+    "--temporary",
+    default="1GiB",
+    show_default=True,
+    help="Bytes of the temporary each task of the last phase makes.",
+)
+@click.option(
+    "--warm-runs",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Runs after the cold one, in the same cluster.",
+)
+@click.option(
+    "--rounds",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Rounds of every backend, each in a fresh process, the order rotated.",
+)
+@click.option(
+    "--interval",
+    default=0.02,
+    show_default=True,
+    type=click.FloatRange(min=0.001),
+    help="Seconds between NVML readings.",
+)
+@click.option(
+    "--against",
+    type=click.Choice(["dask-cuda"]),
+    default=None,
+    help="Run the same on dask-cuda's LocalCUDACluster beside cudask.",
+)
+@click.option(
+    "--dask-cuda-python",
+    default=None,
+    metavar="PATH",
+    help="The Python that runs dask-cuda's side (default: this one).",
+)
+@click.option(
+    "--timeout",
+    default=900,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Seconds one backend's run may take.",
+)
 @click.option("--output", "-o", default=None, metavar="PATH", help="Write the results as JSON.")
 def limit(**kw: Any) -> None:
     """How far above device_memory_limit a worker's GPU memory goes: a fresh
@@ -117,8 +175,15 @@ def limit(**kw: Any) -> None:
 
     report = run_plan(replace(plan, nvml_device=uuid))
     if kw["output"]:
-        write_json({"workload": "limit", "report": report, "machine": environment.machine(),
-                    "versions": environment.versions()}, kw["output"])
+        write_json(
+            {
+                "workload": "limit",
+                "report": report,
+                "machine": environment.machine(),
+                "versions": environment.versions(),
+            },
+            kw["output"],
+        )
     for line in summary(report):
         click.echo(line)
     if not report["correct"]:

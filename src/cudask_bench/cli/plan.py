@@ -44,8 +44,11 @@ def command(f: Callable[[click.Context, dict[str, Any]], None]) -> Callable[...,
         except CudaskError as exc:
             raise click.ClickException(str(exc)) from None
         except stopping.Interrupted as exc:
-            click.echo(f"{ctx.command_path}: interrupted by {exc.name}; its processes are "
-                       "stopped and its temporary files removed", err=True)
+            click.echo(
+                f"{ctx.command_path}: interrupted by {exc.name}; its processes are "
+                "stopped and its temporary files removed",
+                err=True,
+            )
             ctx.exit(exc.exit_code)
 
     return wrapper
@@ -64,8 +67,9 @@ def workload_size(value: str, name: str, example: str) -> int:
     """A workload's byte size, above 0 ("0" or "none" would mean none, which it cannot)."""
     nbytes = size(value, name)
     if nbytes is None:
-        raise OptionError(f"{name}={value!r} is no size; accepted: a byte size above 0 such as "
-                          f"{example!r}")
+        raise OptionError(
+            f"{name}={value!r} is no size; accepted: a byte size above 0 such as {example!r}"
+        )
     return nbytes
 
 
@@ -84,8 +88,13 @@ def _device_limit(value: str | None, total: int | None) -> tuple[int | None, boo
 #: two cores, with a progress line. With CuPy (on GPUs) the full-size defaults stand.
 CPU_DEFAULTS: dict[str, dict[str, Any]] = {
     "spill": {"total": "256MiB", "chunk_size": "32MiB", "repeat": 1, "progress": True},
-    "cupy": {"operations": ("dot",), "size": 2000, "array_chunk": 500, "repeat": 1,
-             "progress": True},
+    "cupy": {
+        "operations": ("dot",),
+        "size": 2000,
+        "array_chunk": 500,
+        "repeat": 1,
+        "progress": True,
+    },
     "startup": {"repeat": 1, "progress": True},
 }
 
@@ -153,8 +162,9 @@ def _jit_modes(ctx: click.Context, kw: dict[str, Any], backends: list[str]) -> t
     if jit_mode != "off" and set(backends) <= {"dict"}:
         raise OptionError("--jit-unspill needs --backend cudask or --against dask-cuda")
     if kw["against_jit_unspill"] and "dask-cuda" not in backends:
-        raise OptionError("--against-jit-unspill given without --against dask-cuda; "
-                          "add --against dask-cuda")
+        raise OptionError(
+            "--against-jit-unspill given without --against dask-cuda; add --against dask-cuda"
+        )
     return jit_mode, kw["against_jit_unspill"] or jit_mode
 
 
@@ -186,8 +196,12 @@ def _targets(kw: dict[str, Any], backends: list[str], against_jit: str) -> dict[
 
 
 def _recorded(
-    kw: dict[str, Any], found: dict[str, Any], backends: list[str], limit: int | str | None,
-    jit_modes: tuple[str, str], rmm_pool: int | None,
+    kw: dict[str, Any],
+    found: dict[str, Any],
+    backends: list[str],
+    limit: int | str | None,
+    jit_modes: tuple[str, str],
+    rmm_pool: int | None,
 ) -> dict[str, Any]:
     """The parameters a result records of the common options, in their order."""
     return {
@@ -228,20 +242,39 @@ def build_plan(
         if kw["rmm_pool_size"]
         else None
     )
-    variants = spec.build_variants(backends, device_memory_limit=limit, limit_set=limit_set,
-                                   jit_mode=jit_mode, against_jit_mode=against_jit,
-                                   baseline=kw["baseline"])
+    variants = spec.build_variants(
+        backends,
+        device_memory_limit=limit,
+        limit_set=limit_set,
+        jit_mode=jit_mode,
+        against_jit_mode=against_jit,
+        baseline=kw["baseline"],
+    )
     for variant in variants:  # baselines may add backends (the dict store) run here
         found.setdefault(variant.backend, targets.Target(sys.executable))
-    runner_options = {"array_module": kw["array_module"], "device": kw["device"],
-                      "memory_limit": kw["memory_limit"], "rmm_pool_size": rmm_pool,
-                      "protocol": kw["protocol"], **workload_options}
-    recorded = _recorded(kw, found, backends, limit if limit_set else "default",
-                         (jit_mode, against_jit), rmm_pool)
-    return harness.Plan(workload=workload, variants=variants, targets=found,
-                        runner_options=runner_options, repeat=kw["repeat"], warmup=kw["warmup"],
-                        processes=kw.get("processes", 1), timeout=kw["timeout"],
-                        parameters={**parameters, **recorded}, argv=list(sys.argv))
+    runner_options = {
+        "array_module": kw["array_module"],
+        "device": kw["device"],
+        "memory_limit": kw["memory_limit"],
+        "rmm_pool_size": rmm_pool,
+        "protocol": kw["protocol"],
+        **workload_options,
+    }
+    recorded = _recorded(
+        kw, found, backends, limit if limit_set else "default", (jit_mode, against_jit), rmm_pool
+    )
+    return harness.Plan(
+        workload=workload,
+        variants=variants,
+        targets=found,
+        runner_options=runner_options,
+        repeat=kw["repeat"],
+        warmup=kw["warmup"],
+        processes=kw.get("processes", 1),
+        timeout=kw["timeout"],
+        parameters={**parameters, **recorded},
+        argv=list(sys.argv),
+    )
 
 
 def mode_settings(ctx: click.Context, kw: dict[str, Any], workload: str) -> dict[str, Any]:

@@ -37,27 +37,33 @@ def _sizes(kw: dict[str, Any]) -> tuple[int, ...]:
         except (ValueError, TypeError):
             nbytes = 0
         if nbytes < 8:
-            raise click.BadParameter(f"{text!r}; accepted: sizes of at least 8 bytes such as "
-                                     "'512MiB', comma-separated", param_hint="--sizes")
+            raise click.BadParameter(
+                f"{text!r}; accepted: sizes of at least 8 bytes such as '512MiB', comma-separated",
+                param_hint="--sizes",
+            )
         sizes.append(nbytes)
     return tuple(sizes)
 
 
-def _listed(kw: dict[str, Any], key: str, accepted: tuple[str, ...], example: str) -> tuple[str, ...]:
+def _listed(
+    kw: dict[str, Any], key: str, accepted: tuple[str, ...], example: str
+) -> tuple[str, ...]:
     """A comma-separated option whose every entry is one of `accepted`."""
     chosen = tuple(p.strip() for p in str(kw[key]).split(",") if p.strip())
     if not chosen or any(p not in accepted for p in chosen):
-        raise click.BadParameter(f"{kw[key]!r}; accepted: {', '.join(accepted)}, "
-                                 f"comma-separated{example}",
-                                 param_hint="--" + key.replace("_", "-"))
+        raise click.BadParameter(
+            f"{kw[key]!r}; accepted: {', '.join(accepted)}, comma-separated{example}",
+            param_hint="--" + key.replace("_", "-"),
+        )
     return chosen
 
 
 def _check_device_sizes(kw: dict[str, Any]) -> tuple[str | None, ...]:
     """Check --n, --device-memory-limit and --rmm-pool-size; return the pools (None: no pool)."""
     if kw["side"] % kw["blocks"]:
-        raise click.BadParameter(f"--n {kw['side']} is not a multiple of --blocks {kw['blocks']}",
-                                 param_hint="--n")
+        raise click.BadParameter(
+            f"--n {kw['side']} is not a multiple of --blocks {kw['blocks']}", param_hint="--n"
+        )
     pools: list[str | None] = []
     try:
         size(kw["device_memory_limit"], "--device-memory-limit")
@@ -71,9 +77,11 @@ def _check_device_sizes(kw: dict[str, Any]) -> tuple[str | None, ...]:
     except OptionError as exc:
         raise click.UsageError(str(exc)) from None
     if len(set(pools)) < len(pools):
-        raise click.BadParameter(f"{kw['rmm_pool_size']!r} names a pool twice; accepted: distinct "
-                                 "sizes or 'none', comma-separated, e.g. 'none,40GB'",
-                                 param_hint="--rmm-pool-size")
+        raise click.BadParameter(
+            f"{kw['rmm_pool_size']!r} names a pool twice; accepted: distinct "
+            "sizes or 'none', comma-separated, e.g. 'none,40GB'",
+            param_hint="--rmm-pool-size",
+        )
     return tuple(pools)
 
 
@@ -84,8 +92,9 @@ def _protocols(kw: dict[str, Any]) -> tuple[str, ...]:
     return _listed(kw, "protocols", transfer_run.PROTOCOLS, ", e.g. 'tcp,ucx' or 'auto'")
 
 
-def _settings(kw: dict[str, Any], protocols: tuple[str, ...],
-              dask_cuda: transfer_run.Setting | None) -> tuple[transfer_run.Setting, ...]:
+def _settings(
+    kw: dict[str, Any], protocols: tuple[str, ...], dask_cuda: transfer_run.Setting | None
+) -> tuple[transfer_run.Setting, ...]:
     """The settings to run: those the protocols and --against give, or the named ones of them."""
     available = transfer_run.settings(protocols, dask_cuda)
     if not kw["only"]:
@@ -93,8 +102,11 @@ def _settings(kw: dict[str, Any], protocols: tuple[str, ...],
     names = tuple(n.strip() for n in str(kw["only"]).split(",") if n.strip())
     known = [s.name for s in available]
     if not names or any(n not in known for n in names):
-        raise click.BadParameter(f"{kw['only']!r}; accepted: {', '.join(known)} (with these "
-                                 "--protocols and --against), comma-separated", param_hint="--settings")
+        raise click.BadParameter(
+            f"{kw['only']!r}; accepted: {', '.join(known)} (with these "
+            "--protocols and --against), comma-separated",
+            param_hint="--settings",
+        )
     return tuple(s for s in available if s.name in names)
 
 
@@ -104,48 +116,68 @@ def _shuffle_rows(kw: dict[str, Any]) -> int:
     if shuffle_rows is None:
         shuffle_rows = 50_000_000 if has_dask_cudf else 0
     elif shuffle_rows and not has_dask_cudf:
-        raise MissingDependencyError("dask_cudf", f"--shuffle-rows {shuffle_rows}",
-                                     "pip install dask-cudf-cu13  (or --shuffle-rows 0)")
+        raise MissingDependencyError(
+            "dask_cudf",
+            f"--shuffle-rows {shuffle_rows}",
+            "pip install dask-cudf-cu13  (or --shuffle-rows 0)",
+        )
     if 0 < shuffle_rows < kw["blocks"]:
-        raise click.BadParameter(f"{shuffle_rows}; accepted: 0 (no shuffle) or at least --blocks "
-                                 f"({kw['blocks']}) rows", param_hint="--shuffle-rows")
+        raise click.BadParameter(
+            f"{shuffle_rows}; accepted: 0 (no shuffle) or at least --blocks ({kw['blocks']}) rows",
+            param_hint="--shuffle-rows",
+        )
     return shuffle_rows
 
 
 def _dask_cuda(kw: dict[str, Any], protocols: tuple[str, ...]) -> transfer_run.Setting | None:
     """dask-cuda's setting with --against dask-cuda (its environment checked), else None."""
     if "ucx" in protocols and not environment.has_module("distributed_ucxx"):
-        raise MissingDependencyError("distributed_ucxx", "--protocols ucx",
-                                     "pip install 'cudask[ucx]'  (distributed-ucxx-cu13)")
+        raise MissingDependencyError(
+            "distributed_ucxx",
+            "--protocols ucx",
+            "pip install 'cudask[ucx]'  (distributed-ucxx-cu13)",
+        )
     if kw["against"] != "dask-cuda":
         if kw["dask_cuda_python"] or kw["dask_cuda_path"]:
             raise click.UsageError("--dask-cuda-python / --dask-cuda-path need --against dask-cuda")
         return None
-    target = targets.resolve_dask_cuda(kw["dask_cuda_python"], kw["dask_cuda_path"],
-                                       jit_unspill=False, array_module="cupy")
+    target = targets.resolve_dask_cuda(
+        kw["dask_cuda_python"], kw["dask_cuda_path"], jit_unspill=False, array_module="cupy"
+    )
     found = (target.probe or {}).get("found", {})
     if "ucx" in protocols and not found.get("distributed_ucxx"):
-        raise MissingDependencyError("distributed_ucxx", "--protocols ucx against dask-cuda",
-                                     "install distributed-ucxx-cu13 where dask-cuda is")
-    return transfer_run.Setting("dask-cuda", "dask-cuda", "tcp", python=target.python,
-                                pythonpath=target.pythonpath)
+        raise MissingDependencyError(
+            "distributed_ucxx",
+            "--protocols ucx against dask-cuda",
+            "install distributed-ucxx-cu13 where dask-cuda is",
+        )
+    return transfer_run.Setting(
+        "dask-cuda", "dask-cuda", "tcp", python=target.python, pythonpath=target.pythonpath
+    )
 
 
 def _placement(kw: dict[str, Any]) -> tuple[str, ...]:
     """Each worker process's GPUs ("0,1"), checked against this machine's GPUs."""
     gpus = environment.gpus()
     if not gpus.get("available"):
-        raise NoGPUError(f"cudask bench transfer needs an NVIDIA GPU and NVML finds none "
-                         f"({gpus.get('reason')})")
+        raise NoGPUError(
+            f"cudask bench transfer needs an NVIDIA GPU and NVML finds none ({gpus.get('reason')})"
+        )
     count = len(gpus.get("devices") or [])
     placement = kw["placement"] or ("0+1" if count >= 2 else "0,0")
     entries = [[g.strip() for g in p.split("+")] for p in placement.split(",")]
     indices = [g for entry in entries for g in entry]
-    if len(indices) < 2 or any(not (g.isascii() and g.isdigit()) or int(g) >= count for g in indices) \
-            or any(len({int(g) for g in entry}) < len(entry) for entry in entries):
-        raise click.BadParameter(f"{placement!r}; accepted: two or more GPU indices below {count} "
-                                 "(this machine's GPUs), comma-separated, '+' joining the distinct "
-                                 "GPUs of one process, e.g. '0,0' or '0+1'", param_hint="--placement")
+    if (
+        len(indices) < 2
+        or any(not (g.isascii() and g.isdigit()) or int(g) >= count for g in indices)
+        or any(len({int(g) for g in entry}) < len(entry) for entry in entries)
+    ):
+        raise click.BadParameter(
+            f"{placement!r}; accepted: two or more GPU indices below {count} "
+            "(this machine's GPUs), comma-separated, '+' joining the distinct "
+            "GPUs of one process, e.g. '0,0' or '0+1'",
+            param_hint="--placement",
+        )
     return tuple(",".join(str(int(g)) for g in entry) for entry in entries)
 
 
@@ -171,19 +203,39 @@ def transfer(ctx: click.Context, kw: dict[str, Any]) -> None:
         raise click.ClickException("cudask bench transfer needs CuPy: pip install 'cudask[cuda]'")
     log_dir = os.path.dirname(os.path.abspath(kw["output"])) if kw["output"] else None
     plan = transfer_run.TransferPlan(
-        placement=placement, sizes=sizes, repeat=kw["repeat"], n=kw["side"],
-        blocks=kw["blocks"], device_memory_limit=kw["device_memory_limit"], pools=pools,
-        rounds=kw["rounds"], warmup=kw["warmup"], warm_runs=kw["warm_runs"], budget_s=kw["budget"],
-        settings=chosen, log_dir=log_dir,
-        shuffle_rows=shuffle_rows, shuffle_methods=methods if shuffle_rows else ())
+        placement=placement,
+        sizes=sizes,
+        repeat=kw["repeat"],
+        n=kw["side"],
+        blocks=kw["blocks"],
+        device_memory_limit=kw["device_memory_limit"],
+        pools=pools,
+        rounds=kw["rounds"],
+        warmup=kw["warmup"],
+        warm_runs=kw["warm_runs"],
+        budget_s=kw["budget"],
+        settings=chosen,
+        log_dir=log_dir,
+        shuffle_rows=shuffle_rows,
+        shuffle_methods=methods if shuffle_rows else (),
+    )
     machine, versions = environment.machine(), environment.versions()
 
     def write(report: dict[str, Any]) -> None:  # after each case: a run cut short keeps its figures
         if kw["output"]:
-            write_json({"workload": "transfer", "report": report, "machine": machine,
-                        "versions": versions}, kw["output"])
+            write_json(
+                {
+                    "workload": "transfer",
+                    "report": report,
+                    "machine": machine,
+                    "versions": versions,
+                },
+                kw["output"],
+            )
 
-    report = transfer_run.run_transfer(plan, run=run_case, progress=write)  # each case a process of its own
+    report = transfer_run.run_transfer(
+        plan, run=run_case, progress=write
+    )  # each case a process of its own
     write(report)
     for line in summary(report):
         click.echo(line)

@@ -64,8 +64,13 @@ def spill(ctx: click.Context, kw: dict[str, Any]) -> None:
         ctx,
         kw,
         {"total": total, "chunk_size": chunk, **modes},
-        {"total": total, "chunk_size": chunk, "chunks": total // chunk, "disk_size": disk_size,
-         **modes},
+        {
+            "total": total,
+            "chunk_size": chunk,
+            "chunks": total // chunk,
+            "disk_size": disk_size,
+            **modes,
+        },
     )
     plan.disk_size = disk_size
     run_plan(plan, kw)
@@ -114,10 +119,16 @@ def cupy(ctx: click.Context, kw: dict[str, Any]) -> None:
             f"svd: --second-size={svd['second']} is larger than the row chunk {svd['chunk']}; "
             "a tall-skinny SVD needs chunks with at least as many rows as columns"
         )
-    runner = {"operations": operations, "size": kw["size"], "array_chunk": kw["array_chunk"],
-              "second_size": kw["second_size"], **modes}
-    plan = build_plan("cupy", ctx, kw, runner, {"operations": operations, "shapes": shapes,
-                                                **modes})
+    runner = {
+        "operations": operations,
+        "size": kw["size"],
+        "array_chunk": kw["array_chunk"],
+        "second_size": kw["second_size"],
+        **modes,
+    }
+    plan = build_plan(
+        "cupy", ctx, kw, runner, {"operations": operations, "shapes": shapes, **modes}
+    )
     run_plan(plan, kw)
 
 

@@ -27,7 +27,9 @@ def test_interface_extent_with_negative_and_transposed_strides() -> None:
         ptr = cai["data"][0]
         assert low <= ptr < high and ptr - low == offset
         # every element lies inside [low, high)
-        addrs = [ptr + sum(i * s for i, s in zip(idx, view.strides)) for idx in np.ndindex(view.shape)]
+        addrs = [
+            ptr + sum(i * s for i, s in zip(idx, view.strides)) for idx in np.ndindex(view.shape)
+        ]
         assert min(addrs) == low and max(addrs) + 4 == high
 
 
@@ -41,7 +43,11 @@ def test_empty_and_contiguous_interfaces() -> None:
 
 class Masked:
     __cuda_array_interface__: ClassVar[dict[str, Any]] = {
-        "shape": (2,), "typestr": "<f8", "data": (0, False), "version": 3, "mask": object(),
+        "shape": (2,),
+        "typestr": "<f8",
+        "data": (0, False),
+        "version": 3,
+        "mask": object(),
     }
 
 

@@ -69,7 +69,9 @@ def test_cudf_like_frames_roundtrip_also_after_pickling(
     np.testing.assert_array_equal(value.values, obj.values)
 
 
-def test_work_on_the_default_stream_waits_for_the_copies_back(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_work_on_the_default_stream_waits_for_the_copies_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # to_device returns with its copies under way; what cuDF enqueues on the legacy
     # default stream while or after deserializing must run after them
     monkeypatch.setitem(sys.modules, "rmm", SimpleNamespace(DeviceBuffer=FakeRmmBuffer))
@@ -89,7 +91,10 @@ def test_work_on_the_default_stream_waits_for_the_copies_back(monkeypatch: pytes
 class TwoFrames(FrameObject):
     def device_serialize(self) -> tuple[dict[str, Any], list[Any]]:
         header = {"is-cuda": [True, True], "dtype": self.values.dtype.str}
-        return header, [FakeDeviceArray.from_numpy(self.values), FakeDeviceArray.from_numpy(self.values)]
+        return header, [
+            FakeDeviceArray.from_numpy(self.values),
+            FakeDeviceArray.from_numpy(self.values),
+        ]
 
 
 def test_an_allocation_that_fails_midway_lets_the_earlier_copies_finish(

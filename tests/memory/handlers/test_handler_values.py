@@ -30,7 +30,9 @@ def test_only_exact_lists_tuples_and_dicts_are_containers() -> None:
     assert CONTAINERS == {list, tuple, dict}
     assert not any(type(c) in CONTAINERS for c in (Pair(1, 2), OrderedDict(a=1), {1}, "ab"))
     assert list(leaves([Pair(1, 2), OrderedDict(a=3)], lambda x: x)) == [
-        (Pair(1, 2), Pair(1, 2)), (OrderedDict(a=3), OrderedDict(a=3))]
+        (Pair(1, 2), Pair(1, 2)),
+        (OrderedDict(a=3), OrderedDict(a=3)),
+    ]
 
 
 def test_leaves_are_depth_first_in_order_and_picked() -> None:
@@ -87,9 +89,11 @@ def test_a_host_object_is_unspillable(engine: TransferEngine) -> None:
 def test_views_count_their_whole_allocation() -> None:
     a = arange(100)
     view = a.view(slice(10, 20))
-    assert handlers.allocations(view) == handlers.allocations(a) == [
-        (a.allocation[0], a.allocation[0] + 800)
-    ]
+    assert (
+        handlers.allocations(view)
+        == handlers.allocations(a)
+        == [(a.allocation[0], a.allocation[0] + 800)]
+    )
     assert handlers.allocations([a, view]) == handlers.allocations(a) * 2
 
 
@@ -97,7 +101,9 @@ def test_device_leaves_weak_leaves_and_producer_streams() -> None:
     a, b = arange(3), arange(4)
     value = {"x": [a, 1, (b, "s")], "y": np.zeros(2)}
     assert [(leaf, h.name) for leaf, h in handlers.device_leaves(value)] == [
-        (a, "fake"), (b, "fake")]
+        (a, "fake"),
+        (b, "fake"),
+    ]
     refs = handlers.weak_leaves(value)
     assert refs is not None and [r() for r in refs] == [a, b]
     dead: list[weakref.ref[Any]] = []

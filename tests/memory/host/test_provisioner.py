@@ -34,11 +34,17 @@ def test_a_provisioner_alone_reserves_the_slabs_it_is_given_and_gives_them_back(
     slabs, wake = Slabs(), threading.Condition()
     fallbacks = Fallbacks(wake, None)
     provisioner = Provisioner(
-        slabs, wake, pinner=Pinner(backend, "auto", populate_threads=None,
-                                   warn_once=fallbacks.warn_once),
-        fallbacks=fallbacks, deferred=DeferredBlocks(lambda block: None),
-        capacity=64 * KiB, slab_size=16 * KiB, alignment=256, release_after=None,
-        available=lambda: 1 << 30, available_fraction=0.5,
+        slabs,
+        wake,
+        pinner=Pinner(backend, "auto", populate_threads=None, warn_once=fallbacks.warn_once),
+        fallbacks=fallbacks,
+        deferred=DeferredBlocks(lambda block: None),
+        capacity=64 * KiB,
+        slab_size=16 * KiB,
+        alignment=256,
+        release_after=None,
+        available=lambda: 1 << 30,
+        available_fraction=0.5,
     )
     assert provisioner.preallocate(40 * KiB) == 48 * KiB and len(slabs) == 3
     assert slabs.take(16 * KiB) is not None and slabs.in_use == 16 * KiB
@@ -95,8 +101,13 @@ def test_large_request_gets_its_own_slab_from_the_thread() -> None:
 def test_available_memory_caps_what_is_pinned() -> None:
     total = [200 * KiB]  # host memory available without the pool
     backend = FakeCopyBackend()
-    pool = PinnedPool(backend, 1 << 30, slab_size=16 * KiB, available_fraction=0.5,
-                      available=lambda: total[0] - backend.pinned_bytes)
+    pool = PinnedPool(
+        backend,
+        1 << 30,
+        slab_size=16 * KiB,
+        available_fraction=0.5,
+        available=lambda: total[0] - backend.pinned_bytes,
+    )
     pool.ensure_free(1 << 20)
     # at most half of what would be available without the pool: 6 slabs of 16 KiB
     assert not pool.provisioner.wait_ready(timeout=30)
@@ -158,7 +169,8 @@ def test_preallocate_reserves_up_to_capacity() -> None:
 
 
 def test_a_failure_while_the_interpreter_exits_is_not_warned(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Once the main thread has ended, pinning fails because the interpreter is shutting
     down (executors refuse new work): the pool stops without a warning blaming the driver."""
     backend = FakeCopyBackend(pin_limit=16 * KiB)
@@ -171,7 +183,6 @@ def test_a_failure_while_the_interpreter_exits_is_not_warned(
     assert backend.pin_refusals == 1 and pool.reserved == 16 * KiB
     monkeypatch.undo()
     pool.close()
-
 
 
 def test_start_goal_is_reserved_and_kept_while_idle(wait_for: WaitFor) -> None:
@@ -225,7 +236,8 @@ def test_trim_gives_free_slabs_back_at_once(wait_for: WaitFor) -> None:
 
 
 def test_limit_idle_gives_free_slabs_back_now_and_caps_what_is_made_ready(
-        wait_for: WaitFor) -> None:
+    wait_for: WaitFor,
+) -> None:
     backend = FakeCopyBackend()
     pool = ready_pool(backend, 128 * KiB, 16 * KiB)
     held = [pool.allocate(16 * KiB) for _ in range(2)]

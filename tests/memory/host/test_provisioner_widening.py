@@ -58,7 +58,8 @@ def test_slabs_widen_no_further_than_the_capacity() -> None:
 
 
 def test_a_block_past_the_widest_slab_gets_a_slab_of_its_own(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(slabs, "WIDEST", 32 * KiB)  # 1 GiB, scaled down
     pool = PinnedPool(FakeCopyBackend(), MiB, slab_size=16 * KiB)
     with warnings.catch_warnings():
@@ -84,7 +85,8 @@ def test_free_pieces_too_small_for_a_block_make_the_pool_grow(wait_for: WaitFor)
 
 
 def test_a_block_wider_than_two_of_the_slabs_made_for_another_widens_them_again(
-        wait_for: WaitFor) -> None:
+    wait_for: WaitFor,
+) -> None:
     pool = PinnedPool(FakeCopyBackend(), MiB, slab_size=16 * KiB)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -104,8 +106,9 @@ def test_a_slab_too_large_for_the_memory_available_gives_way_to_what_is_missing(
         calls.append(1)
         return 30 * KiB  # with the whole of it allowed: any 30 KiB more fits
 
-    pool = PinnedPool(FakeCopyBackend(), MiB, slab_size=16 * KiB, available=available,
-                      available_fraction=1.0)
+    pool = PinnedPool(
+        FakeCopyBackend(), MiB, slab_size=16 * KiB, available=available, available_fraction=1.0
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert not pool.allocate(24 * KiB).pinned  # slabs widen to 48 KiB: more than available

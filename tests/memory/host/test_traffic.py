@@ -44,8 +44,9 @@ def test_a_slab_waits_for_the_traffic_to_pause(monkeypatch: pytest.MonkeyPatch) 
     mover.start()
     try:
         pool.ensure_free(16 * KiB)
-        assert wait_for(lambda: pool.provisioner._thread is not None
-                        and not traffic.quiet(0), timeout=60)
+        assert wait_for(
+            lambda: pool.provisioner._thread is not None and not traffic.quiet(0), timeout=60
+        )
         assert pool.reserved == 0  # nothing pinned while the transfer runs
     finally:
         pause.set()

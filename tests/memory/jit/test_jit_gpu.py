@@ -56,8 +56,10 @@ def test_cupy_dask_array_workloads(jit: bool) -> None:
     import dask.array as da
     from distributed import Client
 
-    with _cluster(jit_unspill=jit, device_memory_limit="64MB") as cluster, \
-            Client(cluster) as client:
+    with (
+        _cluster(jit_unspill=jit, device_memory_limit="64MB") as cluster,
+        Client(cluster) as client,
+    ):
         with dask.config.set({"array.backend": "cupy"}):
             x = da.random.random((4000, 4000), chunks=1000)  # 128 MB of float64
         x = x.persist()
@@ -72,12 +74,17 @@ def test_cupy_dask_array_workloads(jit: bool) -> None:
         tall = x[:, :100].rechunk((1000, 100))
         s = _host(da.linalg.svd(tall)[1].compute())
         assert np.allclose(s, np.linalg.svd(full[:, :100], compute_uv=False))
+
         def stencil(b: Any) -> Any:
             return b * 2 - b.mean()
 
         got = _host(x.map_overlap(stencil, depth=1, boundary="reflect").sum().compute())
-        expected = da.from_array(full, chunks=1000).map_overlap(
-            stencil, depth=1, boundary="reflect").sum().compute(scheduler="sync")
+        expected = (
+            da.from_array(full, chunks=1000)
+            .map_overlap(stencil, depth=1, boundary="reflect")
+            .sum()
+            .compute(scheduler="sync")
+        )
         assert np.isclose(float(got), float(expected))
         (metrics,) = client.run(_store_metrics).values()
         assert metrics["type"] == ("ProxyStore" if jit else "TieredStore")
@@ -109,8 +116,7 @@ def test_inputs_three_times_the_limit_touched_one_at_a_time(jit: bool) -> None:
     from distributed import Client, wait
 
     limit, chunk, n = 256 * MiB, 64 * MiB, 12  # 768 MiB of inputs: 3x the limit
-    with _cluster(jit_unspill=jit, device_memory_limit=limit) as cluster, \
-            Client(cluster) as client:
+    with _cluster(jit_unspill=jit, device_memory_limit=limit) as cluster, Client(cluster) as client:
         client.run(_limit_cupy_pool, 600 * MiB)  # a 600 MiB "device"
         chunks = [client.submit(_make, i, chunk // 4, pure=False) for i in range(n)]
         wait(chunks)  # not gather: that would bring all 768 MiB back at once
@@ -141,10 +147,11 @@ def test_spill_on_demand_in_process(tmp_path: Any) -> None:
     base = pool.malloc
     cupy.cuda.set_allocator(base)
     pool.set_limit(size=1024 * MiB)  # a 1 GiB "device"
-    kwargs: dict[str, Any] = {"device_memory_limit": None,
-                              "settings": store_settings(pinned_pool_size="1GB",
-                                                         pinned_preallocate=False),
-                              "local_directory": str(tmp_path)}
+    kwargs: dict[str, Any] = {
+        "device_memory_limit": None,
+        "settings": store_settings(pinned_pool_size="1GB", pinned_preallocate=False),
+        "local_directory": str(tmp_path),
+    }
     try:
         off = ProxyStore(spill_on_demand=False, **kwargs)
         for i in range(6):
@@ -186,8 +193,10 @@ def test_spill_on_demand_in_a_cluster() -> None:
     pytest.importorskip("cupy")
     from distributed import Client
 
-    with _cluster(jit_unspill=True, device_memory_limit="4GB") as cluster, \
-            Client(cluster) as client:
+    with (
+        _cluster(jit_unspill=True, device_memory_limit="4GB") as cluster,
+        Client(cluster) as client,
+    ):
         client.run(_limit_cupy_pool, 1024 * MiB)
         chunks = [client.submit(_make, i, 128 * MiB // 4, pure=False) for i in range(6)]
         client.gather(chunks)  # 768 MiB held, under the 4 GB limit: nothing spilled
@@ -203,10 +212,16 @@ def test_spill_on_demand_through_rmm() -> None:
     pytest.importorskip("rmm")
     from distributed import Client
 
-    with _cluster(jit_unspill=True, device_memory_limit="4GB", rmm_pool_size="1GiB",
-                  rmm_maximum_pool_size="1GiB",
-                  rmm_allocator_external_lib_list="cupy") as cluster, \
-            Client(cluster) as client:
+    with (
+        _cluster(
+            jit_unspill=True,
+            device_memory_limit="4GB",
+            rmm_pool_size="1GiB",
+            rmm_maximum_pool_size="1GiB",
+            rmm_allocator_external_lib_list="cupy",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         chunks = [client.submit(_make, i, 128 * MiB // 4, pure=False) for i in range(6)]
         client.gather(chunks)
         assert client.submit(_fill_then_allocate, 512 * MiB, pure=False).result() == 3

@@ -38,8 +38,13 @@ class DevArray(np.ndarray):
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         ai = self.__array_interface__
-        return {"shape": ai["shape"], "typestr": ai["typestr"], "data": ai["data"],
-                "strides": ai["strides"], "version": 3}
+        return {
+            "shape": ai["shape"],
+            "typestr": ai["typestr"],
+            "data": ai["data"],
+            "strides": ai["strides"],
+            "version": 3,
+        }
 
 
 class DevArrayHandler(CudaArrayInterfaceHandler):
@@ -56,9 +61,13 @@ class DevArrayHandler(CudaArrayInterfaceHandler):
         return [(ptr, ptr + root.nbytes)] if root.nbytes else []
 
     def rebuild(self, owner: Any, ptr: int, meta: dict[str, Any], engine: TransferEngine) -> Any:
-        return np.ndarray(meta["shape"], dtype=np.dtype(meta["typestr"]), buffer=owner,
-                          offset=ptr - int(owner.ctypes.data),
-                          strides=meta["strides"]).view(DevArray)
+        return np.ndarray(
+            meta["shape"],
+            dtype=np.dtype(meta["typestr"]),
+            buffer=owner,
+            offset=ptr - int(owner.ctypes.data),
+            strides=meta["strides"],
+        ).view(DevArray)
 
 
 register_handler(DevArray, DevArrayHandler())
@@ -66,8 +75,6 @@ register_handler(DevArray, DevArrayHandler())
 
 def devarray(values: Any) -> DevArray:
     return np.array(values).view(DevArray)
-
-
 
 
 # ----------------------------------------------------------------------------------
@@ -102,8 +109,10 @@ def test_scalars_conversions_and_hash() -> None:
         hash(asproxy(np.arange(3)))
 
 
-@pytest.mark.parametrize("op", ["add", "sub", "mul", "truediv", "floordiv", "mod", "pow",
-                                "lt", "le", "eq", "ne", "gt", "ge"])
+@pytest.mark.parametrize(
+    "op",
+    ["add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "lt", "le", "eq", "ne", "gt", "ge"],
+)
 def test_binary_and_reflected_operators(op: str) -> None:
     a, b = np.arange(1.0, 7.0), np.full(6, 2.0)
     f = getattr(operator, op)
@@ -203,8 +212,9 @@ def test_spilled_proxy_pickles_its_host_copy_without_unspilling(make_proxy_store
 
 
 @pytest.mark.parametrize("family", ["dask", "cuda"])
-def test_serializing_a_spilled_proxy_sends_the_host_copy(make_proxy_store: Any,
-                                                         family: str) -> None:
+def test_serializing_a_spilled_proxy_sends_the_host_copy(
+    make_proxy_store: Any, family: str
+) -> None:
     backend = FakeCopyBackend()
     store = make_proxy_store(device_memory_limit=1000, backend=backend)
     store["a"] = devarray(np.arange(100.0))
@@ -259,19 +269,31 @@ def test_dask_array_dispatch_registries_unwrap_proxies() -> None:
 def test_dask_array_graph_on_proxied_chunks() -> None:
     rng = np.random.default_rng(0)
     blocks = [[rng.random((4, 5)) for _ in range(3)] for _ in range(2)]
-    x = da.block([[da.from_delayed(dask.delayed(asproxy)(blk), (4, 5), float,
-                                   meta=np.empty((0, 0)))
-                   for blk in row] for row in blocks])
+    x = da.block(
+        [
+            [
+                da.from_delayed(dask.delayed(asproxy)(blk), (4, 5), float, meta=np.empty((0, 0)))
+                for blk in row
+            ]
+            for row in blocks
+        ]
+    )
     full = np.block(blocks)
     with dask.config.set(scheduler="sync"):
-        assert np.allclose(unproxy(((x @ x.T)[:, ::-1] + x[:, :8]).sum().compute()),
-                           ((full @ full.T)[:, ::-1] + full[:, :8]).sum())
+        assert np.allclose(
+            unproxy(((x @ x.T)[:, ::-1] + x[:, :8]).sum().compute()),
+            ((full @ full.T)[:, ::-1] + full[:, :8]).sum(),
+        )
         assert np.allclose(unproxy(da.einsum("ij,kj->ik", x, x).compute()), full @ full.T)
-        assert np.allclose(unproxy(da.tensordot(x, x, axes=([0], [0])).compute()),
-                           np.tensordot(full, full, axes=([0], [0])))
+        assert np.allclose(
+            unproxy(da.tensordot(x, x, axes=([0], [0])).compute()),
+            np.tensordot(full, full, axes=([0], [0])),
+        )
         assert np.allclose(unproxy(x.rechunk((3, 7)).mean(axis=0).compute()), full.mean(axis=0))
-        assert np.allclose(unproxy(da.concatenate([x, x], axis=1).std().compute()),
-                           np.concatenate([full, full], axis=1).std())
+        assert np.allclose(
+            unproxy(da.concatenate([x, x], axis=1).std().compute()),
+            np.concatenate([full, full], axis=1).std(),
+        )
 
 
 def test_dask_dataframe_dispatch_registries_unwrap_proxies() -> None:
@@ -302,14 +324,17 @@ def test_dask_dataframe_dispatch_registries_unwrap_proxies() -> None:
 # import hygiene
 # ----------------------------------------------------------------------------------
 def test_importing_creates_no_cuda_dependency() -> None:
-    code = ("import sys, cudask.memory.jit.proxy, cudask.memory.jit.proxy_store; "
-            "assert 'cupy' not in sys.modules and 'rmm' not in sys.modules; "
-            "assert 'dask.dataframe' not in sys.modules")
+    code = (
+        "import sys, cudask.memory.jit.proxy, cudask.memory.jit.proxy_store; "
+        "assert 'cupy' not in sys.modules and 'rmm' not in sys.modules; "
+        "assert 'dask.dataframe' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_a_device_proxy_goes_by_ipc_handle_and_arrives_whole(make_proxy_store: Any,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_device_proxy_goes_by_ipc_handle_and_arrives_whole(
+    make_proxy_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """JIT-unspill: a proxy whose object is on the device, asked for by a cudask
     worker of the same host (the cudask-ipc family first, as cudask's Worker
     answers get_data), goes by CUDA IPC handle, and the receiver copies the

@@ -163,8 +163,12 @@ def test_random_operations_read_back_identical(make: Any) -> None:
 
 
 def test_manual_evict_protocol_disk_and_metrics(make: Any, tmp_path: Any) -> None:
-    store = make(device_memory_limit=200, memory_limit=250, local_directory=None,
-                 worker_local_directory=str(tmp_path / "worker"))
+    store = make(
+        device_memory_limit=200,
+        memory_limit=250,
+        local_directory=None,
+        worker_local_directory=str(tmp_path / "worker"),
+    )
     for i in range(5):
         store[i] = dev(100, i)
     store["h"] = b"x" * 50
@@ -202,8 +206,13 @@ def test_proxies_move_between_stores(make: Any) -> None:
 
 
 def test_spec_kwargs_build_the_store(make: Any, tmp_path: Any) -> None:
-    store = make(device_memory_limit=1 << 20, memory_limit=1 << 20, log_spilling=True,
-                 worker_local_directory=str(tmp_path), local_directory=None)
+    store = make(
+        device_memory_limit=1 << 20,
+        memory_limit=1 << 20,
+        log_spilling=True,
+        worker_local_directory=str(tmp_path),
+        local_directory=None,
+    )
     assert isinstance(store, ProxyStore) and store.device_memory_limit == 1 << 20
 
 
@@ -253,7 +262,8 @@ def test_spill_on_demand_raises_when_nothing_can_be_freed(make: Any) -> None:
 
 
 def test_spilling_on_demand_waits_for_a_busy_store_only_a_bounded_time(
-        make: Any, monkeypatch: pytest.MonkeyPatch, store_busy: Any) -> None:
+    make: Any, monkeypatch: pytest.MonkeyPatch, store_busy: Any
+) -> None:
     # as with the tiered store: a thread holding the store's lock may wait for a lock the
     # allocating thread holds (cuDF's buffer lock), so spilling on demand waits a bounded time
     monkeypatch.setattr(ondemand, "STORE_LOCK_WAIT", 0.2)
@@ -334,15 +344,35 @@ def _total(*chunks: Any) -> int:
 def test_cluster_with_proxy_store_and_transfers_between_workers(tmp_path: Any) -> None:
     from distributed import Client, LocalCluster
 
-    data = (ProxyStore, {"device_memory_limit": 3000, "memory_limit": None,
-                         "log_spilling": False, "backend": FakeCopyBackend(),
-                         "settings": store_settings(3000, None, background=False,
-                                                    pinned_pool_size=1 << 20,
-                                                    pinned_slab_size=1 << 16,
-                                                    pinned_preallocate=False)})
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp",
-                      dashboard_address=":0", data=data,
-                      local_directory=str(tmp_path)) as cluster, Client(cluster) as client:
+    data = (
+        ProxyStore,
+        {
+            "device_memory_limit": 3000,
+            "memory_limit": None,
+            "log_spilling": False,
+            "backend": FakeCopyBackend(),
+            "settings": store_settings(
+                3000,
+                None,
+                background=False,
+                pinned_pool_size=1 << 20,
+                pinned_slab_size=1 << 16,
+                pinned_preallocate=False,
+            ),
+        },
+    )
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=False,
+            protocol="tcp",
+            dashboard_address=":0",
+            data=data,
+            local_directory=str(tmp_path),
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         a, b = list(workers_info(client))
         chunks = [client.submit(_make_chunk, i, workers=[a], pure=False) for i in range(9)]
         total = client.submit(_total, *chunks, workers=[b])  # 9000 B moved to b (3x limit)
@@ -399,7 +429,9 @@ def test_compaction_out_of_memory_spills_on_demand_inside_an_eviction(make: Any)
         assert ("d2h", 100) in backend.copies and ("d2h", 397) not in backend.copies
         got = store["view"]
         assert got.shape == (100,) and (got.get() == (np.arange(0, 400, 4) % 251)).all()
-        assert [(store[k].get() == v).all() for k, v in (("a", 1), ("b", 2), ("c", 3))] == [True] * 3
+        assert [(store[k].get() == v).all() for k, v in (("a", 1), ("b", 2), ("c", 3))] == [
+            True
+        ] * 3
         assert store.device_bytes <= 700
     finally:
         _Allocating.allocate = None

@@ -51,8 +51,9 @@ def test_a_direct_peer_gets_a_registered_family_first(monkeypatch: pytest.Monkey
     cell = wire.deserialize(header, frames)
     assert cell.form == FRAMES and (cell.payload.deserialize() == np.arange(4)).all()
 
-    header, frames = wire.serialize(new_cell(np.arange(4)), device=False, context=context,
-                                    direct=True)
+    header, frames = wire.serialize(
+        new_cell(np.arange(4)), device=False, context=context, direct=True
+    )
     assert header["sub-header"]["serializer"] == "test-direct" and header["device-frames"]
     assert sent == [context]
     cell = wire.deserialize(header, frames)
@@ -61,8 +62,10 @@ def test_a_direct_peer_gets_a_registered_family_first(monkeypatch: pytest.Monkey
 
 
 def test_the_core_never_imports_jit_and_jit_never_imports_comm() -> None:
-    code = ("import sys, cudask.memory.store, cudask.memory.handlers; "
-            "assert not [m for m in sys.modules if m.startswith('cudask.memory.jit')]; "
-            "import cudask.memory.jit.proxy_store, cudask.memory.jit.proxy; "
-            "assert not [m for m in sys.modules if m.startswith('cudask.comm')]")
+    code = (
+        "import sys, cudask.memory.store, cudask.memory.handlers; "
+        "assert not [m for m in sys.modules if m.startswith('cudask.memory.jit')]; "
+        "import cudask.memory.jit.proxy_store, cudask.memory.jit.proxy; "
+        "assert not [m for m in sys.modules if m.startswith('cudask.comm')]"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

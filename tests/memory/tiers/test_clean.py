@@ -23,7 +23,7 @@ def _read_back(store: TieredStore, key: str, fill: int) -> None:
 
 
 def _a_read_back(store: TieredStore) -> None:
-    """"a" spilled by "b", then read back: "b" on the host, "a"'s host copy kept."""
+    """ "a" spilled by "b", then read back: "b" on the host, "a"'s host copy kept."""
     store["a"] = dev(100, 1)
     store["b"] = dev(100, 2)
     _read_back(store, "a", 1)
@@ -43,7 +43,10 @@ def test_a_key_read_back_goes_to_the_host_again_without_a_copy(make_store: MakeS
     metrics = store.metrics()
     assert metrics["spill-device-to-host-count"] == 2
     assert metrics["spill-device-to-host-kept-count"] >= 2
-    assert metrics["spill-device-to-host-kept-bytes"] == 100 * metrics["spill-device-to-host-kept-count"]
+    assert (
+        metrics["spill-device-to-host-kept-bytes"]
+        == 100 * metrics["spill-device-to-host-kept-count"]
+    )
     assert metrics["host-kept-copies"] == 1 and metrics["host-kept-bytes"] == 100  # "a"'s
 
 

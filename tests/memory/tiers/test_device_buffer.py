@@ -83,8 +83,14 @@ def test_host_copy_outlives_the_copy_back_while_the_key_goes_to_disk(
 
     kib = 1024
     backend = FakeCopyBackend(lag=3)  # copies complete only when waited for or drained
-    settings = store_settings(100 * kib, 1 << 20, background=False, pinned_pool_size=1 << 20,
-                              pinned_slab_size=64 * kib, spill_on_demand=False)
+    settings = store_settings(
+        100 * kib,
+        1 << 20,
+        background=False,
+        pinned_pool_size=1 << 20,
+        pinned_slab_size=64 * kib,
+        spill_on_demand=False,
+    )
     store = TieredStore(100 * kib, 1 << 20, settings=settings, backend=backend)
     try:
         store.engine.pool.provisioner.preallocate(256 * kib)

@@ -69,7 +69,10 @@ def test_spilling_an_alias_frees_nothing_until_the_last_holder_goes(make_store: 
 
 class Unspillable:
     __cuda_array_interface__: ClassVar[dict[str, Any]] = {
-        "shape": (100,), "typestr": "|u1", "data": (1 << 40, False), "version": 3,
+        "shape": (100,),
+        "typestr": "|u1",
+        "data": (1 << 40, False),
+        "version": 3,
         "mask": object(),
     }
 

@@ -89,8 +89,9 @@ def test_host_copies_pickle_through_the_store(make_store: MakeStore) -> None:
     assert as_numpy([store["a"]])[0].sum() == 400
 
 
-def test_reads_go_on_when_the_disk_tier_is_full(make_store: MakeStore,
-                                                caplog: pytest.LogCaptureFixture) -> None:
+def test_reads_go_on_when_the_disk_tier_is_full(
+    make_store: MakeStore, caplog: pytest.LogCaptureFixture
+) -> None:
     """Reading a key back from disk moves older keys to disk; when max-spill (or a
     full disk) refuses them, the read still returns the key, from host memory."""
     store = make_store(device_memory_limit=4000, memory_limit=6000, max_spill=4000)
@@ -145,8 +146,13 @@ print("ok")
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", script], check=False,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", script],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 
 

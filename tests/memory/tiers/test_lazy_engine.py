@@ -28,8 +28,7 @@ def test_pinned_memory_is_made_ready_ahead_and_idle_memory_goes_back(
     make_store: MakeStore, wait_for: WaitFor
 ) -> None:
     backend = FakeCopyBackend()
-    store = make_store(device_memory_limit=1 << 16, backend=backend,
-                       pinned_release_after="50ms")
+    store = make_store(device_memory_limit=1 << 16, backend=backend, pinned_release_after="50ms")
     assert store.settings.pinned_headroom == 1 << 16  # "auto": the device limit here
     store[0] = dev(1 << 14, 0)  # a quarter of the limit: nothing is pinned
     assert nothing_started(store) and backend.pinned_bytes == 0
@@ -59,13 +58,23 @@ def test_pinning_ahead_starts_where_configured(make_store: MakeStore, wait_for: 
     assert wait_for(lambda: store.metrics().get("pinned-reserved-bytes", 0) > 0)
 
 
-def test_pinning_ahead_ramps_up_to_the_headroom_at_the_limit(make_store: MakeStore, wait_for: WaitFor) -> None:
+def test_pinning_ahead_ramps_up_to_the_headroom_at_the_limit(
+    make_store: MakeStore, wait_for: WaitFor
+) -> None:
     """Headroom 256 KiB at a 1 MiB limit, from half of it: at 3/4 of the limit half the
     headroom is made ready, not all of it (the ramp spans half the limit to the limit)."""
-    store = make_store(device_memory_limit=1 << 20, pinned_headroom=256 << 10, pinned_pool_size=4 << 20,
-                       pinned_slab_size=16 << 10)
+    store = make_store(
+        device_memory_limit=1 << 20,
+        pinned_headroom=256 << 10,
+        pinned_pool_size=4 << 20,
+        pinned_slab_size=16 << 10,
+    )
     store[0] = dev(3 << 18, 0)  # 3/4 of the limit
-    assert wait_for(lambda: store._lazy.current is not None and store.metrics().get("pinned-reserved-bytes", 0) > 0)
+    assert wait_for(
+        lambda: (
+            store._lazy.current is not None and store.metrics().get("pinned-reserved-bytes", 0) > 0
+        )
+    )
     assert store.engine.pool.provisioner.wait_ready(timeout=120)
     assert store.engine.pool.provisioner.goal == 128 << 10
     assert store.metrics()["pinned-reserved-bytes"] == 128 << 10
@@ -89,8 +98,13 @@ class GatedBackend(FakeCopyBackend):
 
 def test_first_spill_does_not_wait_for_pinning(make_store: MakeStore) -> None:
     backend = GatedBackend()
-    store = make_store(device_memory_limit=150, backend=backend, pinned_preallocate=1 << 16,
-                       pinned_pool_size=1 << 20, pinned_slab_size=1 << 16)
+    store = make_store(
+        device_memory_limit=150,
+        backend=backend,
+        pinned_preallocate=1 << 16,
+        pinned_pool_size=1 << 20,
+        pinned_slab_size=1 << 16,
+    )
     store["a"] = dev(100, 1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # memory still being made ready is no cause for alarm
@@ -112,12 +126,28 @@ def test_first_spill_does_not_wait_for_pinning(make_store: MakeStore) -> None:
 
 def test_preallocate_setting(make_store: MakeStore) -> None:
     kw = {"memory_limit": 1 << 30, "pinned_pool_size": 1 << 20}
-    assert make_store(device_memory_limit=1 << 16, pinned_preallocate="auto",
-                      **kw).settings.pinned_preallocate == 1 << 16  # min(pool, device limit, 4 GiB)
-    assert make_store(device_memory_limit=1 << 16, pinned_preallocate=True,
-                      **kw).settings.pinned_preallocate == 1 << 20  # the whole pool
-    assert make_store(device_memory_limit=1 << 16, pinned_preallocate=0.5,
-                      **kw).settings.pinned_preallocate == 1 << 19  # a fraction of the pool
-    assert make_store(pinned_preallocate=True, **kw).settings.pinned_preallocate == 0  # no device limit
+    assert (
+        make_store(
+            device_memory_limit=1 << 16, pinned_preallocate="auto", **kw
+        ).settings.pinned_preallocate
+        == 1 << 16
+    )  # min(pool, device limit, 4 GiB)
+    assert (
+        make_store(
+            device_memory_limit=1 << 16, pinned_preallocate=True, **kw
+        ).settings.pinned_preallocate
+        == 1 << 20
+    )  # the whole pool
+    assert (
+        make_store(
+            device_memory_limit=1 << 16, pinned_preallocate=0.5, **kw
+        ).settings.pinned_preallocate
+        == 1 << 19
+    )  # a fraction of the pool
+    assert (
+        make_store(pinned_preallocate=True, **kw).settings.pinned_preallocate == 0
+    )  # no device limit
     store = make_store(device_memory_limit=1 << 16, pinned_preallocate=False, **kw)
-    assert store.settings.pinned_preallocate == 0 and store._lazy.current is None  # nothing at start
+    assert (
+        store.settings.pinned_preallocate == 0 and store._lazy.current is None
+    )  # nothing at start

@@ -137,7 +137,9 @@ class CudaArrayInterfaceHandler:
         meta.update(self.meta(obj))
         return HostCopy(self.name, meta, [block], [copy])
 
-    def allocate(self, nbytes: int, meta: dict[str, Any], engine: TransferEngine) -> tuple[int, Any]:
+    def allocate(
+        self, nbytes: int, meta: dict[str, Any], engine: TransferEngine
+    ) -> tuple[int, Any]:
         return engine.backend.alloc_device(nbytes, meta["device"])
 
     def rebuild(self, owner: Any, ptr: int, meta: dict[str, Any], engine: TransferEngine) -> Any:
@@ -211,7 +213,9 @@ class CupyHandler(CudaArrayInterfaceHandler):
         except (cupy.cuda.memory.OutOfMemoryError, MemoryError):
             return None  # copy the whole extent instead
 
-    def allocate(self, nbytes: int, meta: dict[str, Any], engine: TransferEngine) -> tuple[int, Any]:
+    def allocate(
+        self, nbytes: int, meta: dict[str, Any], engine: TransferEngine
+    ) -> tuple[int, Any]:
         import cupy
 
         with cupy.cuda.Device(meta["device"]):
@@ -241,7 +245,9 @@ class NumbaHandler(CudaArrayInterfaceHandler):
 
     name = "numba"
 
-    def allocate(self, nbytes: int, meta: dict[str, Any], engine: TransferEngine) -> tuple[int, Any]:
+    def allocate(
+        self, nbytes: int, meta: dict[str, Any], engine: TransferEngine
+    ) -> tuple[int, Any]:
         from numba import cuda
 
         owner = cuda.device_array(max(nbytes, 1), dtype=numpy.uint8)

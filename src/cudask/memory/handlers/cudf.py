@@ -98,8 +98,9 @@ class CudfHandler:
         return cls.device_deserialize(copy.meta["header"], frames), h2d
 
     @staticmethod
-    def _copy_frames(copy: HostCopy, engine: TransferEngine, frames: list[Any],
-                     h2d: list[Copy]) -> None:
+    def _copy_frames(
+        copy: HostCopy, engine: TransferEngine, frames: list[Any], h2d: list[Copy]
+    ) -> None:
         """Allocate each device frame and enqueue its copy back (into `frames`, `h2d`)."""
         import rmm
 
@@ -110,7 +111,9 @@ class CudfHandler:
                 buf = rmm.DeviceBuffer(size=block.nbytes)
                 h2d.append(
                     engine.to_device(
-                        int(buf.ptr), block.ptr, block.nbytes,
+                        int(buf.ptr),
+                        block.ptr,
+                        block.nbytes,
                         after=None if filled is None or isinstance(filled, _NoCopy) else filled,
                     )
                 )

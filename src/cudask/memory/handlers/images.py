@@ -72,8 +72,9 @@ class HostCopy:
         self.wait()
         if isinstance(protocol, int) and protocol >= 5:
             # over NumPy arrays, not memoryviews: see HostBlock.array
-            frames: list[Any] = [pickle.PickleBuffer(cast(Any, block.array))
-                                 for block in self.blocks]
+            frames: list[Any] = [
+                pickle.PickleBuffer(cast(Any, block.array)) for block in self.blocks
+            ]
         else:
             frames = [bytes(block.view) for block in self.blocks]
         return (_rebuild_host_copy, (self.handler, self.meta, frames))

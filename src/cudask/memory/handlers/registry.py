@@ -65,8 +65,9 @@ _RESOLVED: dict[type, DeviceHandler | None] = {}
 _LAZY: dict[str, Callable[[], None]] = {}
 _BY_NAME: dict[str, DeviceHandler] = {}
 _fallback: DeviceHandler | None = None  # the package's generic interface handler
-_HOST_LEAVES = frozenset({int, float, complex, str, bytes, bytearray, bool, type(None),
-                          memoryview, numpy.ndarray})
+_HOST_LEAVES = frozenset(
+    {int, float, complex, str, bytes, bytearray, bool, type(None), memoryview, numpy.ndarray}
+)
 
 
 def register_handler(typ: type, handler: DeviceHandler) -> None:

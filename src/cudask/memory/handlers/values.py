@@ -62,12 +62,13 @@ def leaves(obj: Any, pick: Callable[[Any], T | None], limit: int = 0) -> list[tu
     return out
 
 
-def _collect(obj: Any, pick: Callable[[Any], T | None], out: list[tuple[Any, T]],
-             limit: int) -> bool:
+def _collect(
+    obj: Any, pick: Callable[[Any], T | None], out: list[tuple[Any, T]], limit: int
+) -> bool:
     """Append the picked leaves of `obj` to `out`; return whether `limit` was reached."""
     t = type(obj)
     if t in CONTAINERS:
-        for value in (obj.values() if t is dict else obj):
+        for value in obj.values() if t is dict else obj:
             if _collect(value, pick, out, limit):
                 return True
         return False

@@ -63,7 +63,9 @@ class TransferEngine:
         for handle in producer_streams:
             if handle in (0, 1, 2):  # legacy / per-thread defaults: covered above
                 continue
-            self.backend.wait_event(stream, self.backend.record(self.backend.external_stream(handle)))
+            self.backend.wait_event(
+                stream, self.backend.record(self.backend.external_stream(handle))
+            )
 
     def to_host(self, src: int, nbytes: int) -> tuple[HostBlock, Copy]:
         """Copy `nbytes` at device address `src` into a new host block (async)."""

@@ -42,11 +42,11 @@ REASONS: dict[str, str] = {
 }
 ADVICE: dict[str, str] = {
     "full": "Raise cudask.memory.pinned-pool-size (e.g. "
-            'dask.config.set({"cudask.memory.pinned-pool-size": "32GiB"})) to keep them pinned.',
+    'dask.config.set({"cudask.memory.pinned-pool-size": "32GiB"})) to keep them pinned.',
     "available": "Free host memory: the pool pins at most half of what is available.",
     "refused": "Lower cudask.memory.pinned-pool-size or free locked memory (ulimit -l).",
     "warmup": "Copies go to pinned memory as it becomes ready; set "
-              "cudask.memory.pinned-preallocate to pin some when the worker starts.",
+    "cudask.memory.pinned-preallocate to pin some when the worker starts.",
 }
 
 
@@ -87,8 +87,9 @@ class Fallbacks:
         """Whether blocks wait to be registered (lock held)."""
         return bool(self._to_register)
 
-    def block(self, nbytes: int, reason: str, why: str, *, register_later: bool,
-              fragmented: bool = False) -> HostBlock:
+    def block(
+        self, nbytes: int, reason: str, why: str, *, register_later: bool, fragmented: bool = False
+    ) -> HostBlock:
         """Host memory for one copy that no pinned range serves (for `reason`,
         explained by `why`; `fragmented`: the pool's free pinned bytes would have
         held it, but no single range of them): counted, warned about once per

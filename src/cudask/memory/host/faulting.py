@@ -64,8 +64,14 @@ def _libc() -> Any:
                 try:
                     lib = ctypes.CDLL(None, use_errno=True)
                     lib.mmap.restype = ctypes.c_void_p
-                    lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
-                                         ctypes.c_int, ctypes.c_int, ctypes.c_long]
+                    lib.mmap.argtypes = [
+                        ctypes.c_void_p,
+                        ctypes.c_size_t,
+                        ctypes.c_int,
+                        ctypes.c_int,
+                        ctypes.c_int,
+                        ctypes.c_long,
+                    ]
                     lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
                     lib.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
                 except (OSError, AttributeError):
@@ -116,8 +122,14 @@ def map_populated(nbytes: int, *, threads: int | None = None, huge: bool = True)
         raise HostMemoryError("anonymous memory mappings need Linux")
     size = round_up(max(nbytes, 1), PAGE)
     extra = HUGE_PAGE if huge and size >= HUGE_PAGE else 0
-    raw = lib.mmap(None, size + extra, mmap.PROT_READ | mmap.PROT_WRITE,
-                   mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    raw = lib.mmap(
+        None,
+        size + extra,
+        mmap.PROT_READ | mmap.PROT_WRITE,
+        mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+        -1,
+        0,
+    )
     if raw is None or raw == _MAP_FAILED:
         err = ctypes.get_errno()
         raise HostMemoryError(f"mmap of {size} bytes failed: {os.strerror(err)}")
@@ -153,7 +165,9 @@ def populate(ptr: int, nbytes: int, *, threads: int | None = None) -> None:
         _populate_section(ptr, nbytes)
         return
     step = round_up(-(-nbytes // threads), HUGE_PAGE)
-    sections = [(start, min(step, ptr + nbytes - start)) for start in range(ptr, ptr + nbytes, step)]
+    sections = [
+        (start, min(step, ptr + nbytes - start)) for start in range(ptr, ptr + nbytes, step)
+    ]
     futures = [_executor(threads).submit(_populate_section, start, n) for start, n in sections]
     errors = [f.exception() for f in futures]
     for exc in errors:
@@ -174,7 +188,11 @@ def _populate_section(ptr: int, nbytes: int) -> None:
             start += step
             continue
         err = ctypes.get_errno()
-        if err in (errno.ENOMEM, errno.EFAULT, errno.EHWPOISON if hasattr(errno, "EHWPOISON") else -1):
+        if err in (
+            errno.ENOMEM,
+            errno.EFAULT,
+            errno.EHWPOISON if hasattr(errno, "EHWPOISON") else -1,
+        ):
             raise HostMemoryError(
                 f"faulting in {nbytes} bytes of host memory failed: {os.strerror(err)}"
             )

@@ -33,7 +33,7 @@ METHODS = ("auto", "register", "host-alloc")
 
 
 def resolve_method(method: str) -> str:
-    """"auto": "register" where anonymous mappings are available, else "host-alloc"."""
+    """ "auto": "register" where anonymous mappings are available, else "host-alloc"."""
     if method == "auto":
         return "register" if faulting.available() else "host-alloc"
     return method

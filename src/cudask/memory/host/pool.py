@@ -77,7 +77,9 @@ class PinnedPool:
         self._deferred = DeferredBlocks(self._give)  # released while their copies run
         self._fallbacks = Fallbacks(self._wake, populate_threads)
         self._pinner = Pinner(
-            backend, method, populate_threads=populate_threads,
+            backend,
+            method,
+            populate_threads=populate_threads,
             warn_once=self._fallbacks.warn_once,
         )
         self.provisioner = Provisioner(
@@ -158,7 +160,9 @@ class PinnedPool:
             if reason == "warmup":
                 self.provisioner.ask_ahead(size, fragmented)
             why = fallback.message(
-                reason, capacity=self.capacity, reserved=self.reserved,
+                reason,
+                capacity=self.capacity,
+                reserved=self.reserved,
                 goal=self.provisioner.goal,
             )
         return reason, why, fragmented
@@ -211,12 +215,16 @@ class PinnedPool:
         fast memory was made ready, deferrals, bytes given back) and `pageable-*`
         (fallback blocks; `-warmup-`: waiting for the provisioner)."""
         with self._lock:
-            return self._fallbacks.stats() | self.provisioner.stats() | {
-                "pinned-capacity-bytes": float(self.capacity),
-                "pinned-in-use-bytes": float(self.in_use),
-                "pinned-slabs": float(len(self._slabs)),
-                "pinned-registered": 1.0 if self.method == "register" else 0.0,
-            }
+            return (
+                self._fallbacks.stats()
+                | self.provisioner.stats()
+                | {
+                    "pinned-capacity-bytes": float(self.capacity),
+                    "pinned-in-use-bytes": float(self.in_use),
+                    "pinned-slabs": float(len(self._slabs)),
+                    "pinned-registered": 1.0 if self.method == "register" else 0.0,
+                }
+            )
 
 
 def _check(

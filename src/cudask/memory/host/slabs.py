@@ -118,7 +118,11 @@ class Slabs:
         self.in_use -= nbytes
 
     def take_idle(
-        self, release_after: float | None, keep: int, *, trim: bool = False,
+        self,
+        release_after: float | None,
+        keep: int,
+        *,
+        trim: bool = False,
         upto: int | None = None,
     ) -> tuple[list[Slab], float | None]:
         """Take out the wholly free slabs idle for `release_after` seconds (every
@@ -136,8 +140,7 @@ class Slabs:
                 break
             if slab.idle_since is None or reserved - slab.size < keep:
                 continue
-            due = 0.0 if trim or release_after is None else (
-                slab.idle_since + release_after - now)
+            due = 0.0 if trim or release_after is None else (slab.idle_since + release_after - now)
             if due <= 0:
                 idle.append(slab)
                 reserved -= slab.size
@@ -166,6 +169,7 @@ def wider(block: int, base: int, current: int) -> int:
     least one block; `current` for a block past that bound (the pool gives it a slab
     of its own), and never below `current`. A block lies in one slab, so slabs smaller
     than a workload's blocks leave their free bytes unusable to it."""
+
     def multiple(n: int) -> int:
         return -(-n // base) * base
 

@@ -161,8 +161,9 @@ class ProxyCell:
                     try:
                         obj = materialize(self.form, self.payload, None)
                     except Exception as exc:
-                        exc.add_note(f"cudask: while rebuilding a proxy of {typename(self.cls)} "
-                                     f"for {op}")
+                        exc.add_note(
+                            f"cudask: while rebuilding a proxy of {typename(self.cls)} for {op}"
+                        )
                         raise
                     self.form, self.payload = OBJECT, obj
                 return self.payload
@@ -197,8 +198,9 @@ def _nbytes(obj: Any) -> int:
 
 def new_cell(obj: Any) -> ProxyCell:
     """A detached cell holding `obj`."""
-    return ProxyCell(type(obj), _nbytes(obj), getattr(obj, "__array_priority__", NO_PRIORITY),
-                     OBJECT, obj)
+    return ProxyCell(
+        type(obj), _nbytes(obj), getattr(obj, "__array_priority__", NO_PRIORITY), OBJECT, obj
+    )
 
 
 def priority_arg(cell: ProxyCell) -> Any:

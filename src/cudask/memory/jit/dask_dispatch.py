@@ -30,8 +30,9 @@ def _priority(x: Any) -> Any:
     return getattr(x, "__array_priority__", 0)
 
 
-def _by_type(dispatcher: Any, pick: Callable[[tuple[Any, ...]], Any],
-             unwrap: Unwrap) -> Callable[..., Any]:
+def _by_type(
+    dispatcher: Any, pick: Callable[[tuple[Any, ...]], Any], unwrap: Unwrap
+) -> Callable[..., Any]:
     """For registries used as `dispatcher.dispatch(type(x))(*args)`: unwrap the
     arguments and dispatch again on the type `pick` chooses from them."""
 
@@ -70,14 +71,23 @@ def _register_array(proxy_type: type, unwrap: Unwrap) -> None:
     from dask.array import dispatch as d
 
     d.concatenate_lookup.register(proxy_type)(
-        _by_type(d.concatenate_lookup, lambda a: _highest(a[0]), unwrap))
+        _by_type(d.concatenate_lookup, lambda a: _highest(a[0]), unwrap)
+    )
     d.tensordot_lookup.register(proxy_type)(
-        _by_type(d.tensordot_lookup, lambda a: _highest(a[:2]), unwrap))
+        _by_type(d.tensordot_lookup, lambda a: _highest(a[:2]), unwrap)
+    )
     d.einsum_lookup.register(proxy_type)(_by_type(d.einsum_lookup, lambda a: a[1], unwrap))
     d.divide_lookup.register(proxy_type)(
-        _by_type(d.divide_lookup, lambda a: _highest(a[:2]), unwrap))
-    for name in ("take_lookup", "numel_lookup", "nannumel_lookup", "percentile_lookup",
-                 "to_numpy_dispatch", "to_cupy_dispatch"):
+        _by_type(d.divide_lookup, lambda a: _highest(a[:2]), unwrap)
+    )
+    for name in (
+        "take_lookup",
+        "numel_lookup",
+        "nannumel_lookup",
+        "percentile_lookup",
+        "to_numpy_dispatch",
+        "to_cupy_dispatch",
+    ):
         registry = getattr(d, name, None)
         if registry is not None:
             registry.register(proxy_type)(_by_call(registry, unwrap))
@@ -88,13 +98,24 @@ def _register_dataframe(proxy_type: type, unwrap: Unwrap) -> None:
         dd = importlib.import_module("dask.dataframe.dispatch")
     except ImportError:
         return
-    dd.concat_dispatch.register(proxy_type)(
-        _by_type(dd.concat_dispatch, lambda a: a[0][0], unwrap))
-    for name in ("make_meta_dispatch", "make_meta_obj", "meta_nonempty", "meta_lib_from_array",
-                 "hash_object_dispatch", "group_split_dispatch", "tolist_dispatch",
-                 "is_categorical_dtype_dispatch", "categorical_dtype_dispatch",
-                 "grouper_dispatch", "partd_encode_dispatch", "pyarrow_schema_dispatch",
-                 "to_pyarrow_table_dispatch", "to_pandas_dispatch", "get_parallel_type"):
+    dd.concat_dispatch.register(proxy_type)(_by_type(dd.concat_dispatch, lambda a: a[0][0], unwrap))
+    for name in (
+        "make_meta_dispatch",
+        "make_meta_obj",
+        "meta_nonempty",
+        "meta_lib_from_array",
+        "hash_object_dispatch",
+        "group_split_dispatch",
+        "tolist_dispatch",
+        "is_categorical_dtype_dispatch",
+        "categorical_dtype_dispatch",
+        "grouper_dispatch",
+        "partd_encode_dispatch",
+        "pyarrow_schema_dispatch",
+        "to_pyarrow_table_dispatch",
+        "to_pandas_dispatch",
+        "get_parallel_type",
+    ):
         registry = getattr(dd, name, None)
         if registry is not None:
             registry.register(proxy_type)(_by_call(registry, unwrap))

@@ -152,8 +152,10 @@ class ProxyObject:
 
     def __repr__(self) -> str:
         cell = self._pxy
-        return (f"<ProxyObject of {typename(cell.cls)} at {hex(id(self))}, "
-                f"{format_bytes(cell.nbytes)}, {cell.where()}>")
+        return (
+            f"<ProxyObject of {typename(cell.cls)} at {hex(id(self))}, "
+            f"{format_bytes(cell.nbytes)}, {cell.where()}>"
+        )
 
     def __str__(self) -> str:
         return str(self._pxy.obtain("str"))
@@ -268,6 +270,7 @@ class ProxyObject:
         return self._pxy.obtain("__dlpack_device__").__dlpack_device__()
 
     if sys.version_info >= (3, 12):
+
         def __buffer__(self, flags: int) -> memoryview:
             return memoryview(self._pxy.obtain("buffer protocol"))
 
@@ -286,18 +289,34 @@ def _rebuild(cls: type, nbytes: int, priority: Any, form: str, payload: Any) -> 
 
 
 _OPS: list[tuple[str, Callable[..., Any]]] = [
-    ("add", operator.add), ("sub", operator.sub), ("mul", operator.mul),
-    ("matmul", operator.matmul), ("truediv", operator.truediv),
-    ("floordiv", operator.floordiv), ("mod", operator.mod), ("pow", operator.pow),
-    ("lshift", operator.lshift), ("rshift", operator.rshift), ("and", operator.and_),
-    ("xor", operator.xor), ("or", operator.or_),
+    ("add", operator.add),
+    ("sub", operator.sub),
+    ("mul", operator.mul),
+    ("matmul", operator.matmul),
+    ("truediv", operator.truediv),
+    ("floordiv", operator.floordiv),
+    ("mod", operator.mod),
+    ("pow", operator.pow),
+    ("lshift", operator.lshift),
+    ("rshift", operator.rshift),
+    ("and", operator.and_),
+    ("xor", operator.xor),
+    ("or", operator.or_),
 ]
 _IOPS: dict[str, Callable[..., Any]] = {
-    "add": operator.iadd, "sub": operator.isub, "mul": operator.imul,
-    "matmul": operator.imatmul, "truediv": operator.itruediv,
-    "floordiv": operator.ifloordiv, "mod": operator.imod, "pow": operator.ipow,
-    "lshift": operator.ilshift, "rshift": operator.irshift, "and": operator.iand,
-    "xor": operator.ixor, "or": operator.ior,
+    "add": operator.iadd,
+    "sub": operator.isub,
+    "mul": operator.imul,
+    "matmul": operator.imatmul,
+    "truediv": operator.itruediv,
+    "floordiv": operator.ifloordiv,
+    "mod": operator.imod,
+    "pow": operator.ipow,
+    "lshift": operator.ilshift,
+    "rshift": operator.irshift,
+    "and": operator.iand,
+    "xor": operator.ixor,
+    "or": operator.ior,
 }
 for _name, _op in _OPS:
     setattr(ProxyObject, f"__{_name}__", _binary(_op, f"__{_name}__"))
@@ -305,11 +324,21 @@ for _name, _op in _OPS:
     setattr(ProxyObject, f"__i{_name}__", _inplace(_IOPS[_name], f"__i{_name}__"))
 ProxyObject.__divmod__ = _binary(divmod, "__divmod__")  # type: ignore[operator]
 ProxyObject.__rdivmod__ = _reflected(divmod, "__rdivmod__")  # type: ignore[attr-defined]
-for _name, _op in [("lt", operator.lt), ("le", operator.le), ("eq", operator.eq),
-                   ("ne", operator.ne), ("gt", operator.gt), ("ge", operator.ge)]:
+for _name, _op in [
+    ("lt", operator.lt),
+    ("le", operator.le),
+    ("eq", operator.eq),
+    ("ne", operator.ne),
+    ("gt", operator.gt),
+    ("ge", operator.ge),
+]:
     setattr(ProxyObject, f"__{_name}__", _binary(_op, f"__{_name}__"))
-for _name, _uop in [("neg", operator.neg), ("pos", operator.pos), ("abs", operator.abs),
-                    ("invert", operator.invert)]:
+for _name, _uop in [
+    ("neg", operator.neg),
+    ("pos", operator.pos),
+    ("abs", operator.abs),
+    ("invert", operator.invert),
+]:
     setattr(ProxyObject, f"__{_name}__", _unary(_uop, f"__{_name}__"))  # type: ignore[arg-type]
 for _name in ("trunc", "floor", "ceil"):
     _caller: Callable[[Any], Any] = operator.methodcaller(f"__{_name}__")  # type: ignore[assignment]
@@ -321,7 +350,9 @@ _WALK = frozenset({ProxyObject, list, tuple, dict})
 # ----------------------------------------------------------------------------------
 # distributed serialization and sizeof
 # ----------------------------------------------------------------------------------
-def ipc_serialize(proxy: ProxyObject, context: dict[str, Any] | None) -> tuple[dict[str, Any], list[Any]]:
+def ipc_serialize(
+    proxy: ProxyObject, context: dict[str, Any] | None
+) -> tuple[dict[str, Any], list[Any]]:
     """A proxy for a worker of this host that accepts the registered device
     families (the comm layer calls this): its object, if on the device, that way."""
     return wire.serialize(proxy._pxy, device=False, context=context, direct=True)

@@ -90,9 +90,15 @@ class ProxyStore(MutableMapping[Key, object]):
     ) -> None:
         # The proxies' spill on demand is this store's (it counts what it frees).
         settings = tiered.pop("settings", None) or store_settings(device_memory_limit, memory_limit)
-        self._inner = TieredStore(device_memory_limit, memory_limit, log_spilling,
-                                  max_spill if max_spill else False, worker_local_directory,
-                                  settings=replace(settings, spill_on_demand=False), **tiered)
+        self._inner = TieredStore(
+            device_memory_limit,
+            memory_limit,
+            log_spilling,
+            max_spill if max_spill else False,
+            worker_local_directory,
+            settings=replace(settings, spill_on_demand=False),
+            **tiered,
+        )
         spill_on_demand = spill_on_demand_setting(spill_on_demand)
         self.lock = self._inner.lock
         self.device_memory_limit = self._inner.device_memory_limit
@@ -270,11 +276,11 @@ class ProxyStore(MutableMapping[Key, object]):
                 return self._inner[cell.pkey]
             value = self._inner[cell.pkey]
             try:
-                obj = materialize(cell.form, value, self._inner.engine
-                                  if cell.form == HOSTCOPY else None)
+                obj = materialize(
+                    cell.form, value, self._inner.engine if cell.form == HOSTCOPY else None
+                )
             except Exception as exc:
-                exc.add_note(f"cudask: while rebuilding a proxy of {typename(cell.cls)} "
-                             f"for {op}")
+                exc.add_note(f"cudask: while rebuilding a proxy of {typename(cell.cls)} for {op}")
                 raise
             del value
             if handlers.is_device_object(obj):
@@ -366,8 +372,9 @@ class ProxyStore(MutableMapping[Key, object]):
     def prefetch(self, keys: Collection[Key]) -> int:
         """Start bringing the spilled proxies of `keys` back to the device, as far
         as the device limit allows; return how many were started."""
-        pkeys = [p._pxy.pkey for k in keys if k in self for p in self.proxies(k)
-                 if p._pxy.form == OBJECT]
+        pkeys = [
+            p._pxy.pkey for k in keys if k in self for p in self.proxies(k) if p._pxy.form == OBJECT
+        ]
         return self._inner.prefetch(pkeys)
 
     @property
@@ -436,8 +443,10 @@ class ProxyStore(MutableMapping[Key, object]):
         self._inner.close()
 
     def __repr__(self) -> str:
-        return (f"<ProxyStore: {len(self._values)} proxied keys, {len(self._host_keys)} host "
-                f"keys, {len(self._cells)} proxies, {self._inner!r}>")
+        return (
+            f"<ProxyStore: {len(self._values)} proxied keys, {len(self._host_keys)} host "
+            f"keys, {len(self._cells)} proxies, {self._inner!r}>"
+        )
 
 
 def _collect(value: Any, out: list[ProxyObject]) -> None:
@@ -445,7 +454,7 @@ def _collect(value: Any, out: list[ProxyObject]) -> None:
     if t is ProxyObject:
         out.append(value)
     elif t in _CONTAINERS:
-        for v in (value.values() if t is dict else value):
+        for v in value.values() if t is dict else value:
             _collect(v, out)
 
 

@@ -55,8 +55,9 @@ def device_families() -> tuple[str, ...]:
     return _device_families
 
 
-def serialize(cell: ProxyCell, device: bool, context: dict[str, Any] | None = None,
-              direct: bool = False) -> tuple[dict[str, Any], list[Any]]:
+def serialize(
+    cell: ProxyCell, device: bool, context: dict[str, Any] | None = None, direct: bool = False
+) -> tuple[dict[str, Any], list[Any]]:
     """The header and frames of a proxy's cell; `device`: the "cuda" family may
     carry the object; `direct`: a peer of this host that accepts the registered
     device families asked (the comm layer says so)."""
@@ -81,8 +82,9 @@ def serialize(cell: ProxyCell, device: bool, context: dict[str, Any] | None = No
     families: tuple[str, ...] = ("cuda", "dask", "pickle") if device else ("dask", "pickle")
     if direct:  # a worker of this host asked: GPU to GPU (e.g. cudask.comm.ipc)
         families = (*_device_families, *families)
-    sub_header, frames = serialize_and_split(payload, serializers=families, on_error="raise",
-                                             context=context)
+    sub_header, frames = serialize_and_split(
+        payload, serializers=families, on_error="raise", context=context
+    )
     header["form"] = FRAMES
     header["sub-header"] = sub_header
     header["device-frames"] = bool({"cuda", *_device_families} & _serializers_in(sub_header))

@@ -105,8 +105,15 @@ class DeviceBuffer:
         self._next_gen += 1
         self.gen[key] = self._next_gen
 
-    def place(self, name: Key, value: object, ranges: list[Range] | None, *, held: bool,
-              replacing: Key | None) -> None:
+    def place(
+        self,
+        name: Key,
+        value: object,
+        ranges: list[Range] | None,
+        *,
+        held: bool,
+        replacing: Key | None,
+    ) -> None:
         """Store `value` as entry `name` (the store's EntryNames.assign chose it), after
         dropping the entry it replaces, then keep the device tier within its limit.
         `held`: the entry holds `value` already (a second key): it is only touched."""
@@ -205,8 +212,11 @@ class DeviceBuffer:
         self.inflight.forget(key)
         self.device.add(key, value, handlers.allocations(value))
         if self.log_spilling:
-            how = ("no copy: still in device memory" if copied is None
-                   else f"copied {format_bytes(copied)}")
+            how = (
+                "no copy: still in device memory"
+                if copied is None
+                else f"copied {format_bytes(copied)}"
+            )
             moves.info("cudask: unspilled %r host -> device (%s)", key, how)
         if self.limit is not None:
             if self.ledger.total > self.limit:
@@ -316,13 +326,18 @@ class DeviceBuffer:
         nbytes = host_copy.nbytes
         # a kept copy still filling (read back while its first copy was under way) holds
         # its source like a fresh one; its copies were reported by the spill that made them
-        self.inflight.add(key, value, copies_of(host_copy), nbytes, self.gen[key], ranges,
-                          timed=kept is None)
+        self.inflight.add(
+            key, value, copies_of(host_copy), nbytes, self.gen[key], ranges, timed=kept is None
+        )
         self.metrics.spilled(nbytes, copied=kept is None)
         if self.log_spilling:
             how = "pinned" if host_copy.pinned() else "pageable"
-            moves.info("cudask: spilled %r device -> host (%s, %s)", key, format_bytes(nbytes),
-                       how if kept is None else "no copy: its host copy was kept")
+            moves.info(
+                "cudask: spilled %r device -> host (%s, %s)",
+                key,
+                format_bytes(nbytes),
+                how if kept is None else "no copy: its host copy was kept",
+            )
         return before - self.ledger.total
 
     def _not_copied(self, key: Key, value: object, ranges: list[Range], exc: Exception) -> int:
@@ -337,7 +352,9 @@ class DeviceBuffer:
         logger.error(
             "cudask: could not spill %r from the device (device_memory_limit=%s): %s. "
             "It stays on the device.",
-            key, _fmt(self.limit), exc,
+            key,
+            _fmt(self.limit),
+            exc,
         )
         return -1
 
@@ -348,7 +365,9 @@ class DeviceBuffer:
         logger.error(
             "cudask: could not store the host copy of %r (memory_limit=%s): %s. "
             "It stays on the device.",
-            key, _fmt(self.memory_limit), exc,
+            key,
+            _fmt(self.memory_limit),
+            exc,
         )
         return -1
 
@@ -361,9 +380,11 @@ class DeviceBuffer:
     def host_figures(self) -> dict[str, float]:
         """Spilled device objects and the host copies kept for keys read back."""
         clean = self.clean
-        return {"host-device-copies": float(len(self.spilled)),
-                "host-kept-copies": float(len(clean) if clean is not None else 0),
-                "host-kept-bytes": float(clean.nbytes if clean is not None else 0)}
+        return {
+            "host-device-copies": float(len(self.spilled)),
+            "host-kept-copies": float(len(clean) if clean is not None else 0),
+            "host-kept-bytes": float(clean.nbytes if clean is not None else 0),
+        }
 
     def has_kept_copies(self) -> bool:
         """Whether host copies are kept (a racy read: any thread)."""

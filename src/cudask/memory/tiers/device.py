@@ -133,7 +133,9 @@ class DeviceTier(Mapping[Key, object]):
             return key
         return fallback
 
-    def evict_until(self, target: float, spill: Callable[[Key], int], keep: Key | None = None) -> None:
+    def evict_until(
+        self, target: float, spill: Callable[[Key], int], keep: Key | None = None
+    ) -> None:
         """Spill least recently used keys until the ledger is at most `target`
         bytes or nothing more can be spilled. `spill(key)` moves a key out and
         returns the bytes it released, or -1 to stop."""
@@ -146,7 +148,8 @@ class DeviceTier(Mapping[Key, object]):
                         "cudask: the device tier holds %s, above its target of %s "
                         "(device_memory_limit=%s), and nothing more can be spilled: the rest "
                         "is referenced outside the store or cannot be copied.",
-                        format_bytes(self.ledger.total), format_bytes(int(target)),
+                        format_bytes(self.ledger.total),
+                        format_bytes(int(target)),
                         format_bytes(self.limit),
                     )
                 return

@@ -81,13 +81,18 @@ class LazyEngine:
                 backend = self.backend if self.backend is not None else default_backend()
                 self.backend = backend
                 settings = self.settings
-                pool = PinnedPool(backend, settings.pinned_pool_size,
-                                  slab_size=settings.pinned_slab_size,
-                                  release_after=settings.pinned_release_after)
+                pool = PinnedPool(
+                    backend,
+                    settings.pinned_pool_size,
+                    slab_size=settings.pinned_slab_size,
+                    release_after=settings.pinned_release_after,
+                )
                 if self._idle_cap is not None:
                     pool.limit_idle(self._idle_cap)
                 if not self.closed:
-                    pool.start_background(settings.pinned_preallocate, headroom=settings.pinned_headroom)
+                    pool.start_background(
+                        settings.pinned_preallocate, headroom=settings.pinned_headroom
+                    )
                 self.current = TransferEngine(backend, pool)
             return self.current
 

@@ -64,7 +64,9 @@ class HostTier(MutableMapping[Key, object]):
                 directory = self._tmpdir = tempfile.mkdtemp(prefix="cudask-spill-")
             else:
                 directory = os.path.join(directory, "storage")
-            self.data = self._spill = SpillBuffer(directory, target=memory_limit, max_spill=max_spill)
+            self.data = self._spill = SpillBuffer(
+                directory, target=memory_limit, max_spill=max_spill
+            )
             if log_spilling:
                 self._spill.fast_to_slow_callbacks.append(_log_host_to_disk)
                 self._spill.slow_to_fast_callbacks.append(_log_disk_to_host)
@@ -87,8 +89,10 @@ class HostTier(MutableMapping[Key, object]):
                 raise
             if not self._warned_disk:
                 self._warned_disk = True
-                logger.warning("cudask: the disk tier is full (no space left, or max-spill "
-                               "reached); keys read back from disk stay in host memory")
+                logger.warning(
+                    "cudask: the disk tier is full (no space left, or max-spill "
+                    "reached); keys read back from disk stay in host memory"
+                )
             return spill.fast[key]
 
     def __setitem__(self, key: Key, value: object) -> None:
@@ -165,8 +169,12 @@ class HostTier(MutableMapping[Key, object]):
         """Bytes and keys in host memory, keys and bytes on disk."""
         spill = self._spill
         if spill is not None:
-            return (float(spill.fast.total_weight), len(spill.fast), len(spill.slow),
-                    float(spill.spilled_total.disk))
+            return (
+                float(spill.fast.total_weight),
+                len(spill.fast),
+                len(spill.slow),
+                float(spill.spilled_total.disk),
+            )
         lru = self.data
         assert isinstance(lru, zict.LRU)
         return float(lru.total_weight), len(lru), 0, 0.0

@@ -41,8 +41,14 @@ class InFlight:
     __slots__ = ("copies", "gen", "key", "nbytes", "ranges", "timed", "value")
 
     def __init__(
-        self, key: Key, value: object, copies: list[Copy], nbytes: int, gen: int,
-        ranges: list[Range], timed: bool = True,
+        self,
+        key: Key,
+        value: object,
+        copies: list[Copy],
+        nbytes: int,
+        gen: int,
+        ranges: list[Range],
+        timed: bool = True,
     ) -> None:
         self.key = key
         self.value: object | None = value
@@ -80,8 +86,15 @@ class InFlightCopies:
         return sum(i.nbytes for i in self._queue)
 
     def add(
-        self, key: Key, value: object, copies: list[Copy], nbytes: int, gen: int,
-        ranges: list[Range], *, timed: bool = True,
+        self,
+        key: Key,
+        value: object,
+        copies: list[Copy],
+        nbytes: int,
+        gen: int,
+        ranges: list[Range],
+        *,
+        timed: bool = True,
     ) -> None:
         """`value` is being copied to the host by `copies` (`nbytes` in all). `timed`
         false: the copies were issued for an earlier spill, which reports them."""

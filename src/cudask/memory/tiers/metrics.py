@@ -91,9 +91,13 @@ def snapshot(
     for label, name in _MOVES:
         for unit in ("count", "bytes", "seconds"):
             out[f"{name}-{unit}"] = float(cumulative.get((label, unit), 0.0))
-    out["unspill-host-to-device-wait-seconds"] = float(cumulative.get(("host-to-device-wait", "seconds"), 0.0))
+    out["unspill-host-to-device-wait-seconds"] = float(
+        cumulative.get(("host-to-device-wait", "seconds"), 0.0)
+    )
     for unit in ("count", "bytes"):  # spills that copied nothing: the key kept its host copy
-        out[f"spill-device-to-host-kept-{unit}"] = float(cumulative.get(("device-to-host-kept", unit), 0.0))
+        out[f"spill-device-to-host-kept-{unit}"] = float(
+            cumulative.get(("device-to-host-kept", unit), 0.0)
+        )
     if on_demand is not None:
         out["spill-on-demand-count"] = float(on_demand.count)
         out["spill-on-demand-bytes"] = float(on_demand.freed)

@@ -102,15 +102,19 @@ class EntryNames:
             return name
         return None
 
-    def assign(self, key: Key, value: object, device: Mapping[Key, object], *,
-               device_object: bool) -> tuple[Key, Key | None, bool]:
+    def assign(
+        self, key: Key, value: object, device: Mapping[Key, object], *, device_object: bool
+    ) -> tuple[Key, Key | None, bool]:
         """Which entry `value`, written under `key`, goes to: (its name, the entry now
         unused that the tiers must drop or None, whether that entry already holds
         `value`: a second key of the same device object)."""
         dropped = self.release(key)
         holder = self.holder(value, device) if device_object else None
-        drop = dropped if dropped is not None and dropped != holder \
-            and (holder is not None or dropped != key) else None  # (else replaced in place)
+        drop = (
+            dropped
+            if dropped is not None and dropped != holder and (holder is not None or dropped != key)
+            else None
+        )  # (else replaced in place)
         if drop is not None:
             self.forget(drop)
         if holder is not None:
