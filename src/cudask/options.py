@@ -266,7 +266,7 @@ def check_one_worker_options(v: Mapping[str, Any], workers: int) -> None:
 def _check_pool_sizes(v: Mapping[str, Any]) -> None:
     """rmm_maximum_pool_size no smaller than rmm_pool_size, where both are bytes or
     both fractions of the GPU (a byte size against a fraction waits for the GPU:
-    cudask.worker.spec.device_sizes)."""
+    cudask.worker.sizing.device_sizes)."""
     pool, maximum = v.get("rmm_pool_size"), v.get("rmm_maximum_pool_size")
     if is_off(pool) or is_off(maximum):
         return

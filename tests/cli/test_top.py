@@ -273,7 +273,7 @@ def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any,
     from cudask.memory.settings import store_settings
     from cudask.memory.store import TieredStore
     from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
-    from cudask.worker.plugins import StoreMetrics
+    from cudask.worker.metrics import StoreMetrics
 
     root = tmp_path_factory.mktemp("top")
     stores: list[TieredStore] = []

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster, WorkerPlugin
 
-from cudask.comm import ahead, ipc, lifetimes
+from cudask.comm import ahead, ipc, ipc_peers, lifetimes
 from cudask.testing import wait_for, workers_info
 from cudask.testing.fake_cuda import FakeDeviceArray, FakeIPCBackend, FakeUpstream
 
@@ -74,14 +74,14 @@ class _StartMapAhead(WorkerPlugin):
 @pytest.fixture
 def as_child(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     """The workers of this process present themselves as a child process of this
-    host (`ipc.identity`), which runs until the test ends."""
+    host (`ipc_peers.identity`), which runs until the test ends."""
     import psutil
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     mine = lifetimes.this_process()
     named = lifetimes.Process(child.pid, psutil.Process(child.pid).create_time(), mine.pidns)
-    identity = {"node": ipc.node_identity(), "sender": named.as_header()}
-    monkeypatch.setattr(ipc, "identity", lambda: identity)
+    identity = {"node": ipc_peers.node_identity(), "sender": named.as_header()}
+    monkeypatch.setattr(ipc_peers, "identity", lambda: identity)
     _EXCHANGES.clear()
     try:
         yield identity
@@ -207,10 +207,10 @@ def test_only_running_processes_of_this_host_that_advertised_are_asked(
         "tcp://reused:1": ended,  # its process ended (the pid now another's)
         "tcp://elsewhere:1": {**as_child, "node": "another host"},
         "tcp://this-process:1": {
-            "node": ipc.node_identity(),
+            "node": ipc_peers.node_identity(),
             "sender": lifetimes.this_process().as_header(),
         },
-        "tcp://junk:1": {"node": ipc.node_identity(), "sender": {"pid": float("inf")}},
+        "tcp://junk:1": {"node": ipc_peers.node_identity(), "sender": {"pid": float("inf")}},
         "tcp://none:1": None,
     }
     workers = ["tcp://me:1", *(a for a in advertised if a != "tcp://gone:1")]

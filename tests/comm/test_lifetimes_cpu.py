@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from distributed.protocol.serialize import deserialize, serialize
 
-from cudask.comm import ipc, lifetimes
+from cudask.comm import ipc, ipc_peers, lifetimes
 from cudask.testing.fake_cuda import FakeDeviceArray, FakeIPCBackend, FakeUpstream
 
 REPLY = [ipc.FAMILY, "dask", "pickle", "error"]
@@ -222,7 +222,7 @@ def test_nothing_is_mapped_ahead_from_another_host_namespace_this_process_or_no_
     assert ipc.offer() is None  # no pool, nothing to offer
     slabs, slab = _pool_slab(backend, 8192)
     offered = ipc.offer()
-    assert offered is not None and ipc.accepts(_as_sent_by(offered, sender))
+    assert offered is not None and ipc_peers.accepts(_as_sent_by(offered, sender))
     offer = _as_sent_by(offered, sender)
     refused = [
         {**offer, "node": "another host"},
@@ -232,7 +232,7 @@ def test_nothing_is_mapped_ahead_from_another_host_namespace_this_process_or_no_
         None,
     ]
     for one in refused:
-        assert not ipc.accepts(one) and ipc.map_ahead(one) == 0, one
+        assert not ipc_peers.accepts(one) and ipc.map_ahead(one) == 0, one
     assert backend.opened == []
     slabs.deallocate(slab.ctypes.data, slab.nbytes, None)
 

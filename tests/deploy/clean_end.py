@@ -120,7 +120,7 @@ def cpu_cluster(
     from cudask.testing.stores import fake_store
     from cudask.worker.closing import CloseStore, Nanny
     from cudask.worker.gpu_worker import GPUWorker
-    from cudask.worker.plugins import StoreMetrics
+    from cudask.worker.metrics import StoreMetrics
 
     store = {
         "device_memory_limit": device_memory_limit,

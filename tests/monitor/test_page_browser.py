@@ -32,7 +32,7 @@ from cudask.monitor.page import page_link, routes
 from cudask.monitor.state import MonitorPlugin
 from cudask.monitor.views import TOP
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
-from cudask.worker.plugins import StoreMetrics
+from cudask.worker.metrics import StoreMetrics
 
 
 @pytest.fixture(scope="session")

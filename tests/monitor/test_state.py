@@ -18,7 +18,7 @@ from cudask.monitor import dask_setup
 from cudask.monitor.state import MonitorPlugin, install, snapshot, worker_row
 from cudask.testing import wait_for
 from cudask.testing.fake_cuda import FakeCopyBackend, FakeDeviceArray
-from cudask.worker.plugins import StoreMetrics
+from cudask.worker.metrics import StoreMetrics
 
 MiB = 1 << 20
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from cudask.testing import wait_for
-from cudask.worker.plugins import CPUAffinity, PreImport, StoreMetrics
+from cudask.worker.metrics import StoreMetrics
+from cudask.worker.plugins import CPUAffinity, PreImport
 
 
 def test_affinity_pins_and_restores():
@@ -407,7 +408,7 @@ def test_device_ipc_starts_the_exchange_of_pool_slabs_only_when_asked(monkeypatc
 
     from distributed.core import Status
 
-    from cudask.comm import ahead, ipc, ipc_cuda
+    from cudask.comm import ahead, ipc, ipc_cuda, ipc_peers
     from cudask.worker import plugins
 
     monkeypatch.setattr(ipc, "_state", ipc._State())
@@ -423,7 +424,7 @@ def test_device_ipc_starts_the_exchange_of_pool_slabs_only_when_asked(monkeypatc
         plugin.teardown(worker)
         assert plugin._ahead is None
         after = worker.handlers.get(ahead.HANDLER)
-        return started, after is not None, after and await after(peer=ipc.identity())
+        return started, after is not None, after and await after(peer=ipc_peers.identity())
 
     assert asyncio.run(set_up_and_down(True)) == (True, True, None)  # declined after teardown
     assert asyncio.run(set_up_and_down(False)) == (False, False, None)  # never registered

@@ -15,14 +15,8 @@ from cudask.options import resolve
 from cudask.testing import FakeBackend, fake_gpu
 from cudask.worker import plugins as P
 from cudask.worker.sharing import cluster_slots, cpu_share, node_slots, share, workers_per_gpu
-from cudask.worker.spec import (
-    RMM_ALIGNMENT,
-    device_sizes,
-    gpu_name,
-    host_memory_limit,
-    nanny_options,
-    worker_names,
-)
+from cudask.worker.sizing import RMM_ALIGNMENT, device_sizes, host_memory_limit
+from cudask.worker.spec import gpu_name, nanny_options, worker_names
 
 GiB = 1 << 30
 

@@ -12,9 +12,8 @@ from cudask.options import resolve
 from cudask.testing import FakeBackend, fake_gpu
 from cudask.worker import plugins as P
 from cudask.worker.rmm import RMMSetup
+from cudask.worker.sizing import check_devices, device_sizes
 from cudask.worker.spec import (
-    check_devices,
-    device_sizes,
     gpu_name,
     nanny_options,
     parse_ports,
@@ -198,7 +197,7 @@ def test_sizes_per_device():
 def test_a_pool_larger_than_the_limit_warns_once():
     from cudask import options
     from cudask.errors import DeviceMemoryLimitWarning
-    from cudask.worker.spec import warn_pool_past_limit
+    from cudask.worker.sizing import warn_pool_past_limit
 
     m = discover(FakeBackend([fake_gpu(i, memory_total=80 * GiB, cpus=[0]) for i in range(2)]))
     d = parse_visible_devices(None, m)
@@ -356,7 +355,7 @@ def test_jit_unspill_gets_the_proxy_store(dgx):
 def test_spilling_without_cupy_is_refused_before_start(dgx, monkeypatch):
     from cudask import options
     from cudask.errors import MissingDependencyError
-    from cudask.worker.spec import check_devices
+    from cudask.worker.sizing import check_devices
 
     devices = select_devices(dgx, "0,1", None)
     real = options._library

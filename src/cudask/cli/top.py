@@ -10,7 +10,7 @@ the scheduler's time underneath. `--once` prints the table once; `--once --json`
 prints the snapshot itself, for programs. Ctrl-C stops it with status 0.
 
 Does not cover: gathering the numbers (cudask.monitor.state, on the scheduler;
-cudask.worker.plugins.StoreMetrics, on the workers), the dashboard page
+cudask.worker.metrics.StoreMetrics, on the workers), the dashboard page
 (cudask.monitor.page), nor finding the scheduler (cudask.cli.connect). Threading: the
 command's thread asks, waits and redraws (Live without its refresh thread).
 """

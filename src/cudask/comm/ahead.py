@@ -3,9 +3,9 @@ on their first transfer.
 
 Covers: `MapAhead`, a worker's side of the exchange. Once the worker has joined
 its scheduler, it advertises itself in the scheduler's metadata (under `KEY`:
-its address and `cudask.comm.ipc.identity`), reads the others' advertisements
+its address and `cudask.comm.ipc_peers.identity`), reads the others' advertisements
 and the workers still there (`ncores`), and sends each advertised worker whose
-process it may map (`ipc.accepts`: same host, same pid namespace, another
+process it may map (`ipc_peers.accepts`: same host, same pid namespace, another
 process) its offer (`ipc.offer`: the handles of its pool's slabs) through the
 `cudask_ipc_map_ahead` handler. The peer maps them in a thread of its own and
 answers with its offer, which this worker maps in turn. Of two workers, the one
@@ -42,7 +42,7 @@ from typing import Any
 
 from distributed.core import Status
 
-from cudask.comm import ipc
+from cudask.comm import ipc, ipc_peers
 
 logger = logging.getLogger("cudask.comm")
 
@@ -80,9 +80,9 @@ class MapAhead:
     async def answer(
         self, peer: dict[str, Any] | None = None, offer: dict[str, Any] | None = None, **_: Any
     ) -> dict[str, Any] | None:
-        """The handler: map the offer of `peer` (an `ipc.identity`) in the
+        """The handler: map the offer of `peer` (an `ipc_peers.identity`) in the
         background and return ours, if this process may exchange with it."""
-        if not ipc.accepts(peer):
+        if not ipc_peers.accepts(peer):
             return None
         if offer is not None:
             self._spawn(self._map(offer, "its offer"))
@@ -108,7 +108,7 @@ class MapAhead:
         peers = await self._peers()
         if not peers:
             return
-        me, mine = ipc.identity(), await _own_offer(self.prepare)
+        me, mine = ipc_peers.identity(), await _own_offer(self.prepare)
         for peer in peers:
             try:
                 theirs = await self.worker.rpc(peer).cudask_ipc_map_ahead(peer=me, offer=mine)
@@ -123,13 +123,13 @@ class MapAhead:
         me = self.worker.address
         scheduler = self.worker.scheduler
         try:
-            await scheduler.set_metadata(keys=[KEY, me], value=ipc.identity())
+            await scheduler.set_metadata(keys=[KEY, me], value=ipc_peers.identity())
             advertised = await scheduler.get_metadata(keys=[KEY], default={})
             workers = await scheduler.ncores()
             return [
                 address
                 for address, identity in advertised.items()
-                if address != me and address in workers and ipc.accepts(identity)
+                if address != me and address in workers and ipc_peers.accepts(identity)
             ]
         except Exception:  # an optimisation: the first transfer maps instead
             logger.debug("cudask: no list of workers to map pool slabs ahead", exc_info=True)

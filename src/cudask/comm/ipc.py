@@ -17,8 +17,8 @@ sender's memory outlives every mapping of it.
 Anything else falls through to distributed's own serializers. Also the
 per-process switch (`enable`, `disable`), counters (`stats`, `declined`),
 `keep_alive`, and the offer of lasting allocations to map ahead (`offer`,
-`map_ahead`, and `identity`/`accepts`, which say which processes may exchange
-offers; exchanged by cudask.comm.ahead). Each send (`keep_alive`) and
+`map_ahead`; which processes may exchange them: cudask.comm.ipc_peers; exchanged by
+cudask.comm.ahead). Each send (`keep_alive`) and
 receive is marked as device traffic (cudask.memory.host.traffic), during which
 pinning ahead of spills waits.
 Registers the family with distributed, and with the JIT-unspill layer
@@ -35,13 +35,9 @@ their own (cudask.comm.lifetimes). Design: docs/design/device-transfers.md.
 
 from __future__ import annotations
 
-import functools
-import ipaddress
 import logging
 import math
-import os
 import pickle
-import socket
 import sys
 import threading
 import time
@@ -53,8 +49,9 @@ from typing import Any
 
 from distributed.protocol.serialize import register_serialization_family
 
-from cudask.comm import ipc_cuda, ipc_layout, leases, lifetimes, staging
+from cudask.comm import ipc_cuda, ipc_layout, ipc_peers, leases, lifetimes, staging
 from cudask.comm.ipc_cuda import Backend, Explained
+from cudask.comm.ipc_peers import local_hosts, node_identity
 from cudask.memory.host import traffic
 from cudask.memory.jit import wire
 from cudask.memory.jit.proxy import ProxyObject, ipc_deserialize, ipc_serialize
@@ -143,28 +140,6 @@ def keep_alive() -> Iterator[None]:
             _held.reset(token)
 
 
-@functools.cache
-def node_identity() -> str:
-    """This machine's boot: equal for every process of one running host (read once)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return socket.gethostname()
-
-
-def _local_hosts() -> frozenset[str]:
-    """The addresses this host listens on (loopback included)."""
-    import psutil
-
-    hosts = {"localhost", socket.gethostname()}
-    for addrs in psutil.net_if_addrs().values():
-        hosts.update(
-            a.address.split("%")[0] for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6)
-        )
-    return frozenset(hosts)
-
-
 def enable(backend: Backend, min_size: int) -> None:
     """Send device arrays of at least `min_size` bytes to workers on this host by
     IPC, with `backend`'s CUDA calls (the worker plugin calls this at start)."""
@@ -172,7 +147,7 @@ def enable(backend: Backend, min_size: int) -> None:
         _state.backend = backend
         _state.min_size = min_size
         _state.node = node_identity()
-        _state.local_hosts = _local_hosts()
+        _state.local_hosts = local_hosts()
 
 
 def disable() -> None:
@@ -229,32 +204,10 @@ def declined() -> list[str]:
         return sorted(_state.warned)
 
 
-def _host_of(address: str) -> str | None:
-    """The host part of a comm address ('tcp://10.0.0.2:8786', 'tls://[::1]:1')."""
-    if "://" not in address:
-        return None
-    scheme, rest = address.split("://", 1)
-    if scheme not in ("tcp", "tls", "ws", "wss"):
-        return None
-    host = rest.rsplit(":", 1)[0].strip("[]")
-    return host or None
-
-
 def same_host(context: dict[str, Any] | None) -> bool:
-    """Whether the comm's peer ("recipient" in distributed's serialization
-    context) is a process on this host."""
-    if not context:
-        return False
-    recipient = context.get("recipient") or {}
-    host = _host_of(str(recipient.get("address", "")))
-    if host is None:
-        return False
-    if host in _state.local_hosts:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    """Whether the comm's peer ("recipient" in distributed's serialization context) is a
+    process on this host (cudask.comm.ipc_peers)."""
+    return ipc_peers.same_host(context, _state.local_hosts)
 
 
 def _device_array_type() -> Any:
@@ -474,33 +427,7 @@ def offer() -> dict[str, Any] | None:
     bases = lifetimes.offered() if backend is not None else []
     if backend is None or not bases:
         return None
-    return {**identity(), "handles": [backend.export(base)[0] for base in bases]}
-
-
-def identity() -> dict[str, Any]:
-    """This process as another worker checks it before an exchange of offers
-    (`accepts`): its host's boot and its pid, start time and pid namespace."""
-    return {"node": node_identity(), "sender": lifetimes.this_process().as_header()}
-
-
-def accepts(peer: dict[str, Any] | None) -> bool:
-    """Whether this process may map what `peer` (an `identity`, or an `offer`)
-    offers: another running process of this host and pid namespace (a process
-    cannot map its own memory by IPC handle)."""
-    return _accepted(peer) is not None
-
-
-def _accepted(peer: dict[str, Any] | None) -> lifetimes.Process | None:
-    """The process `peer` names if `accepts` holds for it, else None."""
-    if not isinstance(peer, dict) or peer.get("node") != node_identity():
-        return None
-    try:
-        sender = lifetimes.keepable(peer.get("sender"))
-    except Exception:  # noqa: BLE001 - not an identity: refused
-        return None
-    if sender is None or sender.pid == os.getpid() or not lifetimes.alive(sender):
-        return None
-    return sender
+    return {**ipc_peers.identity(), "handles": [backend.export(base)[0] for base in bases]}
 
 
 def map_ahead(offered: dict[str, Any] | None) -> int:
@@ -508,7 +435,7 @@ def map_ahead(offered: dict[str, Any] | None) -> int:
     traffic has been quiet for a moment (within a bound: opening a mapping takes
     milliseconds per GB and messages wait for it); how many were mapped. Blocks:
     call it from a thread of its own."""
-    sender = _accepted(offered)
+    sender = ipc_peers.accepted(offered)
     if offered is None or sender is None:
         return 0
     backend = Explained(_receiving_backend())

@@ -15,7 +15,7 @@ it was set.
 
 Does not cover: what needs the device — a fraction or byte size against *this*
 GPU's memory, device indices or UUIDs that name no GPU, n_workers against the
-visible GPUs (cudask.worker.spec.check_devices, cudask.devices.parse_visible_devices).
+visible GPUs (cudask.worker.sizing.check_devices, cudask.devices.parse_visible_devices).
 
 Threading: no state of its own; call it from any thread.
 """

@@ -35,9 +35,9 @@ from cudask.monitor.state import NAME as MONITOR
 from cudask.monitor.state import MonitorPlugin
 from cudask.options import BY_CLUSTER_KEYWORD, WorkerOptions, options_for
 from cudask.worker.sharing import cluster_slots, workers_per_gpu
+from cudask.worker.sizing import check_devices
 from cudask.worker.spec import (
     CUDANanny,
-    check_devices,
     gpu_name,
     nanny_class,
     nanny_options,

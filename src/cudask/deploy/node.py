@@ -40,9 +40,9 @@ from cudask.devices import Device, discover, parse_visible_devices, require_gpus
 from cudask.errors import CudaskError, DeviceError, OptionError
 from cudask.options import BY_NAME, WorkerOptions, check_one_worker_options, options_for
 from cudask.worker.sharing import node_slots, workers_per_gpu
+from cudask.worker.sizing import check_devices
 from cudask.worker.spec import (
     CUDANanny,
-    check_devices,
     nanny_class,
     nanny_options,
     node_information,

@@ -17,7 +17,7 @@ the plugin on a running scheduler that lacks it (`cudask top` does; a
 LocalCUDACluster's scheduler has it, `dask scheduler --preload cudask.monitor` too).
 
 Does not cover: the page (`cudask.monitor.views`, `.document`, `.page`), the terminal view
-(`cudask.cli.top`), the workers' side (`cudask.worker.plugins.StoreMetrics`).
+(`cudask.cli.top`), the workers' side (`cudask.worker.metrics.StoreMetrics`).
 
 Threading: everything runs on the scheduler's event loop, except the
 Prometheus collector, which reads `snapshot()` (built from plain dicts under a

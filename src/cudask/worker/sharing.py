@@ -6,7 +6,7 @@ per-GPU size (device memory limit, RMM pool sizes) and of its GPU's CPUs. With o
 worker per GPU every function gives back what it was given: a whole size, all
 the CPUs, one slot per GPU.
 Does not cover: names (cudask.worker.spec.gpu_name, worker_names), parsing sizes
-against a device (cudask.worker.spec.device_sizes) or starting anything.
+against a device (cudask.worker.sizing.device_sizes) or starting anything.
 
 Threading: pure functions of their arguments; call them from any thread.
 """
