@@ -19,8 +19,8 @@ stdout as each child ends (`child_line`) and the document so far handed to a
 finished); and `summary`, the lines the command prints (a table per format, last).
 
 Does not cover: the options and their checks (cudask_bench.cli.etl), the work itself
-(cudask_bench.etl_run). Threading: the command's thread; spawn_runner reads each child's
-output in a daemon thread of its own.
+(cudask_bench.etl_run, cudask_bench.etl_phases). Threading: the command's thread;
+spawn_runner reads each child's output in a daemon thread of its own.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from dask.utils import format_bytes
 
 from cudask_bench import environment, harness, stopping
 from cudask_bench.etl_data import FACT_ROW_BYTES, EtlPlan, compare, setting_named
-from cudask_bench.etl_run import PHASES
+from cudask_bench.etl_phases import PHASES
 from cudask_bench.limit import SLACK
 from cudask_bench.targets import Target, make_shim, remove_shim
 
