@@ -19,8 +19,8 @@ stdout as each child ends (`child_line`) and the document so far handed to a
 finished); and `summary`, the lines the command prints (a table per format, last).
 
 Does not cover: the options and their checks (cudask_bench.cli.etl), the work itself
-(cudask_bench.etl_run). Threading: the command's thread; spawn_runner reads each child's
-output in a daemon thread of its own.
+(cudask_bench.etl_run, cudask_bench.etl_phases). Threading: the command's thread;
+spawn_runner reads each child's output in a daemon thread of its own.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from dask.utils import format_bytes
 
 from cudask_bench import environment, harness, stopping
 from cudask_bench.etl_data import FACT_ROW_BYTES, EtlPlan, compare, setting_named
-from cudask_bench.etl_run import PHASES
+from cudask_bench.etl_phases import PHASES
 from cudask_bench.limit import SLACK
 from cudask_bench.targets import Target, make_shim, remove_shim
 
@@ -108,11 +108,7 @@ def run_etl(
     the data and after each child, hand `checkpoint` the document so far (status
     "partial", `failed_so_far`, no `finished_at`)."""
     progress = progress or harness.ProgressLine(False)
-    started, t0 = _dt.datetime.now(_dt.UTC), time.perf_counter()
-    order, env = rotation(plan.settings, plan.repeat), harness_environment()
-    results: dict[str, dict[str, list[dict[str, Any]]]] = {
-        fmt: {name: [] for name in plan.settings} for fmt in plan.formats
-    }
+    run = _EtlRun(plan, targets, argv, checkpoint)
     local = Target(sys.executable)
     shim: str | None = None
     root = tempfile.mkdtemp(prefix="cudask-bench-etl-data-", dir=plan.data_dir)
@@ -120,7 +116,7 @@ def run_etl(
         if any(t.foreign for t in targets.values()):
             with stopping.deferred():  # made and recorded, or not made
                 shim = make_shim()
-        data = _spawn(
+        run.data = _spawn(
             plan,
             local,
             "cudask_bench.etl_data",
@@ -130,59 +126,90 @@ def run_etl(
             "data",
             "writing the files",
         )
-
-        def save() -> None:  # the document so far: status "partial", whether any failed
-            if checkpoint is not None:
-                doc = document(
-                    plan,
-                    data,
-                    copy.deepcopy(results),
-                    order,
-                    targets,
-                    started,
-                    time.perf_counter() - t0,
-                    argv,
-                    env,
-                )
-                doc.pop("finished_at")
-                with stopping.deferred():  # handed over whole
-                    checkpoint(doc | {"status": "partial", "failed_so_far": doc["status"] != "ok"})
-
-        save()
-        total = plan.repeat * len(plan.formats) * len(plan.settings)
-        done = 0
-        for rep, names in enumerate(order):
-            for fmt in plan.formats:
-                for name in names:
-                    done += 1
-                    earlier = results[fmt][name]
-                    if data.get("status") != "ok" or (
-                        earlier and earlier[-1].get("status") != "ok"
-                    ):
-                        continue  # no data, or a setting that failed fails the same way again
-                    label = f"{name} {fmt}" + (
-                        f" (repetition {rep + 1})" if plan.repeat > 1 else ""
-                    )
-                    earlier.append(
-                        _spawn(
-                            plan,
-                            targets[setting_named(name).backend],
-                            "cudask_bench.etl_run",
-                            ["--root", root, "--setting", name, "--format", fmt],
-                            shim,
-                            progress,
-                            f"{done}/{total}",
-                            label,
-                        )
-                    )
-                    save()
+        run.save()
+        _run_settings(run, root, shim, progress)
     finally:
         shutil.rmtree(root, ignore_errors=True)
         if shim is not None:
             remove_shim(shim)
-    return document(
-        plan, data, results, order, targets, started, time.perf_counter() - t0, argv, env
-    )
+    return run.document(run.results)
+
+
+class _EtlRun:
+    """What one `run_etl` has so far: the inputs of its document and the children's
+    results (per format and setting, one per repetition that ran)."""
+
+    def __init__(
+        self,
+        plan: EtlPlan,
+        targets: Mapping[str, Target],
+        argv: Sequence[str],
+        checkpoint: Callable[[dict[str, Any]], None] | None,
+    ) -> None:
+        self.plan, self.targets, self.argv, self.checkpoint = plan, targets, argv, checkpoint
+        self.started, self.t0 = _dt.datetime.now(_dt.UTC), time.perf_counter()
+        self.order = rotation(plan.settings, plan.repeat)
+        self.env = harness_environment()
+        self.results: dict[str, dict[str, list[dict[str, Any]]]] = {
+            fmt: {name: [] for name in plan.settings} for fmt in plan.formats
+        }
+        self.data: dict[str, Any] = {}
+
+    def document(self, results: Mapping[str, Mapping[str, list[Any]]]) -> dict[str, Any]:
+        """The document of these children's results (`self.results` or a copy of it)."""
+        return document(
+            self.plan,
+            self.data,
+            results,
+            self.order,
+            self.targets,
+            self.started,
+            time.perf_counter() - self.t0,
+            self.argv,
+            self.env,
+        )
+
+    def save(self) -> None:
+        """The document so far to `checkpoint`: status "partial", whether any failed."""
+        if self.checkpoint is not None:
+            doc = self.document(copy.deepcopy(self.results))
+            doc.pop("finished_at")
+            with stopping.deferred():  # handed over whole
+                self.checkpoint(doc | {"status": "partial", "failed_so_far": doc["status"] != "ok"})
+
+
+def _run_settings(
+    run: _EtlRun, root: str, shim: str | None, progress: harness.ProgressLine
+) -> None:
+    """Each repetition's settings in their order, on every format, each in a child
+    process of its own (cudask_bench.etl_run), the document saved after each. Nothing
+    runs without the data, nor again after it failed (it would fail the same way)."""
+    plan = run.plan
+    total = plan.repeat * len(plan.formats) * len(plan.settings)
+    done = 0
+    for rep, names in enumerate(run.order):
+        for fmt in plan.formats:
+            for name in names:
+                done += 1
+                earlier = run.results[fmt][name]
+                if run.data.get("status") != "ok" or (
+                    earlier and earlier[-1].get("status") != "ok"
+                ):
+                    continue  # no data, or a setting that failed fails the same way again
+                label = f"{name} {fmt}" + (f" (repetition {rep + 1})" if plan.repeat > 1 else "")
+                earlier.append(
+                    _spawn(
+                        plan,
+                        run.targets[setting_named(name).backend],
+                        "cudask_bench.etl_run",
+                        ["--root", root, "--setting", name, "--format", fmt],
+                        shim,
+                        progress,
+                        f"{done}/{total}",
+                        label,
+                    )
+                )
+                run.save()
 
 
 def _median(values: Sequence[float | None]) -> float | None:

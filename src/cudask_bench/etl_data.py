@@ -16,7 +16,8 @@ process `python -m cudask_bench.etl_data --plan JSON --root DIR --json PATH` wri
 the files and the reference (a CUDA context of the generator never outlives it).
 
 Does not cover: removing the root (cudask_bench.etl owns it), the runs
-(cudask_bench.etl_run). Threading: the calling thread only; nothing shared.
+(cudask_bench.etl_run, cudask_bench.etl_phases). Threading: the calling thread only;
+nothing shared.
 """
 
 from __future__ import annotations

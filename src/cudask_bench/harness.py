@@ -3,14 +3,16 @@
 Covers: spawning `python -m cudask_bench.run` per variant (per repetition for `startup`
 and cold-mode `spill`/`cupy`, whose every measurement is a fresh process; the variants
 take turns either way, `plan_rounds`), or of another runner module (`spawn_runner`'s
-`module`: `cudask bench etl`'s; cudask_bench.transfer_case, one per transfer case), each in a temporary directory of its own, removed after it; stopping a runner with its workers past its timeout or when the
-command is interrupted (cudask_bench.stopping); a progress line on stderr; and
-`execute(plan)`, which returns the result document (cudask_bench.report) with machine
-facts and versions, and, for `spill`, the disk figures of the filesystem the runners'
-workers spill to, measured first (cudask_bench.disk). Does not cover: where
-runners run (cudask_bench.targets), the workloads (cudask_bench.workloads), the runner
-(cudask_bench.run), charts, click options (cudask_bench.cli). Threading: called from
-the command's thread; each runner's output is read by one daemon thread of its own.
+`module`: `cudask bench etl`'s; cudask_bench.transfer_case, one per transfer case), each
+in a temporary directory of its own, removed after it; stopping a runner with its workers
+past its timeout or when the command is interrupted (cudask_bench.stopping); a progress
+line on stderr; and `execute(plan)`, which returns the result document
+(cudask_bench.report) with machine facts and versions, and, for `spill`, the disk
+figures of the filesystem the runners' workers spill to, measured first
+(cudask_bench.disk). Does not cover: where runners run (cudask_bench.targets), the
+workloads (cudask_bench.workloads), the runner (cudask_bench.run), charts, click options
+(cudask_bench.cli). Threading: called from the command's thread; each runner's output
+is read by one daemon thread of its own.
 """
 
 from __future__ import annotations
@@ -251,57 +253,92 @@ def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
     machine = environment.machine()
     machine["gpu_used"] = _gpu_used(machine, str(plan.runner_options.get("device", "0")))
     shim: str | None = None
-    entries: list[dict[str, Any]] = []
-    count = len(plan.variants)
-
-    def run_once(index: int, label: str, warmup: int, repeat: int) -> dict[str, Any]:
-        variant = plan.variants[index]
-        position = f"{index + 1}/{count}"
-        argv = spec.runner_argv(
-            variant, plan.workload, repeat=repeat, warmup=warmup, **plan.runner_options
-        )
-
-        def on_progress(done: int, total: int, text: str) -> None:
-            progress.update(position, label, done, total, text)
-
-        progress.update(position, label, 0, 1, "starting")
-        return spawn_runner(
-            plan.targets[variant.backend],
-            argv,
-            shim=shim,
-            timeout=plan.timeout,
-            on_progress=on_progress,
-        )
-
-    def finish(index: int, runs: list[dict[str, Any]]) -> None:
-        variant = plan.variants[index]
-        entry = merge_runs(variant, plan.targets[variant.backend], runs)
-        entries.append(entry)
-        status = "ok" if entry["status"] == "ok" else f"FAILED: {entry['error']}"
-        progress.finish(f"[{index + 1}/{count}] {variant.name}: {status}")
-
     rounds = plan_rounds(plan)
     measured_disk = measure_disk(plan.disk_size, progress) if plan.disk_size else None
     try:
         if any(t.foreign for t in plan.targets.values()):
             with stopping.deferred():  # made and recorded, or not made
                 shim = make_shim()
-        runs: list[list[dict[str, Any]]] = [[] for _ in plan.variants]
-        for number, (warmup, repeat) in enumerate(rounds):
-            for index, variant in enumerate(plan.variants):
-                if runs[index] and runs[index][-1].get("status") != "ok":
-                    continue  # a failing configuration fails the same way again
-                label = (
-                    variant.name
-                    if len(rounds) == 1
-                    else (f"{variant.name} process {number + 1}/{len(rounds)}")
-                )
-                runs[index].append(run_once(index, label, warmup, repeat))
-        for index in range(count):
-            finish(index, runs[index])
+        runs = _run_rounds(plan, rounds, shim, progress)
+        entries = [_finish(plan, index, runs[index], progress) for index in range(len(runs))]
     finally:
         if shim is not None:
             remove_shim(shim)
+    return _document(plan, started, t0, machine, len(rounds), entries, measured_disk)
+
+
+def _run_rounds(
+    plan: Plan, rounds: list[tuple[int, int]], shim: str | None, progress: ProgressLine
+) -> list[list[dict[str, Any]]]:
+    """Each variant's runner results: per round, one process of every variant in turn; a
+    variant whose last process failed runs no more (it would fail the same way again)."""
+    runs: list[list[dict[str, Any]]] = [[] for _ in plan.variants]
+    for number, (warmup, repeat) in enumerate(rounds):
+        for index, variant in enumerate(plan.variants):
+            if runs[index] and runs[index][-1].get("status") != "ok":
+                continue  # a failing configuration fails the same way again
+            label = (
+                variant.name
+                if len(rounds) == 1
+                else (f"{variant.name} process {number + 1}/{len(rounds)}")
+            )
+            runs[index].append(_run_once(plan, index, label, warmup, repeat, shim, progress))
+    return runs
+
+
+def _run_once(
+    plan: Plan,
+    index: int,
+    label: str,
+    warmup: int,
+    repeat: int,
+    shim: str | None,
+    progress: ProgressLine,
+) -> dict[str, Any]:
+    """One runner process of variant `index`: `warmup` unmeasured repetitions, then
+    `repeat` measured ones, its progress shown as `label`."""
+    variant = plan.variants[index]
+    position = f"{index + 1}/{len(plan.variants)}"
+    argv = spec.runner_argv(
+        variant, plan.workload, repeat=repeat, warmup=warmup, **plan.runner_options
+    )
+
+    def on_progress(done: int, total: int, text: str) -> None:
+        progress.update(position, label, done, total, text)
+
+    progress.update(position, label, 0, 1, "starting")
+    return spawn_runner(
+        plan.targets[variant.backend],
+        argv,
+        shim=shim,
+        timeout=plan.timeout,
+        on_progress=on_progress,
+    )
+
+
+def _finish(
+    plan: Plan, index: int, runs: list[dict[str, Any]], progress: ProgressLine
+) -> dict[str, Any]:
+    """Variant `index`'s entry from its runs (cudask_bench.report.merge_runs), its
+    outcome shown as the progress line's last."""
+    variant = plan.variants[index]
+    entry = merge_runs(variant, plan.targets[variant.backend], runs)
+    status = "ok" if entry["status"] == "ok" else f"FAILED: {entry['error']}"
+    progress.finish(f"[{index + 1}/{len(plan.variants)}] {variant.name}: {status}")
+    return entry
+
+
+def _document(
+    plan: Plan,
+    started: _dt.datetime,
+    t0: float,
+    machine: dict[str, Any],
+    processes: int,
+    entries: list[dict[str, Any]],
+    measured_disk: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The result document: the command, the times, the machine, the harness's versions,
+    the parameters, every variant's entry, the disk figures and the comparisons."""
     document: dict[str, Any] = {
         "format": spec.RESULT_FORMAT,
         "workload": plan.workload,
@@ -315,7 +352,7 @@ def execute(plan: Plan, progress: ProgressLine) -> dict[str, Any]:
             **plan.parameters,
             "repeat": plan.repeat,
             "warmup": plan.warmup,
-            "processes": len(rounds),
+            "processes": processes,
         },
         "variants": entries,
     }

@@ -16,7 +16,7 @@ ran (NVML counts the whole device: another process, CUDA loading modules, an all
 pool growing). Meant for one worker thread: with several, tasks overlap and each is
 charged the others' allocations.
 
-Does not cover: the samples themselves (`cudask_bench.etl_run.MemorySampler`), the
+Does not cover: the samples themselves (`cudask_bench.etl_sampler.MemorySampler`), the
 bound's verdict (`cudask_bench.etl`).
 
 Threading: the plugin runs on the scheduler's event loop; `records` is called there

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 
 from cudask.cli.main import cli
 from cudask.errors import MissingDependencyError
-from cudask_bench import environment, etl, etl_data, etl_run, working_set
+from cudask_bench import environment, etl, etl_data, etl_phases, etl_sampler, working_set
 from cudask_bench.cli.etl import resolve_targets
 from cudask_bench.targets import Target
 
@@ -122,7 +122,7 @@ def test_plan_round_trips_as_json() -> None:
 
 def test_sampler_peaks_per_window() -> None:
     values = iter(range(10**9))
-    sampler = etl_run.MemorySampler(None, interval=0.005, read=lambda: next(values))
+    sampler = etl_sampler.MemorySampler(None, interval=0.005, read=lambda: next(values))
     first = time.perf_counter()
     sampler.start()
     _wait_for(lambda: sampler.mark() > 20, 30, "samples")
@@ -136,7 +136,7 @@ def test_sampler_peaks_per_window() -> None:
     assert len(epochs) > 40 and abs(epochs[-1][0] - time.time()) < 60
     idle = sampler.idle(count=3)
     assert idle is not None and idle > late
-    none = etl_run.MemorySampler(None)
+    none = etl_sampler.MemorySampler(None)
     assert none.mark() is None and none.idle(1) is None and none.reason
 
 
@@ -177,7 +177,7 @@ def test_a_run_over_both_formats_rotates_checks_and_removes_its_data(
         assert all(r["total_s"] <= r["wall_s"] for r in runs)
         assert any(p["moved"] for r in runs for p in r["phases"].values())  # the store's reads
         assert entry["cold"]["runs"] == 2 and entry["warm"]["runs"] == 2
-        assert set(entry["cold"]["phases_s"]) == set(etl_run.PHASES)
+        assert set(entry["cold"]["phases_s"]) == set(etl_phases.PHASES)
         assert entry["children"][0]["cluster"]["stand_in"] is True
     assert doc["results"]["parquet"]["floor"]["cold"]["x_floor"] == 1.0
     runs = [r for e in doc["results"]["parquet"].values() for c in e["children"] for r in c["runs"]]
@@ -209,8 +209,8 @@ def test_the_bound_adds_the_largest_task_of_each_phase_to_the_limit() -> None:
     # what NVML saw a task add counts where it is more than its output
     assert working_set.largest(found, windows, {"a": 20, "c": 0}) == {"load": 23, "merge": 3}
     fig = {
-        "phase_peak_bytes": dict.fromkeys(etl_run.PHASES, 100),
-        "phase_working_set_bytes": dict.fromkeys(etl_run.PHASES, 10),
+        "phase_peak_bytes": dict.fromkeys(etl_phases.PHASES, 100),
+        "phase_working_set_bytes": dict.fromkeys(etl_phases.PHASES, 10),
     }
     etl.bound(fig, 90)
     assert fig["phase_bound_bytes"]["merge"] == 100 and fig["within"] is True
@@ -218,20 +218,22 @@ def test_the_bound_adds_the_largest_task_of_each_phase_to_the_limit() -> None:
     etl.bound(fig, 90)
     assert fig["within"] is False
     # the same tasks' temporaries, seen where nothing spilled, widen the bound
-    floor = {"phase_working_set_nvml_bytes": {**dict.fromkeys(etl_run.PHASES, 4), "merge": 20}}
+    floor = {"phase_working_set_nvml_bytes": {**dict.fromkeys(etl_phases.PHASES, 4), "merge": 20}}
     etl.bound(fig, 90, floor)
     assert fig["phase_task_bytes"]["merge"] == 20 and fig["phase_task_bytes"]["load"] == 10
     assert fig["phase_bound_bytes"]["merge"] == 110 and fig["within"] is True
     # the floor's cold and warm runs count together: each sees few tasks
     runs = {
-        "cold": {"phase_working_set_nvml_bytes": {**dict.fromkeys(etl_run.PHASES, 4), "merge": 20}},
+        "cold": {
+            "phase_working_set_nvml_bytes": {**dict.fromkeys(etl_phases.PHASES, 4), "merge": 20}
+        },
         "warm": {
-            "phase_working_set_nvml_bytes": {**dict.fromkeys(etl_run.PHASES, None), "merge": 30}
+            "phase_working_set_nvml_bytes": {**dict.fromkeys(etl_phases.PHASES, None), "merge": 30}
         },
     }
     seen = etl._floor_tasks(runs)
     assert seen is not None and seen["phase_working_set_nvml_bytes"] == {
-        **dict.fromkeys(etl_run.PHASES, 4),
+        **dict.fromkeys(etl_phases.PHASES, 4),
         "merge": 30,
     }
     assert etl._floor_tasks(None) is None and etl._floor_tasks({"cold": None}) is None
@@ -275,7 +277,7 @@ def test_growth_never_charges_a_task_with_what_the_task_before_it_left() -> None
 
 
 def _run(**run: Any) -> dict[str, Any]:
-    phases = {p: {"seconds": 1.0, "peak_bytes": 5} for p in etl_run.PHASES}
+    phases = {p: {"seconds": 1.0, "peak_bytes": 5} for p in etl_phases.PHASES}
     return {
         "kind": "cold",
         "phases": phases,

@@ -3,9 +3,10 @@ the soak, device transfers between workers, dask-cuDF ETL, and charts of results
 
 Covers: the `bench` click group and its commands `spill`, `cupy`, `startup` (one module,
 cudask_bench.cli.workloads), `soak`, `transfer` and `chart`, whose options are declared
-as data in cudask_bench.cli.options, and `small-tasks`, `etl` and `limit` (their options in
-their own modules). Bad input ends in one line naming the value and
-what is accepted, never a traceback. cudask's `cudask` command attaches this group by
+as data per command family (cudask_bench.cli.workload_options, soak_options,
+transfer_options, chart_options; cudask_bench.cli.options turns them into click's), and
+`small-tasks`, `etl` and `limit` (their options in their own modules). Bad input ends in
+one line naming the value and what is accepted, never a traceback. cudask's `cudask` command attaches this group by
 name (cudask.cli.commands), importing it only when `cudask bench ...` runs. Does not cover:
 the benchmarks themselves (cudask_bench.*). Threading: click runs a command in the
 calling thread.

@@ -13,7 +13,8 @@ import json
 import click
 
 from cudask_bench import spec
-from cudask_bench.cli.options import CHART, with_options
+from cudask_bench.cli.chart_options import CHART
+from cudask_bench.cli.options import with_options
 from cudask_bench.report import format_table
 
 

@@ -9,7 +9,7 @@ that ends in seconds, with the smaller defaults of --array-module numpy: `cpu_de
 turns cudask's user errors into one-line click errors (a bad value exit status 2, as a
 bad flag), and SIGINT or SIGTERM into one line and exit status 130 or 143 after what the
 command started is stopped. Does not cover: the options
-(cudask_bench.cli.options), the harness. Threading: the command's thread only.
+(cudask_bench.cli.workload_options), the harness. Threading: the command's thread only.
 """
 
 from __future__ import annotations

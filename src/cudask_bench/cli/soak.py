@@ -4,7 +4,7 @@ Covers: the command: its checks (times, sizes, the host fraction, --min-kills ag
 --kill-every and --duration, in option names; a GPU and CuPy), a progress line on a
 terminal, the one-line report, the JSON file, exit status 1 when a key was lost or
 changed. Does not cover: the soak itself (cudask_bench.soak), its options
-(cudask_bench.cli.options). Threading: the command's thread.
+(cudask_bench.cli.soak_options). Threading: the command's thread.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import click
 from cudask.errors import NoGPUError, OptionError
 from cudask_bench import environment, harness
 from cudask_bench import soak as soak_run
-from cudask_bench.cli.options import SOAK, with_options
+from cudask_bench.cli.options import with_options
 from cudask_bench.cli.plan import command, size
+from cudask_bench.cli.soak_options import SOAK
 from cudask_bench.report import write_json
 
 

@@ -5,8 +5,8 @@ device sizes and pools, shuffle methods and rows against dask-cuDF, UCX, the das
 environment, the settings named, a GPU and the placement on this machine's GPUs, CuPy),
 the plan it builds, the summary lines it prints and the JSON file (with provenance,
 rewritten after each case). Does not cover: the measurements (cudask_bench.transfer),
-the report (cudask_bench.transfer_report), its options (cudask_bench.cli.options).
-Threading: the command's thread.
+the report (cudask_bench.transfer_report), its options
+(cudask_bench.cli.transfer_options). Threading: the command's thread.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import click
 from cudask.errors import MissingDependencyError, NoGPUError, OptionError
 from cudask_bench import environment, targets
 from cudask_bench import transfer as transfer_run
-from cudask_bench.cli.options import TRANSFER, with_options
+from cudask_bench.cli.options import with_options
 from cudask_bench.cli.plan import command, size
+from cudask_bench.cli.transfer_options import TRANSFER
 from cudask_bench.report import write_json
 from cudask_bench.shuffle import METHODS as SHUFFLE_METHODS
 from cudask_bench.transfer_case import run_case

@@ -3,8 +3,9 @@
 Covers: the three timed commands: their own checks (spill sizes, cupy operations and
 shapes) and the harness plan each builds from its options (cudask_bench.cli.plan);
 every variant then runs in its own process, and the command prints a table and writes
-JSON and a PNG chart when asked. Does not cover: the options (cudask_bench.cli.options),
-the workloads themselves (cudask_bench.workloads). Threading: the command's thread.
+JSON and a PNG chart when asked. Does not cover: the options
+(cudask_bench.cli.workload_options), the workloads themselves (cudask_bench.workloads).
+Threading: the command's thread.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import click
 
 from cudask.errors import OptionError
 from cudask_bench import spec
-from cudask_bench.cli.options import COMMAND_DEFAULTS, COMMON, CUPY, MODE, SPILL, with_options
+from cudask_bench.cli.options import with_options
 from cudask_bench.cli.plan import (
     build_plan,
     command,
@@ -25,6 +26,7 @@ from cudask_bench.cli.plan import (
     size,
     workload_size,
 )
+from cudask_bench.cli.workload_options import COMMAND_DEFAULTS, COMMON, CUPY, MODE, SPILL
 
 
 @click.command("spill")
