@@ -118,9 +118,7 @@ def demo(device_memory_limit: str, size_factor: float, chunk: str, dashboard_add
     )
     require_library("cupy", "cudask demo")
 
-    import cupy
-    import dask.array as da
-    from distributed import Client, progress
+    from distributed import Client
 
     from cudask import LocalCUDACluster
     from cudask.monitor.page import page_link
@@ -135,48 +133,70 @@ def demo(device_memory_limit: str, size_factor: float, chunk: str, dashboard_add
         Client(cluster) as client,
     ):
         startup = time.perf_counter() - started
-        limits = [
-            s["options"]["data"][1]["device_memory_limit"]
-            for s in cluster.worker_spec.values()
-            if isinstance(s["options"]["data"], tuple)
-        ]
-        total_limit = sum(x or 0 for x in limits)
-        n = len(cluster.worker_spec)
-        target = int(total_limit * size_factor) if total_limit else 8 * n * chunk_bytes
-        side = math.isqrt(chunk_bytes // 8)
-        blocks = max(n, math.ceil(target / (side * side * 8)))
-        rows = max(1, math.isqrt(blocks))
-        cols = math.ceil(blocks / rows)
-        click.echo(
-            f"cudask demo: {n} GPU worker(s), device limit {format_bytes(total_limit // max(n, 1))}"
-            f" each; dashboard {cluster.dashboard_link}"
-        )
-        click.echo(
-            f"GPU workers live (device, host and disk tiers, spill rates): "
-            f"{page_link(cluster.dashboard_link)}"
-        )
-        click.echo(
-            f"workload: {rows}x{cols} CuPy chunks of {side}x{side} float64 = "
-            f"{format_bytes(rows * cols * side * side * 8)} (x2 with its transpose sum)"
-        )
-        x = da.map_blocks(
-            _random_block,
-            dtype="float64",
-            chunks=((side,) * rows, (side,) * cols),
-            meta=cupy.empty((0, 0), dtype="float64"),
-        )
-        t0 = time.perf_counter()
-        y = (x * 2 + 1).persist()
-        progress(y)
-        sums = y.map_blocks(_checksum, chunks=(1, 1)).sum().compute()
-        elapsed = time.perf_counter() - t0
-        click.echo(
-            f"\nsum of all {y.size:,} values: {float(sums):.6e} (mean {float(sums) / y.size:.4f}, "
-            "expected ~2.0)"
-        )
+        elapsed = _run_workload(cluster, size_factor, chunk_bytes)
         figures = client.run(_worker_figures)
-        del y
     click.echo(f"\ncluster up in {startup:.2f} s; workload {elapsed:.2f} s")
+    _print_figures(figures)
+    click.echo(
+        f"dashboard (while the cluster ran): {cluster.dashboard_link}, "
+        f"GPU workers: {page_link(cluster.dashboard_link)}"
+    )
+
+
+def _run_workload(cluster: Any, size_factor: float, chunk_bytes: int) -> float:
+    """Make, persist and sum `size_factor` times the workers' device limits of CuPy
+    chunks, saying what it does; the workload's seconds."""
+    import cupy
+    import dask.array as da
+    from distributed import progress
+
+    from cudask.monitor.page import page_link
+
+    limits = [
+        s["options"]["data"][1].get("device_memory_limit")
+        for s in cluster.worker_spec.values()
+        if isinstance(s["options"]["data"], tuple)
+    ]
+    total_limit = sum(x or 0 for x in limits)
+    n = len(cluster.worker_spec)
+    target = int(total_limit * size_factor) if total_limit else 8 * n * chunk_bytes
+    side = math.isqrt(chunk_bytes // 8)
+    blocks = max(n, math.ceil(target / (side * side * 8)))
+    rows = max(1, math.isqrt(blocks))
+    cols = math.ceil(blocks / rows)
+    click.echo(
+        f"cudask demo: {n} GPU worker(s), device limit {format_bytes(total_limit // max(n, 1))}"
+        f" each; dashboard {cluster.dashboard_link}"
+    )
+    click.echo(
+        f"GPU workers live (device, host and disk tiers, spill rates): "
+        f"{page_link(cluster.dashboard_link)}"
+    )
+    click.echo(
+        f"workload: {rows}x{cols} CuPy chunks of {side}x{side} float64 = "
+        f"{format_bytes(rows * cols * side * side * 8)} (x2 with its transpose sum)"
+    )
+    x = da.map_blocks(
+        _random_block,
+        dtype="float64",
+        chunks=((side,) * rows, (side,) * cols),
+        meta=cupy.empty((0, 0), dtype="float64"),
+    )
+    t0 = time.perf_counter()
+    y = (x * 2 + 1).persist()
+    progress(y)
+    sums = y.map_blocks(_checksum, chunks=(1, 1)).sum().compute()
+    elapsed = time.perf_counter() - t0
+    click.echo(
+        f"\nsum of all {y.size:,} values: {float(sums):.6e} (mean {float(sums) / y.size:.4f}, "
+        "expected ~2.0)"
+    )
+    del y
+    return elapsed
+
+
+def _print_figures(figures: dict[str, dict[str, Any]]) -> None:
+    """One line per worker: what it holds on each tier and how fast it moved data."""
     header = (
         f"{'worker':>6}  {'GPU':<40} {'on device':>10} {'on host':>10} {'on disk':>10} "
         f"{'spilled':>10} {'unspilled':>10} {'spill rate':>10} {'unspill':>10}"
@@ -196,7 +216,3 @@ def demo(device_memory_limit: str, size_factor: float, chunk: str, dashboard_add
             for direction in ("spill-device-to-host", "unspill-host-to-device")
         )
         click.echo(f"{f['name']!s:>6}  {f['gpu']:<40} {sizes} {rates}")
-    click.echo(
-        f"dashboard (while the cluster ran): {cluster.dashboard_link}, "
-        f"GPU workers: {page_link(cluster.dashboard_link)}"
-    )

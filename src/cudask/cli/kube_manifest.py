@@ -44,107 +44,108 @@ def _pairs(flag: str, values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+#: The flags of the pods (the keywords of KubeCUDACluster), before `cudask worker`'s.
+POD_FLAGS = (
+    click.option(
+        "--name",
+        help="Name of the DaskCluster (lowercase letters, digits, '-'); default: cudask-<random>.",
+    ),
+    click.option("--image", help="Container image of every pod, with cudask installed (required)."),
+    click.option(
+        "--num-workers",
+        type=int,
+        default=1,
+        show_default=True,
+        help="Worker pods (each runs one dask worker per GPU).",
+    ),
+    click.option(
+        "--nvidia-gpu", type=int, default=1, show_default=True, help="GPUs of each worker pod."
+    ),
+    click.option(
+        "--worker-cpu",
+        default="4",
+        show_default=True,
+        help="CPU cores of each worker pod (or a quantity such as 500m).",
+    ),
+    click.option(
+        "--worker-memory",
+        default="16",
+        show_default=True,
+        help="Memory of each worker pod: GiB, or a size such as 12Gi; each GPU "
+        "worker gets an even share as its --memory-limit.",
+    ),
+    click.option(
+        "--scheduler-cpu",
+        default="1",
+        show_default=True,
+        help="CPU cores of the scheduler pod.",
+    ),
+    click.option(
+        "--scheduler-memory",
+        default="4",
+        show_default=True,
+        help="Memory of the scheduler pod: GiB, or a size such as 4Gi.",
+    ),
+    click.option(
+        "--env",
+        "env",
+        multiple=True,
+        metavar="NAME=VALUE",
+        help="Environment variable of every pod (repeatable).",
+    ),
+    click.option(
+        "--limit",
+        "limits",
+        multiple=True,
+        metavar="RESOURCE=QUANTITY",
+        help="Extra resource limit of the worker pods, e.g. ephemeral-storage=100Gi (repeatable).",
+    ),
+    click.option(
+        "--request",
+        "requests",
+        multiple=True,
+        metavar="RESOURCE=QUANTITY",
+        help="Extra resource request of the worker pods (repeatable).",
+    ),
+    click.option(
+        "--gpu-resource",
+        default="nvidia.com/gpu",
+        show_default=True,
+        help="The device plugin's GPU resource, e.g. nvidia.com/mig-1g.10gb.",
+    ),
+)
+
+#: The flags of the manifest alone: where and how the operator runs the cluster.
+CLUSTER_FLAGS = (
+    click.option(
+        "--namespace",
+        help="Namespace of the cluster; default: none in the "
+        "manifest, so `kubectl apply` puts it in the "
+        "current context's namespace (or -n's).",
+    ),
+    click.option(
+        "--scheduler-service-type",
+        default="ClusterIP",
+        show_default=True,
+        type=click.Choice(["ClusterIP", "NodePort", "LoadBalancer"]),
+    ),
+    click.option(
+        "--idle-timeout",
+        type=int,
+        default=0,
+        show_default=True,
+        help="Seconds of an idle scheduler after which the operator deletes "
+        "the cluster (0: never).",
+    ),
+)
+
+
 def _pod_options(fn: Callable[..., Any], *, namespace: bool) -> Callable[..., Any]:
-    """The flags of the pods (the keywords of KubeCUDACluster), then `cudask worker`'s."""
+    """The flags of the pods (POD_FLAGS, and CLUSTER_FLAGS with `namespace`), then
+    `cudask worker`'s."""
     for opt in reversed([o for o in options_for("cli") if o.name not in LEFT_OUT]):
         fn = click_option(opt)(fn)
-    decorators = [
-        click.option(
-            "--name",
-            help="Name of the DaskCluster (lowercase letters, digits, '-'); "
-            "default: cudask-<random>.",
-        ),
-        click.option(
-            "--image", help="Container image of every pod, with cudask installed (required)."
-        ),
-        click.option(
-            "--num-workers",
-            type=int,
-            default=1,
-            show_default=True,
-            help="Worker pods (each runs one dask worker per GPU).",
-        ),
-        click.option(
-            "--nvidia-gpu", type=int, default=1, show_default=True, help="GPUs of each worker pod."
-        ),
-        click.option(
-            "--worker-cpu",
-            default="4",
-            show_default=True,
-            help="CPU cores of each worker pod (or a quantity such as 500m).",
-        ),
-        click.option(
-            "--worker-memory",
-            default="16",
-            show_default=True,
-            help="Memory of each worker pod: GiB, or a size such as 12Gi; each GPU "
-            "worker gets an even share as its --memory-limit.",
-        ),
-        click.option(
-            "--scheduler-cpu",
-            default="1",
-            show_default=True,
-            help="CPU cores of the scheduler pod.",
-        ),
-        click.option(
-            "--scheduler-memory",
-            default="4",
-            show_default=True,
-            help="Memory of the scheduler pod: GiB, or a size such as 4Gi.",
-        ),
-        click.option(
-            "--env",
-            "env",
-            multiple=True,
-            metavar="NAME=VALUE",
-            help="Environment variable of every pod (repeatable).",
-        ),
-        click.option(
-            "--limit",
-            "limits",
-            multiple=True,
-            metavar="RESOURCE=QUANTITY",
-            help="Extra resource limit of the worker pods, e.g. "
-            "ephemeral-storage=100Gi (repeatable).",
-        ),
-        click.option(
-            "--request",
-            "requests",
-            multiple=True,
-            metavar="RESOURCE=QUANTITY",
-            help="Extra resource request of the worker pods (repeatable).",
-        ),
-        click.option(
-            "--gpu-resource",
-            default="nvidia.com/gpu",
-            show_default=True,
-            help="The device plugin's GPU resource, e.g. nvidia.com/mig-1g.10gb.",
-        ),
-    ]
-    if namespace:
-        decorators += [
-            click.option(
-                "--namespace",
-                help="Namespace of the cluster; default: none in the "
-                "manifest, so `kubectl apply` puts it in the "
-                "current context's namespace (or -n's).",
-            ),
-            click.option(
-                "--scheduler-service-type",
-                default="ClusterIP",
-                show_default=True,
-                type=click.Choice(["ClusterIP", "NodePort", "LoadBalancer"]),
-            ),
-            click.option(
-                "--idle-timeout",
-                type=int,
-                default=0,
-                show_default=True,
-                help="Seconds of an idle scheduler after which the operator deletes "
-                "the cluster (0: never).",
-            ),
-        ]
-    for decorator in reversed(decorators):
+    for decorator in reversed((*POD_FLAGS, *(CLUSTER_FLAGS if namespace else ()))):
         fn = decorator(fn)
     return fn
 

@@ -84,26 +84,15 @@ def _pbs_memory(n: int) -> str:
     return f"{math.ceil(n / 2**20)}mb"
 
 
-def job_kwargs(
+def _check_job(
     queue_system: str,
-    *,
-    gpus_per_job: int = 1,
+    gpus_per_job: int,
     cores: int,
     memory: str | int,
-    job_extra_directives: Sequence[str] = (),
-    **worker_options: Any,
-) -> dict[str, Any]:
-    """Keywords for a dask-jobqueue cluster of GPU jobs running cudask workers.
-
-    `queue_system` is 'slurm' (SLURMCluster), 'pbs' (PBSCluster) or 'local'
-    (dask_jobqueue.LocalCluster); `cores` and `memory` are the whole job's, as
-    jobqueue takes them; `job_extra_directives` are added after the GPU request;
-    other keywords are cudask worker options (e.g. device_memory_limit='60GB',
-    rmm_pool_size='40GB'). Example::
-
-        SLURMCluster(queue="gpu", walltime="02:00:00", **job_kwargs(
-            "slurm", gpus_per_job=4, cores=32, memory="256GB", device_memory_limit=0.8))
-    """
+    worker_options: dict[str, Any],
+) -> int:
+    """The job's own keywords checked (the worker options are checked after); its
+    memory in bytes."""
     if queue_system not in QUEUE_SYSTEMS:
         raise OptionError(
             f"queue_system={queue_system!r} is not accepted; accepted: "
@@ -141,6 +130,30 @@ def job_kwargs(
             f"memory={memory!r} is not accepted; accepted: the job's host memory "
             "as bytes or a string such as '64GB'"
         )
+    return job_memory
+
+
+def job_kwargs(
+    queue_system: str,
+    *,
+    gpus_per_job: int = 1,
+    cores: int,
+    memory: str | int,
+    job_extra_directives: Sequence[str] = (),
+    **worker_options: Any,
+) -> dict[str, Any]:
+    """Keywords for a dask-jobqueue cluster of GPU jobs running cudask workers.
+
+    `queue_system` is 'slurm' (SLURMCluster), 'pbs' (PBSCluster) or 'local'
+    (dask_jobqueue.LocalCluster); `cores` and `memory` are the whole job's, as
+    jobqueue takes them; `job_extra_directives` are added after the GPU request;
+    other keywords are cudask worker options (e.g. device_memory_limit='60GB',
+    rmm_pool_size='40GB'). Example::
+
+        SLURMCluster(queue="gpu", walltime="02:00:00", **job_kwargs(
+            "slurm", gpus_per_job=4, cores=32, memory="256GB", device_memory_limit=0.8))
+    """
+    job_memory = _check_job(queue_system, gpus_per_job, cores, memory, worker_options)
     resolved = _check(worker_options)
     per_gpu = sharing.workers_per_gpu(resolved)
     if per_gpu > 1:
