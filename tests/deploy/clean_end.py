@@ -77,9 +77,19 @@ class LogWatch(logging.Handler):
 
 
 def check_clean(sources: Mapping[str, str]) -> None:
-    """Fail naming every ERROR line and traceback of `sources` ({where: text})."""
+    """Fail naming every ERROR line and traceback of `sources` ({where: text}), each
+    source's log with it from 5 lines before its first such line (to diagnose)."""
     found = [f"{where}: {line}" for where, text in sources.items() for line in bad_lines(text)]
-    assert not found, "ERROR lines or tracebacks in the logs:\n" + "\n".join(found)
+    context = [_context(where, text) for where, text in sources.items() if bad_lines(text)]
+    assert not found, "\n".join(["ERROR lines or tracebacks in the logs:", *found, "", *context])
+
+
+def _context(where: str, text: str) -> str:
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if bad_lines(line))
+    return f"--- {where}, from line {max(first - 5, 0) + 1}:\n" + "\n".join(
+        lines[max(first - 5, 0) : first + 60]
+    )
 
 
 def remote_logs(client: Any) -> dict[str, str]:

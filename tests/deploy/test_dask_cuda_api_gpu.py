@@ -54,8 +54,9 @@ def test_cuda_worker_joins_a_cluster_object_and_reports_its_configuration():
                 worker = CUDAWorker(cluster, device_memory_limit=None, name="extra")
                 await worker
                 await c.wait_for_workers(2, timeout=120)
+                joined = len((await c.scheduler.identity(n_workers=-1))["workers"])
                 await worker.close()
-                return len(c.scheduler_info()["workers"])
+                return joined
 
         assert client.sync(join) == 2
 

@@ -12,18 +12,23 @@ leaves files behind. A caller naming a timeout (`close(timeout=...)`) gets it.
 Does not cover: choosing these (cudask.worker.spec), the store's close itself
 (cudask.memory.store).
 
-Threading: both run on the worker's or the nanny's event loop; the store's close
-holds the worker's loop while it removes files (the worker is closing).
+Threading: both run on the worker's or the nanny's event loop. The store's close
+runs in a thread (the store is thread-safe) so that the loop answers its nanny and
+finishes an exchange with the scheduler meanwhile; when the worker is closing, its
+heartbeat is stopped first, so that none is in flight when the worker's close shuts
+its connections (distributed logs such a one as an ERROR).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any, Literal
 
 import distributed
 from distributed import WorkerPlugin
+from distributed.core import Status
 
 logger = logging.getLogger("cudask.worker")
 
@@ -43,14 +48,16 @@ class CloseStore(WorkerPlugin):
     def setup(self, worker: Any) -> None:
         return None
 
-    def teardown(self, worker: Any) -> None:
+    async def teardown(self, worker: Any) -> None:
         store = worker.data
         close = getattr(store, "close", None)
         if getattr(store, "closed", True) or not callable(close):
             return
+        if worker.status == Status.closing:
+            _stop_heartbeat(worker)
         start = time.perf_counter()
         try:
-            close()
+            await asyncio.to_thread(close)
         except Exception as exc:  # noqa: BLE001 - the worker closes all the same
             logger.warning(
                 "cudask: worker %s: closing its data store failed: %s: %s",
@@ -61,6 +68,14 @@ class CloseStore(WorkerPlugin):
             "cudask: worker %s closed its data store in %.2f s",
             worker.name, time.perf_counter() - start,
         )  # fmt: skip
+
+
+def _stop_heartbeat(worker: Any) -> None:
+    """Start no more heartbeats of a closing worker (distributed stops them later in its
+    close, after the plugins' teardown)."""
+    heartbeat = getattr(worker, "periodic_callbacks", {}).get("heartbeat")
+    if heartbeat is not None:
+        heartbeat.stop()
 
 
 class Nanny(distributed.Nanny):
