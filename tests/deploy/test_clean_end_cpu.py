@@ -117,14 +117,18 @@ def test_a_worker_gets_close_timeout_to_close(
         cpu_cluster(
             tmp_path / "work",
             device_memory_limit=4 << 20,
-            memory_limit=None,
+            memory_limit=8 << 20,
             close_timeout=close_timeout,
             plugins=(SlowTeardown(6.0, os.fspath(marker)),),
         ) as cluster,
         Client(cluster) as client,
     ):
-        client.gather(client.map(make, range(4), n=CHUNK))
+        held = client.map(make, range(48), n=CHUNK)
+        wait(held)
+        assert sum(client.run(disk_keys).values()) > 0
     assert marker.exists() is not killed
+    if not killed:  # a long close that ends on its own logs no heartbeat ERROR
+        check_clean({"test process": parent.text})
     assert ("Worker process still alive after 4.0 seconds, killing" in parent.text) is killed
 
 
@@ -148,32 +152,3 @@ def test_the_check_names_an_error_a_worker_process_logged(
         r"- ERROR - cudask: seen by the check.*Traceback",
     ):
         check_clean({"worker processes (stderr)": out + err})
-
-
-@pytest.mark.timeout(300)
-def test_a_long_close_logs_no_heartbeat_error(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A worker whose close holds its event loop for 3 s (a plugin's teardown, as a store
-    with tens of GB to remove): no heartbeat is started after the close began, so none
-    fails on the connections the close shuts (distributed logs that as an ERROR)."""
-    for name, value in LOG_ENV.items():
-        monkeypatch.setenv(name, value)
-    marker = tmp_path / "closed"
-    with (
-        LogWatch().watching() as parent,
-        cpu_cluster(
-            tmp_path / "work",
-            device_memory_limit=4 << 20,
-            memory_limit=8 << 20,
-            plugins=(SlowTeardown(3.0, os.fspath(marker)),),
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        held = client.map(make, range(48), n=CHUNK)
-        wait(held)
-        assert sum(client.run(disk_keys).values()) > 0
-    out, err = capfd.readouterr()
-    assert marker.exists()
-    check_clean({"test process": parent.text, "worker processes (stderr)": out + err})
-    assert leftovers(tmp_path / "work") == []
